@@ -1,0 +1,74 @@
+"""RocketMQ broker client management: frame codec, heartbeat decoding, client registry, server.
+
+Every hot path has a Cython module (``engine._frame``, ``engine._heartbeat``, ``engine._expiry``, built from
+``pyx/``) and a pure-Python twin (``engine._frame_py``, ...) with the same inputs, outputs and errors.
+The compiled modules are used when they are built; ``ENGINE_NO_EXTENSIONS=1`` forces the twins.
+"""
+import os as _os
+
+from .enums import (
+    BROKER_VERSION,
+    ConsumeFromWhere,
+    ConsumeType,
+    LanguageCode,
+    MessageModel,
+    RequestCode,
+    ResponseCode,
+    SerializeType,
+)
+from .errors import FrameError, HeartbeatError, RemotingError
+
+NATIVE = False
+if not _os.environ.get("ENGINE_NO_EXTENSIONS"):
+    try:
+        from ._frame import FrameDecoder, RemotingCommand, decode_frame
+        from ._heartbeat import (
+            ConsumerData,
+            HeartbeatData,
+            ProducerData,
+            SubscriptionData,
+            decode_heartbeat,
+            decode_heartbeats,
+        )
+
+        NATIVE = True
+    except ImportError:  # not built: fall back to the twins below
+        pass
+if not NATIVE:
+    from ._frame_py import FrameDecoder, RemotingCommand, decode_frame
+    from ._heartbeat_py import (
+        ConsumerData,
+        HeartbeatData,
+        ProducerData,
+        SubscriptionData,
+        decode_heartbeat,
+        decode_heartbeats,
+    )
+
+from .heartbeat import encode_heartbeat, java_string_hash
+
+__all__ = [
+    "NATIVE",
+    "BROKER_VERSION",
+    "ConsumeFromWhere",
+    "ConsumeType",
+    "ConsumerData",
+    "FrameDecoder",
+    "FrameError",
+    "HeartbeatData",
+    "HeartbeatError",
+    "LanguageCode",
+    "MessageModel",
+    "ProducerData",
+    "RemotingCommand",
+    "RemotingError",
+    "RequestCode",
+    "ResponseCode",
+    "SerializeType",
+    "SubscriptionData",
+    "decode_frame",
+    "decode_heartbeat",
+    "decode_heartbeats",
+    "encode_heartbeat",
+    "java_string_hash",
+]

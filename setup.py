@@ -1,0 +1,39 @@
+"""Build the Cython hot paths: every pyx/<name>.pyx becomes the extension engine.<name>.
+
+ENGINE_NO_EXTENSIONS=1 at build time skips compiling (pure-Python install); at import time
+it forces the pure-Python twins even when the extensions are built.
+"""
+import glob
+import os
+
+from setuptools import setup
+
+ext_modules = []
+if not os.environ.get("ENGINE_NO_EXTENSIONS"):
+    import numpy
+    from Cython.Build import cythonize
+    from setuptools import Extension
+
+    sanitize = os.environ.get("ENGINE_SANITIZE")  # e.g. "address,undefined" for the ASan/UBSan build
+    cflags = ["-O3"] + ([f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-O1"] if sanitize else [])
+    ldflags = [f"-fsanitize={sanitize}"] if sanitize else []
+    ext_modules = cythonize(
+        [
+            Extension(
+                "engine." + os.path.splitext(os.path.basename(path))[0],
+                [path],
+                include_dirs=[numpy.get_include(), "pyx"],
+                define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+                extra_compile_args=cflags,
+                extra_link_args=ldflags,
+            )
+            for path in sorted(glob.glob("pyx/*.pyx"))
+            # ENGINE_BUILD_ONLY=_frame,_heartbeat limits an in-place developer build to those modules
+            if not os.environ.get("ENGINE_BUILD_ONLY")
+            or os.path.splitext(os.path.basename(path))[0] in os.environ["ENGINE_BUILD_ONLY"].split(",")
+        ],
+        compiler_directives={"language_level": "3", "embedsignature": True},
+        include_path=["pyx"],
+    )
+
+setup(ext_modules=ext_modules)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine:
+#   bash scripts/dev.sh demo   set up .venv, build, and run the main job (rmqhb demo) on its embedded default
+#   bash scripts/dev.sh test   set up .venv, build, and run the test suite (what CI runs)
+#   bash scripts/dev.sh setup  only set up .venv and build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${ENGINE_VENV:-.venv}
+EXTRAS=${ENGINE_EXTRAS:-test,bench,spark}
+
+setup() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+  fi
+  "$VENV/bin/python" -m pip install -q --upgrade pip "setuptools>=69" wheel
+  # Editable install: PEP 517 build of the Cython extensions in an isolated build environment.
+  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
+  # A build that silently fell back to the pure-Python twins is a failure.
+  "$VENV/bin/python" -c "import engine, sys; print('engine.NATIVE =', engine.NATIVE); sys.exit(0 if engine.NATIVE else 1)"
+}
+
+case "${1:-test}" in
+  setup) setup ;;
+  demo)
+    setup
+    shift || true
+    "$VENV/bin/rmqhb" demo "$@"
+    ;;
+  test)
+    setup
+    shift || true
+    export ENGINE_REQUIRE_NATIVE=1
+    # Slow tests (long fuzz/kill loops, soak) are for `-m slow` runs, not CI.
+    set +e
+    "$VENV/bin/python" -m pytest -m "not slow" "$@"
+    rc=$?
+    set -e
+    # pytest exit 5 = no tests collected: that is a failure for us, not a pass.
+    exit $rc
+    ;;
+  *) echo "usage: $0 {demo|test|setup} [args]" >&2; exit 2 ;;
+esac

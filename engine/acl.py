@@ -1,0 +1,283 @@
+"""ACL in RocketMQ's plain_acl.yml form: accounts with accessKey/secretKey/admin, HMAC-SHA1 request signatures.
+
+The signature every real client computes (Java AclClientRPCHook + AclUtils, the C++ ClientRPCHook, ali-ons
+channel.js) is ``base64(HMAC-SHA1(secretKey, concat(values of the ext fields sorted by key, Signature excluded)
++ body))``. The clients add ``AccessKey`` (and the C++ client and ali-ons ``OnsChannel``) before signing, so those
+values are part of the signed text. A null ext value is skipped, as ali-ons skips undefined header fields.
+
+A request that fails the check gets NO_PERMISSION with RocketMQ's message (PlainPermissionManager) and never
+reaches its processor. Secrets never appear in logs, reprs or error messages.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import RemotingError, echo
+
+ACCESS_KEY = "AccessKey"
+SIGNATURE = "Signature"
+SECURITY_TOKEN = "SecurityToken"
+
+#: Request codes that need an admin account (acl Permission.ADMIN_CODE): UPDATE_AND_CREATE_TOPIC,
+#: UPDATE_BROKER_CONFIG, DELETE_TOPIC_IN_BROKER, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, DELETE_SUBSCRIPTIONGROUP.
+ADMIN_CODES = frozenset({17, 25, 215, 200, 207})
+
+
+class AclError(RemotingError, ValueError):
+    """The ACL file is malformed (the message names the line), or a request failed the check."""
+
+
+@dataclass(frozen=True)
+class Account:
+    access_key: str
+    secret_key: str = field(repr=False)
+    admin: bool = False
+    white_remote_address: str = ""
+
+    def __repr__(self) -> str:  # the secret stays out of every repr
+        return f"Account(access_key={self.access_key!r}, admin={self.admin})"
+
+
+def sign(secret_key: str, ext_fields: dict | None, body: bytes | None) -> str:
+    """The RocketMQ ACL signature of a request (see the module docstring)."""
+    ext = ext_fields or {}
+    text = "".join(v for k, v in sorted(ext.items(), key=lambda kv: kv[0]) if k != SIGNATURE and v is not None)
+    data = text.encode("utf-8") + (body or b"")
+    return base64.b64encode(hmac.new(secret_key.encode("utf-8"), data, hashlib.sha1).digest()).decode("ascii")
+
+
+def sign_request(cmd, access_key: str, secret_key: str):
+    """Add AccessKey and Signature to a request command (what AclClientRPCHook does); returns cmd."""
+    ext = dict(cmd.ext_fields or {})
+    ext[ACCESS_KEY] = access_key
+    ext.pop(SIGNATURE, None)
+    ext[SIGNATURE] = sign(secret_key, ext, cmd.body)
+    cmd.ext_fields = ext
+    return cmd
+
+
+class AclValidator:
+    """Checks requests against the accounts of a plain_acl.yml file."""
+
+    def __init__(self, accounts, global_white_remote_addresses=()):
+        self.accounts: dict[str, Account] = {}
+        for a in accounts:
+            self.accounts[a.access_key] = a
+        self._global_white = [_AddressPattern(p) for p in global_white_remote_addresses]
+        self._white = {a.access_key: _AddressPattern(a.white_remote_address) for a in accounts if a.white_remote_address}
+
+    @classmethod
+    def from_file(cls, path) -> "AclValidator":
+        doc = parse_acl_yaml(Path(path).read_text(encoding="utf-8"))
+        return cls.from_document(doc)
+
+    @classmethod
+    def from_document(cls, doc) -> "AclValidator":
+        if not isinstance(doc, dict):
+            raise AclError("acl file: the top level must be a mapping with an 'accounts' list")
+        accounts = []
+        raw = doc.get("accounts") or []
+        if not isinstance(raw, list):
+            raise AclError("acl file: 'accounts' must be a list")
+        for i, entry in enumerate(raw):
+            if not isinstance(entry, dict):
+                raise AclError(f"acl file: accounts[{i}] must be a mapping")
+            ak, sk = entry.get("accessKey"), entry.get("secretKey")
+            if not isinstance(ak, str) or not ak:
+                raise AclError(f"acl file: accounts[{i}].accessKey is missing")
+            if not isinstance(sk, str) or len(sk) < 6:
+                # PlainAccessConfig check: the secret key must be at least 6 characters
+                raise AclError(f"acl file: accounts[{i}].secretKey is missing or shorter than 6 characters")
+            admin = entry.get("admin", False)
+            admin = admin if isinstance(admin, bool) else str(admin).strip().lower() == "true"
+            white = entry.get("whiteRemoteAddress") or ""
+            accounts.append(Account(ak, sk, admin, str(white)))
+        white = doc.get("globalWhiteRemoteAddresses") or []
+        if not isinstance(white, list):
+            raise AclError("acl file: 'globalWhiteRemoteAddresses' must be a list")
+        return cls(accounts, [str(w) for w in white if w])
+
+    def check(self, code: int, ext_fields: dict | None, body: bytes | None, remote_ip: str) -> str | None:
+        """None when the request may proceed, else the NO_PERMISSION remark (PlainPermissionManager's words)."""
+        if any(p.matches(remote_ip) for p in self._global_white):
+            return None
+        ext = ext_fields or {}
+        access_key = ext.get(ACCESS_KEY)
+        if not access_key:
+            return "No accessKey is configured"
+        account = self.accounts.get(access_key)
+        if account is None:
+            return f"No acl config for {echo(access_key)}"
+        white = self._white.get(access_key)
+        if white is not None and white.matches(remote_ip):
+            return None
+        signature = ext.get(SIGNATURE) or ""
+        expected = sign(account.secret_key, ext, body)
+        if not hmac.compare_digest(expected.encode(), signature.encode("utf-8", "replace")):
+            return f"Check signature failed for accessKey={echo(access_key)}"
+        if code in ADMIN_CODES and not account.admin:
+            return f"Need admin permission for request code={code}, but accessKey={echo(access_key)} is not"
+        return None
+
+    def __repr__(self) -> str:
+        return f"AclValidator(accounts={sorted(self.accounts)})"
+
+
+class _AddressPattern:
+    """RocketMQ remote-address patterns: '*', an exact IP, or IPv4 with '*' or 'a-b' segments (10.1.*.1-9)."""
+
+    def __init__(self, pattern: str):
+        self.pattern = pattern.strip()
+        self._parts = None
+        if self.pattern not in ("*", "*.*.*.*") and "." in self.pattern:
+            self._parts = self.pattern.split(".")
+
+    def matches(self, ip: str) -> bool:
+        if self.pattern in ("*", "*.*.*.*"):
+            return True
+        if self._parts is None or len(self._parts) != 4:
+            return ip == self.pattern
+        segs = ip.split(".")
+        if len(segs) != 4:
+            return False
+        for p, s in zip(self._parts, segs):
+            if p == "*":
+                continue
+            if "-" in p:
+                lo, _, hi = p.partition("-")
+                if not (s.isdigit() and lo.isdigit() and hi.isdigit() and int(lo) <= int(s) <= int(hi)):
+                    return False
+            elif p != s:
+                return False
+        return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The YAML subset plain_acl.yml uses: block mappings and sequences, plain or quoted scalars, comments.
+
+_KEY_RE = re.compile(r"^([A-Za-z_][\w.-]*)\s*:(?:\s+(.*))?$")
+
+
+def parse_acl_yaml(text: str):
+    """Parse the YAML subset of plain_acl.yml into dicts, lists and scalars (errors name the line)."""
+    lines = []
+    for no, raw in enumerate(text.splitlines(), 1):
+        if "\t" in raw[: len(raw) - len(raw.lstrip())]:
+            raise AclError(f"acl file line {no}: tabs are not allowed for indentation")
+        body = _strip_comment(raw).rstrip()
+        if body.strip() and body.strip() != "---":
+            lines.append((no, len(body) - len(body.lstrip(" ")), body.strip()))
+    if not lines:
+        return {}
+    value, i = _parse_block(lines, 0, lines[0][1])
+    if i != len(lines):
+        raise AclError(f"acl file line {lines[i][0]}: unexpected indentation")
+    return value
+
+
+def _strip_comment(line: str) -> str:
+    quote = None
+    for i, c in enumerate(line):
+        if quote:
+            if c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1] in " \t"):
+            return line[:i]
+    return line
+
+
+def _parse_block(lines, i, indent):
+    no, ind, text = lines[i]
+    if text.startswith("- ") or text == "-":
+        return _parse_seq(lines, i, indent)
+    return _parse_map(lines, i, indent)
+
+
+def _parse_seq(lines, i, indent):
+    out = []
+    while i < len(lines):
+        no, ind, text = lines[i]
+        if ind < indent:
+            break
+        if ind > indent:
+            raise AclError(f"acl file line {no}: unexpected indentation")
+        if not (text.startswith("- ") or text == "-"):
+            break
+        item = text[1:].strip()
+        if not item:
+            if i + 1 < len(lines) and lines[i + 1][1] > indent:
+                value, i = _parse_block(lines, i + 1, lines[i + 1][1])
+            else:
+                value, i = None, i + 1
+            out.append(value)
+            continue
+        if _KEY_RE.match(item) and not item.startswith(("'", '"')):
+            # "- key: value" opens a mapping whose further keys are indented like "key"
+            inner = indent + (len(text) - len(item))
+            sub = [(no, inner, item)]
+            j = i + 1
+            while j < len(lines) and lines[j][1] >= inner:
+                sub.append(lines[j])
+                j += 1
+            value, k = _parse_map(sub, 0, inner)
+            if k != len(sub):
+                raise AclError(f"acl file line {sub[k][0]}: unexpected indentation")
+            out.append(value)
+            i = j
+            continue
+        out.append(_scalar(item, no))
+        i += 1
+    return out, i
+
+
+def _parse_map(lines, i, indent):
+    out = {}
+    while i < len(lines):
+        no, ind, text = lines[i]
+        if ind < indent:
+            break
+        if ind > indent:
+            raise AclError(f"acl file line {no}: unexpected indentation")
+        m = _KEY_RE.match(text)
+        if not m:
+            if text.startswith("-"):
+                break
+            raise AclError(f"acl file line {no}: expected 'key: value', got {echo(text)}")
+        key, rest = m.group(1), (m.group(2) or "").strip()
+        if key in out:
+            raise AclError(f"acl file line {no}: duplicate key {key!r}")
+        if rest:
+            out[key] = _scalar(rest, no)
+            i += 1
+        elif i + 1 < len(lines) and (lines[i + 1][1] > indent or (lines[i + 1][1] == indent and lines[i + 1][2].startswith("-"))):
+            out[key], i = _parse_block(lines, i + 1, lines[i + 1][1])
+        else:
+            out[key] = None
+            i += 1
+    return out, i
+
+
+def _scalar(text: str, no: int):
+    if text[0] in "'\"":
+        q = text[0]
+        if len(text) < 2 or text[-1] != q:
+            raise AclError(f"acl file line {no}: unterminated quoted string")
+        inner = text[1:-1]
+        if q == "'":
+            return inner.replace("''", "'")
+        return inner.encode("utf-8").decode("unicode_escape") if "\\" in inner else inner
+    if text.startswith("[") and text.endswith("]"):
+        return [_scalar(p.strip(), no) for p in text[1:-1].split(",") if p.strip()]
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "~"):
+        return None
+    return text

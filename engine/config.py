@@ -1,0 +1,368 @@
+"""BrokerConfig: the broker's settings under RocketMQ's property names, loaded like ``mqbroker -c broker.properties``.
+
+Sources of a value, last one wins: the field default, the properties file (``-c``), command-line overrides
+(``--listenPort 10911``). Property names are RocketMQ's (``BrokerConfig``, ``NettyServerConfig``,
+``MessageStoreConfig``); a few settings of this engine that RocketMQ has no property for (connection limits,
+metrics, the recorder) use the same camelCase style and are marked ``engine`` in :data:`PROPERTIES`.
+
+Validation mirrors ``BrokerStartup.buildBrokerController``: the same messages for a malformed ``namesrvAddr`` and
+for a slave without a positive ``brokerId``; a master's ``brokerId`` is forced to 0. Unlike Java, a value that does
+not parse as its type is an error here (Java silently keeps the default).
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from .errors import RemotingError, echo
+
+
+class ConfigError(RemotingError, ValueError):
+    """A broker setting is missing, malformed or inconsistent; the message names the property."""
+
+
+def _default_broker_name() -> str:
+    # BrokerConfig.defaultBrokerName(): the local host name, "DEFAULT_BROKER" when it cannot be read
+    try:
+        return socket.gethostname() or "DEFAULT_BROKER"
+    except OSError:
+        return "DEFAULT_BROKER"
+
+
+@dataclass
+class BrokerConfig:
+    """Every setting of the broker front end. Attribute names are the property names in snake_case."""
+
+    # -- identity (BrokerConfig) --
+    broker_cluster_name: str = "DefaultCluster"
+    broker_name: str = field(default_factory=_default_broker_name)
+    broker_id: int = 0
+    broker_role: str = "ASYNC_MASTER"  # MessageStoreConfig: ASYNC_MASTER, SYNC_MASTER or SLAVE
+    #: address put in routes and REGISTER_BROKER; empty = the local address each client connected to
+    broker_ip1: str = ""
+    namesrv_addr: str = ""
+    register_name_server_period: int = 30_000
+    store_path_root_dir: str = field(default_factory=lambda: str(Path.home() / "store"))
+    # -- network (NettyServerConfig) --
+    listen_port: int = 10911
+    listen_host: str = "0.0.0.0"  # engine: bind address (Netty binds every interface)
+    #: engine: also serve the fast/VIP port (listenPort - 2), as BrokerController.initializeRemotingServer does
+    fast_port_enable: bool = True
+    server_channel_max_idle_time_seconds: int = 120
+    # -- client management (BrokerConfig) --
+    channel_expired_timeout: int = 120_000
+    auto_create_subscription_group: bool = True
+    enable_create_sys_group: bool = True
+    notify_consumer_ids_changed_enable: bool = True
+    reject_pull_consumer_enable: bool = False
+    enable_property_filter: bool = False
+    #: engine: coalesce CHANGE notifications of one group within this window (0 = RocketMQ's real-time notify)
+    notify_coalesce_window_ms: int = 0
+    default_topic_queue_nums: int = 4  # RocketMQ defaults to 8; 4 halves the idle long polls of real clients
+    flush_consumer_offset_interval: int = 5_000
+    # -- executor queues (BrokerConfig *ThreadPoolQueueCapacity) --
+    client_manager_thread_pool_queue_capacity: int = 1_000_000
+    consumer_manager_thread_pool_queue_capacity: int = 1_000_000
+    admin_broker_thread_pool_queue_capacity: int = 10_000
+    pull_thread_pool_queue_capacity: int = 100_000
+    # -- long polling --
+    long_polling_enable: bool = True
+    #: engine: longest a PULL_MESSAGE is held (the client's suspendTimeoutMillis is capped at this)
+    pull_max_suspend_millis: int = 30_000
+    # -- ACL --
+    acl_enable: bool = False
+    acl_file: str = ""
+    # -- limits (engine) --
+    max_connections: int = 100_000
+    max_connections_per_ip: int = 0  # 0 = no per-IP limit
+    max_frame_size: int = 16 * 1024 * 1024  # com.rocketmq.remoting.frameMaxLength
+    #: a partial frame that is not complete after this long closes the connection (slowloris)
+    incomplete_frame_timeout_ms: int = 30_000
+    #: responses queued for a client that does not read them; over this the connection is closed
+    max_write_buffer_bytes: int = 8 * 1024 * 1024
+    #: requests of one connection waiting in executors; over this the server stops reading that connection
+    max_inflight_per_connection: int = 1024
+    # -- observability (engine) --
+    metrics_port: int = 0  # 0 = off
+    metrics_host: str = "127.0.0.1"
+    record_dir: str = ""  # "" = no heartbeat recording
+    #: names of the properties set explicitly (file or command line), for `-p` and for defaults that depend on them
+    explicit: set = field(default_factory=set, repr=False, compare=False)
+    #: properties this engine does not use (kept, as Java keeps them, so -p can show them)
+    extra: dict = field(default_factory=dict, repr=False, compare=False)
+
+    # ---- derived values ----
+    @property
+    def fast_listen_port(self) -> int:
+        """The VIP port: listenPort - 2, or 0 (an ephemeral port) when that is negative, as in Java."""
+        return max(0, self.listen_port - 2)
+
+    @property
+    def namesrv_addr_list(self) -> list[tuple[str, int]]:
+        return [_split_addr(a) for a in self.namesrv_addr.split(";") if a.strip()] if self.namesrv_addr.strip() else []
+
+    @property
+    def store_config_dir(self) -> Path:
+        return Path(self.store_path_root_dir) / "config"
+
+    @property
+    def is_slave(self) -> bool:
+        return self.broker_role == "SLAVE"
+
+    # ---- loading ----
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None, overrides: dict | None = None) -> "BrokerConfig":
+        """Defaults, then the properties file, then the overrides (property name -> text); validated."""
+        cfg = cls()
+        if path:
+            cfg.apply(read_properties(path))
+        if overrides:
+            cfg.apply(overrides)
+        cfg.validate()
+        return cfg
+
+    def apply(self, props: dict) -> "BrokerConfig":
+        """Set fields from a {propertyName: text} mapping; text is parsed by the field's type."""
+        for name, text in props.items():
+            spec = PROPERTIES.get(name)
+            if spec is None:
+                self.extra[name] = text
+                continue
+            setattr(self, spec.attr, spec.parse(name, text))
+            self.explicit.add(name)
+        return self
+
+    def validate(self) -> "BrokerConfig":
+        """BrokerStartup's checks, with its messages where it has one."""
+        if self.namesrv_addr.strip():
+            try:
+                for addr in self.namesrv_addr.split(";"):
+                    _split_addr(addr)
+            except ValueError:
+                raise ConfigError(
+                    f"The Name Server Address[{self.namesrv_addr}] illegal, please set it as follows, "
+                    '"127.0.0.1:9876;192.168.0.1:9876"'
+                ) from None
+        if self.broker_role not in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"):
+            raise ConfigError(f"brokerRole must be ASYNC_MASTER, SYNC_MASTER or SLAVE, not {echo(self.broker_role)}")
+        if self.broker_role in ("ASYNC_MASTER", "SYNC_MASTER"):
+            self.broker_id = 0  # MixAll.MASTER_ID
+        elif self.broker_id <= 0:
+            raise ConfigError("Slave's brokerId must be > 0")
+        for name in ("listenPort", "metricsPort"):
+            v = getattr(self, PROPERTIES[name].attr)
+            if not 0 <= v <= 65535:
+                raise ConfigError(f"{name} must be between 0 and 65535, not {v}")
+        if self.metrics_port and self.metrics_port in (self.listen_port, self.fast_listen_port):
+            raise ConfigError(f"metricsPort {self.metrics_port} collides with the broker's ports")
+        positive = ("channelExpiredTimeout", "maxConnections", "maxFrameSize", "incompleteFrameTimeoutMs",
+                    "maxWriteBufferBytes", "maxInflightPerConnection", "serverChannelMaxIdleTimeSeconds",
+                    "defaultTopicQueueNums", "pullMaxSuspendMillis", "flushConsumerOffsetInterval")
+        for name in positive:
+            if getattr(self, PROPERTIES[name].attr) <= 0:
+                raise ConfigError(f"{name} must be > 0")
+        for name in ("maxConnectionsPerIp", "notifyCoalesceWindowMs"):
+            if getattr(self, PROPERTIES[name].attr) < 0:
+                raise ConfigError(f"{name} must be >= 0")
+        if not 16 <= self.max_frame_size <= 0x7FFFFFFF:
+            raise ConfigError("maxFrameSize must be between 16 and 2147483647")
+        # BrokerController clamps the registration period to [10 s, 60 s]
+        self.register_name_server_period = max(10_000, min(self.register_name_server_period, 60_000))
+        if self.broker_ip1:
+            try:
+                ipaddress.ip_address(self.broker_ip1)
+            except ValueError:
+                raise ConfigError(f"brokerIP1 must be an IP literal (clients match routes by ip:port), not {echo(self.broker_ip1)}") from None
+        if self.acl_enable and not self.acl_file:
+            raise ConfigError("aclEnable=true needs aclFile (a plain_acl.yml accounts file)")
+        if self.acl_enable and not Path(self.acl_file).is_file():
+            raise ConfigError(f"aclFile {self.acl_file} does not exist")
+        return self
+
+    # ---- printing ----
+    def to_properties(self) -> list[tuple[str, str]]:
+        """(propertyName, text) for every setting, in declaration order, like MixAll.printObjectProperties."""
+        out = []
+        for name, spec in PROPERTIES.items():
+            out.append((name, spec.format(getattr(self, spec.attr))))
+        out.extend(sorted(self.extra.items()))
+        return out
+
+    def __repr__(self) -> str:
+        return "BrokerConfig(" + ", ".join(f"{k}={v}" for k, v in self.to_properties() if k in self.explicit) + ")"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Spec:
+    attr: str
+    kind: type
+
+    def parse(self, name: str, text):
+        if not isinstance(text, str):
+            text = str(text).lower() if isinstance(text, bool) else str(text)
+        if self.kind is bool:
+            # Boolean.parseBoolean: only a case-insensitive "true" is true; anything else is an error here
+            t = text.strip().lower()
+            if t not in ("true", "false"):
+                raise ConfigError(f"{name} must be true or false, not {echo(text)}")
+            return t == "true"
+        if self.kind is int:
+            try:
+                return int(text.strip(), 10)
+            except ValueError:
+                raise ConfigError(f"{name} must be an integer, not {echo(text)}") from None
+        return text.strip()  # MixAll.properties2Object trims strings
+
+    def format(self, value) -> str:
+        if self.kind is bool:
+            return "true" if value else "false"
+        return str(value)
+
+
+def _camel(attr: str) -> str:
+    head, *rest = attr.split("_")
+    name = head + "".join(w[:1].upper() + w[1:] for w in rest)
+    return _CAMEL_FIXUPS.get(name, name)
+
+
+_CAMEL_FIXUPS = {"brokerIp1": "brokerIP1"}
+
+#: propertyName -> how to parse it; the order is the declaration order of BrokerConfig.
+PROPERTIES: dict[str, _Spec] = {
+    _camel(f.name): _Spec(f.name, {"bool": bool, "int": int, "str": str}[f.type])
+    for f in fields(BrokerConfig)
+    if f.name not in ("explicit", "extra")
+}
+
+#: Short RocketMQ command-line options (ServerUtil / BrokerStartup): -n namesrvAddr.
+SHORT_OPTIONS = {"-n": "namesrvAddr"}
+
+
+def _split_addr(addr: str) -> tuple[str, int]:
+    """NetworkUtil.string2SocketAddress: host before the last ':', an int port in range after it."""
+    addr = addr.strip()
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"no port in {addr!r}")
+    p = int(port, 10)
+    if not 0 <= p <= 65535:
+        raise ValueError(f"port out of range in {addr!r}")
+    return host.strip("[]"), p
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# java.util.Properties text format
+
+
+def read_properties(path: str | os.PathLike) -> dict[str, str]:
+    """Parse a .properties file the way java.util.Properties.load does (ISO-8859-1 is widened to UTF-8 here)."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8", errors="replace")
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    return parse_properties(text)
+
+
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Comments (# !), separators (= : whitespace), continuation lines, backslash and \\uXXXX escapes."""
+    out: dict[str, str] = {}
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].lstrip(" \t\f")
+        i += 1
+        if not line or line[0] in "#!":
+            continue
+        # join continuation lines: an odd number of trailing backslashes continues the logical line
+        while _continues(line) and i < len(lines):
+            line = line[:-1] + lines[i].lstrip(" \t\f")
+            i += 1
+        if _continues(line):
+            line = line[:-1]
+        key, value = _split_entry(line)
+        out[_unescape(key)] = _unescape(value)
+    return out
+
+
+def _continues(line: str) -> bool:
+    n = len(line) - len(line.rstrip("\\"))
+    return n % 2 == 1
+
+
+def _split_entry(line: str) -> tuple[str, str]:
+    j = 0
+    while j < len(line):
+        c = line[j]
+        if c == "\\":
+            j += 2
+            continue
+        if c in "=: \t\f":
+            break
+        j += 1
+    key, rest = line[:j], line[j:]
+    if rest[:1] in ("=", ":"):
+        rest = rest[1:]
+    else:  # the key ended at whitespace: one '=' or ':' may still follow it
+        rest = rest.lstrip(" \t\f")
+        if rest[:1] in ("=", ":"):
+            rest = rest[1:]
+    return key, rest.lstrip(" \t\f")
+
+
+def _unescape(s: str) -> str:
+    if "\\" not in s:
+        return s
+    out = []
+    i = 0
+    while i < len(s):
+        c = s[i]
+        if c != "\\" or i + 1 >= len(s):
+            out.append(c)
+            i += 1
+            continue
+        n = s[i + 1]
+        if n == "u" and i + 6 <= len(s):
+            try:
+                out.append(chr(int(s[i + 2 : i + 6], 16)))
+                i += 6
+                continue
+            except ValueError:
+                raise ConfigError(f"malformed \\uxxxx escape in {echo(s)}") from None
+        out.append(_ESCAPES.get(n, n))
+        i += 2
+    return "".join(out)
+
+
+def parse_overrides(argv: list[str]) -> dict[str, str]:
+    """``--listenPort 10911`` / ``--listenPort=10911`` / ``-n ADDR`` pairs into {propertyName: text}."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in SHORT_OPTIONS:
+            name, value = SHORT_OPTIONS[arg], None
+        elif arg.startswith("--"):
+            name, eq, value = arg[2:].partition("=")
+            if not eq:
+                value = None
+        else:
+            raise ConfigError(f"unexpected argument {echo(arg)}")
+        if name not in PROPERTIES:
+            raise ConfigError(f"unknown option --{name} (not a broker property)")
+        if value is None:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"option --{name} needs a value")
+            value = argv[i + 1]
+            i += 1
+        out[name] = value
+        i += 1
+    return out

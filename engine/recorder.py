@@ -1,0 +1,772 @@
+"""Heartbeat recorder: append-only segment files of zstd-compressed, self-describing blocks.
+
+A recording is a directory of segment files ``<prefix>-<first_ms>-<seq>.seg`` (names sort in time order).
+
+Segment file layout (all integers little-endian)::
+
+    file header   16 bytes   magic b"RMQHBSEG", u16 format version (1), u16 header size (16), u32 reserved (0)
+    block*        40-byte block header + payload
+
+    block header  magic b"HBK1" | u32 n_records | u32 raw_len | u32 comp_len | i64 first_ms | i64 last_ms
+                  | u32 crc32(payload) | u32 crc32(the 36 header bytes before it)
+    payload       exactly one zstd frame of raw_len bytes once decompressed
+
+The decompressed block is columnar, so a reader turns it into numpy / Arrow columns without a per-record loop::
+
+    recv_ms i64[n] | conn_id i64[n] | version i32[n] | addr_off i32[n+1] | body_off i32[n+1] | language u8[n]
+    | address bytes (addr_off[n]) | body bytes (body_off[n])
+
+(``first_ms``/``last_ms`` are the min/max receive time in the block, for pruning; ``language`` is the
+LanguageCode ordinal, 255 when unknown.) Each block is written with one ``write`` call on an unbuffered file, so
+a process killed at any point leaves every completed block intact; what a crash can leave is a *torn tail*
+(a short header, a short payload, or garbage after the last good block), which readers report and skip. Damage
+followed by a good block is *corruption in the middle*: `verify` flags it, readers raise or skip it on request.
+Both header and payload carry CRC32s, and a reader resynchronises on the next block magic whose header CRC holds.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import mmap
+import os
+import re
+import struct
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+import zstandard
+
+from .enums import LanguageCode
+from .errors import RemotingError, echo
+
+log = logging.getLogger(__name__)
+
+FILE_MAGIC = b"RMQHBSEG"
+FORMAT_VERSION = 1
+FILE_HEADER = struct.Struct("<8sHHI")
+FILE_HEADER_SIZE = FILE_HEADER.size  # 16
+BLOCK_MAGIC = b"HBK1"
+BLOCK_HEADER = struct.Struct("<4sIIIqqII")
+BLOCK_HEADER_SIZE = BLOCK_HEADER.size  # 40
+_HEADER_CRC_SPAN = BLOCK_HEADER_SIZE - 4
+#: Fixed bytes per record in a decompressed block (recv_ms, conn_id, version, two offsets, language) ...
+RECORD_FIXED_BYTES = 8 + 8 + 4 + 4 + 4 + 1
+#: ... plus the two extra trailing offsets.
+BLOCK_FIXED_BYTES = 8
+#: Bounds that keep int32 offsets and one block's memory sane; a header claiming more is corrupt.
+MAX_BLOCK_RAW_BYTES = 256 * 1024 * 1024
+MAX_BLOCK_RECORDS = 1 << 22
+UNKNOWN_LANGUAGE = 255
+SEGMENT_SUFFIX = ".seg"
+_SEGMENT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<first>\d+)-(?P<seq>\d+)\.seg$")
+
+
+class SegmentError(RemotingError, ValueError):
+    """A segment file or block is malformed; the message names the file and the byte offset."""
+
+
+class Record(NamedTuple):
+    """One recorded heartbeat, as the broker received it."""
+
+    recv_ms: int
+    conn_id: int
+    remote_addr: str
+    language: Optional[LanguageCode]
+    version: int
+    body: bytes
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """Where a block is (offset of its header) and what its header says."""
+
+    offset: int
+    n_records: int
+    raw_len: int
+    comp_len: int
+    first_ms: int
+    last_ms: int
+    payload_crc: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + BLOCK_HEADER_SIZE + self.comp_len
+
+
+@dataclass(frozen=True)
+class Damage:
+    """A byte range a reader had to skip: [offset, offset + length)."""
+
+    offset: int
+    length: int
+    reason: str
+
+
+@dataclass
+class SegmentScan:
+    """The result of walking one segment: its good blocks, a torn tail (if any) and corruption in the middle."""
+
+    path: Path
+    size: int
+    blocks: List[BlockInfo] = field(default_factory=list)
+    torn_tail: Optional[Damage] = None
+    corrupt: List[Damage] = field(default_factory=list)
+
+    @property
+    def n_records(self) -> int:
+        return sum(b.n_records for b in self.blocks)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Block encoding
+
+
+def _language_ordinal(language) -> int:
+    if language is None:
+        return UNKNOWN_LANGUAGE
+    if isinstance(language, str):
+        member = LanguageCode.__members__.get(language)
+        return UNKNOWN_LANGUAGE if member is None else int(member)
+    value = int(language)
+    return value if 0 <= value < UNKNOWN_LANGUAGE else UNKNOWN_LANGUAGE
+
+
+def _offsets(lengths: np.ndarray, what: str) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    if out[-1] > MAX_BLOCK_RAW_BYTES:
+        raise ValueError(f"block too large: {what} total {int(out[-1])} bytes > {MAX_BLOCK_RAW_BYTES}")
+    return out.astype("<i4")
+
+
+def encode_block_payload(recv_ms, conn_id, version, language, addrs: Sequence[bytes], bodies: Sequence[bytes]) -> bytes:
+    """The uncompressed columnar payload of one block (see the module docstring)."""
+    n = len(bodies)
+    if not (len(recv_ms) == len(conn_id) == len(version) == len(language) == len(addrs) == n):
+        raise ValueError("record columns differ in length")
+    if n == 0 or n > MAX_BLOCK_RECORDS:
+        raise ValueError(f"a block holds 1..{MAX_BLOCK_RECORDS} records, got {n}")
+    addr_off = _offsets(np.fromiter(map(len, addrs), dtype=np.int64, count=n), "addresses")
+    body_off = _offsets(np.fromiter(map(len, bodies), dtype=np.int64, count=n), "bodies")
+    return b"".join(
+        (
+            np.ascontiguousarray(recv_ms, dtype="<i8").tobytes(),
+            np.ascontiguousarray(conn_id, dtype="<i8").tobytes(),
+            np.ascontiguousarray(version, dtype="<i4").tobytes(),
+            addr_off.tobytes(),
+            body_off.tobytes(),
+            np.ascontiguousarray(language, dtype=np.uint8).tobytes(),
+            b"".join(addrs),
+            b"".join(bodies),
+        )
+    )
+
+
+def encode_block(raw: bytes, n_records: int, first_ms: int, last_ms: int, compressor) -> bytes:
+    """Header + one zstd frame for an encoded payload."""
+    if len(raw) > MAX_BLOCK_RAW_BYTES:
+        raise ValueError(f"block too large: {len(raw)} bytes > {MAX_BLOCK_RAW_BYTES}")
+    payload = compressor.compress(raw)
+    head = struct.pack("<4sIIIqq", BLOCK_MAGIC, n_records, len(raw), len(payload), first_ms, last_ms)
+    head += struct.pack("<I", zlib.crc32(payload))
+    return head + struct.pack("<I", zlib.crc32(head)) + payload
+
+
+def _parse_block_header(buf, offset: int) -> Optional[BlockInfo]:
+    """The block header at offset, or None when its magic or CRC or its bounds are wrong."""
+    magic, n, raw_len, comp_len, first_ms, last_ms, payload_crc, header_crc = BLOCK_HEADER.unpack_from(buf, offset)
+    if magic != BLOCK_MAGIC:
+        return None
+    if zlib.crc32(buf[offset : offset + _HEADER_CRC_SPAN]) != header_crc:
+        return None
+    if not (0 < n <= MAX_BLOCK_RECORDS and raw_len <= MAX_BLOCK_RAW_BYTES and n * RECORD_FIXED_BYTES + BLOCK_FIXED_BYTES <= raw_len):
+        return None
+    return BlockInfo(offset, n, raw_len, comp_len, first_ms, last_ms, payload_crc)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Decoded blocks
+
+
+class Block:
+    """One decoded block: numpy columns plus the address and body byte regions with their int32 offsets.
+
+    ``body_offsets``/``body_data`` (and the address pair) are exactly an Arrow BinaryArray's offsets and data
+    buffers, so a reader can hand them to Arrow without copying.
+    """
+
+    __slots__ = ("recv_ms", "conn_id", "version", "language", "addr_offsets", "addr_data", "body_offsets", "body_data", "raw")
+
+    def __init__(self, raw: bytes, n: int, where: str):
+        fixed = n * RECORD_FIXED_BYTES + BLOCK_FIXED_BYTES
+        if len(raw) < fixed:
+            raise SegmentError(f"{where}: block of {n} records needs {fixed} bytes, payload has {len(raw)}")
+        pos = 0
+        self.raw = raw
+        self.recv_ms = np.frombuffer(raw, "<i8", n, pos)
+        pos += 8 * n
+        self.conn_id = np.frombuffer(raw, "<i8", n, pos)
+        pos += 8 * n
+        self.version = np.frombuffer(raw, "<i4", n, pos)
+        pos += 4 * n
+        self.addr_offsets = np.frombuffer(raw, "<i4", n + 1, pos)
+        pos += 4 * (n + 1)
+        self.body_offsets = np.frombuffer(raw, "<i4", n + 1, pos)
+        pos += 4 * (n + 1)
+        self.language = np.frombuffer(raw, np.uint8, n, pos)
+        pos += n
+        for name, off in (("address", self.addr_offsets), ("body", self.body_offsets)):
+            if off[0] != 0 or (n and np.any(off[1:] < off[:-1])):
+                raise SegmentError(f"{where}: {name} offsets are not ascending from 0")
+        addr_len = int(self.addr_offsets[-1])
+        body_len = int(self.body_offsets[-1])
+        if pos + addr_len + body_len != len(raw):
+            raise SegmentError(
+                f"{where}: columns need {pos + addr_len + body_len} bytes, payload has {len(raw)}"
+            )
+        mv = memoryview(raw)
+        self.addr_data = mv[pos : pos + addr_len]
+        self.body_data = mv[pos + addr_len :]
+
+    def __len__(self) -> int:
+        return len(self.recv_ms)
+
+    def bodies(self) -> List[bytes]:
+        """Each record's body as its own bytes object."""
+        data = bytes(self.body_data)
+        off = self.body_offsets.tolist()
+        return [data[off[i] : off[i + 1]] for i in range(len(off) - 1)]
+
+    def remote_addrs(self) -> List[str]:
+        data = bytes(self.addr_data)
+        off = self.addr_offsets.tolist()
+        cache = {}
+        out = []
+        for i in range(len(off) - 1):
+            raw = data[off[i] : off[i + 1]]
+            text = cache.get(raw)
+            if text is None:
+                text = cache[raw] = raw.decode("utf-8", "replace")
+            out.append(text)
+        return out
+
+    def records(self) -> List[Record]:
+        langs = [LanguageCode(x) if x in LanguageCode._value2member_map_ else None for x in self.language.tolist()]
+        return [
+            Record(t, c, a, lang, v, b)
+            for t, c, a, lang, v, b in zip(
+                self.recv_ms.tolist(), self.conn_id.tolist(), self.remote_addrs(), langs, self.version.tolist(), self.bodies()
+            )
+        ]
+
+
+_DECOMPRESSOR = zstandard.ZstdDecompressor()
+
+
+def decode_block(info: BlockInfo, payload, where: str, check_crc: bool = True) -> Block:
+    """Check the payload CRC, decompress the zstd frame, and validate the columnar layout."""
+    if len(payload) != info.comp_len:
+        raise SegmentError(f"{where}: payload truncated ({len(payload)} of {info.comp_len} bytes)")
+    if check_crc and zlib.crc32(payload) != info.payload_crc:
+        raise SegmentError(f"{where}: payload CRC mismatch")
+    try:
+        params = zstandard.get_frame_parameters(payload)
+        if params.content_size != info.raw_len:
+            raise SegmentError(f"{where}: zstd frame declares {params.content_size} bytes, header says {info.raw_len}")
+        raw = _DECOMPRESSOR.decompress(payload, max_output_size=info.raw_len)
+    except zstandard.ZstdError as exc:
+        raise SegmentError(f"{where}: zstd: {exc}; payload starts {echo(bytes(payload[:16]))}") from None
+    if len(raw) != info.raw_len:
+        raise SegmentError(f"{where}: decompressed {len(raw)} bytes, header says {info.raw_len}")
+    block = Block(raw, info.n_records, where)
+    if len(block) and (int(block.recv_ms.min()) != info.first_ms or int(block.recv_ms.max()) != info.last_ms):
+        raise SegmentError(f"{where}: receive times disagree with the block header")
+    return block
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Walking a segment
+
+
+def _find_next_block(buf, start: int, size: int) -> Optional[BlockInfo]:
+    """Resynchronise: the next offset >= start holding a block header with a valid CRC that fits in the file."""
+    pos = start
+    while True:
+        pos = buf.find(BLOCK_MAGIC, pos, size)
+        if pos < 0 or pos + BLOCK_HEADER_SIZE > size:
+            return None
+        info = _parse_block_header(buf, pos)
+        if info is not None and info.end <= size:
+            return info
+        pos += 1
+
+
+def scan_segment(path, *, check_payload: bool = False) -> SegmentScan:
+    """Walk a segment's block headers (and, with check_payload, decompress and validate every block).
+
+    Never raises for damaged content: damage is reported in the result (``torn_tail`` for anything after the
+    last good block, ``corrupt`` for damage followed by a good block). Raises OSError if the file can't be read.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        scan = SegmentScan(path, size)
+        if size < FILE_HEADER_SIZE:
+            if size:
+                scan.torn_tail = Damage(0, size, "file header truncated")
+            return scan
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            magic, version, header_size, _ = FILE_HEADER.unpack_from(buf, 0)
+            if magic != FILE_MAGIC or version != FORMAT_VERSION or header_size != FILE_HEADER_SIZE:
+                scan.corrupt.append(Damage(0, size, f"not a version-{FORMAT_VERSION} segment: starts {echo(buf[:16])}"))
+                return scan
+            pos = FILE_HEADER_SIZE
+            pending: Optional[Damage] = None  # damage not yet known to be in the middle
+            while pos < size:
+                info = None
+                reason = None
+                if size - pos < BLOCK_HEADER_SIZE:
+                    reason = "block header truncated"
+                else:
+                    info = _parse_block_header(buf, pos)
+                    if info is None:
+                        reason = "bad block header (magic, CRC or bounds)"
+                    elif info.end > size:
+                        reason = f"block payload truncated ({size - pos - BLOCK_HEADER_SIZE} of {info.comp_len} bytes)"
+                        info = None
+                    elif check_payload:
+                        try:
+                            decode_block(info, buf[pos + BLOCK_HEADER_SIZE : info.end], f"{path.name}@{pos}")
+                        except SegmentError as exc:
+                            reason = str(exc).split(": ", 1)[-1]
+                            info = None
+                if info is not None:
+                    scan.blocks.append(info)
+                    pos = info.end
+                    continue
+                start = pos + 1
+                if scan.blocks and not check_payload and scan.blocks[-1].end == pos:
+                    # the previous block was only header-checked: its payload may be what got shortened or
+                    # lengthened, so the next real header can sit inside it; look from its payload on
+                    start = scan.blocks[-1].offset + BLOCK_HEADER_SIZE
+                nxt = _find_next_block(buf, start, size)
+                while nxt is not None and check_payload:
+                    try:
+                        decode_block(nxt, buf[nxt.offset + BLOCK_HEADER_SIZE : nxt.end], f"{path.name}@{nxt.offset}")
+                        break
+                    except SegmentError:
+                        nxt = _find_next_block(buf, nxt.offset + 1, size)
+                if nxt is not None and nxt.offset < pos:
+                    prev = scan.blocks.pop()  # overlapped by a later header: its payload cannot be intact
+                    pos, reason = prev.offset, "block overlaps the next block header"
+                if nxt is None:
+                    pending = Damage(pos, size - pos, reason)
+                    break
+                scan.corrupt.append(Damage(pos, nxt.offset - pos, reason))
+                pos = nxt.offset
+            scan.torn_tail = pending
+    return scan
+
+
+def iter_blocks(path, *, blocks: Optional[Iterable[BlockInfo]] = None, on_corrupt: str = "raise") -> Iterator[Block]:
+    """Decoded blocks of one segment in file order.
+
+    ``blocks`` restricts reading to those block headers (a split planned with scan_segment); otherwise the
+    segment is walked. A torn tail is logged and skipped. Damage in the middle raises SegmentError when
+    on_corrupt="raise", or is logged and skipped with on_corrupt="skip".
+    """
+    if on_corrupt not in ("raise", "skip"):
+        raise ValueError("on_corrupt must be 'raise' or 'skip'")
+    path = Path(path)
+    if blocks is None:
+        scan = scan_segment(path)
+        if scan.corrupt:
+            d = scan.corrupt[0]
+            msg = f"{path}: corrupt at byte {d.offset} ({d.length} bytes): {d.reason}"
+            if on_corrupt == "raise":
+                raise SegmentError(msg)
+            log.warning("skipping %s", msg)
+        if scan.torn_tail is not None:
+            t = scan.torn_tail
+            log.warning("%s: torn tail at byte %d (%d bytes, %s), skipped", path, t.offset, t.length, t.reason)
+        blocks = scan.blocks
+    with open(path, "rb") as f:
+        for info in blocks:
+            f.seek(info.offset + BLOCK_HEADER_SIZE)
+            payload = f.read(info.comp_len)
+            try:
+                yield decode_block(info, payload, f"{path}@{info.offset}")
+            except SegmentError:
+                if on_corrupt == "raise":
+                    raise
+                log.warning("skipping corrupt block %s@%d", path, info.offset, exc_info=True)
+
+
+def list_segments(directory) -> List[Path]:
+    """Segment files of a recording directory, in name (= time) order."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no recording directory {directory}")
+
+    def key(p: Path):
+        m = _SEGMENT_NAME.match(p.name)
+        return (int(m["first"]), int(m["seq"]), p.name) if m else (0, 0, p.name)
+
+    return sorted((p for p in directory.iterdir() if p.name.endswith(SEGMENT_SUFFIX) and p.is_file()), key=key)
+
+
+def read_segment(path, *, on_corrupt: str = "raise") -> List[Record]:
+    """Every readable record of one segment (torn tail skipped with a warning)."""
+    out: List[Record] = []
+    for block in iter_blocks(path, on_corrupt=on_corrupt):
+        out.extend(block.records())
+    return out
+
+
+def iter_records(directory, *, on_corrupt: str = "raise") -> Iterator[Record]:
+    """Every readable record of a recording directory, segment by segment."""
+    for path in list_segments(directory):
+        for block in iter_blocks(path, on_corrupt=on_corrupt):
+            yield from block.records()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Writer
+
+
+class HeartbeatRecorder:
+    """Append heartbeats to segment files in ``directory``.
+
+    Records are buffered in memory and written one block (one zstd frame) at a time: when ``block_records``
+    records or ``block_bytes`` body bytes are pending, on ``flush()``/``close()``, and (checked on each record)
+    when the oldest pending record waited ``max_block_delay_s`` of wall time. A server should also call
+    ``flush_if_due()`` from a timer so a quiet period does not hold records back.
+
+    A segment rolls before a block that would take it past ``max_segment_bytes``, or when the block's newest
+    receive time is ``max_segment_age_s`` or more after the segment's first (record time, so a synthetic
+    recording rolls like a live one). ``fsync=True`` makes each written block durable against power loss; a
+    killed process never loses a completed block either way. Not thread-safe: call it from one thread.
+    """
+
+    def __init__(
+        self,
+        directory,
+        max_segment_bytes: int = 256 * 1024 * 1024,
+        max_segment_age_s: float = 3600.0,
+        block_records: int = 4096,
+        *,
+        block_bytes: int = 4 * 1024 * 1024,
+        max_block_delay_s: float = 1.0,
+        level: int = 3,
+        fsync: bool = False,
+        prefix: str = "hb",
+    ):
+        if max_segment_bytes < FILE_HEADER_SIZE + BLOCK_HEADER_SIZE:
+            raise ValueError("max_segment_bytes too small")
+        if not (1 <= block_records <= MAX_BLOCK_RECORDS):
+            raise ValueError(f"block_records must be in 1..{MAX_BLOCK_RECORDS}")
+        if max_segment_age_s <= 0 or block_bytes <= 0:
+            raise ValueError("max_segment_age_s and block_bytes must be positive")
+        if not re.fullmatch(r"[A-Za-z0-9_.]+", prefix):
+            raise ValueError("prefix may hold letters, digits, '_' and '.' only")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_segment_bytes = int(max_segment_bytes)
+        self.max_segment_age_ms = int(max_segment_age_s * 1000)
+        self.block_records = int(block_records)
+        self.block_bytes = int(block_bytes)
+        self.max_block_delay_s = max_block_delay_s
+        self.fsync = fsync
+        self.prefix = prefix
+        self._compressor = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
+        self._file = None
+        self._segment_path: Optional[Path] = None
+        self._segment_size = 0
+        self._segment_first_ms = 0
+        self._seq = 0
+        self._addr_cache: dict = {}
+        self._reset_pending()
+        self.closed = False
+        #: Totals since construction.
+        self.records_written = 0
+        self.blocks_written = 0
+        self.segments_opened = 0
+        self.bytes_written = 0
+
+    # -- pending block --
+    def _reset_pending(self):
+        self._p_recv: list = []
+        self._p_conn: list = []
+        self._p_addr: list = []
+        self._p_lang: list = []
+        self._p_ver: list = []
+        self._p_body: list = []
+        self._p_bytes = 0
+        self._p_since = 0.0
+
+    def record(self, recv_ms: int, conn_id: int, remote_addr, language, version: int, body) -> None:
+        """Buffer one heartbeat (receive time in ms, connection id, 'ip:port', LanguageCode/ordinal/name/None,
+        MQVersion ordinal, raw body bytes)."""
+        if self.closed:
+            raise ValueError("recorder is closed")
+        if not self._p_body:
+            self._p_since = time.monotonic()
+        addr = self._addr_cache.get(remote_addr)
+        if addr is None:
+            addr = remote_addr.encode("utf-8") if isinstance(remote_addr, str) else bytes(remote_addr or b"")
+            if len(self._addr_cache) > 65536:
+                self._addr_cache.clear()
+            self._addr_cache[remote_addr] = addr
+        body = bytes(body)
+        self._p_recv.append(recv_ms)
+        self._p_conn.append(conn_id)
+        self._p_addr.append(addr)
+        self._p_lang.append(_language_ordinal(language))
+        self._p_ver.append(version)
+        self._p_body.append(body)
+        self._p_bytes += len(body)
+        if (
+            len(self._p_body) >= self.block_records
+            or self._p_bytes >= self.block_bytes
+            or time.monotonic() - self._p_since >= self.max_block_delay_s
+        ):
+            self._write_pending()
+
+    def record_batch(self, recv_ms, conn_id, remote_addrs: Sequence[bytes], language, version, bodies: Sequence[bytes]) -> None:
+        """Write many records at once (columns: numpy arrays or sequences; addresses as bytes). Pending
+        single records are written first, so the order is kept. Used by the synthetic generator."""
+        if self.closed:
+            raise ValueError("recorder is closed")
+        self._write_pending()
+        recv_ms = np.asarray(recv_ms, dtype=np.int64)
+        conn_id = np.asarray(conn_id, dtype=np.int64)
+        language = np.asarray(language, dtype=np.uint8)
+        version = np.asarray(version, dtype=np.int32)
+        n = len(bodies)
+        if not (len(recv_ms) == len(conn_id) == len(language) == len(version) == len(remote_addrs) == n):
+            raise ValueError("record columns differ in length")
+        start = 0
+        while start < n:
+            stop = min(n, start + self.block_records)
+            # keep blocks under block_bytes too (a few huge bodies must not make one huge block)
+            nbytes = 0
+            for i in range(start, stop):
+                nbytes += len(bodies[i])
+                if nbytes >= self.block_bytes:
+                    stop = i + 1
+                    break
+            self._write_block(
+                recv_ms[start:stop], conn_id[start:stop], version[start:stop], language[start:stop],
+                remote_addrs[start:stop], bodies[start:stop],
+            )
+            start = stop
+
+    def flush_if_due(self) -> bool:
+        """Write the pending block if its oldest record waited max_block_delay_s; True if something was written."""
+        if self._p_body and time.monotonic() - self._p_since >= self.max_block_delay_s:
+            self._write_pending()
+            return True
+        return False
+
+    def flush(self) -> None:
+        """Write the pending block (if any) to the operating system (and to disk with fsync=True)."""
+        self._write_pending()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._write_pending()
+        finally:
+            self._close_segment()
+            self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def segment_path(self) -> Optional[Path]:
+        """The segment being written, if one is open."""
+        return self._segment_path
+
+    def _write_pending(self):
+        if not self._p_body:
+            return
+        try:
+            self._write_block(
+                np.array(self._p_recv, dtype=np.int64), np.array(self._p_conn, dtype=np.int64),
+                np.array(self._p_ver, dtype=np.int32), np.array(self._p_lang, dtype=np.uint8),
+                self._p_addr, self._p_body,
+            )
+        finally:
+            self._reset_pending()
+
+    def _write_block(self, recv_ms, conn_id, version, language, addrs, bodies):
+        first_ms = int(recv_ms.min())
+        last_ms = int(recv_ms.max())
+        raw = encode_block_payload(recv_ms, conn_id, version, language, addrs, bodies)
+        data = encode_block(raw, len(bodies), first_ms, last_ms, self._compressor)
+        if self._file is not None and (
+            (self._segment_size + len(data) > self.max_segment_bytes and self._segment_size > FILE_HEADER_SIZE)
+            or last_ms - self._segment_first_ms >= self.max_segment_age_ms
+        ):
+            self._close_segment()
+        if self._file is None:
+            self._open_segment(first_ms)
+        self._write_all(data)
+        self._segment_size += len(data)
+        self.records_written += len(bodies)
+        self.blocks_written += 1
+        if self.fsync:
+            os.fsync(self._file.fileno())
+
+    def _write_all(self, data: bytes):
+        view = memoryview(data)
+        while view:
+            n = self._file.write(view)
+            if not n:
+                raise OSError(f"short write to {self._segment_path}")
+            self.bytes_written += n
+            view = view[n:]
+
+    def _open_segment(self, first_ms: int):
+        while True:
+            self._seq += 1
+            path = self.directory / f"{self.prefix}-{max(first_ms, 0):013d}-{self._seq:06d}{SEGMENT_SUFFIX}"
+            try:
+                # unbuffered: each block goes to the OS in one write, so a killed process loses no complete block
+                self._file = open(path, "xb", buffering=0)
+                break
+            except FileExistsError:
+                continue
+        self._segment_path = path
+        self._segment_first_ms = first_ms
+        self._segment_size = 0
+        self.segments_opened += 1
+        self._write_all(FILE_HEADER.pack(FILE_MAGIC, FORMAT_VERSION, FILE_HEADER_SIZE, 0))
+        self._segment_size = FILE_HEADER_SIZE
+        if self.fsync:
+            dir_fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+
+    def _close_segment(self):
+        if self._file is not None:
+            try:
+                if self.fsync:
+                    os.fsync(self._file.fileno())
+            finally:
+                self._file.close()
+                self._file = None
+                self._segment_path = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# verify
+
+
+@dataclass
+class VerifyReport:
+    """What `verify` found in a recording directory."""
+
+    directory: Path
+    segments: List[SegmentScan] = field(default_factory=list)
+
+    @property
+    def records(self) -> int:
+        return sum(s.n_records for s in self.segments)
+
+    @property
+    def blocks(self) -> int:
+        return sum(len(s.blocks) for s in self.segments)
+
+    @property
+    def torn_tails(self) -> List[SegmentScan]:
+        return [s for s in self.segments if s.torn_tail is not None]
+
+    @property
+    def corrupt(self) -> List[SegmentScan]:
+        return [s for s in self.segments if s.corrupt]
+
+    @property
+    def ok(self) -> bool:
+        """True unless some segment is damaged in the middle (torn tails are expected after a crash)."""
+        return not self.corrupt
+
+    def to_dict(self) -> dict:
+        return {
+            "directory": str(self.directory),
+            "ok": self.ok,
+            "segments": len(self.segments),
+            "blocks": self.blocks,
+            "records": self.records,
+            "torn_tails": [
+                {"segment": s.path.name, "offset": s.torn_tail.offset, "bytes": s.torn_tail.length, "reason": s.torn_tail.reason}
+                for s in self.torn_tails
+            ],
+            "corrupt": [
+                {"segment": s.path.name, "offset": d.offset, "bytes": d.length, "reason": d.reason}
+                for s in self.corrupt
+                for d in s.corrupt
+            ],
+        }
+
+    def format(self, verbose: bool = False) -> str:
+        lines = []
+        if verbose:
+            for s in self.segments:
+                span = ""
+                if s.blocks:
+                    span = f"  {min(b.first_ms for b in s.blocks)}..{max(b.last_ms for b in s.blocks)} ms"
+                lines.append(f"{s.path.name}: {s.size} bytes, {len(s.blocks)} blocks, {s.n_records} records{span}")
+        for s in self.torn_tails:
+            t = s.torn_tail
+            lines.append(f"TORN TAIL {s.path.name} at byte {t.offset}: {t.length} bytes skipped ({t.reason})")
+        for s in self.corrupt:
+            for d in s.corrupt:
+                lines.append(f"CORRUPT {s.path.name} at byte {d.offset}: {d.length} bytes ({d.reason})")
+        status = "OK" if self.ok else "CORRUPT"
+        lines.append(
+            f"{status}: {len(self.segments)} segments, {self.blocks} blocks, {self.records} records, "
+            f"{len(self.torn_tails)} torn tails, {sum(len(s.corrupt) for s in self.segments)} corrupt ranges"
+        )
+        return "\n".join(lines)
+
+
+def verify(directory) -> VerifyReport:
+    """Walk every segment of a recording, decompressing and validating every block."""
+    report = VerifyReport(Path(directory))
+    for path in list_segments(directory):
+        report.segments.append(scan_segment(path, check_payload=True))
+    return report
+
+
+def segments_verify_main(argv=None) -> int:
+    """`rmqhb segments verify DIR`: check a recording. Exit 0 when readable (torn tails are reported but
+    expected after a crash), 1 when a segment is damaged in the middle, 2 when DIR is not a directory."""
+    p = argparse.ArgumentParser(prog="rmqhb segments verify", description=segments_verify_main.__doc__)
+    p.add_argument("directory", type=Path)
+    p.add_argument("-v", "--verbose", action="store_true", help="one line per segment")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(argv)
+    if not args.directory.is_dir():
+        print(f"not a directory: {args.directory}", file=sys.stderr)
+        return 2
+    report = verify(args.directory)
+    if args.json:
+        import json
+
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(report.format(verbose=args.verbose))
+    return 0 if report.ok else 1

@@ -1,0 +1,502 @@
+"""engine.Broker: the embeddable broker front end (BrokerController's initialize/start/shutdown for this engine).
+
+    import engine
+    broker = engine.Broker(engine.BrokerConfig(listen_port=10911)).start()   # serves on a background thread
+    ...
+    broker.stop()                                                             # persists state, closes clients
+
+In an asyncio program use ``await broker.start_async()`` / ``await broker.stop_async()`` on your own loop.
+``rmqhb serve -c broker.properties`` runs :func:`serve_main`, which adds signal handling (SIGTERM/SIGINT:
+graceful shutdown that persists state).
+
+What runs once started (BrokerController.start): the main and fast ports; the client housekeeping (expiry scan
+every 10 s, first after 10 s; expired connections are closed); consumer-offset persistence every
+``flushConsumerOffsetInterval``; NOTIFY_CONSUMER_IDS_CHANGED pushed to a group's connections on CHANGE events;
+REGISTER_BROKER to every configured name server at start and every ``registerNameServerPeriod`` (without a name
+server the broker answers route queries itself); the Prometheus endpoint with ``metricsPort``; the heartbeat
+recorder with ``recordDir``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+import zlib
+
+from . import RemotingCommand
+from .config import PROPERTIES, BrokerConfig, ConfigError, parse_overrides
+from .enums import BROKER_VERSION, RequestCode, ResponseCode
+from .metrics import Metrics, MetricsEndpoint, render
+from .processors import NAMESRV_TABLE, PROCESSOR_TABLE, Processors
+from .server import RemotingServer
+
+log = logging.getLogger("engine.broker")
+
+#: Executors and their queue capacities (BrokerConfig *ThreadPoolQueueCapacity); None = inline.
+def _executor_capacities(cfg: BrokerConfig) -> dict:
+    return {
+        "heartbeat": None,
+        "client_manage": cfg.client_manager_thread_pool_queue_capacity,
+        "consumer_manage": cfg.consumer_manager_thread_pool_queue_capacity,
+        "pull": cfg.pull_thread_pool_queue_capacity,
+        "admin": cfg.admin_broker_thread_pool_queue_capacity,
+    }
+
+
+class Broker:
+    """The broker front end: registry + remoting server + housekeeping, started and stopped as one."""
+
+    def __init__(self, config: BrokerConfig | None = None, *, registry=None):
+        self.config = config if config is not None else BrokerConfig()
+        self.config.validate()
+        self.metrics = Metrics()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.ports: dict[str, int] = {}
+        self.registry = registry if registry is not None else self._build_registry()
+        self.acl = None
+        if self.config.acl_enable:
+            from .acl import AclValidator
+
+            self.acl = AclValidator.from_file(self.config.acl_file)
+            log.info("ACL enabled with %d accounts from %s", len(self.acl.accounts), self.config.acl_file)
+        self.recorder = None
+        if self.config.record_dir:
+            from .recorder import HeartbeatRecorder
+
+            self.recorder = HeartbeatRecorder(self.config.record_dir)
+        namesrv_codes = frozenset(int(c) for c, _, _ in NAMESRV_TABLE)
+        # the name-server role does no ACL (as a RocketMQ name server), so a refused client still finds the broker
+        self.server = RemotingServer(self.config, self.metrics, on_close=self._on_connection_closed, acl=self.acl,
+                                     acl_exempt=namesrv_codes)
+        self.processors = Processors(self)
+        caps = _executor_capacities(self.config)
+        table = PROCESSOR_TABLE + (NAMESRV_TABLE if not self.config.namesrv_addr.strip() else ())
+        for code, name, executor in table:
+            self.server.register_processor(code, getattr(self.processors, name),
+                                           self.server.executor(executor, caps[executor]))
+        self._tasks: list[asyncio.Task] = []
+        self._metrics_endpoint: MetricsEndpoint | None = None
+        self._namesrv = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._stopped = False
+        self._notify_opaque = 0
+
+    # ------------------------------------------------------------------ registry wiring
+    def _build_registry(self):
+        from .registry import ClientRegistry, RegistryConfig
+        from .store import Store
+
+        cfg = self.config
+        rc = RegistryConfig(
+            channel_expired_timeout_ms=cfg.channel_expired_timeout,
+            auto_create_subscription_group=cfg.auto_create_subscription_group,
+            enable_create_sys_group=cfg.enable_create_sys_group,
+            notify_consumer_ids_changed_enable=cfg.notify_consumer_ids_changed_enable,
+            reject_pull_consumer_enable=cfg.reject_pull_consumer_enable,
+            enable_property_filter=cfg.enable_property_filter,
+            notify_coalesce_window_ms=cfg.notify_coalesce_window_ms,
+        )
+        store = Store(cfg.store_path_root_dir)
+        return ClientRegistry(config=rc, listener=self._on_registry_event, store=store)
+
+    def _on_registry_event(self, event) -> None:
+        """CHANGE -> NOTIFY_CONSUMER_IDS_CHANGED (oneway) to each listed connection (DefaultConsumerIdsChangeListener)."""
+        if getattr(event, "kind", None) != "CHANGE" and getattr(getattr(event, "kind", None), "name", None) != "CHANGE":
+            return
+        channels = event.channels or ()
+        if not channels or not self.config.notify_consumer_ids_changed_enable:
+            return
+        self._notify_opaque = (self._notify_opaque + 1) & 0x7FFFFFFF
+        ext = {"consumerGroup": event.group}
+        encoded: dict[str, bytes] = {}
+        sent = 0
+        for conn in channels:
+            if getattr(conn, "closing", True):
+                continue
+            data = encoded.get(conn.serialize_type)
+            if data is None:
+                data = encoded[conn.serialize_type] = RemotingCommand(
+                    RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, opaque=self._notify_opaque, flag=2, ext_fields=ext,
+                    serialize_type=conn.serialize_type).encode()
+            conn.send(data)
+            sent += 1
+        self.metrics.notifications_sent += sent
+
+    def _on_connection_closed(self, conn) -> None:
+        # ClientHousekeepingService.onChannelClose: producer then consumer doChannelCloseEvent
+        self.registry.close_channel(conn)
+
+    # ------------------------------------------------------------------ addresses and topics
+    def advertised_addr(self, conn=None) -> str:
+        """The ip:port clients should use: brokerIP1 if set, else the local address the client reached us on."""
+        ip = self.config.broker_ip1 or (conn.local_ip if conn is not None and conn.local_ip else "127.0.0.1")
+        if ip in ("0.0.0.0", "::"):
+            ip = "127.0.0.1"
+        if ":" in ip:
+            ip = f"[{ip}]"
+        return f"{ip}:{self.ports.get('main', self.config.listen_port)}"
+
+    def topic_queue_nums(self, topic: str) -> int:
+        getter = getattr(self.registry, "topic_config", None)
+        tc = getter(topic) if getter is not None else None
+        if tc is not None:
+            n = getattr(tc, "read_queue_nums", None) or (tc.get("readQueueNums") if isinstance(tc, dict) else None)
+            if n:
+                return int(n)
+        return self.config.default_topic_queue_nums
+
+    # ------------------------------------------------------------------ lifecycle (asyncio)
+    async def start_async(self) -> "Broker":
+        self.loop = asyncio.get_running_loop()
+        self.ports = await self.server.start()
+        cfg = self.config
+        self._tasks.append(asyncio.ensure_future(self._housekeeping()))
+        self._tasks.append(asyncio.ensure_future(self._periodic(cfg.flush_consumer_offset_interval / 1000.0,
+                                                                self._persist_offsets)))
+        self._tasks.append(asyncio.ensure_future(self._periodic(1.0, self._tick)))
+        if cfg.metrics_port:
+            self._metrics_endpoint = MetricsEndpoint(self.render_metrics, cfg.metrics_host, cfg.metrics_port)
+            self.ports["metrics"] = await self._metrics_endpoint.start()
+        if cfg.namesrv_addr.strip():
+            self._namesrv = NamesrvRegistrar(self)
+            await self._namesrv.register_all()  # at start, as BrokerController.start does
+            self._tasks.append(asyncio.ensure_future(self._periodic(cfg.register_name_server_period / 1000.0,
+                                                                    self._namesrv.register_all, is_async=True)))
+        mode = f"name server {cfg.namesrv_addr}" if cfg.namesrv_addr.strip() else "standalone (answers routes itself)"
+        log.info("The broker[%s, %s] boot success. serializeType=JSON, %s", cfg.broker_name,
+                 self.advertised_addr(), mode)
+        return self
+
+    async def stop_async(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        if self._namesrv is not None:
+            await self._namesrv.unregister_all()
+            await self._namesrv.close()
+        await self.server.stop()
+        if self._metrics_endpoint is not None:
+            await self._metrics_endpoint.stop()
+        self._persist_all()
+        if self.recorder is not None:
+            self.recorder.close()
+        log.info("broker %s shut down", self.config.broker_name)
+
+    async def _periodic(self, period: float, fn, first: float | None = None, is_async: bool = False) -> None:
+        await asyncio.sleep(period if first is None else first)
+        while True:
+            t0 = time.monotonic()
+            try:
+                if is_async:
+                    await fn()
+                else:
+                    fn()
+            except Exception:
+                log.exception("periodic task %s failed", getattr(fn, "__name__", fn))
+            await asyncio.sleep(max(0.0, period - (time.monotonic() - t0)))
+
+    async def _housekeeping(self) -> None:
+        """ClientHousekeepingService: scanNotActiveChannel every 10 s, first after 10 s; close what expired."""
+        await self._periodic(10.0, self.scan_expired)
+
+    def scan_expired(self) -> int:
+        channels = self.registry.scan_expired()
+        for conn in channels:
+            if hasattr(conn, "close"):
+                conn.close(f"channel expired (no heartbeat for more than {self.config.channel_expired_timeout} ms)",
+                           level=logging.INFO)
+        self.metrics.expired_channels += len(channels)
+        return len(channels)
+
+    def _tick(self) -> None:
+        flush = getattr(self.registry, "flush_notifications", None)
+        if flush is not None and self.config.notify_coalesce_window_ms:
+            flush()
+        if self.recorder is not None:
+            self.recorder.flush_if_due()
+
+    def _persist_offsets(self) -> None:
+        persist = getattr(self.registry, "persist_offsets", None) or getattr(self.registry, "persist", None)
+        if persist is not None:
+            persist()
+
+    def _persist_all(self) -> None:
+        persist = getattr(self.registry, "persist", None)
+        if persist is not None:
+            try:
+                persist()
+            except Exception:
+                log.exception("persisting broker state failed")
+
+    # ------------------------------------------------------------------ metrics
+    def render_metrics(self) -> str:
+        stats = getattr(self.registry, "group_stats", None)
+        return render(self.metrics, len(self.server.connections), stats() if stats is not None else ())
+
+    # ------------------------------------------------------------------ lifecycle (blocking, own thread)
+    def start(self, timeout: float = 30.0) -> "Broker":
+        """Start on a background thread with its own event loop; returns once the ports are bound."""
+        if self._thread is not None:
+            raise RuntimeError("broker already started")
+        self._thread = threading.Thread(target=self._thread_main, name=f"broker-{self.config.broker_name}",
+                                        daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise RuntimeError("broker did not start in time")
+        if self._start_error is not None:
+            raise self._start_error
+        return self
+
+    def _thread_main(self) -> None:
+        loop = new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self.start_async())
+        except BaseException as e:
+            self._start_error = e
+            self._started.set()
+            loop.close()
+            return
+        self._started.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(self.stop_async())
+            loop.close()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Graceful stop from any thread: persist state, close connections, stop the loop."""
+        if self._thread is None:
+            return
+        loop = self.loop
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(loop.stop)
+        self._thread.join(timeout)
+        self._thread = None
+
+    def call(self, fn, *args):
+        """Run ``fn(*args)`` on the broker's loop and return its result (for embedding code and tests)."""
+        if self.loop is None:
+            raise RuntimeError("broker not started")
+        if self._thread is None or threading.current_thread() is self._thread:
+            return fn(*args)
+        fut = asyncio.run_coroutine_threadsafe(_as_coro(fn, *args), self.loop)
+        return fut.result(30)
+
+    def __enter__(self) -> "Broker":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+async def _as_coro(fn, *args):
+    return fn(*args)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when it is installed (ENGINE_NO_UVLOOP=1 turns it off), else asyncio's."""
+    import os
+
+    if not os.environ.get("ENGINE_NO_UVLOOP"):
+        try:
+            import uvloop
+
+            return uvloop.new_event_loop()
+        except ImportError:
+            pass
+    return asyncio.new_event_loop()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# REGISTER_BROKER to the name servers (BrokerOuterAPI.registerBrokerAll)
+
+
+class NamesrvRegistrar:
+    """Registers the broker with every configured name server, keeping one connection to each."""
+
+    def __init__(self, broker: Broker, timeout: float = 6.0):
+        self.broker = broker
+        self.timeout = timeout
+        self._conns: dict[tuple, tuple] = {}  # (host, port) -> (reader, writer, decoder)
+        self._opaque = 0
+        self._data_version = {"counter": 0, "stateVersion": 0, "timestamp": int(time.time() * 1000)}
+
+    def _header(self) -> dict:
+        cfg = self.broker.config
+        addr = self.broker.advertised_addr()
+        host, _, port = addr.rpartition(":")
+        return {
+            "brokerName": cfg.broker_name,
+            "brokerAddr": addr,
+            "clusterName": cfg.broker_cluster_name,
+            "haServerAddr": f"{host}:{int(port) + 1}",
+            "brokerId": str(cfg.broker_id),
+            "enableActingMaster": "false",
+            "compressed": "false",
+        }
+
+    def _body(self) -> bytes:
+        """RegisterBrokerBody (uncompressed JSON): the topic configs this broker knows and its data version."""
+        topics = {}
+        getter = getattr(self.broker.registry, "topic_configs", None)
+        for tc in (getter() if getter is not None else ()):
+            d = tc.to_dict() if hasattr(tc, "to_dict") else dict(tc)
+            name = d.get("topicName")
+            if name:
+                topics[name] = d
+        self._data_version["counter"] += 1
+        body = {"filterServerList": [],
+                "topicConfigSerializeWrapper": {"dataVersion": dict(self._data_version), "topicConfigTable": topics}}
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    async def _invoke(self, addr: tuple, code: int, ext: dict, body: bytes = b""):
+        from . import FrameDecoder
+
+        conn = self._conns.get(addr)
+        if conn is None or conn[1].is_closing():
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(addr[0], addr[1]), self.timeout)
+            conn = self._conns[addr] = (reader, writer, FrameDecoder())
+        reader, writer, decoder = conn
+        self._opaque = (self._opaque + 1) & 0x7FFFFFFF
+        cmd = RemotingCommand(code, opaque=self._opaque, ext_fields=ext, body=body)
+        writer.write(cmd.encode())
+        try:
+            await asyncio.wait_for(writer.drain(), self.timeout)
+            deadline = time.monotonic() + self.timeout
+            while True:
+                data = await asyncio.wait_for(reader.read(65536), max(0.01, deadline - time.monotonic()))
+                if not data:
+                    raise ConnectionError("name server closed the connection")
+                for c in decoder.feed(data):
+                    if c.is_response and c.opaque == cmd.opaque:
+                        return c
+        except BaseException:
+            self._drop(addr)
+            raise
+
+    def _drop(self, addr) -> None:
+        conn = self._conns.pop(addr, None)
+        if conn is not None:
+            conn[1].close()
+
+    async def register_all(self) -> None:
+        header = self._header()
+        body = self._body()
+        header["bodyCrc32"] = str(zlib.crc32(body) & 0x7FFFFFFF)  # UtilAll.crc32
+        metrics = self.broker.metrics
+        for addr in self.broker.config.namesrv_addr_list:
+            try:
+                resp = await self._invoke(addr, RequestCode.REGISTER_BROKER, header, body)
+                if resp.code == ResponseCode.SUCCESS:
+                    metrics.register_broker_ok += 1
+                    log.debug("registered with name server %s:%d", *addr)
+                else:
+                    metrics.register_broker_failed += 1
+                    log.warning("name server %s:%d refused REGISTER_BROKER: code %d %s", addr[0], addr[1],
+                                resp.code, resp.remark)
+            except (OSError, asyncio.TimeoutError, ConnectionError) as e:
+                metrics.register_broker_failed += 1
+                log.warning("Failed to register current broker to name server. TargetHost=%s:%d (%s)",
+                            addr[0], addr[1], e or type(e).__name__)
+
+    async def unregister_all(self) -> None:
+        cfg = self.broker.config
+        ext = {"brokerName": cfg.broker_name, "brokerAddr": self.broker.advertised_addr(),
+               "clusterName": cfg.broker_cluster_name, "brokerId": str(cfg.broker_id)}
+        for addr in cfg.namesrv_addr_list:
+            try:
+                await self._invoke(addr, RequestCode.UNREGISTER_BROKER, ext)
+            except (OSError, asyncio.TimeoutError, ConnectionError) as e:
+                log.info("UNREGISTER_BROKER to %s:%d failed: %s", addr[0], addr[1], e or type(e).__name__)
+
+    async def close(self) -> None:
+        for addr in list(self._conns):
+            self._drop(addr)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rmqhb serve
+
+
+def serve_main(argv=None) -> int:
+    """rmqhb serve -c broker.properties [--property value ...] [-p] [--metrics-port N] [--record DIR]"""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(
+        prog="rmqhb serve",
+        description="Run the broker front end (like mqbroker). Any broker property can be overridden with "
+                    "--<propertyName> VALUE, e.g. --listenPort 10911 --namesrvAddr 127.0.0.1:9876.",
+    )
+    p.add_argument("-c", "--configFile", help="broker.properties file")
+    p.add_argument("-p", "--printConfigItem", action="store_true", help="print the effective config and exit")
+    p.add_argument("-m", "--printImportantConfig", action="store_true", help="print the explicitly set items and exit")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (metricsPort)")
+    p.add_argument("--record", metavar="DIR", help="record every heartbeat into zstd segments in DIR (recordDir)")
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    args, rest = p.parse_known_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        overrides = parse_overrides(rest)
+        if args.metrics_port is not None:
+            overrides["metricsPort"] = str(args.metrics_port)
+        if args.record:
+            overrides["recordDir"] = args.record
+        config = BrokerConfig.load(args.configFile, overrides)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 3
+    if args.printConfigItem or args.printImportantConfig:
+        for name, value in config.to_properties():
+            if args.printImportantConfig and name not in config.explicit:
+                continue
+            print(f"{name}={value}")
+        return 0
+    return asyncio_run(_serve(config))
+
+
+async def _serve(config: BrokerConfig) -> int:
+    try:
+        broker = Broker(config)
+        await broker.start_async()
+    except (ConfigError, OSError, ValueError) as e:
+        log.error("broker failed to start: %s", e)
+        return 1
+    print(f"The broker[{config.broker_name}, {broker.advertised_addr()}] boot success. serializeType=JSON"
+          + (f" and name server is {config.namesrv_addr}" if config.namesrv_addr else ""), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    await stop.wait()
+    log.info("shutdown requested, persisting state")
+    await broker.stop_async()
+    return 0
+
+
+def asyncio_run(coro):
+    loop = new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()

@@ -1,0 +1,257 @@
+"""Request processors of the broker front end: ClientManageProcessor, ConsumerManageProcessor, the parts of
+AdminBrokerProcessor and PullMessageProcessor that clients need, and the name-server route answers of a
+standalone broker.
+
+Each handler is ``handler(conn, cmd) -> RemotingCommand | None`` (None: no answer now; a held PULL_MESSAGE is
+answered later by a timer). Answers are built with ``cmd.response`` so they carry the request's opaque, the
+response flag, the request's serialize type and version 479. The broker wires them into the processor table in
+:mod:`engine.broker`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from . import decode_heartbeat
+from .enums import RequestCode, ResponseCode
+from .errors import HeartbeatError, RemotingError, echo
+
+log = logging.getLogger("engine.processors")
+
+QUERY_NOT_FOUND = 22  # ResponseCode.QUERY_NOT_FOUND
+PERM_READ_WRITE = 6
+
+
+class RequestError(RemotingError, ValueError):
+    """A request lacks a required ext field or carries an unparsable one (answered SYSTEM_ERROR)."""
+
+
+def _required(cmd, name: str) -> str:
+    """A @CFNotNull custom-header field. As in Java, a request with no extFields at all skips the check."""
+    ext = cmd.ext_fields
+    if ext is None:
+        return None
+    value = ext.get(name)
+    if value is None:
+        raise RequestError(f"the custom field <{name}> is null")
+    return value
+
+
+def _optional(cmd, name: str):
+    ext = cmd.ext_fields
+    return None if ext is None else ext.get(name)
+
+
+def _int_field(cmd, name: str, required: bool = True, default=None) -> int | None:
+    text = _required(cmd, name) if required else _optional(cmd, name)
+    if text is None:
+        return default
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise RequestError(f"the custom field <{name}> is not a number: {echo(text)}") from None
+
+
+def _json_body(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+class Processors:
+    """The handlers, bound to one broker (registry, config, metrics, addresses, recorder)."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.registry = broker.registry
+        self.config = broker.config
+        self.metrics = broker.metrics
+
+    # ------------------------------------------------------------------ ClientManageProcessor
+    def heart_beat(self, conn, cmd):
+        body = cmd.body
+        recorder = self.broker.recorder
+        if recorder is not None:
+            recorder.record(int(time.time() * 1000), conn.id, conn.remote_addr, cmd.language, cmd.version, body)
+        self.metrics.heartbeats += 1
+        try:
+            hb = decode_heartbeat(body)
+        except HeartbeatError as e:
+            self.metrics.heartbeat_errors += 1
+            log.info("bad heartbeat from %s: %s", conn.remote_addr, e)
+            return cmd.response(ResponseCode.SYSTEM_ERROR, remark=str(e))
+        result = self.registry.heartbeat(conn, hb, cmd.language, cmd.version)
+        return cmd.response(ResponseCode.SUCCESS, ext_fields=result.ext_fields)
+
+    def unregister_client(self, conn, cmd):
+        client_id = _required(cmd, "clientID")
+        self.registry.unregister(conn, client_id, _optional(cmd, "producerGroup"), _optional(cmd, "consumerGroup"))
+        return cmd.response(ResponseCode.SUCCESS, ext_fields={})
+
+    def check_client_config(self, conn, cmd):
+        body = None
+        if cmd.body:
+            try:
+                body = json.loads(cmd.body)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise RequestError(f"CheckClientRequestBody is not JSON: {e}") from None
+            if not isinstance(body, dict):
+                raise RequestError("CheckClientRequestBody is not a JSON object")
+        code, remark = self.registry.check_client_config(body)
+        return cmd.response(code, remark=remark)
+
+    # ------------------------------------------------------------------ ConsumerManageProcessor
+    def get_consumer_list_by_group(self, conn, cmd):
+        group = _required(cmd, "consumerGroup")
+        ids = self.registry.consumer_ids(group) if group is not None else []
+        if ids:
+            return cmd.response(ResponseCode.SUCCESS, ext_fields={}, body=_json_body({"consumerIdList": list(ids)}))
+        log.debug("getConsumerGroupInfo failed, %s %s", group, conn.remote_addr)
+        return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"no consumer for this group, {group}")
+
+    def update_consumer_offset(self, conn, cmd):
+        group = _required(cmd, "consumerGroup")
+        topic = _required(cmd, "topic")
+        queue_id = _int_field(cmd, "queueId")
+        offset = _int_field(cmd, "commitOffset")
+        code, remark = self.registry.update_consumer_offset(conn.remote_addr, group, topic, queue_id, offset)
+        return cmd.response(code, remark=remark, ext_fields={})
+
+    def query_consumer_offset(self, conn, cmd):
+        group = _required(cmd, "consumerGroup")
+        topic = _required(cmd, "topic")
+        queue_id = _int_field(cmd, "queueId")
+        offset = self.registry.query_consumer_offset(group, topic, queue_id)
+        if offset is not None and offset >= 0:
+            return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})
+        if (_optional(cmd, "setZeroIfNotFound") or "").lower() == "false":
+            return cmd.response(QUERY_NOT_FOUND, remark="Not found, do not set to zero, maybe this group boot first")
+        # no message store: every queue is empty, so the seed's "checkInMemByConsumeOffset" branch never applies
+        return cmd.response(QUERY_NOT_FOUND, remark="Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
+
+    # ------------------------------------------------------------------ AdminBrokerProcessor (the parts clients use)
+    def get_consumer_connection_list(self, conn, cmd):
+        group = _required(cmd, "consumerGroup")
+        info = self.registry.consumer_connection(group) if group is not None else None
+        if info is None:
+            return cmd.response(ResponseCode.CONSUMER_NOT_ONLINE, remark=f"the consumer group[{group}] not online")
+        return cmd.response(ResponseCode.SUCCESS, body=_json_body(info))
+
+    def get_producer_connection_list(self, conn, cmd):
+        group = _required(cmd, "producerGroup")
+        info = self.registry.producer_connection(group) if group is not None else None
+        if info is None:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"the producer group[{group}] not exist")
+        return cmd.response(ResponseCode.SUCCESS, body=_json_body(info))
+
+    def get_max_offset(self, conn, cmd):
+        # no message store: every queue is empty, so its max (and min) offset is 0
+        _required(cmd, "topic")
+        _int_field(cmd, "queueId")
+        return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": "0"})
+
+    get_min_offset = get_max_offset
+
+    def lock_batch_mq(self, conn, cmd):
+        # an orderly consumer asks to own its queues; with no store there is nothing to contend for: grant all
+        try:
+            req = json.loads(cmd.body or b"{}")
+            mqs = req.get("mqSet") or []
+            if not isinstance(mqs, list):
+                raise ValueError("mqSet is not a list")
+        except (ValueError, AttributeError, UnicodeDecodeError) as e:
+            raise RequestError(f"LockBatchRequestBody: {e}") from None
+        return cmd.response(ResponseCode.SUCCESS, body=_json_body({"lockOKMQSet": mqs}))
+
+    def unlock_batch_mq(self, conn, cmd):
+        return cmd.response(ResponseCode.SUCCESS)
+
+    # ------------------------------------------------------------------ PullMessageProcessor (no store)
+    def pull_message(self, conn, cmd):
+        """Hold the pull like long polling does, then answer PULL_NOT_FOUND: clients wait instead of spinning."""
+        queue_offset = _int_field(cmd, "queueOffset", required=False, default=0)
+        suspend = _int_field(cmd, "suspendTimeoutMillis", required=False, default=0)
+        sys_flag = _int_field(cmd, "sysFlag", required=False, default=0)
+        response = cmd.response(
+            ResponseCode.PULL_NOT_FOUND,
+            remark="no new message",
+            ext_fields={"suggestWhichBrokerId": "0", "nextBeginOffset": str(max(0, queue_offset)),
+                        "minOffset": "0", "maxOffset": "0"},
+        )
+        # PullSysFlag bit 1 (FLAG_SUSPEND) asks for long polling; without it the seed answers at once
+        if not (sys_flag & 0x2) or not self.config.long_polling_enable:
+            return response
+        if len(conn.held_pulls) >= self.config.max_inflight_per_connection:
+            return cmd.response(ResponseCode.SYSTEM_BUSY, remark="[OVERLOAD]system busy, start flow control for a while")
+        delay = min(max(suspend, 0), self.config.pull_max_suspend_millis) / 1000.0
+        if delay <= 0:
+            delay = self.broker.config.pull_max_suspend_millis / 1000.0
+        data = response.encode()
+        key = (cmd.opaque, id(cmd))
+
+        def answer():
+            conn.held_pulls.pop(key, None)
+            conn.send(data)
+
+        conn.held_pulls[key] = self.broker.loop.call_later(delay, answer)
+        return None
+
+    # ------------------------------------------------------------------ name server (standalone broker)
+    def get_route_info_by_topic(self, conn, cmd):
+        topic = _required(cmd, "topic")
+        if topic is None or not topic:
+            return cmd.response(ResponseCode.TOPIC_NOT_EXIST, remark="No topic route info in name server for the topic: ")
+        queue_nums = self.broker.topic_queue_nums(topic)
+        addr = self.broker.advertised_addr(conn)
+        name = self.config.broker_name
+        route = {
+            "brokerDatas": [{
+                "brokerAddrs": {"0": addr},
+                "brokerName": name,
+                "cluster": self.config.broker_cluster_name,
+                "enableActingMaster": False,
+            }],
+            "filterServerTable": {},
+            "queueDatas": [{
+                "brokerName": name,
+                "perm": PERM_READ_WRITE,
+                "readQueueNums": queue_nums,
+                "topicSysFlag": 0,
+                "writeQueueNums": queue_nums,
+            }],
+        }
+        return cmd.response(ResponseCode.SUCCESS, body=_json_body(route))
+
+    def get_broker_cluster_info(self, conn, cmd):
+        name = self.config.broker_name
+        addr = self.broker.advertised_addr(conn)
+        info = {
+            "brokerAddrTable": {name: {"brokerAddrs": {"0": addr}, "brokerName": name,
+                                       "cluster": self.config.broker_cluster_name, "enableActingMaster": False}},
+            "clusterAddrTable": {self.config.broker_cluster_name: [name]},
+        }
+        return cmd.response(ResponseCode.SUCCESS, body=_json_body(info))
+
+
+#: (request code, handler name, executor) as BrokerController.registerProcessor wires them; every code is
+#: registered on the main and the fast port (one table serves both here).
+PROCESSOR_TABLE = (
+    (RequestCode.HEART_BEAT, "heart_beat", "heartbeat"),
+    (RequestCode.UNREGISTER_CLIENT, "unregister_client", "client_manage"),
+    (RequestCode.CHECK_CLIENT_CONFIG, "check_client_config", "client_manage"),
+    (RequestCode.GET_CONSUMER_LIST_BY_GROUP, "get_consumer_list_by_group", "consumer_manage"),
+    (RequestCode.UPDATE_CONSUMER_OFFSET, "update_consumer_offset", "consumer_manage"),
+    (RequestCode.QUERY_CONSUMER_OFFSET, "query_consumer_offset", "consumer_manage"),
+    (RequestCode.PULL_MESSAGE, "pull_message", "pull"),
+    (RequestCode.GET_CONSUMER_CONNECTION_LIST, "get_consumer_connection_list", "admin"),
+    (RequestCode.GET_PRODUCER_CONNECTION_LIST, "get_producer_connection_list", "admin"),
+    (RequestCode.GET_MAX_OFFSET, "get_max_offset", "admin"),
+    (RequestCode.GET_MIN_OFFSET, "get_min_offset", "admin"),
+    (RequestCode.LOCK_BATCH_MQ, "lock_batch_mq", "admin"),
+    (RequestCode.UNLOCK_BATCH_MQ, "unlock_batch_mq", "admin"),
+)
+
+#: Name-server codes a standalone broker answers (no namesrvAddr configured).
+NAMESRV_TABLE = (
+    (RequestCode.GET_ROUTEINFO_BY_TOPIC, "get_route_info_by_topic", "admin"),
+    (RequestCode.GET_BROKER_CLUSTER_INFO, "get_broker_cluster_info", "admin"),
+)

@@ -1,0 +1,420 @@
+"""The remoting server: asyncio, one protocol object per connection, a processor table keyed by request code.
+
+Shape (NettyRemotingServer + BrokerController.registerProcessor, on one event loop):
+
+* :class:`Connection` is the per-connection protocol. It feeds a :class:`engine.FrameDecoder`, dispatches every
+  complete request, and writes the responses of one read in one ``transport.write``. It is also the channel key
+  the registry files registrations under, so closing it removes the client at once.
+* The processor table maps a request code to (handler, executor). Executors stand in for the broker's thread
+  pools: the heartbeat executor runs inline in the read callback (the shortest path, so heartbeats are answered in
+  well under 3 s whatever else is queued); client-manage, consumer-manage, pull and admin work each go through a
+  bounded queue drained a slice at a time between I/O callbacks. A full queue answers SYSTEM_BUSY
+  "[OVERLOAD]system busy, start flow control for a while", as Netty does on RejectedExecutionException.
+* Limits: max connections and max per IP (refused with a SYSTEM_BUSY answer to the first request, then closed),
+  max frame size (FrameDecoder), a timeout for an incomplete frame (slowloris), all-idle timeout (120 s), a
+  bound on responses queued for a client that does not read them, and a bound on requests in flight per
+  connection (reading pauses until they drain).
+* A bad connection is closed with exactly one logged reason; nothing it did affects other connections.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, deque
+
+from . import FrameDecoder, FrameError, RemotingCommand
+from .enums import FLAG_ONEWAY, ResponseCode
+from .errors import RemotingError
+
+log = logging.getLogger("engine.server")
+
+OVERLOAD_REMARK = "[OVERLOAD]system busy, start flow control for a while"
+
+
+class Connection(asyncio.Protocol):
+    """One client connection; also the registry's channel key (hashable by identity)."""
+
+    __slots__ = ("server", "port_name", "id", "transport", "decoder", "remote_ip", "remote_port", "remote_addr",
+                 "local_ip", "closing", "close_reason", "rejected", "partial_since", "last_io", "inflight",
+                 "reading_paused", "serialize_type", "held_pulls", "_out", "__weakref__")
+
+    def __init__(self, server: "RemotingServer", port_name: str):
+        self.server = server
+        self.port_name = port_name
+        self.id = server._next_conn_id()
+        self.transport: asyncio.Transport | None = None
+        self.decoder = FrameDecoder(server.config.max_frame_size)
+        self.remote_ip = ""
+        self.remote_port = 0
+        self.remote_addr = ""
+        self.local_ip = ""
+        self.closing = False
+        self.close_reason: str | None = None
+        self.rejected: str | None = None  # limit that refused this connection, answered on its first request
+        self.partial_since: float | None = None  # tick when the buffered partial frame started
+        self.last_io = server.tick
+        self.inflight = 0
+        self.reading_paused = False
+        self.serialize_type = "JSON"  # of the client's last request: NOTIFY goes out in the same form
+        self.held_pulls: dict = {}  # opaque -> TimerHandle of a held PULL_MESSAGE
+        self._out: list | None = None  # responses batched during one data_received
+
+    def __repr__(self) -> str:
+        return f"<Connection #{self.id} {self.remote_addr} {self.port_name}>"
+
+    # ---- asyncio callbacks ----
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername") or ("?", 0)
+        self.remote_ip, self.remote_port = peer[0], peer[1]
+        self.remote_addr = f"{peer[0]}:{peer[1]}"
+        sock = transport.get_extra_info("sockname") or ("", 0)
+        self.local_ip = sock[0]
+        self.server._on_connection_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        server = self.server
+        self.last_io = server.tick
+        try:
+            commands = self.decoder.feed(data)
+        except FrameError as e:
+            server.metrics.frame_errors += 1
+            self.close(f"undecodable frame: {e}")
+            return
+        if self.decoder.buffered:
+            if self.partial_since is None:
+                self.partial_since = server.tick
+        else:
+            self.partial_since = None
+        if not commands:
+            return
+        self._out = out = []
+        try:
+            for cmd in commands:
+                if self.closing:
+                    break
+                server.dispatch(self, cmd)
+        finally:
+            self._out = None
+            if out and not self.closing:
+                self._write(b"".join(out) if len(out) > 1 else out[0])
+
+    def connection_lost(self, exc) -> None:
+        self.closing = True
+        for handle in self.held_pulls.values():
+            handle.cancel()
+        self.held_pulls.clear()
+        self.server._on_connection_lost(self, exc)
+
+    def pause_writing(self) -> None:
+        # the transport's buffer is over its high-water mark: stop reading requests until the client catches up
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.inflight <= self.server.config.max_inflight_per_connection // 2:
+            self._resume_reading()
+
+    # ---- output ----
+    def send(self, data: bytes) -> None:
+        """Queue a whole encoded frame for the client (batched when called during a read)."""
+        if self.closing:
+            return
+        if self._out is not None:
+            self._out.append(data)
+        else:
+            self._write(data)
+
+    def send_command(self, cmd) -> None:
+        self.send(cmd.encode())
+
+    def _write(self, data: bytes) -> None:
+        t = self.transport
+        t.write(data)
+        self.last_io = self.server.tick
+        if t.get_write_buffer_size() > self.server.config.max_write_buffer_bytes:
+            self.close(f"client does not read its responses ({t.get_write_buffer_size()} bytes pending)", abort=True)
+
+    def close(self, reason: str, *, abort: bool = True, level=logging.WARNING) -> None:
+        """Close with one logged reason (the first one wins); abort drops unsent output."""
+        if self.closing:
+            return
+        self.closing = True
+        self.close_reason = reason
+        log.log(level, "closing %s (%s): %s", self.remote_addr, self.port_name, reason)
+        self.server.metrics.connections_closed[_reason_kind(reason)] += 1
+        if self.transport is not None:
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
+
+    def _pause_reading(self) -> None:
+        if not self.reading_paused and not self.closing:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.reading_paused and not self.closing:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+
+def _reason_kind(reason: str) -> str:
+    for prefix, kind in (("undecodable", "frame_error"), ("incomplete frame", "incomplete_frame"),
+                         ("idle", "idle"), ("client does not read", "write_buffer"), ("channel expired", "expired"),
+                         ("too many", "limit"), ("broker shutting down", "shutdown")):
+        if reason.startswith(prefix):
+            return kind
+    return "other"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Executors
+
+
+class InlineExecutor:
+    """Runs the handler at once, inside the read callback (the heartbeat path)."""
+
+    def __init__(self, server: "RemotingServer", name: str):
+        self.server, self.name = server, name
+
+    def submit(self, conn: Connection, cmd, handler) -> None:
+        self.server.run(conn, cmd, handler)
+
+    def __len__(self) -> int:
+        return 0
+
+
+class QueueExecutor:
+    """A bounded FIFO drained ``budget`` requests at a time between I/O callbacks (a thread pool's stand-in)."""
+
+    def __init__(self, server: "RemotingServer", name: str, capacity: int, budget: int = 64):
+        self.server, self.name, self.capacity, self.budget = server, name, capacity, budget
+        self.queue: deque = deque()
+        self._scheduled = False
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def submit(self, conn: Connection, cmd, handler) -> None:
+        server = self.server
+        if len(self.queue) >= self.capacity:
+            server.metrics.overloaded[self.name] += 1
+            if not cmd.is_oneway:
+                conn.send_command(cmd.response(ResponseCode.SYSTEM_BUSY, remark=OVERLOAD_REMARK))
+            return
+        self.queue.append((conn, cmd, handler))
+        conn.inflight += 1
+        if conn.inflight > server.config.max_inflight_per_connection:
+            conn._pause_reading()
+        if not self._scheduled:
+            self._scheduled = True
+            server.loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        server = self.server
+        q = self.queue
+        limit = server.config.max_inflight_per_connection // 2
+        n = 0
+        while q and n < self.budget:
+            conn, cmd, handler = q.popleft()
+            conn.inflight -= 1
+            if conn.reading_paused and conn.inflight <= limit:
+                conn._resume_reading()
+            if conn.closing:
+                continue
+            server.run(conn, cmd, handler)
+            n += 1
+        if q:
+            server.loop.call_soon(self._drain)
+        else:
+            self._scheduled = False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class RemotingServer:
+    """Listens on the main port and the fast port (main - 2) with one processor table; tracks connections."""
+
+    def __init__(self, config, metrics, *, on_close=None, acl=None, acl_exempt=frozenset()):
+        self.config = config
+        self.metrics = metrics
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.acl = acl
+        self.acl_exempt = acl_exempt
+        self.on_close = on_close  # callback(conn) after a connection is gone (registry cleanup)
+        self.table: dict[int, tuple] = {}
+        self.default: tuple | None = None
+        self.executors: dict[str, object] = {}
+        self.connections: set[Connection] = set()
+        self.per_ip: Counter = Counter()
+        self.servers: list[asyncio.AbstractServer] = []
+        self.ports: dict[str, int] = {}
+        self.tick = time.monotonic()
+        self._conn_seq = 0
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._closing = False
+
+    def _next_conn_id(self) -> int:
+        self._conn_seq += 1
+        return self._conn_seq
+
+    # ---- processor table ----
+    def executor(self, name: str, capacity: int | None = None):
+        """The named executor (created on first use; capacity None = inline)."""
+        ex = self.executors.get(name)
+        if ex is None:
+            ex = InlineExecutor(self, name) if capacity is None else QueueExecutor(self, name, capacity)
+            self.executors[name] = ex
+        return ex
+
+    def register_processor(self, code: int, handler, executor) -> None:
+        self.table[int(code)] = (handler, executor)
+
+    def register_default_processor(self, handler, executor) -> None:
+        self.default = (handler, executor)
+
+    # ---- lifecycle ----
+    async def start(self) -> dict[str, int]:
+        self.loop = asyncio.get_running_loop()
+        cfg = self.config
+        host = cfg.listen_host or None
+        main = await self.loop.create_server(lambda: Connection(self, "main"), host, cfg.listen_port,
+                                             reuse_address=True, backlog=4096)
+        self.servers.append(main)
+        self.ports["main"] = main.sockets[0].getsockname()[1]
+        if cfg.fast_port_enable:
+            fast_port = max(0, self.ports["main"] - 2) if cfg.listen_port else 0
+            fast = await self.loop.create_server(lambda: Connection(self, "fast"), host, fast_port,
+                                                 reuse_address=True, backlog=4096)
+            self.servers.append(fast)
+            self.ports["fast"] = fast.sockets[0].getsockname()[1]
+        self._sweeper = self.loop.call_later(1.0, self._sweep)
+        return dict(self.ports)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop listening, close every connection (flushing what was written), wait up to ``grace`` s."""
+        self._closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for s in self.servers:
+            s.close()
+        for conn in list(self.connections):
+            conn.close("broker shutting down", abort=False, level=logging.DEBUG)
+        deadline = time.monotonic() + grace
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+        for s in self.servers:
+            await s.wait_closed()
+        self.servers.clear()
+
+    # ---- connections ----
+    def _on_connection_made(self, conn: Connection) -> None:
+        cfg = self.config
+        self.metrics.connections_accepted += 1
+        if self._closing:
+            conn.close("broker shutting down", level=logging.DEBUG)
+            return
+        reason = None
+        if len(self.connections) >= cfg.max_connections:
+            reason = f"too many connections ({len(self.connections)}, maxConnections={cfg.max_connections})"
+            self.metrics.connections_rejected["max_connections"] += 1
+        elif cfg.max_connections_per_ip and self.per_ip[conn.remote_ip] >= cfg.max_connections_per_ip:
+            reason = (f"too many connections from {conn.remote_ip} "
+                      f"({self.per_ip[conn.remote_ip]}, maxConnectionsPerIp={cfg.max_connections_per_ip})")
+            self.metrics.connections_rejected["max_connections_per_ip"] += 1
+        if reason is not None:
+            # keep it just long enough to answer its first request with the reason, then close
+            conn.rejected = reason
+            self.loop.call_later(2.0, lambda: conn.close(reason))
+            return
+        self.connections.add(conn)
+        self.per_ip[conn.remote_ip] += 1
+
+    def _on_connection_lost(self, conn: Connection, exc) -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            n = self.per_ip[conn.remote_ip] - 1
+            if n > 0:
+                self.per_ip[conn.remote_ip] = n
+            else:
+                del self.per_ip[conn.remote_ip]
+            if conn.close_reason is None:
+                self.metrics.connections_closed["peer" if exc is None else "error"] += 1
+                log.debug("connection %s closed by peer%s", conn.remote_addr, f" ({exc})" if exc else "")
+            if self.on_close is not None:
+                self.on_close(conn)
+
+    def _sweep(self) -> None:
+        """Once a second: the coarse clock, slowloris and idle checks, the metrics rate sample."""
+        now = self.tick = time.monotonic()
+        cfg = self.config
+        partial_limit = cfg.incomplete_frame_timeout_ms / 1000.0
+        idle_limit = cfg.server_channel_max_idle_time_seconds
+        for conn in list(self.connections):
+            if conn.closing:
+                continue
+            if conn.partial_since is not None and now - conn.partial_since > partial_limit:
+                conn.close(f"incomplete frame for {now - conn.partial_since:.0f} s "
+                           f"({conn.decoder.buffered} bytes buffered, limit {partial_limit:g} s)")
+            elif now - conn.last_io > idle_limit and not conn.held_pulls and not conn.inflight:
+                conn.close(f"idle for {now - conn.last_io:.0f} s (serverChannelMaxIdleTimeSeconds={idle_limit})",
+                           level=logging.INFO)
+        self.metrics.sample()
+        if not self._closing:
+            self._sweeper = self.loop.call_later(1.0, self._sweep)
+
+    # ---- requests ----
+    def dispatch(self, conn: Connection, cmd) -> None:
+        if cmd.is_response:
+            log.debug("%s sent an unexpected response (code %d, opaque %d)", conn.remote_addr, cmd.code, cmd.opaque)
+            return
+        conn.serialize_type = cmd.serialize_type
+        if conn.rejected is not None:
+            if not cmd.is_oneway:
+                conn.send_command(cmd.response(ResponseCode.SYSTEM_BUSY, remark=conn.rejected))
+            conn.close(conn.rejected, abort=False)
+            return
+        code = cmd.code
+        self.metrics.requests[code] += 1
+        entry = self.table.get(code) or self.default
+        if entry is None:
+            if not cmd.is_oneway:
+                conn.send_command(cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                                               remark=f" request type {code} not supported"))
+            return
+        if self.acl is not None and code not in self.acl_exempt:
+            remark = self.acl.check(code, cmd.ext_fields, cmd.body, conn.remote_ip)
+            if remark is not None:
+                self.metrics.acl_denied += 1
+                log.info("NO_PERMISSION for request %d from %s: %s", code, conn.remote_addr, remark)
+                if not cmd.is_oneway:
+                    conn.send_command(cmd.response(ResponseCode.NO_PERMISSION, remark=remark))
+                return
+        handler, executor = entry
+        executor.submit(conn, cmd, handler)
+
+    def run(self, conn: Connection, cmd, handler) -> None:
+        """Call a handler; its response (if any, and if the request is not oneway) goes back to the client."""
+        try:
+            response = handler(conn, cmd)
+        except RemotingError as e:
+            response = cmd.response(ResponseCode.SYSTEM_ERROR, remark=str(e))
+        except Exception as e:  # a processor bug must not take the connection down; Java answers SYSTEM_ERROR
+            log.exception("processing request %d from %s failed", cmd.code, conn.remote_addr)
+            response = cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"{type(e).__name__}: {e}")
+        if response is not None and not (cmd.flag & FLAG_ONEWAY):
+            conn.send(response.encode())
+
+    def send_request(self, conn: Connection, code: int, ext_fields: dict, opaque: int) -> None:
+        """A oneway request from the broker to a client (NOTIFY_CONSUMER_IDS_CHANGED)."""
+        cmd = RemotingCommand(code, opaque=opaque, flag=FLAG_ONEWAY, ext_fields=ext_fields,
+                              serialize_type=conn.serialize_type)
+        conn.send(cmd.encode())

@@ -1,0 +1,62 @@
+'use strict';
+// Drives npm ali-ons against our broker for the interop tests.
+// argv[2]: JSON {nameSrv, producerGroup?, topic?, consumers: [{group, topic, expr, broadcast}], accessKey?, secretKey?}
+// stdout protocol: "READY <clientId>" once every role is ready, "CLOSED" after a "close" line on stdin.
+const path = require('path');
+const readline = require('readline');
+const { Producer, Consumer } = require(path.join(process.env.ONS_NODE_DIR, 'node_modules', 'ali-ons'));
+
+const spec = JSON.parse(process.argv[2]);
+const lines = [];
+const logger = {};
+for (const level of [ 'debug', 'info', 'warn', 'error' ]) {
+  logger[level] = (...args) => {
+    if (level === 'warn' || level === 'error') {
+      lines.push(`[${level}] ${args.map(String).join(' ')}`);
+      process.stderr.write(`[ali-ons ${level}] ${args.map(String).join(' ')}\n`);
+    }
+  };
+}
+// ali-ons asserts an httpclient for the address-server lookup; never let it reach the network
+const httpclient = { request: () => Promise.reject(new Error('no address server in tests')) };
+const common = { nameSrv: spec.nameSrv, httpclient, logger };
+if (spec.accessKey) {
+  common.accessKeyId = spec.accessKey;
+  common.accessKeySecret = spec.secretKey;
+}
+
+async function main() {
+  const roles = [];
+  let clientId = null;
+  if (spec.producerGroup) {
+    const producer = new Producer(Object.assign({ producerGroup: spec.producerGroup }, common));
+    await producer.ready();
+    roles.push(producer);
+    clientId = producer._mqClient ? producer._mqClient.clientId : clientId;
+  }
+  for (const c of spec.consumers || []) {
+    const consumer = new Consumer(Object.assign({ consumerGroup: c.group, isBroadcast: !!c.broadcast }, common));
+    consumer.subscribe(c.topic, c.expr || '*', async () => {});
+    await consumer.ready();
+    roles.push(consumer);
+    clientId = consumer._mqClient ? consumer._mqClient.clientId : clientId;
+  }
+  process.stdout.write(`READY ${clientId}\n`);
+  const rl = readline.createInterface({ input: process.stdin });
+  for await (const line of rl) {
+    if (line.trim() === 'close') {
+      break;
+    }
+  }
+  for (const r of roles.reverse()) {
+    await r.close();
+  }
+  process.stdout.write('CLOSED\n');
+  process.exit(0);
+}
+
+main().catch(err => {
+  process.stderr.write(`DRIVER ERROR ${err && err.stack || err}\n`);
+  process.stdout.write(`FAILED ${err && err.message}\n`);
+  process.exit(1);
+});

@@ -120,5 +120,8 @@ FLAG_ONEWAY = 0x2
 #: Largest whole frame (length prefix included) the Java NettyDecoder accepts (PROTOCOL.md 1.2).
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 
+#: Most ext fields one header may carry; more is a FrameError (bounds the memory one frame can claim).
+MAX_EXT_FIELDS = 1024
+
 #: Enum members by ordinal and by name, shared by the native decoders and the twins.
 LANGUAGE_BY_NAME = {m.name: m for m in LanguageCode}

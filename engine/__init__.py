@@ -72,3 +72,18 @@ __all__ = [
     "encode_heartbeat",
     "java_string_hash",
 ]
+
+__all__ += ["Broker", "BrokerConfig"]
+
+
+def __getattr__(name):
+    # the broker front end loads on first use, so `import engine` stays light for codec-only users
+    if name == "Broker":
+        from .broker import Broker
+
+        return Broker
+    if name == "BrokerConfig":
+        from .config import BrokerConfig
+
+        return BrokerConfig
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -76,6 +76,10 @@ def demo_main(argv=None) -> int:
 
 COMMANDS = {
     "demo": demo_main,
+    # the broker front end (engine/broker.py, engine/admin.py), imported only when used
+    "serve": lambda argv: __import__("engine.broker", fromlist=["serve_main"]).serve_main(argv),
+    "consumerConnection": lambda argv: __import__("engine.admin", fromlist=["x"]).consumer_connection_main(argv),
+    "producerConnection": lambda argv: __import__("engine.admin", fromlist=["x"]).producer_connection_main(argv),
 }
 
 

@@ -1,0 +1,260 @@
+"""Real RocketMQ clients against the broker: npm ali-ons 3.12.0 and the C++ client (PyPI rocketmq 0.4.4).
+
+The test setup installs both itself (npm into tests/interop/.node, pip --target into tests/interop/.cpp; both
+gitignored) and skips only when the package registry cannot be reached. Each client runs in its own process,
+uses the broker as its name server (127.0.0.1), and is checked over the wire with the admin commands.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.admin import AdminClient, AdminError
+from engine.broker import Broker
+from engine.config import BrokerConfig
+from engine.enums import RequestCode
+
+pytestmark = pytest.mark.interop
+
+HERE = Path(__file__).resolve().parent
+NODE_DIR = HERE / ".node"
+CPP_DIR = HERE / ".cpp"
+ROOT = HERE.parents[1]
+_NETWORK_ERRORS = re.compile(
+    r"ENOTFOUND|EAI_AGAIN|ECONNREFUSED|ECONNRESET|ETIMEDOUT|ENETUNREACH|network|NewConnectionError|"
+    r"Temporary failure in name resolution|Name or service not known|Max retries exceeded|Network is unreachable",
+    re.I,
+)
+
+
+def _install(cmd, what, timeout=300):
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"{what}: package registry did not answer within {timeout} s")
+    if p.returncode != 0:
+        out = p.stdout + p.stderr
+        if _NETWORK_ERRORS.search(out):
+            pytest.skip(f"{what}: package registry unreachable ({_NETWORK_ERRORS.search(out).group(0)})")
+        pytest.fail(f"{what} failed to install:\n{out[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def ons_dir():
+    if not (NODE_DIR / "node_modules" / "ali-ons" / "package.json").is_file():
+        NODE_DIR.mkdir(parents=True, exist_ok=True)
+        _install(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(NODE_DIR), "ali-ons@3.12.0"],
+                 "npm ali-ons@3.12.0")
+    return NODE_DIR
+
+
+@pytest.fixture(scope="session")
+def cpp_dir():
+    if not (CPP_DIR / "rocketmq" / "librocketmq.so").is_file():
+        _install([sys.executable, "-m", "pip", "install", "-q", "--target", str(CPP_DIR), "rocketmq==0.4.4"],
+                 "pip rocketmq==0.4.4")
+    return CPP_DIR
+
+
+class Driver:
+    """A client process speaking the READY/close/CLOSED line protocol of the drivers."""
+
+    def __init__(self, argv, env):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env)
+        self.ready_line = self._expect("READY", 90)
+
+    def _expect(self, word, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith(word):
+                return line.strip()
+            if line.startswith("FAILED"):
+                break
+        self.proc.kill()
+        raise AssertionError(f"driver did not say {word}: {self.proc.stderr.read()[-3000:]}")
+
+    def close(self, timeout=60):
+        self.proc.stdin.write("close\n")
+        self.proc.stdin.flush()
+        self._expect("CLOSED", timeout)
+        self.proc.wait(timeout)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def drivers():
+    started = []
+    yield started
+    for d in started:
+        d.kill()
+
+
+def start_ons(ons_dir, drivers, port, **spec):
+    env = dict(os.environ, ONS_NODE_DIR=str(ons_dir))
+    spec = dict(spec, nameSrv=f"127.0.0.1:{port}")
+    d = Driver(["node", str(HERE / "ons_driver.js"), json.dumps(spec)], env)
+    drivers.append(d)
+    return d
+
+
+def start_cpp(cpp_dir, drivers, port, scratch, **spec):
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(cpp_dir), HOME=str(scratch))
+    spec = dict(spec, nameSrv=f"127.0.0.1:{port}")
+    d = Driver([sys.executable, str(HERE / "cpp_driver.py"), json.dumps(spec)], env)
+    drivers.append(d)
+    return d
+
+
+@pytest.fixture
+def broker(tmp_path):
+    started = []
+
+    def make(**kw):
+        cfg = BrokerConfig(listen_port=0, listen_host="127.0.0.1", store_path_root_dir=str(tmp_path / "store"), **kw)
+        b = Broker(cfg).start()
+        started.append(b)
+        return b
+
+    yield make
+    for b in started:
+        b.stop()
+
+
+def admin_cli(*args):
+    """The rmqhb admin commands, run as a user would (python -m engine ...)."""
+    p = subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, timeout=30,
+                       cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    return p.returncode, p.stdout, p.stderr
+
+
+def consumer_connection(port, group, **kw):
+    try:
+        with AdminClient("127.0.0.1", port, **kw) as c:
+            return c.consumer_connection(group)
+    except AdminError:
+        return None
+
+
+def wait_for(fn, timeout=20.0, step=0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(step)
+    return fn()
+
+
+def client_ids(port, group, **kw):
+    cc = consumer_connection(port, group, **kw)
+    return sorted(c["clientId"] for c in (cc or {}).get("connectionSet") or [])
+
+
+def test_ali_ons_registers_is_listed_and_unregisters(broker, ons_dir, drivers):
+    b = broker()
+    port = b.ports["main"]
+    d = start_ons(ons_dir, drivers, port, producerGroup="PID_IT_ONS",
+                  consumers=[{"group": "CID_IT_ONS", "topic": "TopicIT", "expr": "TagA || TagB"}])
+    client_id = d.ready_line.split()[1]
+    assert wait_for(lambda: client_ids(port, "CID_IT_ONS") == [client_id])
+    rc, out, err = admin_cli("consumerConnection", "-g", "CID_IT_ONS", "-b", f"127.0.0.1:{port}", "--json")
+    assert rc == 0, err
+    cc = json.loads(out)
+    (conn,) = cc["connectionSet"]
+    assert conn["clientId"] == client_id and conn["language"] == "JAVA" and conn["version"] == 121
+    assert cc["subscriptionTable"]["TopicIT"]["subString"] == "TagA || TagB"
+    assert cc["messageModel"] == "CLUSTERING" and cc["consumeType"] == "CONSUME_PASSIVELY"
+    rc, out, err = admin_cli("producerConnection", "-g", "PID_IT_ONS", "-t", "TopicIT", "-b", f"127.0.0.1:{port}")
+    assert rc == 0, err
+    assert out.split()[:2] == ["0001", client_id] and "V3_4_9" in out
+    d.close()
+    assert wait_for(lambda: consumer_connection(port, "CID_IT_ONS") is None)
+    rc, out, err = admin_cli("producerConnection", "-g", "PID_IT_ONS", "-t", "TopicIT", "-b", f"127.0.0.1:{port}")
+    assert rc == 1 and "the producer group[PID_IT_ONS] not exist" in err
+
+
+def test_cpp_client_requeries_consumer_list_on_notify(broker, ons_dir, cpp_dir, drivers, tmp_path):
+    b = broker()
+    port = b.ports["main"]
+    calls = []  # (time, remote address) of every GET_CONSUMER_LIST_BY_GROUP
+    handler, executor = b.server.table[RequestCode.GET_CONSUMER_LIST_BY_GROUP]
+
+    def spy(conn, cmd):
+        calls.append((time.monotonic(), conn.remote_addr))
+        return handler(conn, cmd)
+
+    b.server.table[RequestCode.GET_CONSUMER_LIST_BY_GROUP] = (spy, executor)
+    cpp = start_cpp(cpp_dir, drivers, port, tmp_path / "home", producerGroup="PID_IT_CPP",
+                    consumers=[{"group": "CID_IT_MIX", "topic": "TopicIT", "expr": "*"}])
+    cpp_pid = cpp.proc.pid
+    cc = wait_for(lambda: consumer_connection(port, "CID_IT_MIX"))
+    (conn,) = cc["connectionSet"]
+    assert conn["clientId"].startswith(f"{cpp_pid}-") and conn["language"] == "CPP"
+    cpp_addr = conn["clientAddr"]
+    assert wait_for(lambda: any(a == cpp_addr for _, a in calls))  # its first rebalance
+    time.sleep(1.0)
+    notified_before = b.metrics.notifications_sent
+    t_join = time.monotonic()
+    ons = start_ons(ons_dir, drivers, port, consumers=[{"group": "CID_IT_MIX", "topic": "TopicIT", "expr": "*"}])
+    ons_id = ons.ready_line.split()[1]
+    assert wait_for(lambda: ons_id in client_ids(port, "CID_IT_MIX"))
+    assert b.metrics.notifications_sent >= notified_before + 2  # NOTIFY to both members of the group
+    # the C++ client answers the NOTIFY by asking for the consumer list again, right away
+    assert wait_for(lambda: any(t > t_join and a == cpp_addr for t, a in calls), timeout=5)
+    first = min(t for t, a in calls if t > t_join and a == cpp_addr)
+    assert first - t_join < 5
+    r = AdminClient("127.0.0.1", port).invoke(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "CID_IT_MIX"})
+    assert sorted(json.loads(r.body)["consumerIdList"]) == sorted([conn["clientId"], ons_id])
+    # the C++ client is listed as a producer too (all roles on one connection)
+    rc, out, err = admin_cli("producerConnection", "-g", "PID_IT_CPP", "-t", "TopicIT", "-b", f"127.0.0.1:{port}")
+    assert rc == 0 and conn["clientId"] in out and "CPP" in out, err
+    ons.close()
+    cpp.close()
+    assert wait_for(lambda: consumer_connection(port, "CID_IT_MIX") is None)
+    rc, out, err = admin_cli("producerConnection", "-g", "PID_IT_CPP", "-t", "TopicIT", "-b", f"127.0.0.1:{port}")
+    assert rc == 1
+
+
+def test_acl_real_clients_right_and_wrong_credentials(broker, ons_dir, cpp_dir, drivers, tmp_path):
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text("accounts:\n  - accessKey: RocketMQ\n    secretKey: 12345678\n    admin: false\n")
+    b = broker(acl_enable=True, acl_file=str(acl))
+    port = b.ports["main"]
+    creds = {"access_key": "RocketMQ", "secret_key": "12345678"}
+    ok_ons = start_ons(ons_dir, drivers, port, accessKey="RocketMQ", secretKey="12345678",
+                       consumers=[{"group": "CID_ACL_ONS", "topic": "TopicACL", "expr": "*"}])
+    ok_cpp = start_cpp(cpp_dir, drivers, port, tmp_path / "home1", accessKey="RocketMQ", secretKey="12345678",
+                       consumers=[{"group": "CID_ACL_CPP", "topic": "TopicACL", "expr": "*"}])
+    assert wait_for(lambda: len(client_ids(port, "CID_ACL_ONS", **creds)) == 1)
+    assert wait_for(lambda: len(client_ids(port, "CID_ACL_CPP", **creds)) == 1)
+    denied_before = b.metrics.acl_denied
+    bad_ons = start_ons(ons_dir, drivers, port, accessKey="RocketMQ", secretKey="wrong-secret",
+                        consumers=[{"group": "CID_ACL_BAD", "topic": "TopicACL", "expr": "*"}])
+    bad_cpp = start_cpp(cpp_dir, drivers, port, tmp_path / "home2", accessKey="RocketMQ", secretKey="wrong-secret",
+                        consumers=[{"group": "CID_ACL_BAD", "topic": "TopicACL", "expr": "*"}])
+    # their heartbeats are refused (NO_PERMISSION) and register nothing
+    assert wait_for(lambda: b.metrics.acl_denied >= denied_before + 2)
+    time.sleep(1.0)
+    assert consumer_connection(port, "CID_ACL_BAD", **creds) is None
+    # an unsigned admin query is refused too
+    with pytest.raises(AdminError, match="CODE: 16"):
+        with AdminClient("127.0.0.1", port) as c:
+            c.consumer_connection("CID_ACL_ONS")
+    for d in (bad_ons, bad_cpp, ok_ons, ok_cpp):
+        d.close()
+    assert wait_for(lambda: consumer_connection(port, "CID_ACL_ONS", **creds) is None)
+    assert wait_for(lambda: consumer_connection(port, "CID_ACL_CPP", **creds) is None)

@@ -279,8 +279,8 @@ class _Float(str):
     """A JSON number with a fraction or exponent, kept as text."""
 
 
-def _reject_constant(name):
-    raise HeartbeatError(f"malformed JSON: {name} is not a JSON value")
+class _Constant(str):
+    """NaN, Infinity or -Infinity: accepted by json.loads, not JSON; rejected by _check_tree with its path."""
 
 
 def _kind(value) -> str:
@@ -319,6 +319,8 @@ def _check_tree(doc):
                 stack.append((value, depth + 1, f"{path}[{i}]"))
         elif type(node) is str:
             _check_text(node, path)
+        elif type(node) is _Constant:
+            raise HeartbeatError(f"{_short(path)}: malformed JSON: {node} is not a JSON value")
     return doc
 
 
@@ -341,12 +343,12 @@ def _parse(data: bytes):
         raise HeartbeatError(f"invalid UTF-8 at byte {e.start}: {echo(data[e.start:])}") from None
     try:
         doc = json.loads(text, object_pairs_hook=_Object, parse_int=_Int, parse_float=_Float,
-                         parse_constant=_reject_constant)
+                         parse_constant=_Constant)
     except json.JSONDecodeError as e:
         offset = len(text[: e.pos].encode("utf-8"))
         raise HeartbeatError(f"malformed JSON at byte {offset}: {e.msg}: {echo(data[offset:])}") from None
     except RecursionError:
-        raise HeartbeatError(f"malformed JSON: nesting deeper than {MAX_DEPTH}") from None
+        raise HeartbeatError(f"$: nesting deeper than {MAX_DEPTH}") from None
     return _check_tree(doc)
 
 

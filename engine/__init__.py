@@ -45,7 +45,7 @@ if not NATIVE:
         decode_heartbeats,
     )
 
-from .heartbeat import encode_heartbeat, java_string_hash
+from .heartbeat import HeartbeatBatch, build_subscription, encode_heartbeat, heartbeat_fingerprint, java_string_hash
 
 __all__ = [
     "NATIVE",
@@ -71,6 +71,9 @@ __all__ = [
     "decode_heartbeats",
     "encode_heartbeat",
     "java_string_hash",
+    "heartbeat_fingerprint",
+    "build_subscription",
+    "HeartbeatBatch",
 ]
 
 __all__ += ["Broker", "BrokerConfig"]

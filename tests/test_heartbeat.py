@@ -112,7 +112,7 @@ def expected_dict(doc, now=None):
             "tags": list(s.get("tagsSet") or []),
             "codes": [int(c) for c in s.get("codeSet") or []],
             "sub_version": now if version is None else int(version),
-            "expression_type": s.get("expressionType") or "TAG",
+            "expression_type": "TAG" if s.get("expressionType") is None else s["expressionType"],
             "class_filter_mode": bool(s.get("classFilterMode")),
         }
 

@@ -16,8 +16,8 @@ import msgspec
 import orjson
 import pytest
 
-from conftest import load_vectors
 from engine import _frame, _frame_py, _heartbeat, _heartbeat_py
+from engine.vectors import load_vectors
 
 # The Java 5.x push-consumer heartbeat of PROTOCOL.md 4.4 (686 bytes) with its 5.2+ request header.
 JAVA_BODY = (

@@ -12,11 +12,9 @@ from pathlib import Path
 
 
 def default_vectors_dir() -> Path:
-    """../shared/vectors beside the checkout (where CI and developers have it), or ENGINE_SHARED_DIR."""
-    env = os.environ.get("ENGINE_SHARED_DIR")
-    if env:
-        return Path(env) / "vectors"
-    return Path(__file__).resolve().parents[2] / "shared" / "vectors"
+    from .vectors import shared_dir
+
+    return shared_dir() / "vectors"
 
 
 def _iter_captures(vectors: Path):

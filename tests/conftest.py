@@ -7,22 +7,20 @@ from pathlib import Path
 
 import pytest
 
+from engine.vectors import load_vectors as _load_vectors
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("ENGINE_SHARED_DIR", ROOT.parent / "shared"))
 VECTORS = SHARED / "vectors"
 
 #: Hot-path modules as (native, twin) pairs; the facade picks one of each, the parity tests use both.
-HOT_PATHS = {"frame": ("engine._frame", "engine._frame_py"), "heartbeat": ("engine._heartbeat", "engine._heartbeat_py")}
+HOT_PATHS = {"frame": ("engine._frame", "engine._frame_py"), "heartbeat": ("engine._heartbeat", "engine._heartbeat_py"),
+             "expiry": ("engine._expiry", "engine._expiry_py"), "digest": ("engine._digest", "engine._digest_py")}
 
 
 def load_vectors():
     """Every captured frame: list of (client, index entry, raw frame bytes)."""
-    out = []
-    for index_path in sorted(VECTORS.glob("*/index.json")):
-        index = json.loads(index_path.read_text())
-        for entry in index["frames"]:
-            out.append((index["client"], entry, (index_path.parent / entry["file"]).read_bytes()))
-    return out
+    return _load_vectors(VECTORS)
 
 
 def native_available() -> bool:

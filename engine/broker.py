@@ -90,7 +90,7 @@ class Broker:
 
     # ------------------------------------------------------------------ registry wiring
     def _build_registry(self):
-        from .registry import ClientRegistry, RegistryConfig
+        from .registry import ClientRegistry, ConsumerGroupEvent, RegistryConfig
         from .store import Store
 
         cfg = self.config
@@ -104,7 +104,9 @@ class Broker:
             notify_coalesce_window_ms=cfg.notify_coalesce_window_ms,
         )
         store = Store(cfg.store_path_root_dir)
-        return ClientRegistry(config=rc, listener=self._on_registry_event, store=store)
+        # only CHANGE matters here: leaving REGISTER out keeps the heartbeat path free of event objects
+        return ClientRegistry(config=rc, listener=self._on_registry_event, store=store,
+                              events={ConsumerGroupEvent.CHANGE})
 
     def _on_registry_event(self, event) -> None:
         """CHANGE -> NOTIFY_CONSUMER_IDS_CHANGED (oneway) to each listed connection (DefaultConsumerIdsChangeListener)."""
@@ -143,14 +145,18 @@ class Broker:
             ip = f"[{ip}]"
         return f"{ip}:{self.ports.get('main', self.config.listen_port)}"
 
-    def topic_queue_nums(self, topic: str) -> int:
-        getter = getattr(self.registry, "topic_config", None)
-        tc = getter(topic) if getter is not None else None
-        if tc is not None:
-            n = getattr(tc, "read_queue_nums", None) or (tc.get("readQueueNums") if isinstance(tc, dict) else None)
-            if n:
-                return int(n)
-        return self.config.default_topic_queue_nums
+    def ensure_topic(self, topic: str) -> int:
+        """Queue count of a topic a standalone broker routes; an unknown topic is created as autoCreateTopicEnable
+        would on first use (so offsets can be committed for it). Returns its read queue count."""
+        tc = self.registry.topic_config(topic)
+        if tc is None:
+            from .store import TopicConfig
+
+            n = self.config.default_topic_queue_nums
+            if len(topic) <= 127 and all(c.isalnum() or c in "%|_-" for c in topic):  # TopicValidator's charset
+                self.registry.update_topic_config(TopicConfig(topic, read_queue_nums=n, write_queue_nums=n))
+            return n
+        return int(tc.read_queue_nums) or self.config.default_topic_queue_nums
 
     # ------------------------------------------------------------------ lifecycle (asyncio)
     async def start_async(self) -> "Broker":

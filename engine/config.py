@@ -83,6 +83,8 @@ class BrokerConfig:
     incomplete_frame_timeout_ms: int = 30_000
     #: responses queued for a client that does not read them; over this the connection is closed
     max_write_buffer_bytes: int = 8 * 1024 * 1024
+    #: a client whose unread responses stall our writes this long is disconnected (reading from it pauses meanwhile)
+    write_stall_timeout_ms: int = 30_000
     #: requests of one connection waiting in executors; over this the server stops reading that connection
     max_inflight_per_connection: int = 1024
     # -- observability (engine) --
@@ -159,7 +161,7 @@ class BrokerConfig:
         if self.metrics_port and self.metrics_port in (self.listen_port, self.fast_listen_port):
             raise ConfigError(f"metricsPort {self.metrics_port} collides with the broker's ports")
         positive = ("channelExpiredTimeout", "maxConnections", "maxFrameSize", "incompleteFrameTimeoutMs",
-                    "maxWriteBufferBytes", "maxInflightPerConnection", "serverChannelMaxIdleTimeSeconds",
+                    "maxWriteBufferBytes", "writeStallTimeoutMs", "maxInflightPerConnection", "serverChannelMaxIdleTimeSeconds",
                     "defaultTopicQueueNums", "pullMaxSuspendMillis", "flushConsumerOffsetInterval")
         for name in positive:
             if getattr(self, PROPERTIES[name].attr) <= 0:

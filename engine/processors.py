@@ -80,12 +80,13 @@ class Processors:
             log.info("bad heartbeat from %s: %s", conn.remote_addr, e)
             return cmd.response(ResponseCode.SYSTEM_ERROR, remark=str(e))
         result = self.registry.heartbeat(conn, hb, cmd.language, cmd.version)
-        return cmd.response(ResponseCode.SUCCESS, ext_fields=result.ext_fields)
+        return cmd.response(result.code, remark=result.remark, ext_fields=result.ext_fields)
 
     def unregister_client(self, conn, cmd):
         client_id = _required(cmd, "clientID")
-        self.registry.unregister(conn, client_id, _optional(cmd, "producerGroup"), _optional(cmd, "consumerGroup"))
-        return cmd.response(ResponseCode.SUCCESS, ext_fields={})
+        code, remark = self.registry.unregister(conn, client_id, _optional(cmd, "producerGroup"),
+                                                _optional(cmd, "consumerGroup"), cmd.language, cmd.version)
+        return cmd.response(code, remark=remark, ext_fields={} if code == ResponseCode.SUCCESS else None)
 
     def check_client_config(self, conn, cmd):
         body = None
@@ -134,14 +135,14 @@ class Processors:
         info = self.registry.consumer_connection(group) if group is not None else None
         if info is None:
             return cmd.response(ResponseCode.CONSUMER_NOT_ONLINE, remark=f"the consumer group[{group}] not online")
-        return cmd.response(ResponseCode.SUCCESS, body=_json_body(info))
+        return cmd.response(ResponseCode.SUCCESS, body=_json_body(info.to_dict()))
 
     def get_producer_connection_list(self, conn, cmd):
         group = _required(cmd, "producerGroup")
         info = self.registry.producer_connection(group) if group is not None else None
         if info is None:
             return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"the producer group[{group}] not exist")
-        return cmd.response(ResponseCode.SUCCESS, body=_json_body(info))
+        return cmd.response(ResponseCode.SUCCESS, body=_json_body(info.to_dict()))
 
     def get_max_offset(self, conn, cmd):
         # no message store: every queue is empty, so its max (and min) offset is 0
@@ -200,7 +201,7 @@ class Processors:
         topic = _required(cmd, "topic")
         if topic is None or not topic:
             return cmd.response(ResponseCode.TOPIC_NOT_EXIST, remark="No topic route info in name server for the topic: ")
-        queue_nums = self.broker.topic_queue_nums(topic)
+        queue_nums = self.broker.ensure_topic(topic)
         addr = self.broker.advertised_addr(conn)
         name = self.config.broker_name
         route = {

@@ -37,7 +37,7 @@ class Connection(asyncio.Protocol):
 
     __slots__ = ("server", "port_name", "id", "transport", "decoder", "remote_ip", "remote_port", "remote_addr",
                  "local_ip", "closing", "close_reason", "rejected", "partial_since", "last_io", "inflight",
-                 "reading_paused", "serialize_type", "held_pulls", "_out", "__weakref__")
+                 "reading_paused", "write_paused_since", "serialize_type", "held_pulls", "_out", "__weakref__")
 
     def __init__(self, server: "RemotingServer", port_name: str):
         self.server = server
@@ -56,6 +56,7 @@ class Connection(asyncio.Protocol):
         self.last_io = server.tick
         self.inflight = 0
         self.reading_paused = False
+        self.write_paused_since: float | None = None  # the client stopped reading what we write
         self.serialize_type = "JSON"  # of the client's last request: NOTIFY goes out in the same form
         self.held_pulls: dict = {}  # opaque -> TimerHandle of a held PULL_MESSAGE
         self._out: list | None = None  # responses batched during one data_received
@@ -111,9 +112,12 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         # the transport's buffer is over its high-water mark: stop reading requests until the client catches up
+        # (the sweep disconnects a client that stays stalled longer than writeStallTimeoutMs)
+        self.write_paused_since = time.monotonic()
         self._pause_reading()
 
     def resume_writing(self) -> None:
+        self.write_paused_since = None
         if self.inflight <= self.server.config.max_inflight_per_connection // 2:
             self._resume_reading()
 
@@ -141,6 +145,9 @@ class Connection(asyncio.Protocol):
         """Close with one logged reason (the first one wins); abort drops unsent output."""
         if self.closing:
             return
+        if not abort and self._out and self.transport is not None:
+            self.transport.write(b"".join(self._out))  # answers batched in this read go out before the close
+            self._out.clear()
         self.closing = True
         self.close_reason = reason
         log.log(level, "closing %s (%s): %s", self.remote_addr, self.port_name, reason)
@@ -358,12 +365,16 @@ class RemotingServer:
         cfg = self.config
         partial_limit = cfg.incomplete_frame_timeout_ms / 1000.0
         idle_limit = cfg.server_channel_max_idle_time_seconds
+        stall_limit = cfg.write_stall_timeout_ms / 1000.0
         for conn in list(self.connections):
             if conn.closing:
                 continue
             if conn.partial_since is not None and now - conn.partial_since > partial_limit:
                 conn.close(f"incomplete frame for {now - conn.partial_since:.0f} s "
                            f"({conn.decoder.buffered} bytes buffered, limit {partial_limit:g} s)")
+            elif conn.write_paused_since is not None and now - conn.write_paused_since > stall_limit:
+                conn.close(f"client does not read its responses ({conn.transport.get_write_buffer_size()} bytes "
+                           f"pending for {now - conn.write_paused_since:.1f} s)")
             elif now - conn.last_io > idle_limit and not conn.held_pulls and not conn.inflight:
                 conn.close(f"idle for {now - conn.last_io:.0f} s (serverChannelMaxIdleTimeSeconds={idle_limit})",
                            level=logging.INFO)

@@ -776,17 +776,18 @@ class FrameDecoder:
     """Incremental decoder for one connection: feed() bytes as they arrive, get every complete command back.
 
     The length prefix is checked as soon as its 4 bytes are in, the header word as soon as its 4 are: a bad
-    length is refused before its frame is buffered. After a FrameError the decoder stays failed: every later
+    length is refused before its frame is buffered. After an error the decoder stays failed: every later
     feed() raises FrameError (the connection is to be closed). The error raised by feed() carries in
     ``commands`` the commands completed earlier in that same call.
     """
 
-    __slots__ = ("_buf", "_max", "_error")
+    __slots__ = ("_buf", "_max", "_error", "_feeding")
 
     def __init__(self, max_frame_size=DEFAULT_MAX_FRAME_SIZE):
         self._max = _max_frame_size(max_frame_size)
         self._buf = bytearray()
         self._error = None
+        self._feeding = False
 
     @property
     def buffered(self):
@@ -798,14 +799,18 @@ class FrameDecoder:
         return self._max
 
     def feed(self, chunk):
+        """Take the next bytes of the stream; returns the commands completed by them (possibly none)."""
         if self._error is not None:
             raise FrameError(f"decoder failed earlier: {self._error}")
+        if self._feeding:  # as the native decoder, which must not have its buffer moved mid-feed
+            raise RuntimeError("FrameDecoder.feed() is not re-entrant")
         view = _as_buffer(chunk)
-        buf = self._buf
-        buf += view
         commands = []
-        off, size = 0, len(buf)
+        self._feeding = True
         try:
+            buf = self._buf
+            buf += view
+            off, size = 0, len(buf)
             while size - off >= 4:
                 total = int.from_bytes(buf[off : off + 4], "big", signed=True)
                 _check_length(total, self._max)
@@ -817,13 +822,16 @@ class FrameDecoder:
                     break
                 commands.append(_decode_command(bytes(buf[off : off + total + 4]), word))
                 off += total + 4
-        except BaseException as exc:  # any failure mid-stream leaves it out of sync: fail for good
+            # Drop consumed bytes once per feed: deleting a bytearray's head is O(1) in CPython (it moves a
+            # start offset), so a stream of small frames is never re-copied.
+            if off:
+                del buf[:off]
+        except BaseException as exc:  # any failure mid-stream leaves the stream out of sync: fail for good
             self._error = str(exc) or type(exc).__name__
             self._buf = bytearray()
-            exc.commands = commands
+            if isinstance(exc, FrameError):
+                exc.commands = commands
             raise
-        # Drop consumed bytes once per feed: deleting a bytearray's head is O(1) in CPython (it moves a start
-        # offset), so a stream of small frames is never re-copied.
-        if off:
-            del buf[:off]
+        finally:
+            self._feeding = False
         return commands

@@ -3,10 +3,10 @@
 
 Twin and reference: engine/_frame_py.py. This module follows it step by step and gives the same results and the
 same errors, messages included. It works on ``const unsigned char*`` with an explicit bound on every read:
-boundscheck/wraparound are off for the whole module because no code here indexes a Python sequence with them,
-and every pointer read ``s[i]`` is preceded by a check ``i < end`` (or a length check covering it) where ``end``
-is within the buffer the pointer came from. Cold paths (field normalization errors, repr) call the twin so that
-messages cannot drift.
+boundscheck/wraparound are off for the whole module, so every pointer read ``s[i]`` is preceded by a check
+``i < end`` (or a length check covering it) where ``end`` is within the buffer the pointer came from, and every
+tuple index is checked against the tuple's length (or runs over ``range(len(...))``). Cold paths (field
+normalization and its errors, repr, lone-surrogate encoding) call the twin so that messages cannot drift.
 """
 cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
@@ -18,8 +18,6 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
 from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memmove
-
-import operator
 
 from engine import _frame_py as _twin
 from engine.enums import (
@@ -40,6 +38,7 @@ cdef extern from "Python.h":
     object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
     void* PyUnicode_DATA(object o)
     object PyUnicode_DecodeUTF8(const char* s, Py_ssize_t size, const char* errors)
+    object PyUnicode_FromOrdinal(int ordinal)
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
     long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
 
@@ -142,7 +141,10 @@ cdef inline int16_t _be16s(const unsigned char* p) noexcept nogil:
 
 cdef inline object _ascii_str(const unsigned char* p, Py_ssize_t n):
     """A str from bytes known to be ASCII (PyUnicode_New writes the terminating NUL)."""
-    cdef object u = PyUnicode_New(n, 127)
+    cdef object u
+    if n == 1:
+        return PyUnicode_FromOrdinal(p[0])  # CPython's cached one-character strings
+    u = PyUnicode_New(n, 127)
     if n:
         memcpy(PyUnicode_DATA(u), p, n)
     return u
@@ -304,6 +306,13 @@ cdef Py_ssize_t _escape(Scan* sc, Py_ssize_t j, Py_ssize_t start) except -1:
     return j + 6
 
 
+# 1 for the bytes a JSON string holds as they are: printable ASCII but '"' and '\\' (the scan's fast loop).
+cdef unsigned char _PLAIN[256]
+for _c in range(256):
+    _PLAIN[_c] = 0x20 <= _c < 0x80 and _c != 34 and _c != 92
+del _c
+
+
 cdef int _scan_string(Scan* sc, Tok* t) except -1:
     """Validate the string at pos (an opening quote) without decoding it (twin: _JsonScanner.string)."""
     cdef const unsigned char* s = sc.s
@@ -311,6 +320,8 @@ cdef int _scan_string(Scan* sc, Tok* t) except -1:
     cdef int flags = 0
     cdef unsigned char c
     while True:
+        while i < end and _PLAIN[s[i]]:
+            i += 1
         if i >= end:
             _fail("unterminated string", start, s, end)
         c = s[i]
@@ -538,21 +549,42 @@ cdef int _skip_container(Scan* sc, int depth) except -1:
             return 0
 
 
+cdef str _S_TRUE = "true"
+cdef str _S_FALSE = "false"
+
+
 cdef inline object _raw_text(const unsigned char* s, Tok* t):
     """Source text of a non-string token (validated UTF-8): how fastjson stringifies into a String field."""
+    if t.kind == K_NUMBER:  # ASCII by grammar
+        return _ascii_str(s + t.start, t.stop - t.start)
+    if t.kind == K_TRUE:
+        return _S_TRUE
+    if t.kind == K_FALSE:
+        return _S_FALSE
     return PyUnicode_DecodeUTF8(<const char*>s + t.start, t.stop - t.start, "strict")
+
+
+# The same as C arrays (the tuple keeps the objects alive): the lookup is a length compare per entry.
+cdef enum:
+    N_COMMON_KEYS_MAX = 64
+cdef Py_ssize_t _N_COMMON_KEYS = 0
+cdef const char* _COMMON_KEY_BYTES[N_COMMON_KEYS_MAX]
+cdef Py_ssize_t _COMMON_KEY_LENGTHS[N_COMMON_KEYS_MAX]
+cdef PyObject* _COMMON_KEY_STRS[N_COMMON_KEYS_MAX]
+for _raw, _text in _COMMON_KEYS[:N_COMMON_KEYS_MAX]:
+    _COMMON_KEY_BYTES[_N_COMMON_KEYS] = PyBytes_AS_STRING(_raw)
+    _COMMON_KEY_LENGTHS[_N_COMMON_KEYS] = PyBytes_GET_SIZE(_raw)
+    _COMMON_KEY_STRS[_N_COMMON_KEYS] = <PyObject*>_text
+    _N_COMMON_KEYS += 1
+del _raw, _text
 
 
 cdef object _ext_key(const unsigned char* s, Tok* t):
     cdef Py_ssize_t a = t.start + 1, n = t.stop - t.start - 2, i
-    cdef tuple entry
-    cdef bytes name
     if t.flags == 0:
-        for i in range(len(_COMMON_KEYS)):
-            entry = <tuple>_COMMON_KEYS[i]
-            name = <bytes>entry[0]
-            if PyBytes_GET_SIZE(name) == n and memcmp(PyBytes_AS_STRING(name), s + a, n) == 0:
-                return entry[1]
+        for i in range(_N_COMMON_KEYS):
+            if _COMMON_KEY_LENGTHS[i] == n and memcmp(_COMMON_KEY_BYTES[i], s + a, n) == 0:
+                return <object>_COMMON_KEY_STRS[i]
     return _string_value(s, t)
 
 
@@ -1112,7 +1144,8 @@ cdef inline str _v_serialize_type(object value):
             return _S_JSON
         if value == _S_ROCKETMQ:
             return _S_ROCKETMQ
-    return _twin._serialize_type(value)
+    # the twin normalizes (or raises); map its answer onto our constants, which encode() tests by identity
+    return _S_JSON if _twin._serialize_type(value) == _S_JSON else _S_ROCKETMQ
 
 
 cdef list _ext_entries(dict ext):
@@ -1390,6 +1423,7 @@ cdef class FrameDecoder:
     cdef long long _max
     cdef object _max_obj
     cdef object _error
+    cdef bint _feeding
 
     def __init__(self, max_frame_size=DEFAULT_MAX_FRAME_SIZE):
         self._max_obj = _twin._max_frame_size(max_frame_size)
@@ -1397,6 +1431,7 @@ cdef class FrameDecoder:
         self._buf = bytearray()
         self._off = 0
         self._error = None
+        self._feeding = False
 
     @property
     def buffered(self):
@@ -1452,7 +1487,10 @@ cdef class FrameDecoder:
         cdef list commands = []
         if self._error is not None:
             raise FrameError(f"decoder failed earlier: {self._error}")
+        if self._feeding:  # e.g. from a finalizer run by the GC mid-feed: the buffer must not move under us
+            raise RuntimeError("FrameDecoder.feed() is not re-entrant")
         _get_buffer(chunk, &view)
+        self._feeding = True
         try:
             p = <const unsigned char*>view.buf
             n = view.len
@@ -1472,8 +1510,10 @@ cdef class FrameDecoder:
             self._error = str(exc) or type(exc).__name__
             PyByteArray_Resize(self._buf, 0)
             self._off = 0
-            exc.commands = commands
+            if isinstance(exc, FrameError):
+                exc.commands = commands
             raise
         finally:
+            self._feeding = False
             PyBuffer_Release(&view)
         return commands

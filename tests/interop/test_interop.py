@@ -64,12 +64,12 @@ def cpp_dir():
 class Driver:
     """A client process speaking the READY/close/CLOSED line protocol of the drivers."""
 
-    def __init__(self, argv, env):
+    def __init__(self, argv, env, may_fail=False):
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=env)
-        self.ready_line = self._expect("READY", 90)
+        self.ready_line = self._expect("READY", 90, may_fail)
 
-    def _expect(self, word, timeout):
+    def _expect(self, word, timeout, may_fail=False):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
@@ -78,15 +78,27 @@ class Driver:
             if line.startswith(word):
                 return line.strip()
             if line.startswith("FAILED"):
+                if may_fail:
+                    self.proc.wait(30)
+                    return line.strip()
                 break
         self.proc.kill()
         raise AssertionError(f"driver did not say {word}: {self.proc.stderr.read()[-3000:]}")
 
-    def close(self, timeout=60):
+    def close(self, timeout=60, tolerate_crash=False):
+        if self.proc.poll() is not None:
+            return self.proc.returncode
+        """Ask the client to shut down. rocketmq-client-cpp 0.4.4 sometimes aborts inside shutdown() (an uncaught
+        boost::thread_interrupted in its own threads) after it has unregistered; with tolerate_crash the test
+        then relies on what the broker saw, not on the process exiting cleanly."""
         self.proc.stdin.write("close\n")
         self.proc.stdin.flush()
+        if tolerate_crash:
+            self.proc.wait(timeout)
+            return self.proc.returncode
         self._expect("CLOSED", timeout)
         self.proc.wait(timeout)
+        return self.proc.returncode
 
     def kill(self):
         if self.proc.poll() is None:
@@ -102,10 +114,10 @@ def drivers():
         d.kill()
 
 
-def start_ons(ons_dir, drivers, port, **spec):
+def start_ons(ons_dir, drivers, port, may_fail=False, **spec):
     env = dict(os.environ, ONS_NODE_DIR=str(ons_dir))
     spec = dict(spec, nameSrv=f"127.0.0.1:{port}")
-    d = Driver(["node", str(HERE / "ons_driver.js"), json.dumps(spec)], env)
+    d = Driver(["node", str(HERE / "ons_driver.js"), json.dumps(spec)], env, may_fail)
     drivers.append(d)
     return d
 
@@ -198,6 +210,14 @@ def test_cpp_client_requeries_consumer_list_on_notify(broker, ons_dir, cpp_dir, 
         return handler(conn, cmd)
 
     b.server.table[RequestCode.GET_CONSUMER_LIST_BY_GROUP] = (spy, executor)
+    unregisters = []
+    u_handler, u_executor = b.server.table[RequestCode.UNREGISTER_CLIENT]
+
+    def u_spy(conn, cmd):
+        unregisters.append(dict(cmd.ext_fields or {}))
+        return u_handler(conn, cmd)
+
+    b.server.table[RequestCode.UNREGISTER_CLIENT] = (u_spy, u_executor)
     cpp = start_cpp(cpp_dir, drivers, port, tmp_path / "home", producerGroup="PID_IT_CPP",
                     consumers=[{"group": "CID_IT_MIX", "topic": "TopicIT", "expr": "*"}])
     cpp_pid = cpp.proc.pid
@@ -223,7 +243,11 @@ def test_cpp_client_requeries_consumer_list_on_notify(broker, ons_dir, cpp_dir, 
     rc, out, err = admin_cli("producerConnection", "-g", "PID_IT_CPP", "-t", "TopicIT", "-b", f"127.0.0.1:{port}")
     assert rc == 0 and conn["clientId"] in out and "CPP" in out, err
     ons.close()
-    cpp.close()
+    assert wait_for(lambda: client_ids(port, "CID_IT_MIX") == [conn["clientId"]])
+    cpp.close(tolerate_crash=True)
+    # the C++ client sends UNREGISTER_CLIENT for its groups on shutdown (producer and consumer group fields)
+    assert any(u.get("clientID") == conn["clientId"] and u.get("consumerGroup") == "CID_IT_MIX" for u in unregisters)
+    assert any(u.get("clientID") == ons_id for u in unregisters)
     assert wait_for(lambda: consumer_connection(port, "CID_IT_MIX") is None)
     rc, out, err = admin_cli("producerConnection", "-g", "PID_IT_CPP", "-t", "TopicIT", "-b", f"127.0.0.1:{port}")
     assert rc == 1
@@ -242,8 +266,10 @@ def test_acl_real_clients_right_and_wrong_credentials(broker, ons_dir, cpp_dir, 
     assert wait_for(lambda: len(client_ids(port, "CID_ACL_ONS", **creds)) == 1)
     assert wait_for(lambda: len(client_ids(port, "CID_ACL_CPP", **creds)) == 1)
     denied_before = b.metrics.acl_denied
-    bad_ons = start_ons(ons_dir, drivers, port, accessKey="RocketMQ", secretKey="wrong-secret",
+    bad_ons = start_ons(ons_dir, drivers, port, may_fail=True, accessKey="RocketMQ", secretKey="wrong-secret",
                         consumers=[{"group": "CID_ACL_BAD", "topic": "TopicACL", "expr": "*"}])
+    # ali-ons refuses to start: its first rebalance gets NO_PERMISSION (code 16) with the broker's reason
+    assert bad_ons.ready_line == "FAILED MQPushConsumer occurred an error Check signature failed for accessKey='RocketMQ'"
     bad_cpp = start_cpp(cpp_dir, drivers, port, tmp_path / "home2", accessKey="RocketMQ", secretKey="wrong-secret",
                         consumers=[{"group": "CID_ACL_BAD", "topic": "TopicACL", "expr": "*"}])
     # their heartbeats are refused (NO_PERMISSION) and register nothing
@@ -254,7 +280,9 @@ def test_acl_real_clients_right_and_wrong_credentials(broker, ons_dir, cpp_dir, 
     with pytest.raises(AdminError, match="CODE: 16"):
         with AdminClient("127.0.0.1", port) as c:
             c.consumer_connection("CID_ACL_ONS")
-    for d in (bad_ons, bad_cpp, ok_ons, ok_cpp):
+    for d in (bad_ons, ok_ons):
         d.close()
+    for d in (bad_cpp, ok_cpp):
+        d.close(tolerate_crash=True)
     assert wait_for(lambda: consumer_connection(port, "CID_ACL_ONS", **creds) is None)
     assert wait_for(lambda: consumer_connection(port, "CID_ACL_CPP", **creds) is None)

@@ -530,3 +530,36 @@ def test_register_broker_with_a_name_server(tmp_path):
     gaps = [b_[0] - a_[0] for a_, b_ in zip(regs, regs[1:])]
     assert all(0.2 < g < 1.5 for g in gaps), gaps
     assert any(c.code == RequestCode.UNREGISTER_BROKER for _, c in received)  # on shutdown
+
+
+def test_serve_sigterm_persists_state(tmp_path):
+    """rmqhb serve: boots from a properties file, and SIGTERM shuts down gracefully, writing the offsets."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    props = tmp_path / "broker.properties"
+    props.write_text(f"brokerName=broker-t\nstorePathRootDir={tmp_path / 'store'}\nflushConsumerOffsetInterval=600000\n")
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "-c", str(props), "--listenPort", "0",
+                             "--listenHost", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=str(root), env=dict(os.environ, PYTHONPATH=str(root)))
+    try:
+        line = proc.stdout.readline()
+        assert "boot success" in line, proc.stderr.read()
+        port = int(line.split("127.0.0.1:")[1].split("]")[0])
+        c = Client(port)
+        assert c.heartbeat().code == 0
+        assert c.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TopicTest"}).code == 0
+        r = c.call(RequestCode.UPDATE_CONSUMER_OFFSET, {"consumerGroup": "demo_consumer_group", "topic": "TopicTest",
+                                                        "queueId": "2", "commitOffset": "1234"})
+        assert r.code == 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    offsets = json.loads((tmp_path / "store" / "config" / "consumerOffset.json").read_text())
+    assert "1234" in json.dumps(offsets) and "TopicTest@demo_consumer_group" in json.dumps(offsets)

@@ -154,12 +154,15 @@ class LoadConn(asyncio.Protocol):
                 break
             # response code: the header is JSON starting {"code":N
             hl = int.from_bytes(buf[pos + 4:pos + 8], "big") & 0xFFFFFF
-            head = bytes(buf[pos + 8:pos + 8 + min(hl, 16)])
+            head = bytes(buf[pos + 8:pos + 8 + hl])
+            pos += 4 + length
+            if b'"flag":1' not in head:  # a request from the broker (NOTIFY_CONSUMER_IDS_CHANGED), not an answer
+                self.stats["notifies"] += 1
+                continue
             if head.startswith(b'{"code":0,'):
                 self.ok += 1
             else:
                 self.stats["errors"] += 1
-            pos += 4 + length
             answered += 1
             if self.pending:
                 self.lat.append(now - self.pending.pop(0))
@@ -219,7 +222,7 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
     for c in fleet:
         c.broker_addr_table = {"broker-a": {0: addr}}
     frames = [c.heartbeat_frame(i + 1) for i, c in enumerate(fleet)]
-    stats = {"answered": 0, "errors": 0, "lost": 0, "connect_retries": 0, "connect_failed": 0}
+    stats = {"answered": 0, "errors": 0, "lost": 0, "connect_retries": 0, "connect_failed": 0, "notifies": 0}
     lat: list = []
     closed_loop = rate <= 0
     measuring = {"on": False}
@@ -289,7 +292,7 @@ async def storm(host, port, n, offset, groups, consumer_share) -> dict:
     loop = asyncio.get_running_loop()
     fleet = make_fleet(n, offset, groups, consumer_share)
     frames = [c.heartbeat_frame(i + 1) for i, c in enumerate(fleet)]
-    stats = {"answered": 0, "errors": 0, "lost": 0, "connect_retries": 0, "connect_failed": 0}
+    stats = {"answered": 0, "errors": 0, "lost": 0, "connect_retries": 0, "connect_failed": 0, "notifies": 0}
     lat: list = []
     t0 = time.perf_counter()
 

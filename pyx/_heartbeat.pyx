@@ -9,7 +9,7 @@ because no Cython-indexed buffer is used.
 Design: one parser fills a ``_Sink`` of C records (producers, consumers, subscriptions) holding the decoded
 strings; ``decode_heartbeat`` turns the records of one body into model objects, ``decode_heartbeats`` keeps the
 records of every good body and turns them into numpy columns, without model objects. Repeated short strings
-(client ids, groups, topics, tags, enum-less constants) come from a bounded direct-mapped cache keyed by their raw
+(client ids, groups, topics, tags, expression types) come from a bounded direct-mapped cache keyed by their raw
 bytes, so a steady-state heartbeat allocates little besides its result.
 """
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
@@ -761,15 +761,17 @@ cdef inline void _put_utf8(unsigned char* out, Py_ssize_t* j, int cp) noexcept:
 
 
 cdef Py_ssize_t _unescape(Parser* p, _Sink sink, Py_ssize_t start, Py_ssize_t end) except -1:
-    """Decode the escapes of an already validated string span into sink.text; return the UTF-8 length.
+    """Decode the escapes of a string span validated by _scan_string into sink.text; return the UTF-8 length.
 
     The output is never longer than the input (an escape of 2, 6 or 12 bytes gives at most 1, 3 or 4 bytes).
+    Every read stays inside [start, end) even if the span is not what _scan_string saw (a bytes-like body
+    changed by another thread): that is reported, never read past.
     """
     cdef const unsigned char* s = p.s
     cdef Py_ssize_t i = start, j = 0
     cdef unsigned char* out
     cdef unsigned char e
-    cdef int cp
+    cdef int cp, lo
     sink.reserve_text(end - start + 1)
     out = sink.text
     while i < end:
@@ -778,13 +780,19 @@ cdef Py_ssize_t _unescape(Parser* p, _Sink sink, Py_ssize_t start, Py_ssize_t en
             i += 1
             j += 1
             continue
-        e = s[i + 1]   # validated: an escape is complete inside the span
+        if i + 2 > end:
+            return _fail(p, i, "body changed while decoding")
+        e = s[i + 1]
         i += 2
         if e == b'u':
-            cp = _hex4(s + i)
+            if i + 4 > end or (cp := _hex4(s + i)) < 0:
+                return _fail(p, i, "body changed while decoding")
             i += 4
-            if 0xD800 <= cp <= 0xDBFF:   # validated: a low surrogate escape follows
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (_hex4(s + i + 2) - 0xDC00)
+            if 0xD800 <= cp <= 0xDBFF:
+                if (i + 6 > end or s[i] != b'\\' or s[i + 1] != b'u'
+                        or not (0xDC00 <= (lo := _hex4(s + i + 2)) <= 0xDFFF)):
+                    return _fail(p, i, "body changed while decoding")
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00)
                 i += 6
             _put_utf8(out, &j, cp)
         else:

@@ -19,7 +19,7 @@ from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF, PyObject
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport INT64_MAX, INT64_MIN, int8_t, int32_t, int64_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, realloc
 from libc.string cimport memcmp, memcpy
 
 cimport numpy as cnp
@@ -1440,7 +1440,7 @@ cdef SubscriptionData _make_subscription(SubRec* r):
 
 cdef HeartbeatData _build(_Sink sink, Top* top):
     """Model objects from the records of one body (all of the sink's records from top.first_*)."""
-    cdef Py_ssize_t i, j, k, np_ = sink.np_ - top.first_prod, nc = sink.nc - top.first_cons
+    cdef Py_ssize_t i, j, np_ = sink.np_ - top.first_prod, nc = sink.nc - top.first_cons
     cdef ConsRec* cr
     cdef ProducerData pd
     cdef ConsumerData cd

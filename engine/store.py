@@ -1,0 +1,670 @@
+"""Broker metadata persisted as JSON under a store directory: topic configs, subscription-group configs and
+consumer offsets (RocketMQ's TopicConfigManager, SubscriptionGroupManager and ConsumerOffsetManager).
+
+Files, as the Java broker names them under ``<storePathRootDir>/config/``:
+
+* ``topics.json``            ``{"dataVersion": {...}, "topicConfigTable": {name: TopicConfig}}``
+* ``subscriptionGroup.json`` ``{"dataVersion": {...}, "subscriptionGroupTable": {name: SubscriptionGroupConfig}}``
+* ``consumerOffset.json``    ``{"dataVersion": {...}, "offsetTable": {"topic@group": {"queueId": offset}}}``
+
+Writes are atomic: the new text goes to ``<file>.tmp`` and is fsynced, the current file is kept as ``<file>.bak``
+(hard link, or a copy where links are not supported), the temp file is renamed over the file and the directory
+is fsynced, so at every instant ``<file>`` is a complete old or new version. Loading falls back to ``.bak`` with a
+logged warning when the file is missing, unreadable or corrupt, and starts empty with a logged error when both are;
+it never raises. Java writes ``offsetTable`` maps with bare numeric keys (``{0:12}``, fastjson); we write standard
+JSON (``{"0":12}``, which fastjson also reads) and read both.
+
+Config changes (a new retry topic, an auto-created group) are written at once, as Java persists them in the
+request that made them; offsets are written by :meth:`Store.persist_offsets`, which the server calls on a timer
+(``flushConsumerOffsetInterval``, 5 s) and at shutdown. Not thread-safe: one event loop owns a store.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+log = logging.getLogger("engine.store")
+
+__all__ = [
+    "ConsumerOffsetManager",
+    "DataVersion",
+    "FLAG_UNIT",
+    "FLAG_UNIT_SUB",
+    "PERM_INHERIT",
+    "PERM_PRIORITY",
+    "PERM_READ",
+    "PERM_WRITE",
+    "QUERY_NOT_FOUND",
+    "SYSTEM_CONSUMER_GROUPS",
+    "Store",
+    "StoreError",
+    "SubscriptionGroupConfig",
+    "SubscriptionGroupManager",
+    "TopicConfig",
+    "TopicConfigManager",
+    "atomic_write",
+    "validate_group",
+]
+
+#: PermName bits (C/constant/PermName.java).
+PERM_PRIORITY, PERM_READ, PERM_WRITE, PERM_INHERIT = 8, 4, 2, 1
+#: TopicSysFlag bits (C/sysflag/TopicSysFlag.java).
+FLAG_UNIT, FLAG_UNIT_SUB = 1, 2
+#: ResponseCode.QUERY_NOT_FOUND: a consumer offset that was never committed.
+QUERY_NOT_FOUND = 22
+
+#: Groups SubscriptionGroupManager#init creates at start (the last five with consumeBroadcastEnable, the default).
+SYSTEM_CONSUMER_GROUPS = (
+    "TOOLS_CONSUMER",
+    "FILTERSRV_CONSUMER",
+    "SELF_TEST_C_GROUP",
+    "CID_ONS-HTTP-PROXY",
+    "CID_ONSAPI_PULL",
+    "CID_ONSAPI_PERMISSION",
+    "CID_ONSAPI_OWNER",
+    "CID_RMQ_SYS_TRANS",
+)
+CID_RMQ_SYS_PREFIX = "CID_RMQ_SYS_"
+GROUP_MAX_LENGTH = 120
+_GROUP_CHARS = re.compile(r"[%|a-zA-Z0-9_-]+")
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class StoreError(ValueError):
+    """A persisted file does not have the expected shape (the message names the JSON path)."""
+
+
+def validate_group(group) -> tuple[bool, str]:
+    """TopicValidator.validateGroup: non-blank, only ``[%|a-zA-Z0-9_-]``, at most 120 characters."""
+    if group is None or not str(group).strip():
+        return False, "The specified group is blank."
+    if not _GROUP_CHARS.fullmatch(group):
+        return False, f"The specified group: {group}, contains illegal characters, allowing only ^[%|a-zA-Z0-9_-]+$"
+    if len(group) > GROUP_MAX_LENGTH:
+        return False, f"The specified group: {group}, is longer than group max length: {GROUP_MAX_LENGTH}"
+    return True, ""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Typed field readers for loading: a wrong type is corruption, reported with its JSON path.
+
+
+def _get(d: dict, key: str, kind, default, path: str, lo=None, hi=None):
+    value = d.get(key, default)
+    if value is None:
+        return default
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise StoreError(f"{path}.{key}: expected an integer, got {type(value).__name__}")
+        if lo is not None and not lo <= value <= hi:
+            raise StoreError(f"{path}.{key}: {value} out of range")
+    elif kind is bool:
+        if not isinstance(value, bool):
+            raise StoreError(f"{path}.{key}: expected a boolean, got {type(value).__name__}")
+    elif kind is str:
+        if not isinstance(value, str):
+            raise StoreError(f"{path}.{key}: expected a string, got {type(value).__name__}")
+    elif kind is dict:
+        if not isinstance(value, dict):
+            raise StoreError(f"{path}.{key}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _str_map(value, path: str) -> dict:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise StoreError(f"{path}: expected an object of strings")
+    return dict(value)
+
+
+@dataclass
+class DataVersion:
+    """RocketMQ DataVersion: bumped on every change of a table, sent to the name server with the topic table."""
+
+    counter: int = 0
+    state_version: int = 0
+    timestamp: int = field(default_factory=lambda: int(time.time() * 1000))
+
+    def next_version(self) -> None:
+        self.counter += 1
+        self.timestamp = int(time.time() * 1000)
+
+    def to_dict(self) -> dict:
+        return {"counter": self.counter, "stateVersion": self.state_version, "timestamp": self.timestamp}
+
+    @classmethod
+    def from_dict(cls, d, path="$.dataVersion") -> "DataVersion":
+        if not isinstance(d, dict):
+            raise StoreError(f"{path}: expected an object")
+        return cls(
+            counter=_get(d, "counter", int, 0, path, INT64_MIN, INT64_MAX),
+            state_version=_get(d, "stateVersion", int, 0, path, INT64_MIN, INT64_MAX),
+            timestamp=_get(d, "timestamp", int, 0, path, INT64_MIN, INT64_MAX),
+        )
+
+
+@dataclass
+class TopicConfig:
+    """TopicConfig with the Java defaults (16 queues, perm READ|WRITE, SINGLE_TAG). ``to_dict`` uses Java keys."""
+
+    topic_name: str
+    read_queue_nums: int = 16
+    write_queue_nums: int = 16
+    perm: int = PERM_READ | PERM_WRITE
+    topic_filter_type: str = "SINGLE_TAG"
+    topic_sys_flag: int = 0
+    order: bool = False
+    attributes: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "attributes": dict(self.attributes),
+            "order": self.order,
+            "perm": self.perm,
+            "readQueueNums": self.read_queue_nums,
+            "topicFilterType": self.topic_filter_type,
+            "topicName": self.topic_name,
+            "topicSysFlag": self.topic_sys_flag,
+            "writeQueueNums": self.write_queue_nums,
+        }
+
+    @classmethod
+    def from_dict(cls, d, path="$") -> "TopicConfig":
+        if not isinstance(d, dict):
+            raise StoreError(f"{path}: expected an object")
+        name = _get(d, "topicName", str, None, path)
+        if not name:
+            raise StoreError(f"{path}.topicName: missing")
+        return cls(
+            topic_name=name,
+            read_queue_nums=_get(d, "readQueueNums", int, 16, path, INT32_MIN, INT32_MAX),
+            write_queue_nums=_get(d, "writeQueueNums", int, 16, path, INT32_MIN, INT32_MAX),
+            perm=_get(d, "perm", int, PERM_READ | PERM_WRITE, path, INT32_MIN, INT32_MAX),
+            topic_filter_type=_get(d, "topicFilterType", str, "SINGLE_TAG", path),
+            topic_sys_flag=_get(d, "topicSysFlag", int, 0, path, INT32_MIN, INT32_MAX),
+            order=_get(d, "order", bool, False, path),
+            attributes=_str_map(d.get("attributes") or {}, f"{path}.attributes"),
+        )
+
+
+@dataclass
+class SubscriptionGroupConfig:
+    """SubscriptionGroupConfig with the defaults of PROTOCOL.md 6.12. ``to_dict`` uses Java keys."""
+
+    group_name: str
+    consume_enable: bool = True
+    consume_from_min_enable: bool = True
+    consume_broadcast_enable: bool = True
+    consume_message_orderly: bool = False
+    retry_queue_nums: int = 1
+    retry_max_times: int = 16
+    group_retry_policy: dict = field(default_factory=lambda: {"type": "CUSTOMIZED"})
+    broker_id: int = 0
+    which_broker_when_consume_slowly: int = 1
+    notify_consumer_ids_changed_enable: bool = True
+    group_sys_flag: int = 0
+    consume_timeout_minute: int = 15
+    subscription_data_set: list | None = None
+    attributes: dict = field(default_factory=dict)
+
+    _JAVA_KEYS = {
+        "group_name": "groupName",
+        "consume_enable": "consumeEnable",
+        "consume_from_min_enable": "consumeFromMinEnable",
+        "consume_broadcast_enable": "consumeBroadcastEnable",
+        "consume_message_orderly": "consumeMessageOrderly",
+        "retry_queue_nums": "retryQueueNums",
+        "retry_max_times": "retryMaxTimes",
+        "group_retry_policy": "groupRetryPolicy",
+        "broker_id": "brokerId",
+        "which_broker_when_consume_slowly": "whichBrokerWhenConsumeSlowly",
+        "notify_consumer_ids_changed_enable": "notifyConsumerIdsChangedEnable",
+        "group_sys_flag": "groupSysFlag",
+        "consume_timeout_minute": "consumeTimeoutMinute",
+        "subscription_data_set": "subscriptionDataSet",
+        "attributes": "attributes",
+    }
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue  # fastjson omits nulls
+            out[self._JAVA_KEYS[f.name]] = dict(value) if isinstance(value, dict) else value
+        return dict(sorted(out.items()))
+
+    @classmethod
+    def from_dict(cls, d, path="$") -> "SubscriptionGroupConfig":
+        if not isinstance(d, dict):
+            raise StoreError(f"{path}: expected an object")
+        name = _get(d, "groupName", str, None, path)
+        if not name:
+            raise StoreError(f"{path}.groupName: missing")
+        policy = _get(d, "groupRetryPolicy", dict, None, path)
+        subs = d.get("subscriptionDataSet")
+        if subs is not None and not isinstance(subs, list):
+            raise StoreError(f"{path}.subscriptionDataSet: expected an array")
+        i32 = (INT32_MIN, INT32_MAX)
+        i64 = (INT64_MIN, INT64_MAX)
+        return cls(
+            group_name=name,
+            consume_enable=_get(d, "consumeEnable", bool, True, path),
+            consume_from_min_enable=_get(d, "consumeFromMinEnable", bool, True, path),
+            consume_broadcast_enable=_get(d, "consumeBroadcastEnable", bool, True, path),
+            consume_message_orderly=_get(d, "consumeMessageOrderly", bool, False, path),
+            retry_queue_nums=_get(d, "retryQueueNums", int, 1, path, *i32),
+            retry_max_times=_get(d, "retryMaxTimes", int, 16, path, *i32),
+            group_retry_policy=dict(policy) if policy is not None else {"type": "CUSTOMIZED"},
+            broker_id=_get(d, "brokerId", int, 0, path, *i64),
+            which_broker_when_consume_slowly=_get(d, "whichBrokerWhenConsumeSlowly", int, 1, path, *i64),
+            notify_consumer_ids_changed_enable=_get(d, "notifyConsumerIdsChangedEnable", bool, True, path),
+            group_sys_flag=_get(d, "groupSysFlag", int, 0, path, *i32),
+            consume_timeout_minute=_get(d, "consumeTimeoutMinute", int, 15, path, *i32),
+            subscription_data_set=list(subs) if subs is not None else None,
+            attributes=_str_map(d.get("attributes") or {}, f"{path}.attributes"),
+        )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Atomic files
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return  # platforms without directory fds: the renames are still atomic
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, keep_backup: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically; the previous version becomes ``path.bak`` if ``keep_backup``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if keep_backup and path.exists():
+        bak = path.with_name(path.name + ".bak")
+        bak_tmp = path.with_name(path.name + ".bak.tmp")
+        try:
+            bak_tmp.unlink()
+        except FileNotFoundError:
+            pass
+        try:
+            os.link(path, bak_tmp)  # the old inode survives the rename below under the .bak name
+        except OSError:
+            shutil.copyfile(path, bak_tmp)
+            with open(bak_tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(bak_tmp, bak)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+_BARE_KEY = re.compile(r"([{,]\s*)(-?\d+)(\s*:)")
+
+
+def _parse_json(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        # fastjson writes Map<Integer, Long> with bare numeric keys ({0:12}); quote them and retry
+        return json.loads(_BARE_KEY.sub(r'\1"\2"\3', text))
+
+
+class _JsonFile:
+    """One persisted JSON document with the load-with-fallback and atomic-write rules of this module."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self._main_good = False  # is the file on disk a valid document (safe to keep as .bak)?
+
+    def load(self, parse):
+        """``parse(obj)`` validates a decoded document; returns its result, or None when nothing could be loaded."""
+        if self.path is None:
+            return None
+        bak = self.path.with_name(self.path.name + ".bak")
+        candidates = [(self.path, False), (bak, True)]
+        if not self.path.exists() and not bak.exists():
+            return None  # fresh store
+        errors = []
+        for p, is_bak in candidates:
+            try:
+                text = p.read_text(encoding="utf-8")
+                if not text.strip():
+                    raise StoreError("empty file")
+                result = parse(_parse_json(text))
+            except FileNotFoundError:
+                errors.append(f"{p.name}: missing")
+                continue
+            except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+                errors.append(f"{p.name}: {type(e).__name__}: {e}")
+                continue
+            if is_bak:
+                log.warning("%s is unusable (%s); loaded the backup %s", self.path, errors[0], p)
+            else:
+                self._main_good = True
+            return result
+        log.error("%s and its backup are unusable (%s); starting with an empty table", self.path, "; ".join(errors))
+        return None
+
+    def write(self, document: dict) -> None:
+        if self.path is None:
+            return
+        data = json.dumps(document, indent=1, ensure_ascii=False).encode("utf-8")
+        # a corrupt current file must not replace a good backup
+        atomic_write(self.path, data, keep_backup=self._main_good)
+        self._main_good = True
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Managers
+
+
+class TopicConfigManager:
+    """The topic table (TopicConfigManager). Mutations bump the data version and persist through the store."""
+
+    def __init__(self, store: "Store"):
+        self._store = store
+        self.table: dict[str, TopicConfig] = {}
+        self.data_version = DataVersion()
+        self.file = _JsonFile(store.config_dir / "topics.json" if store.config_dir else None)
+
+    def get(self, topic: str) -> TopicConfig | None:
+        return self.table.get(topic)
+
+    def contains(self, topic: str) -> bool:
+        return topic in self.table
+
+    def is_order_topic(self, topic: str) -> bool:
+        tc = self.table.get(topic)
+        return tc is not None and tc.order
+
+    def put(self, config: TopicConfig) -> TopicConfig | None:
+        """Create or replace a topic (UPDATE_AND_CREATE_TOPIC); returns the previous config."""
+        old = self.table.get(config.topic_name)
+        self.table[config.topic_name] = config
+        self._changed()
+        return old
+
+    def delete(self, topic: str) -> TopicConfig | None:
+        old = self.table.pop(topic, None)
+        if old is not None:
+            self._changed()
+        return old
+
+    def create_topic_in_send_message_back_method(self, topic: str, queue_nums: int, perm: int, is_order: bool,
+                                                 topic_sys_flag: int) -> tuple[TopicConfig, bool]:
+        """createTopicInSendMessageBackMethod: an existing topic only gets its order flag adjusted.
+
+        Returns ``(config, changed)`` where ``changed`` says whether the table was modified (created or updated).
+        """
+        tc = self.table.get(topic)
+        if tc is not None:
+            if tc.order != is_order:
+                tc.order = is_order
+                self._changed()
+                return tc, True
+            return tc, False
+        tc = TopicConfig(topic, read_queue_nums=queue_nums, write_queue_nums=queue_nums, perm=perm,
+                         topic_sys_flag=topic_sys_flag, order=is_order)
+        self.table[topic] = tc
+        log.info("create new topic %s", tc)
+        self._changed()
+        return tc, True
+
+    def _changed(self) -> None:
+        self.data_version.next_version()
+        self._store._config_changed(self)
+
+    def to_document(self) -> dict:
+        return {"dataVersion": self.data_version.to_dict(),
+                "topicConfigTable": {k: v.to_dict() for k, v in sorted(self.table.items())}}
+
+    def _parse(self, doc):
+        if not isinstance(doc, dict):
+            raise StoreError("$: expected an object")
+        table = doc.get("topicConfigTable") or {}
+        if not isinstance(table, dict):
+            raise StoreError("$.topicConfigTable: expected an object")
+        parsed = {name: TopicConfig.from_dict(v, f"$.topicConfigTable[{name!r}]") for name, v in table.items()}
+        dv = DataVersion.from_dict(doc["dataVersion"]) if doc.get("dataVersion") is not None else DataVersion()
+        return parsed, dv
+
+    def load(self) -> None:
+        loaded = self.file.load(self._parse)
+        if loaded is not None:
+            self.table, self.data_version = loaded
+
+
+class SubscriptionGroupManager:
+    """The subscription-group table (SubscriptionGroupManager), with the system groups of ``init()``."""
+
+    def __init__(self, store: "Store"):
+        self._store = store
+        self.table: dict[str, SubscriptionGroupConfig] = {}
+        self.data_version = DataVersion()
+        self.file = _JsonFile(store.config_dir / "subscriptionGroup.json" if store.config_dir else None)
+        for name in SYSTEM_CONSUMER_GROUPS:
+            self.table[name] = SubscriptionGroupConfig(name)
+
+    def get(self, group: str) -> SubscriptionGroupConfig | None:
+        return self.table.get(group)
+
+    def contains(self, group: str) -> bool:
+        return group in self.table
+
+    def put(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig | None:
+        old = self.table.get(config.group_name)
+        self.table[config.group_name] = config
+        self._changed()
+        return old
+
+    def delete(self, group: str) -> SubscriptionGroupConfig | None:
+        old = self.table.pop(group, None)
+        if old is not None:
+            self._changed()
+        return old
+
+    def find(self, group: str, auto_create: bool, enable_create_sys_group: bool) -> tuple:
+        """findSubscriptionGroupConfig: ``(config or None, created)``.
+
+        A missing group is created with the defaults when auto-create is on, or when it is a ``CID_RMQ_SYS_``
+        group and creating system groups is on, provided validateGroup accepts the name.
+        """
+        config = self.table.get(group)
+        if config is not None:
+            return config, False
+        if not (auto_create or (enable_create_sys_group and group is not None
+                                and group.startswith(CID_RMQ_SYS_PREFIX))):
+            return None, False
+        ok, _ = validate_group(group)
+        if not ok:
+            return None, False
+        config = SubscriptionGroupConfig(group)
+        self.table[group] = config
+        log.info("auto create a subscription group, %s", group)
+        self._changed()
+        return config, True
+
+    def _changed(self) -> None:
+        self.data_version.next_version()
+        self._store._config_changed(self)
+
+    def to_document(self) -> dict:
+        return {"dataVersion": self.data_version.to_dict(), "forbiddenTable": {},
+                "subscriptionGroupTable": {k: v.to_dict() for k, v in sorted(self.table.items())}}
+
+    def _parse(self, doc):
+        if not isinstance(doc, dict):
+            raise StoreError("$: expected an object")
+        table = doc.get("subscriptionGroupTable") or {}
+        if not isinstance(table, dict):
+            raise StoreError("$.subscriptionGroupTable: expected an object")
+        parsed = {name: SubscriptionGroupConfig.from_dict(v, f"$.subscriptionGroupTable[{name!r}]")
+                  for name, v in table.items()}
+        dv = DataVersion.from_dict(doc["dataVersion"]) if doc.get("dataVersion") is not None else DataVersion()
+        return parsed, dv
+
+    def load(self) -> None:
+        loaded = self.file.load(self._parse)
+        if loaded is not None:
+            table, self.data_version = loaded
+            self.table.update(table)  # Java: init() first, then the file's entries over them
+
+
+class ConsumerOffsetManager:
+    """Committed consumer offsets: ``"topic@group" -> {queueId: offset}`` (ConsumerOffsetManager)."""
+
+    SEPARATOR = "@"
+
+    def __init__(self, store: "Store"):
+        self._store = store
+        self.table: dict[str, dict[int, int]] = {}
+        self.data_version = DataVersion()
+        self.dirty = False
+        self.file = _JsonFile(store.config_dir / "consumerOffset.json" if store.config_dir else None)
+
+    def commit_offset(self, client_host: str, group: str, topic: str, queue_id: int, offset: int) -> None:
+        key = topic + self.SEPARATOR + group
+        queues = self.table.get(key)
+        if queues is None:
+            self.table[key] = {queue_id: offset}
+        else:
+            stored = queues.get(queue_id)
+            queues[queue_id] = offset
+            if stored is not None and offset < stored:
+                log.debug("update consumer offset less than store. clientHost=%s, key=%s, queueId=%s, "
+                          "requestOffset=%s, storeOffset=%s", client_host, key, queue_id, offset, stored)
+        self.dirty = True
+
+    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, or -1 when none was committed (ConsumerOffsetManager.queryOffset)."""
+        queues = self.table.get(topic + self.SEPARATOR + group)
+        if queues is not None:
+            offset = queues.get(queue_id)
+            if offset is not None:
+                return offset
+        return -1
+
+    def offsets(self, group: str, topic: str) -> dict[int, int]:
+        return dict(self.table.get(topic + self.SEPARATOR + group) or {})
+
+    def remove(self, group: str, topic: str | None = None) -> int:
+        """Drop the offsets of a group (on one topic or all); returns how many topic@group keys went."""
+        keys = [k for k in self.table
+                if k.rpartition(self.SEPARATOR)[2] == group and (topic is None or k.rpartition(self.SEPARATOR)[0] == topic)]
+        for k in keys:
+            del self.table[k]
+        if keys:
+            self.dirty = True
+        return len(keys)
+
+    def to_document(self) -> dict:
+        return {"dataVersion": self.data_version.to_dict(),
+                "offsetTable": {k: {str(q): o for q, o in sorted(v.items())} for k, v in sorted(self.table.items())}}
+
+    def _parse(self, doc):
+        if not isinstance(doc, dict):
+            raise StoreError("$: expected an object")
+        table = doc.get("offsetTable") or {}
+        if not isinstance(table, dict):
+            raise StoreError("$.offsetTable: expected an object")
+        parsed = {}
+        for key, queues in table.items():
+            path = f"$.offsetTable[{key!r}]"
+            if self.SEPARATOR not in key:
+                raise StoreError(f"{path}: key is not topic@group")
+            if not isinstance(queues, dict):
+                raise StoreError(f"{path}: expected an object")
+            out = {}
+            for q, o in queues.items():
+                try:
+                    qid = int(q)
+                except ValueError:
+                    raise StoreError(f"{path}: queue id {q!r} is not an integer") from None
+                if isinstance(o, bool) or not isinstance(o, int) or not INT64_MIN <= o <= INT64_MAX:
+                    raise StoreError(f"{path}[{q!r}]: expected an int64 offset")
+                out[qid] = o
+            parsed[key] = out
+        dv = DataVersion.from_dict(doc["dataVersion"]) if doc.get("dataVersion") is not None else DataVersion()
+        return parsed, dv
+
+    def load(self) -> None:
+        loaded = self.file.load(self._parse)
+        if loaded is not None:
+            self.table, self.data_version = loaded
+
+    def persist(self) -> None:
+        self.data_version.next_version()
+        self.file.write(self.to_document())
+        self.dirty = False
+
+
+class Store:
+    """The three persisted tables of a broker under ``store_dir/config`` (``None``: in memory only).
+
+    ``Store(path)`` loads what is on disk at once. ``sync_config_writes`` (default True, as Java) writes a config
+    file in the call that changed it; with False, changed configs wait for :meth:`persist`.
+    """
+
+    def __init__(self, store_dir=None, *, sync_config_writes: bool = True):
+        self.store_dir = Path(store_dir) if store_dir is not None else None
+        self.config_dir = self.store_dir / "config" if self.store_dir is not None else None
+        self.sync_config_writes = sync_config_writes
+        self._dirty_configs: set = set()
+        self.topics = TopicConfigManager(self)
+        self.groups = SubscriptionGroupManager(self)
+        self.offsets = ConsumerOffsetManager(self)
+        self.load()
+
+    def load(self) -> None:
+        self.topics.load()
+        self.groups.load()
+        self.offsets.load()
+
+    def _config_changed(self, manager) -> None:
+        if self.config_dir is None:
+            return
+        if self.sync_config_writes:
+            self._write(manager)
+        else:
+            self._dirty_configs.add(manager)
+
+    def _write(self, manager) -> None:
+        try:
+            manager.file.write(manager.to_document())
+            self._dirty_configs.discard(manager)
+        except OSError:
+            # keep serving from memory; the next persist() retries (Java logs and carries on the same way)
+            self._dirty_configs.add(manager)
+            log.exception("persisting %s failed", manager.file.path)
+
+    def persist_offsets(self) -> None:
+        """Write consumerOffset.json if an offset changed since the last write."""
+        if self.config_dir is not None and self.offsets.dirty:
+            self.offsets.persist()
+
+    def persist(self) -> None:
+        """Write every changed table (shutdown, or the timer when ``sync_config_writes`` is off)."""
+        if self.config_dir is None:
+            return
+        for manager in list(self._dirty_configs):
+            self._write(manager)
+        self.persist_offsets()
+

@@ -189,7 +189,7 @@ class TopicConfig:
             topic_filter_type=_get(d, "topicFilterType", str, "SINGLE_TAG", path),
             topic_sys_flag=_get(d, "topicSysFlag", int, 0, path, INT32_MIN, INT32_MAX),
             order=_get(d, "order", bool, False, path),
-            attributes=_str_map(d.get("attributes") or {}, f"{path}.attributes"),
+            attributes=_str_map(d.get("attributes", {}) if d.get("attributes") is not None else {}, f"{path}.attributes"),
         )
 
 
@@ -268,7 +268,7 @@ class SubscriptionGroupConfig:
             group_sys_flag=_get(d, "groupSysFlag", int, 0, path, *i32),
             consume_timeout_minute=_get(d, "consumeTimeoutMinute", int, 15, path, *i32),
             subscription_data_set=list(subs) if subs is not None else None,
-            attributes=_str_map(d.get("attributes") or {}, f"{path}.attributes"),
+            attributes=_str_map(d.get("attributes", {}) if d.get("attributes") is not None else {}, f"{path}.attributes"),
         )
 
 
@@ -439,7 +439,8 @@ class TopicConfigManager:
     def _parse(self, doc):
         if not isinstance(doc, dict):
             raise StoreError("$: expected an object")
-        table = doc.get("topicConfigTable") or {}
+        table = doc.get("topicConfigTable")
+        table = {} if table is None else table
         if not isinstance(table, dict):
             raise StoreError("$.topicConfigTable: expected an object")
         parsed = {name: TopicConfig.from_dict(v, f"$.topicConfigTable[{name!r}]") for name, v in table.items()}
@@ -513,7 +514,8 @@ class SubscriptionGroupManager:
     def _parse(self, doc):
         if not isinstance(doc, dict):
             raise StoreError("$: expected an object")
-        table = doc.get("subscriptionGroupTable") or {}
+        table = doc.get("subscriptionGroupTable")
+        table = {} if table is None else table
         if not isinstance(table, dict):
             raise StoreError("$.subscriptionGroupTable: expected an object")
         parsed = {name: SubscriptionGroupConfig.from_dict(v, f"$.subscriptionGroupTable[{name!r}]")
@@ -582,7 +584,8 @@ class ConsumerOffsetManager:
     def _parse(self, doc):
         if not isinstance(doc, dict):
             raise StoreError("$: expected an object")
-        table = doc.get("offsetTable") or {}
+        table = doc.get("offsetTable")
+        table = {} if table is None else table
         if not isinstance(table, dict):
             raise StoreError("$.offsetTable: expected an object")
         parsed = {}

@@ -1,0 +1,271 @@
+"""engine.store: Java file layout and shapes, atomic writes with a .bak, fallback on corrupt files, offsets."""
+import json
+import logging
+import os
+
+import pytest
+from test_registry_model import hb
+
+from engine.registry import ClientRegistry
+from engine.store import (
+    SYSTEM_CONSUMER_GROUPS,
+    Store,
+    StoreError,
+    SubscriptionGroupConfig,
+    TopicConfig,
+    atomic_write,
+    validate_group,
+)
+
+
+def config_file(tmp_path, name):
+    return tmp_path / "config" / name
+
+
+# ---------------------------------------------------------------------------------------------------- atomic write
+
+
+def test_atomic_write_keeps_the_previous_version_as_bak(tmp_path):
+    p = tmp_path / "f.json"
+    atomic_write(p, b"one")
+    assert p.read_bytes() == b"one" and not (tmp_path / "f.json.bak").exists()
+    atomic_write(p, b"two")
+    atomic_write(p, b"three")
+    assert p.read_bytes() == b"three"
+    assert (tmp_path / "f.json.bak").read_bytes() == b"two"
+    assert sorted(os.listdir(tmp_path)) == ["f.json", "f.json.bak"]  # no temp files left
+
+
+def test_a_failed_write_leaves_the_current_file_whole(tmp_path, monkeypatch):
+    p = tmp_path / "f.json"
+    atomic_write(p, b"good")
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if str(src).endswith(".json.tmp"):
+            raise OSError("disk full")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        atomic_write(p, b"new")
+    assert p.read_bytes() == b"good"
+
+
+def test_backup_by_copy_where_links_are_not_supported(tmp_path, monkeypatch):
+    p = tmp_path / "f.json"
+    atomic_write(p, b"one")
+
+    def no_link(*a):
+        raise OSError("links not supported")
+
+    monkeypatch.setattr(os, "link", no_link)
+    atomic_write(p, b"two")
+    assert p.read_bytes() == b"two" and (tmp_path / "f.json.bak").read_bytes() == b"one"
+
+
+# ---------------------------------------------------------------------------------------------------- layout
+
+
+def test_files_have_java_names_and_shapes(tmp_path):
+    store = Store(tmp_path)
+    reg = ClientRegistry(store=store)
+    reg.heartbeat(1, hb(consumers=[("CID_G", ["T"])]))
+    reg.update_topic_config(TopicConfig("T", read_queue_nums=4, write_queue_nums=4))
+    assert reg.update_consumer_offset("h", "CID_G", "T", 3, 42)[0] == 0
+    store.persist_offsets()
+    topics = json.loads(config_file(tmp_path, "topics.json").read_text())
+    assert topics["topicConfigTable"]["%RETRY%CID_G"] == {
+        "attributes": {}, "order": False, "perm": 6, "readQueueNums": 1, "topicFilterType": "SINGLE_TAG",
+        "topicName": "%RETRY%CID_G", "topicSysFlag": 0, "writeQueueNums": 1}
+    assert set(topics["dataVersion"]) == {"counter", "stateVersion", "timestamp"}
+    groups = json.loads(config_file(tmp_path, "subscriptionGroup.json").read_text())
+    g = groups["subscriptionGroupTable"]["CID_G"]
+    assert g["groupName"] == "CID_G" and g["retryQueueNums"] == 1 and g["notifyConsumerIdsChangedEnable"] is True
+    assert g["groupRetryPolicy"] == {"type": "CUSTOMIZED"} and "subscriptionDataSet" not in g
+    assert set(SYSTEM_CONSUMER_GROUPS) <= set(groups["subscriptionGroupTable"])
+    offsets = json.loads(config_file(tmp_path, "consumerOffset.json").read_text())
+    assert offsets["offsetTable"] == {"T@CID_G": {"3": 42}}
+
+
+def test_state_survives_a_restart(tmp_path):
+    reg = ClientRegistry(store=Store(tmp_path))
+    reg.heartbeat(1, hb(consumers=[("G", ["OrderT"])]))
+    reg.update_topic_config(TopicConfig("OrderT", order=True))
+    reg.update_subscription_group_config(SubscriptionGroupConfig("G", retry_queue_nums=2,
+                                                                 notify_consumer_ids_changed_enable=False))
+    reg.update_consumer_offset("h", "G", "OrderT", 0, 7)
+    reg.persist()
+    store = Store(tmp_path)
+    assert store.topics.get("OrderT").order is True
+    assert store.topics.get("%RETRY%G").read_queue_nums == 1
+    assert store.groups.get("G").retry_queue_nums == 2
+    assert store.groups.get("G").notify_consumer_ids_changed_enable is False
+    assert store.offsets.query_offset("G", "OrderT", 0) == 7
+    assert store.topics.data_version.counter >= 2
+
+
+def test_config_changes_are_written_at_once_offsets_on_persist(tmp_path):
+    store = Store(tmp_path)
+    reg = ClientRegistry(store=store)
+    reg.heartbeat(1, hb(consumers=[("G", ["T"])]))
+    assert "G" in json.loads(config_file(tmp_path, "subscriptionGroup.json").read_text())["subscriptionGroupTable"]
+    reg.update_topic_config(TopicConfig("T"))
+    reg.update_consumer_offset("h", "G", "T", 0, 1)
+    assert not config_file(tmp_path, "consumerOffset.json").exists()
+    reg.persist_offsets()
+    assert config_file(tmp_path, "consumerOffset.json").exists()
+    mtime = config_file(tmp_path, "consumerOffset.json").stat().st_mtime_ns
+    reg.persist_offsets()  # nothing changed: no write
+    assert config_file(tmp_path, "consumerOffset.json").stat().st_mtime_ns == mtime
+
+
+def test_deferred_config_writes(tmp_path):
+    store = Store(tmp_path, sync_config_writes=False)
+    ClientRegistry(store=store).heartbeat(1, hb(consumers=[("G", ["T"])]))
+    assert not config_file(tmp_path, "topics.json").exists()
+    store.persist()
+    assert Store(tmp_path).topics.contains("%RETRY%G")
+
+
+def test_in_memory_store_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = Store(None)
+    ClientRegistry(store=store).heartbeat(1, hb(consumers=[("G", ["T"])]))
+    store.persist()
+    assert os.listdir(tmp_path) == []
+
+
+def test_unwritable_store_keeps_serving_and_retries(tmp_path, monkeypatch, caplog):
+    store = Store(tmp_path)
+    real_open = open
+
+    def failing_open(path, *a, **kw):
+        if str(path).endswith(".tmp"):
+            raise OSError("read-only file system")
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr("builtins.open", failing_open)
+    with caplog.at_level(logging.ERROR, logger="engine.store"):
+        reg = ClientRegistry(store=store)
+        assert reg.heartbeat(1, hb(consumers=[("G", ["T"])])).code == 0
+    assert "persisting" in caplog.text and reg.consumer_ids("G") == ["10.0.0.1@1"]
+    monkeypatch.setattr("builtins.open", real_open)
+    store.persist()
+    assert Store(tmp_path).groups.contains("G")
+
+
+# ---------------------------------------------------------------------------------------------------- corruption
+
+
+def write_good_then(tmp_path, damage):
+    """Two good generations of topics.json (so .bak exists), then ``damage`` applied to the main file."""
+    store = Store(tmp_path)
+    store.topics.put(TopicConfig("A"))
+    store.topics.put(TopicConfig("B"))
+    path = config_file(tmp_path, "topics.json")
+    damage(path)
+    return path
+
+
+@pytest.mark.parametrize("damage", [
+    lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]),  # torn write
+    lambda p: p.write_bytes(b"\x00" * 64),
+    lambda p: p.write_text(""),
+    lambda p: p.write_text('{"topicConfigTable": {"X": {"topicName": "X", "perm": "six"}}}'),
+    lambda p: p.write_text('{"topicConfigTable": []}'),
+    lambda p: p.write_text("[1, 2]"),
+    lambda p: p.unlink(),
+])
+def test_corrupt_file_falls_back_to_the_backup(tmp_path, caplog, damage):
+    write_good_then(tmp_path, damage)
+    with caplog.at_level(logging.WARNING, logger="engine.store"):
+        store = Store(tmp_path)
+    assert set(store.topics.table) == {"A"}  # the previous generation
+    assert "loaded the backup" in caplog.text
+
+
+def test_both_corrupt_start_empty_with_an_error(tmp_path, caplog):
+    path = write_good_then(tmp_path, lambda p: p.write_text("{"))
+    path.with_name("topics.json.bak").write_text("not json")
+    with caplog.at_level(logging.WARNING, logger="engine.store"):
+        store = Store(tmp_path)
+    assert store.topics.table == {}
+    assert any(r.levelno == logging.ERROR for r in caplog.records)
+
+
+def test_a_corrupt_file_does_not_overwrite_the_good_backup(tmp_path):
+    path = write_good_then(tmp_path, lambda p: p.write_text("garbage"))
+    store = Store(tmp_path)
+    store.topics.put(TopicConfig("C"))
+    assert json.loads(path.with_name("topics.json.bak").read_text())["topicConfigTable"].keys() == {"A"}
+    assert set(Store(tmp_path).topics.table) == {"A", "C"}
+
+
+def test_fresh_directory_loads_silently(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="engine.store"):
+        store = Store(tmp_path / "new")
+    assert caplog.text == "" and store.offsets.table == {}
+    assert set(SYSTEM_CONSUMER_GROUPS) <= set(store.groups.table)
+
+
+def test_java_files_with_bare_numeric_keys_load(tmp_path):
+    # what a Java broker writes (fastjson pretty format, Map<Integer, Long> with bare keys)
+    (tmp_path / "config").mkdir()
+    config_file(tmp_path, "consumerOffset.json").write_text(
+        '{\n\t"offsetTable":{\n\t\t"TopicTest@CID_G":{0:12,1:3,2:-1},\n\t\t"%RETRY%CID_G@CID_G":{0:0}\n\t}\n}')
+    store = Store(tmp_path)
+    assert store.offsets.query_offset("CID_G", "TopicTest", 1) == 3
+    assert store.offsets.query_offset("CID_G", "%RETRY%CID_G", 0) == 0
+
+
+@pytest.mark.parametrize("text", [
+    '{"offsetTable": {"nokey": {"0": 1}}}',
+    '{"offsetTable": {"T@G": {"x": 1}}}',
+    '{"offsetTable": {"T@G": {"0": "1"}}}',
+    '{"offsetTable": {"T@G": {"0": 99999999999999999999}}}',
+])
+def test_bad_offset_files_are_corrupt(tmp_path, text, caplog):
+    (tmp_path / "config").mkdir()
+    config_file(tmp_path, "consumerOffset.json").write_text(text)
+    with caplog.at_level(logging.ERROR, logger="engine.store"):
+        store = Store(tmp_path)
+    assert store.offsets.table == {} and "unusable" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------------- models
+
+
+def test_config_round_trips():
+    tc = TopicConfig("T", 8, 4, 6, "SINGLE_TAG", 2, True, {"+message.type": "NORMAL"})
+    assert TopicConfig.from_dict(tc.to_dict()) == tc
+    sg = SubscriptionGroupConfig("G", retry_queue_nums=3, subscription_data_set=[{"topic": "T"}])
+    assert SubscriptionGroupConfig.from_dict(sg.to_dict()) == sg
+    assert list(sg.to_dict()) == sorted(sg.to_dict())  # fastjson order
+
+
+@pytest.mark.parametrize("bad", [{"readQueueNums": 1}, {"topicName": "T", "order": 1},
+                                 {"topicName": "T", "readQueueNums": True}, {"topicName": "T", "attributes": {"a": 1}},
+                                 {"topicName": "T", "perm": 1 << 40}])
+def test_topic_config_type_errors(bad):
+    with pytest.raises(StoreError):
+        TopicConfig.from_dict(bad)
+
+
+@pytest.mark.parametrize("name,ok", [("G", True), ("%RETRY%G", True), ("a|b-c_d", True), ("x" * 120, True),
+                                     ("x" * 121, False), ("", False), ("  ", False), ("a b", False),
+                                     ("é", False), (None, False)])
+def test_validate_group(name, ok):
+    assert validate_group(name)[0] is ok
+
+
+def test_offsets_table_operations(tmp_path):
+    store = Store(tmp_path)
+    store.offsets.commit_offset("h", "G", "T", 0, 5)
+    store.offsets.commit_offset("h", "G", "T", 1, 6)
+    store.offsets.commit_offset("h", "G", "U", 0, 1)
+    store.offsets.commit_offset("h", "H", "T", 0, 9)
+    assert store.offsets.offsets("G", "T") == {0: 5, 1: 6}
+    assert store.offsets.remove("G", "T") == 1
+    assert store.offsets.remove("G") == 1
+    assert store.offsets.query_offset("H", "T", 0) == 9 and store.offsets.query_offset("G", "U", 0) == -1

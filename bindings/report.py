@@ -1,0 +1,234 @@
+"""Report writer for scan findings: findings.json, one CSV per finding, PNG plots and an index.html.
+
+Takes the findings dict of ``engine.bindings.spark.scan`` or ``engine.scan_py.scan`` (same format); needs
+matplotlib only for the plots (skipped with a note when it is missing).
+"""
+from __future__ import annotations
+
+import csv
+import html
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import List
+
+from engine.scan_py import FINDING_KEYS
+
+#: At most this many groups in the group-size plot, and clients in the flapping timeline.
+PLOT_GROUPS = 12
+PLOT_CLIENTS = 30
+
+
+def utc(ms) -> str:
+    if ms is None:
+        return ""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _subs_text(subs) -> str:
+    return "; ".join(f"{t} [{e}] {x}" for t, e, x in subs)
+
+
+def _write_csv(path: Path, header: List[str], rows) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+
+
+def write_csvs(findings: dict, out: Path) -> List[str]:
+    names = []
+    rows = []
+    for r in findings["inconsistent_subscriptions"]:
+        variants = " | ".join(f"{', '.join(v['clients'])}: {_subs_text(v['subscriptions'])}" for v in r["variants"])
+        rows.append([r["group"], r["start_ms"], r["end_ms"], utc(r["start_ms"]), utc(r["end_ms"]), r["duration_s"],
+                     len(r["variants"]), variants])
+    _write_csv(out / "inconsistent_subscriptions.csv",
+               ["group", "start_ms", "end_ms", "start_utc", "end_utc", "duration_s", "n_variants", "variants"], rows)
+    names.append("inconsistent_subscriptions.csv")
+    _write_csv(out / "flapping_clients.csv",
+               ["client_id", "groups", "reconnects", "max_reconnects_per_window", "flapping_windows",
+                "first_reconnect_utc", "last_reconnect_utc"],
+               [[r["client_id"], ";".join(r["groups"]), r["reconnects"], r["max_reconnects_per_window"],
+                 len(r["windows"]), utc(r["first_reconnect_ms"]), utc(r["last_reconnect_ms"])]
+                for r in findings["flapping_clients"]])
+    _write_csv(out / "flapping_timeline.csv", ["client_id", "reconnect_ms", "reconnect_utc"],
+               [[r["client_id"], t, utc(t)] for r in findings["flapping_clients"] for t in r["reconnect_ms"]])
+    _write_csv(out / "heartbeat_gaps.csv",
+               ["client_id", "groups", "start_ms", "end_ms", "start_utc", "end_utc", "gap_s"],
+               [[r["client_id"], ";".join(r["groups"]), r["start_ms"], r["end_ms"], utc(r["start_ms"]),
+                 utc(r["end_ms"]), r["gap_s"]] for r in findings["heartbeat_gaps"]])
+    _write_csv(out / "group_sizes.csv", ["group", "role", "ms", "utc", "members"],
+               [[g["group"], g["role"], ms, utc(ms), n] for g in findings["group_sizes"] for ms, n in g["series"]])
+    names += ["flapping_clients.csv", "flapping_timeline.csv", "heartbeat_gaps.csv", "group_sizes.csv"]
+    return names
+
+
+def _interesting_groups(findings) -> list:
+    """Consumer groups whose size moved the most (ignoring the ramp-up and final expiry), then the largest."""
+    scored = []
+    for g in findings["group_sizes"]:
+        if g["role"] != "consumer" or not g["series"]:
+            continue
+        inner = [n for _, n in g["series"][:-1]] or [0]
+        steady = inner[len(inner) // 10:] or inner
+        scored.append((max(steady) - min(steady), g["max_members"], g["group"], g))
+    scored.sort(key=lambda s: (-s[0], -s[1], s[2]))
+    return [s[3] for s in scored[:PLOT_GROUPS]]
+
+
+def write_plots(findings: dict, out: Path) -> List[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.dates as mdates
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+
+    def dt(ms):
+        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+    names = []
+    fig, ax = plt.subplots(figsize=(11, 5))
+    for g in _interesting_groups(findings):
+        xs = [dt(ms) for ms, _ in g["series"]]
+        ys = [n for _, n in g["series"]]
+        ax.step(xs, ys, where="post", label=g["group"], linewidth=1.2)
+    ax.set_title("Consumer group sizes over time (live members)")
+    ax.set_ylabel("members")
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
+    if ax.lines:
+        ax.legend(fontsize=7, loc="upper left", ncol=2)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(out / "group_sizes.png", dpi=110)
+    plt.close(fig)
+    names.append("group_sizes.png")
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    gaps = [r["gap_s"] for r in findings["heartbeat_gaps"]]
+    if gaps:
+        ax.hist([g / 60 for g in gaps], bins=min(40, max(5, len(gaps))), color="#c0504d")
+    else:
+        ax.text(0.5, 0.5, "no heartbeat gaps over the threshold", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title(f"Heartbeat gaps over {findings['parameters']['gap_threshold_s']:g} s ({len(gaps)})")
+    ax.set_xlabel("gap (minutes)")
+    ax.set_ylabel("gaps")
+    fig.tight_layout()
+    fig.savefig(out / "gap_histogram.png", dpi=110)
+    plt.close(fig)
+    names.append("gap_histogram.png")
+
+    flapping = sorted(findings["flapping_clients"], key=lambda r: -r["reconnects"])[:PLOT_CLIENTS]
+    fig, ax = plt.subplots(figsize=(11, max(2.5, 0.35 * len(flapping) + 1.5)))
+    for i, r in enumerate(flapping):
+        ax.plot([dt(t) for t in r["reconnect_ms"]], [i] * len(r["reconnect_ms"]), "|", markersize=12)
+    ax.set_yticks(range(len(flapping)))
+    ax.set_yticklabels([r["client_id"] for r in flapping], fontsize=7)
+    if not flapping:
+        ax.text(0.5, 0.5, "no flapping clients", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title("Reconnects of flapping clients")
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(out / "flapping_timeline.png", dpi=110)
+    plt.close(fig)
+    names.append("flapping_timeline.png")
+    return names
+
+
+def _table(header, rows, limit=50) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in rows[:limit])
+    more = f"<p class=more>{len(rows) - limit} more rows in the CSV</p>" if len(rows) > limit else ""
+    if not rows:
+        return "<p>none</p>"
+    return f"<table><tr>{head}</tr>{body}</table>{more}"
+
+
+def write_html(findings: dict, out: Path, csvs: List[str], plots: List[str]) -> Path:
+    e = html.escape
+    s = findings["summary"]
+    p = findings["parameters"]
+    parts = [
+        "<!doctype html><meta charset=utf-8><title>Heartbeat scan report</title>",
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;font-size:13px}"
+        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}th{background:#eee}"
+        "img{max-width:100%;border:1px solid #ddd}.more{color:#777}</style>",
+        "<h1>Heartbeat scan report</h1>",
+        f"<p>{s['records']:,} heartbeats ({s['bad_bodies']:,} undecodable) from {s['clients']:,} clients, "
+        f"{e(utc(s['first_ms']))} to {e(utc(s['last_ms']))} UTC.</p>",
+        _table(["finding", "count"], [[k, s[k]] for k in FINDING_KEYS]),
+        "<p>Parameters: " + ", ".join(f"{e(k)} = {e(str(v))}" for k, v in p.items()) + "</p>",
+    ]
+    scan = findings.get("scan")
+    if scan:
+        parts.append(f"<p>Scan: method {e(str(scan.get('method')))}, {scan.get('splits')} splits over "
+                     f"{scan.get('segments')} segments in {scan.get('seconds')} s; torn tails: "
+                     f"{len(scan.get('torn_tails', []))}, corrupt ranges: {len(scan.get('corrupt', []))}.</p>")
+    parts.append("<p>Files: " + ", ".join(f"<a href='{e(n)}'>{e(n)}</a>" for n in ["findings.json"] + csvs) + "</p>")
+    parts.append("<h2>Inconsistent subscriptions</h2><p>Consumer groups whose live members held different "
+                 "subscription sets (subVersion ignored), with the span of the disagreement.</p>")
+    parts.append(_table(
+        ["group", "from (UTC)", "to (UTC)", "duration s", "variants"],
+        [[r["group"], utc(r["start_ms"]), utc(r["end_ms"]), r["duration_s"],
+          " | ".join(f"{len(v['clients'])} client(s): {_subs_text(v['subscriptions'])}" for v in r["variants"])]
+         for r in findings["inconsistent_subscriptions"]]))
+    parts.append("<h2>Group sizes</h2>")
+    if "group_sizes.png" in plots:
+        parts.append("<img src='group_sizes.png' alt='group sizes'>")
+    parts.append(_table(["group", "role", "distinct members", "peak live", "changes"],
+                        [[g["group"], g["role"], g["members"], g["max_members"], len(g["series"])]
+                         for g in findings["group_sizes"]], limit=100))
+    parts.append("<h2>Heartbeat gaps</h2>")
+    if "gap_histogram.png" in plots:
+        parts.append("<img src='gap_histogram.png' alt='gap histogram'>")
+    parts.append(_table(["client", "groups", "from (UTC)", "to (UTC)", "gap s"],
+                        [[r["client_id"], ", ".join(r["groups"]), utc(r["start_ms"]), utc(r["end_ms"]), r["gap_s"]]
+                         for r in findings["heartbeat_gaps"]]))
+    parts.append("<h2>Flapping clients</h2>")
+    if "flapping_timeline.png" in plots:
+        parts.append("<img src='flapping_timeline.png' alt='flapping timeline'>")
+    parts.append(_table(["client", "groups", "reconnects", "max per window", "first (UTC)", "last (UTC)"],
+                        [[r["client_id"], ", ".join(r["groups"]), r["reconnects"], r["max_reconnects_per_window"],
+                          utc(r["first_reconnect_ms"]), utc(r["last_reconnect_ms"])]
+                         for r in findings["flapping_clients"]]))
+    path = out / "index.html"
+    path.write_text("\n".join(parts))
+    return path
+
+
+def write_report(findings: dict, out, plots: bool = True) -> Path:
+    """Write findings.json, CSVs, plots and index.html into ``out``; returns the index path."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "findings.json").write_text(json.dumps(findings, indent=1))
+    csvs = write_csvs(findings, out)
+    pngs = write_plots(findings, out) if plots else []
+    return write_html(findings, out, csvs, pngs)
+
+
+def print_summary(findings: dict, file) -> None:
+    s = findings["summary"]
+    print(f"{s['records']:,} heartbeats from {s['clients']:,} clients ({s['bad_bodies']:,} undecodable), "
+          f"{utc(s['first_ms'])} .. {utc(s['last_ms'])} UTC", file=file)
+    scan = findings.get("scan") or {}
+    if scan.get("seconds"):
+        print(f"scanned in {scan['seconds']:.1f} s ({s['records'] / max(scan['seconds'], 1e-9):,.0f} heartbeats/s, "
+              f"method {scan.get('method')})", file=file)
+    if scan.get("torn_tails") or scan.get("corrupt"):
+        print(f"damage skipped: {len(scan.get('torn_tails', []))} torn tails, {len(scan.get('corrupt', []))} corrupt ranges",
+              file=file)
+    for r in findings["inconsistent_subscriptions"][:5]:
+        print(f"  inconsistent subscriptions: {r['group']} for {r['duration_s']:.0f} s from {utc(r['start_ms'])}, "
+              f"{len(r['variants'])} variants", file=file)
+    for r in findings["flapping_clients"][:5]:
+        print(f"  flapping: {r['client_id']} ({', '.join(r['groups'])}) {r['reconnects']} reconnects", file=file)
+    for r in findings["heartbeat_gaps"][:5]:
+        print(f"  gap: {r['client_id']} silent {r['gap_s']:.0f} s from {utc(r['start_ms'])}", file=file)
+    n = {k: len(findings[k]) for k in FINDING_KEYS}
+    print(f"findings: {n['inconsistent_subscriptions']} inconsistent-subscription spans, {n['flapping_clients']} flapping "
+          f"clients, {n['heartbeat_gaps']} heartbeat gaps, {n['group_sizes']} group size series", file=file)

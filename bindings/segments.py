@@ -1,0 +1,425 @@
+"""Segment splits as Arrow data, without Spark: what the Spark tasks run, testable on its own.
+
+* ``plan_splits(dir)``: walk every segment's block headers (no payload is read) and cut them into splits of about
+  ``target_records`` records, never across segments. Damage found on the way is reported in the plan.
+* ``record_batches(split)``: the raw records of a split as Arrow record batches (bodies zero-copy from the
+  decompressed blocks).
+* ``heartbeat_batches(split)``: the records with their decoded heartbeats (nested Arrow columns).
+* ``split_runs(split, params)``: the scan's pre-aggregation: observations of each (role, group, client) cut into
+  runs (same connection, same body, no silence over the split threshold), one Arrow row per run.
+
+Heartbeats repeat byte for byte between state changes, so each split decodes every *distinct* body once
+(``dedupe=True``, the default) with the batch decoder and expands the result to all records with numpy;
+``dedupe=False`` decodes every body (same results, for measuring the decoder).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, List, Optional, Tuple
+
+import numpy as np
+import pyarrow as pa
+
+from engine.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
+from engine.recorder import BlockInfo, Damage, iter_blocks, list_segments, scan_segment
+from engine.scan_py import ScanParams
+
+#: Bodies of one split must fit Arrow's int32 offsets; the planner also caps a split's raw bytes.
+MAX_SPLIT_RAW_BYTES = 1 << 30
+DEFAULT_SPLIT_RECORDS = 262_144
+#: Role of the statistics rows in a runs frame: ``n`` bad bodies (no client), first/last receive time. split_runs
+#: emits one per split (its time range over all records); memberships() one per bad body.
+STATS_ROLE = "_stats"
+
+RECORD_SCHEMA = pa.schema([
+    ("recv_ms", pa.int64()), ("conn_id", pa.int64()), ("remote_addr", pa.string()), ("language", pa.string()),
+    ("version", pa.int32()), ("body", pa.binary()),
+])
+SUBSCRIPTION_TYPE = pa.struct([
+    ("topic", pa.string()), ("sub_string", pa.string()), ("expression_type", pa.string()),
+    ("tags", pa.list_(pa.string())), ("sub_version", pa.int64()), ("class_filter_mode", pa.bool_()),
+])
+CONSUMER_TYPE = pa.struct([
+    ("group", pa.string()), ("consume_type", pa.string()), ("message_model", pa.string()),
+    ("consume_from_where", pa.string()), ("unit_mode", pa.bool_()), ("subscriptions", pa.list_(SUBSCRIPTION_TYPE)),
+])
+#: Decoded columns of a heartbeat (``error`` is set, and the rest null or empty, for a body that fails to decode).
+DECODED_FIELDS = [
+    ("error", pa.string()), ("client_id", pa.string()), ("fingerprint", pa.int32()), ("without_sub", pa.bool_()),
+    ("producer_groups", pa.list_(pa.string())), ("consumers", pa.list_(CONSUMER_TYPE)),
+]
+DECODED_TYPE = pa.struct(DECODED_FIELDS)
+HEARTBEAT_SCHEMA = pa.schema([f for f in RECORD_SCHEMA if f.name != "body"] + DECODED_FIELDS)
+RUN_SCHEMA = pa.schema([
+    ("role", pa.string()), ("group", pa.string()), ("client_id", pa.string()), ("conn_id", pa.int64()),
+    ("sub_key", pa.string()), ("first_ms", pa.int64()), ("last_ms", pa.int64()), ("n", pa.int64()),
+])
+
+_LANGUAGE_NAMES = pa.array([LanguageCode(i).name if i in LanguageCode._value2member_map_ else None for i in range(256)],
+                           pa.string())
+_ENUM_NAMES = {cls: pa.array([m.name for m in cls], pa.string()) for cls in (ConsumeType, MessageModel, ConsumeFromWhere)}
+
+
+@dataclass(frozen=True)
+class Split:
+    """A contiguous run of blocks of one segment."""
+
+    index: int
+    path: str
+    blocks: Tuple[BlockInfo, ...]
+    n_records: int
+    first_ms: int
+    last_ms: int
+
+
+@dataclass
+class Plan:
+    directory: str
+    splits: List[Split] = field(default_factory=list)
+    segments: int = 0
+    torn_tails: List[Tuple[str, Damage]] = field(default_factory=list)
+    corrupt: List[Tuple[str, Damage]] = field(default_factory=list)
+
+    @property
+    def n_records(self) -> int:
+        return sum(s.n_records for s in self.splits)
+
+    def damage_summary(self) -> dict:
+        return {
+            "torn_tails": [{"segment": Path(p).name, "offset": d.offset, "bytes": d.length, "reason": d.reason}
+                           for p, d in self.torn_tails],
+            "corrupt": [{"segment": Path(p).name, "offset": d.offset, "bytes": d.length, "reason": d.reason}
+                        for p, d in self.corrupt],
+        }
+
+
+def plan_splits(directory, target_records: int = DEFAULT_SPLIT_RECORDS) -> Plan:
+    """Cut a recording into splits by block headers (payloads are not read)."""
+    if target_records < 1:
+        raise ValueError("target_records must be positive")
+    plan = Plan(str(directory))
+    for path in list_segments(directory):
+        plan.segments += 1
+        scan = scan_segment(path)
+        if scan.torn_tail is not None:
+            plan.torn_tails.append((str(path), scan.torn_tail))
+        plan.corrupt.extend((str(path), d) for d in scan.corrupt)
+        cur: List[BlockInfo] = []
+        n = raw = 0
+        for b in scan.blocks:
+            if cur and (n + b.n_records > target_records or raw + b.raw_len > MAX_SPLIT_RAW_BYTES):
+                plan.splits.append(_split(len(plan.splits), path, cur))
+                cur, n, raw = [], 0, 0
+            cur.append(b)
+            n += b.n_records
+            raw += b.raw_len
+        if cur:
+            plan.splits.append(_split(len(plan.splits), path, cur))
+    return plan
+
+
+def _split(index, path, blocks) -> Split:
+    return Split(index, str(path), tuple(blocks), sum(b.n_records for b in blocks),
+                 min(b.first_ms for b in blocks), max(b.last_ms for b in blocks))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# raw records
+
+
+@dataclass
+class SplitColumns:
+    recv_ms: np.ndarray
+    conn_id: np.ndarray
+    version: np.ndarray
+    language: np.ndarray
+    addr_offsets: np.ndarray  # int32, n + 1, from 0
+    addr_data: bytes
+    body_offsets: np.ndarray
+    body_data: bytes
+
+    def __len__(self):
+        return len(self.recv_ms)
+
+    def bodies(self) -> List[bytes]:
+        data, off = self.body_data, self.body_offsets.tolist()
+        return [data[a:b] for a, b in zip(off, off[1:])]
+
+
+def _concat_offsets(parts) -> np.ndarray:
+    out, base = [np.zeros(1, np.int64)], 0
+    for off in parts:
+        out.append(off[1:].astype(np.int64) + base)
+        base += int(off[-1])
+    res = np.concatenate(out)
+    if res[-1] >= 2**31:
+        raise ValueError("split too large for 32-bit offsets")
+    return res.astype(np.int32)
+
+
+def read_split(split: Split, on_corrupt: str = "skip") -> SplitColumns:
+    """Decompress a split's blocks into one set of columns (a corrupt payload is skipped or raises)."""
+    blocks = list(iter_blocks(split.path, blocks=split.blocks, on_corrupt=on_corrupt))
+    if not blocks:
+        e64, e32 = np.zeros(0, np.int64), np.zeros(1, np.int32)
+        return SplitColumns(e64, e64, np.zeros(0, np.int32), np.zeros(0, np.uint8), e32, b"", e32, b"")
+    return SplitColumns(
+        np.concatenate([b.recv_ms for b in blocks]),
+        np.concatenate([b.conn_id for b in blocks]),
+        np.concatenate([b.version for b in blocks]),
+        np.concatenate([b.language for b in blocks]),
+        _concat_offsets([b.addr_offsets for b in blocks]),
+        b"".join(bytes(b.addr_data) for b in blocks),
+        _concat_offsets([b.body_offsets for b in blocks]),
+        b"".join(bytes(b.body_data) for b in blocks),
+    )
+
+
+def _string_array(offsets: np.ndarray, data: bytes) -> pa.Array:
+    n = len(offsets) - 1
+    arr = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    try:
+        arr.validate(full=True)
+        return arr
+    except pa.ArrowInvalid:  # not UTF-8: decode each with replacement characters
+        off = offsets.tolist()
+        return pa.array([data[a:b].decode("utf-8", "replace") for a, b in zip(off, off[1:])], pa.string())
+
+
+def record_columns(cols: SplitColumns) -> List[pa.Array]:
+    n = len(cols)
+    return [
+        pa.array(cols.recv_ms, pa.int64()),
+        pa.array(cols.conn_id, pa.int64()),
+        _string_array(cols.addr_offsets, cols.addr_data),
+        _LANGUAGE_NAMES.take(pa.array(cols.language, pa.uint8())),
+        pa.array(cols.version, pa.int32()),
+        pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(cols.body_offsets), pa.py_buffer(cols.body_data)]),
+    ]
+
+
+def record_batches(split: Split, max_rows: int = 65536, on_corrupt: str = "skip") -> Iterator[pa.RecordBatch]:
+    """The split's raw records (RECORD_SCHEMA), in batches of at most max_rows."""
+    cols = read_split(split, on_corrupt)
+    if not len(cols):
+        return
+    batch = pa.RecordBatch.from_arrays(record_columns(cols), schema=RECORD_SCHEMA)
+    for start in range(0, len(cols), max_rows):
+        yield batch.slice(start, max_rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# decoding
+
+
+def dedupe(bodies: List[bytes]) -> Tuple[np.ndarray, List[bytes]]:
+    """Index of each body in the list of distinct bodies (first-seen order), and that list."""
+    seen: dict = {}
+    ids = np.fromiter((seen.setdefault(b, len(seen)) for b in bodies), dtype=np.int64, count=len(bodies))
+    return ids, list(seen)
+
+
+def _decode(bodies: List[bytes]):
+    import engine
+
+    return engine.decode_heartbeats(bodies)
+
+
+def _lists(counts: np.ndarray, values: pa.Array) -> pa.Array:
+    offsets = np.zeros(len(counts) + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+
+
+def _enum_names(cls, ordinals: np.ndarray) -> pa.Array:
+    idx = pa.array(ordinals.astype(np.int32), pa.int32(), mask=ordinals < 0)
+    return _ENUM_NAMES[cls].take(idx)
+
+
+def decoded_arrays(batch) -> pa.StructArray:
+    """A HeartbeatBatch as one Arrow struct column (DECODED_TYPE), without a per-row Python loop over bodies."""
+    h, p, c, s = batch.heartbeats, batch.producers, batch.consumers, batch.subscriptions
+    tags = s["tags"]
+    tag_counts = np.fromiter(map(len, tags), dtype=np.int64, count=len(tags))
+    tag_values = pa.array([t for ts in tags for t in ts], pa.string())
+    subs = pa.StructArray.from_arrays(
+        [pa.array(s["topic"], pa.string()), pa.array(s["sub_string"], pa.string()),
+         pa.array(s["expression_type"], pa.string()), _lists(tag_counts, tag_values),
+         pa.array(s["sub_version"], pa.int64()), pa.array(s["class_filter_mode"], pa.bool_())],
+        fields=list(SUBSCRIPTION_TYPE),
+    )
+    consumers = pa.StructArray.from_arrays(
+        [pa.array(c["group"], pa.string()), _enum_names(ConsumeType, c["consume_type"]),
+         _enum_names(MessageModel, c["message_model"]), _enum_names(ConsumeFromWhere, c["consume_from_where"]),
+         pa.array(c["unit_mode"], pa.bool_()), _lists(c["n_subscriptions"], subs)],
+        fields=list(CONSUMER_TYPE),
+    )
+    ok = h["ok"]
+    return pa.StructArray.from_arrays(
+        [pa.array(h["error"], pa.string()), pa.array(h["client_id"], pa.string()),
+         pa.array(h["fingerprint"], pa.int32(), mask=~ok), pa.array(h["without_sub"], pa.bool_(), mask=~ok),
+         _lists(h["n_producers"], pa.array(p["group"], pa.string())), _lists(h["n_consumers"], consumers)],
+        fields=[pa.field(n, t) for n, t in DECODED_FIELDS],
+    )
+
+
+def decode_bodies(bodies: List[bytes], dedupe_bodies: bool = True) -> pa.StructArray:
+    """Decode bodies into a DECODED_TYPE struct column, decoding each distinct body once by default."""
+    if not dedupe_bodies:
+        return decoded_arrays(_decode(bodies))
+    ids, uniq = dedupe(bodies)
+    return decoded_arrays(_decode(uniq)).take(pa.array(ids))
+
+
+def heartbeat_batches(split: Split, max_rows: int = 65536, dedupe_bodies: bool = True,
+                      on_corrupt: str = "skip") -> Iterator[pa.RecordBatch]:
+    """The split's records with decoded heartbeats (HEARTBEAT_SCHEMA)."""
+    cols = read_split(split, on_corrupt)
+    if not len(cols):
+        return
+    rec = record_columns(cols)[:-1]
+    dec = decode_bodies(cols.bodies(), dedupe_bodies)
+    batch = pa.RecordBatch.from_arrays(rec + dec.flatten(), schema=HEARTBEAT_SCHEMA)
+    for start in range(0, len(cols), max_rows):
+        yield batch.slice(start, max_rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the scan's pre-aggregation
+
+
+def subscription_key(topics, expression_types, sub_strings) -> str:
+    """Same canonical text as engine.scan_py.subscription_key, from column values."""
+    triples = {(t or "", e or "TAG", x or "") for t, e, x in zip(topics, expression_types, sub_strings)}
+    return json.dumps(sorted(list(t) for t in triples), separators=(",", ":"), ensure_ascii=False)
+
+
+def _body_entries(batch):
+    """Per distinct body: its client index, and its observations as (body, role, group, key) entry columns."""
+    h, p, c, s = batch.heartbeats, batch.producers, batch.consumers, batch.subscriptions
+    n = len(batch)
+    valid = h["ok"] & np.array([x is not None for x in h["client_id"]], dtype=bool)
+    e_body, e_role, e_group, e_key = [], [], [], []
+    vidx = np.flatnonzero(valid)
+    e_body.extend(vidx.tolist())
+    e_role.extend(["client"] * len(vidx))
+    e_group.extend([""] * len(vidx))
+    e_key.extend([None] * len(vidx))
+    for row, group in zip(p["row"].tolist(), p["group"]):
+        if valid[row]:
+            e_body.append(row)
+            e_role.append("producer")
+            e_group.append(group or "")
+            e_key.append(None)
+    s_lo = 0
+    topic, etype, sstr = s["topic"], s["expression_type"], s["sub_string"]
+    without = h["without_sub"]
+    for row, group, k in zip(c["row"].tolist(), c["group"], c["n_subscriptions"].tolist()):
+        if valid[row]:
+            e_body.append(row)
+            e_role.append("consumer")
+            e_group.append(group or "")
+            e_key.append(None if without[row] else subscription_key(topic[s_lo:s_lo + k], etype[s_lo:s_lo + k],
+                                                                     sstr[s_lo:s_lo + k]))
+        s_lo += k
+    order = np.argsort(np.array(e_body, dtype=np.int64), kind="stable")
+    return valid, n, (np.array(e_body, dtype=np.int64)[order], np.array(e_role, dtype=object)[order],
+                      np.array(e_group, dtype=object)[order], np.array(e_key, dtype=object)[order])
+
+
+def _stats_batch(n_bad: int, recv: np.ndarray) -> pa.RecordBatch:
+    lo = int(recv.min()) if len(recv) else None
+    hi = int(recv.max()) if len(recv) else None
+    return pa.RecordBatch.from_arrays(
+        [pa.array([STATS_ROLE]), pa.array([""]), pa.array([""]), pa.array([0], pa.int64()),
+         pa.array([None], pa.string()), pa.array([lo], pa.int64()), pa.array([hi], pa.int64()),
+         pa.array([n_bad], pa.int64())],
+        schema=RUN_SCHEMA,
+    )
+
+
+def columns_runs(cols: SplitColumns, params: ScanParams = ScanParams(), dedupe_bodies: bool = True) -> List[pa.RecordBatch]:
+    """Runs (RUN_SCHEMA) of one split's columns, plus its STATS_ROLE row."""
+    n = len(cols)
+    if n == 0:
+        return [_stats_batch(0, cols.recv_ms)]
+    bodies = cols.bodies()
+    ids, uniq = dedupe(bodies)
+    if dedupe_bodies:
+        batch = _decode(uniq)
+    else:  # decode every body (the cost being measured), keep the first of each distinct one
+        full = _decode(bodies)
+        first = np.zeros(len(uniq), np.int64)
+        first[ids[::-1]] = np.arange(n - 1, -1, -1)
+        batch = _take_batch(full, first)
+    valid, _, (e_body, e_role, e_group, e_key) = _body_entries(batch)
+    rec_ok = valid[ids]
+    n_bad = int(n - rec_ok.sum())
+    # client of each record (interned), to order records the way the scan defines: client, time, connection
+    client_ids = batch.heartbeats["client_id"]
+    intern: dict = {}
+    body_client = np.fromiter((intern.setdefault(x, len(intern)) if v else -1 for x, v in zip(client_ids, valid)),
+                              dtype=np.int64, count=len(valid))
+    keep = np.flatnonzero(rec_ok)
+    recv, conn, bid = cols.recv_ms[keep], cols.conn_id[keep], ids[keep]
+    cl = body_client[bid]
+    order = np.lexsort((bid, conn, recv, cl))
+    recv, conn, bid, cl = recv[order], conn[order], bid[order], cl[order]
+    m = len(recv)
+    if m == 0:
+        return [_stats_batch(n_bad, cols.recv_ms)]
+    brk = np.ones(m, dtype=bool)
+    brk[1:] = (cl[1:] != cl[:-1]) | (conn[1:] != conn[:-1]) | (bid[1:] != bid[:-1]) | (
+        recv[1:] - recv[:-1] > params.split_ms)
+    starts = np.flatnonzero(brk)
+    ends = np.append(starts[1:], m) - 1
+    r_first, r_last, r_n = recv[starts], recv[ends], ends - starts + 1
+    r_conn, r_body = conn[starts], bid[starts]
+    # expand each record run into the observations of its body
+    e_lo = np.searchsorted(e_body, r_body, side="left")
+    e_cnt = np.searchsorted(e_body, r_body, side="right") - e_lo
+    rep = np.repeat(np.arange(len(starts)), e_cnt)
+    eix = np.arange(int(e_cnt.sum())) - np.repeat(np.cumsum(e_cnt) - e_cnt, e_cnt) + np.repeat(e_lo, e_cnt)
+    client_of_body = np.array(client_ids, dtype=object)
+    out = pa.RecordBatch.from_arrays(
+        [pa.array(e_role[eix], pa.string()), pa.array(e_group[eix], pa.string()),
+         pa.array(client_of_body[e_body[eix]], pa.string()), pa.array(r_conn[rep], pa.int64()),
+         pa.array(e_key[eix], pa.string()), pa.array(r_first[rep], pa.int64()), pa.array(r_last[rep], pa.int64()),
+         pa.array(r_n[rep], pa.int64())],
+        schema=RUN_SCHEMA,
+    )
+    return [out, _stats_batch(n_bad, cols.recv_ms)]
+
+
+def _take_batch(batch, rows: np.ndarray):
+    """Rows of a HeartbeatBatch (with their child rows), renumbered; used only by the no-dedupe mode."""
+    from engine.heartbeat import HeartbeatBatch
+
+    h, p, c, s = batch.heartbeats, batch.producers, batch.consumers, batch.subscriptions
+    new_row = np.full(len(batch), -1, np.int64)
+    new_row[rows] = np.arange(len(rows))
+    pk = np.flatnonzero(new_row[p["row"]] >= 0) if len(p["row"]) else np.zeros(0, np.int64)
+    ck = np.flatnonzero(new_row[c["row"]] >= 0) if len(c["row"]) else np.zeros(0, np.int64)
+    sk = np.flatnonzero(new_row[s["row"]] >= 0) if len(s["row"]) else np.zeros(0, np.int64)
+    # keep child rows grouped by their new parent order
+    pk = pk[np.argsort(new_row[p["row"][pk]], kind="stable")]
+    ck = ck[np.argsort(new_row[c["row"][ck]], kind="stable")]
+    sk = sk[np.argsort(new_row[s["row"][sk]], kind="stable")]
+    new_consumer = np.full(len(c["row"]), -1, np.int64)
+    new_consumer[ck] = np.arange(len(ck))
+    hh = {k: v[rows] for k, v in h.items()}
+    pp = {k: v[pk] for k, v in p.items()}
+    pp["row"] = new_row[p["row"][pk]].astype(np.int32)
+    cc = {k: v[ck] for k, v in c.items()}
+    cc["row"] = new_row[c["row"][ck]].astype(np.int32)
+    ss = {k: v[sk] for k, v in s.items()}
+    ss["row"] = new_row[s["row"][sk]].astype(np.int32)
+    ss["consumer"] = new_consumer[s["consumer"][sk]].astype(np.int32)
+    return HeartbeatBatch(hh, pp, cc, ss)
+
+
+def split_runs(split: Split, params: ScanParams = ScanParams(), dedupe_bodies: bool = True,
+               on_corrupt: str = "skip") -> List[pa.RecordBatch]:
+    return columns_runs(read_split(split, on_corrupt), params, dedupe_bodies)

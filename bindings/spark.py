@@ -1,0 +1,696 @@
+"""Spark binding: sessions, segment readers, the Cython decoder in Arrow UDFs, the analyses as ``df.transform``
+functions, and ``rmqhb scan``.
+
+Data frames, from raw to findings::
+
+    records     recv_ms, conn_id, remote_addr, language, version, body        read_records (data source / mapInArrow)
+    heartbeats  records + error, client_id, fingerprint, without_sub,         read_heartbeats (mapInArrow), or
+                producer_groups, consumers[group, ..., subscriptions[...]]    records.transform(decode_pandas())
+    runs        role, group, client_id, conn_id, sub_key, first_ms, last_ms, n
+                one row per observation (heartbeats.transform(memberships())) or per pre-aggregated run
+                (read_runs: mapInArrow straight from the segment files), then .transform(merge_runs(params))
+    findings    runs.transform(inconsistent_subscriptions(...)), flapping_clients(...), heartbeat_gaps(...),
+                group_sizes(...)
+
+``scan(spark, dir, method="arrow")`` is the fast path (mapInArrow reads, decompresses, decodes with the compiled
+batch decoder and pre-aggregates each split); ``method="pandas"`` reads raw records and decodes them with a pandas
+UDF; ``method="heartbeats"`` goes through the nested heartbeats frame. All give the same findings, which are
+defined (and computed independently) by ``engine.scan_py``.
+
+Executors must import ``engine`` (with its compiled modules) and ``engine.bindings``: install the package into
+the Python that ``PYSPARK_PYTHON`` names (``spark_session`` sets it to this interpreter for local runs and
+exports this checkout on ``PYTHONPATH``). On a cluster the recording directory must be readable by executors.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
+
+from engine.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, parse_key
+
+from . import segments as seg
+
+RECORD_STRUCT = from_arrow_schema(seg.RECORD_SCHEMA)
+HEARTBEAT_STRUCT = from_arrow_schema(seg.HEARTBEAT_SCHEMA)
+DECODED_STRUCT = from_arrow_type(seg.DECODED_TYPE)
+RUN_STRUCT = from_arrow_schema(seg.RUN_SCHEMA)
+_RUN_COLUMNS = [f.name for f in seg.RUN_SCHEMA]
+
+_LOG4J2 = """\
+# The Python gateway counts as a shell: Spark resets the root level to its org.apache.spark logger's (and says
+# so) unless they are equal.
+rootLogger.level = error
+rootLogger.appenderRef.console.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+logger.spark.name = org.apache.spark
+logger.spark.level = error
+logger.hadoop.name = org.apache.hadoop
+logger.hadoop.level = error
+logger.parquet.name = org.apache.parquet
+logger.parquet.level = error
+"""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# session
+
+
+def _log4j2_file() -> str:
+    path = Path(tempfile.gettempdir()) / f"rmqhb-log4j2-{os.getuid()}.properties"
+    if not path.exists() or path.read_text() != _LOG4J2:
+        tmp = path.with_suffix(f".{os.getpid()}")
+        tmp.write_text(_LOG4J2)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def prepare_environment(local: bool = True) -> None:
+    """Environment a SparkSession needs before it starts (SPARK.md): worker Python = this interpreter, loopback
+    address for local runs, Java 17 if none is set, and this package importable by the Python workers."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if "JAVA_HOME" not in os.environ:
+        for cand in ("/usr/lib/jvm/java-17-openjdk-amd64", "/usr/lib/jvm/java-17-openjdk-arm64", "/usr/lib/jvm/java-17-openjdk"):
+            if Path(cand, "bin", "java").exists():
+                os.environ["JAVA_HOME"] = cand
+                break
+    import engine
+
+    root = str(Path(engine.__file__).resolve().parents[1])
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root] + parts)
+
+
+def _local_cores(master: str) -> int:
+    inside = master[len("local"):].strip("[]")
+    if inside.isdigit():
+        return int(inside)
+    return os.cpu_count() or 1
+
+
+def spark_session(master: Optional[str] = None, app_name: str = "rmqhb", *, test: bool = False,
+                  driver_memory: str = "2g", conf: Optional[dict] = None) -> SparkSession:
+    """The SparkSession for scans and tests: quiet logs, no UI, Arrow on, UTC; ``test=True`` adds the JVM flags
+    that start faster (serial GC, C1 only). Registers the ``rmqhb`` data source. Reuses a running session."""
+    master = master or os.environ.get("RMQHB_SPARK_MASTER") or "local[*]"
+    local = master.startswith("local")
+    prepare_environment(local)
+    java_opts = f"-Dlog4j2.configurationFile=file:{_log4j2_file()}"
+    if test:
+        java_opts += " -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.extraJavaOptions": java_opts,
+        "spark.executor.extraJavaOptions": java_opts,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.driver.memory": driver_memory,
+    }
+    if local:
+        cores = _local_cores(master)
+        settings.update({
+            "spark.sql.shuffle.partitions": str(cores),
+            "spark.default.parallelism": str(cores),
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+        })
+    settings.update(conf or {})
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for k, v in settings.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    register_data_source(spark)
+    return spark
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python data source: spark.read.format("rmqhb").load(DIR)
+
+try:
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+except ImportError:  # Spark < 4: read_records falls back to mapInArrow
+    DataSource = None
+
+if DataSource is not None:
+
+    class SegmentPartition(InputPartition):
+        def __init__(self, split):
+            super().__init__(split.index if split is not None else -1)
+            self.split = split
+
+    class SegmentDataSource(DataSource):
+        """``spark.read.format("rmqhb").load(DIR)``: the records of a recording, one partition per split.
+        Options: ``decode`` ("true": heartbeat columns instead of the raw body), ``splitRecords``, ``dedupe``."""
+
+        @classmethod
+        def name(cls):
+            return "rmqhb"
+
+        def schema(self):
+            return HEARTBEAT_STRUCT if _truthy(self.options.get("decode")) else RECORD_STRUCT
+
+        def reader(self, schema):
+            return SegmentReader(dict(self.options))
+
+    class SegmentReader(DataSourceReader):
+        def __init__(self, options):
+            path = options.get("path")
+            if not path:
+                raise ValueError("load(DIR) needs the recording directory")
+            self.decode = _truthy(options.get("decode"))
+            self.dedupe = options.get("dedupe", "true").lower() != "false"
+            self.splits = seg.plan_splits(path, int(options.get("splitRecords", seg.DEFAULT_SPLIT_RECORDS))).splits
+
+        def partitions(self):
+            return [SegmentPartition(s) for s in self.splits] or [SegmentPartition(None)]
+
+        def read(self, partition):
+            if partition.split is None:
+                return iter(())
+            if self.decode:
+                return seg.heartbeat_batches(partition.split, dedupe_bodies=self.dedupe)
+            return seg.record_batches(partition.split)
+
+
+def _truthy(v) -> bool:
+    return str(v).lower() in ("1", "true", "yes")
+
+
+def register_data_source(spark: SparkSession) -> bool:
+    if DataSource is None:
+        return False
+    spark.dataSource.register(SegmentDataSource)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# readers (mapInArrow over a frame of split numbers: one task per split, one or more splits per segment)
+
+
+def _run_splits(fn, splits, batches):
+    for batch in batches:
+        for i in batch.column(0).to_pylist():
+            yield from fn(splits[i])
+
+
+def _over_splits(spark: SparkSession, plan: seg.Plan, fn, schema) -> DataFrame:
+    n = len(plan.splits)
+    ids = spark.range(0, n, 1, numPartitions=max(1, n))
+    return ids.mapInArrow(functools.partial(_run_splits, fn, plan.splits), schema)
+
+
+def read_records(spark: SparkSession, directory, *, via: str = "datasource", split_records: int = seg.DEFAULT_SPLIT_RECORDS,
+                 plan: Optional[seg.Plan] = None) -> DataFrame:
+    """The raw records of a recording (recv_ms, conn_id, remote_addr, language, version, body)."""
+    if via == "datasource" and DataSource is not None:
+        return spark.read.format("rmqhb").option("splitRecords", split_records).load(str(directory))
+    plan = plan or seg.plan_splits(directory, split_records)
+    return _over_splits(spark, plan, seg.record_batches, RECORD_STRUCT)
+
+
+def read_heartbeats(spark: SparkSession, directory, *, split_records: int = seg.DEFAULT_SPLIT_RECORDS,
+                    dedupe: bool = True, plan: Optional[seg.Plan] = None) -> DataFrame:
+    """Records with their decoded heartbeats (mapInArrow: decompress and decode with the batch decoder)."""
+    plan = plan or seg.plan_splits(directory, split_records)
+    fn = functools.partial(seg.heartbeat_batches, dedupe_bodies=dedupe)
+    return _over_splits(spark, plan, fn, HEARTBEAT_STRUCT)
+
+
+def read_runs(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, split_records: int = seg.DEFAULT_SPLIT_RECORDS,
+              dedupe: bool = True, on_corrupt: str = "skip", plan: Optional[seg.Plan] = None) -> DataFrame:
+    """The scan's pre-aggregated runs, straight from the segment files (mapInArrow). One STATS_ROLE row per
+    split carries its record count, bad bodies (in conn_id) and time range."""
+    plan = plan or seg.plan_splits(directory, split_records)
+    fn = functools.partial(seg.split_runs, params=params, dedupe_bodies=dedupe, on_corrupt=on_corrupt)
+    return _over_splits(spark, plan, fn, RUN_STRUCT)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# decoders over a records frame
+
+
+def _pandas_decode(dedupe: bool, body):
+    values = [bytes(b) for b in body]
+    arr = seg.decode_bodies(values, dedupe)
+    return pa.Table.from_arrays(arr.flatten(), names=[f.name for f in seg.DECODED_TYPE]).to_pandas()
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_udf(dedupe: bool):
+    from pyspark.sql.functions import pandas_udf
+
+    return pandas_udf(functools.partial(_pandas_decode, dedupe), returnType=DECODED_STRUCT)
+
+
+def decode_pandas(dedupe: bool = True):
+    """records -> heartbeats, decoding ``body`` with the compiled batch decoder in a pandas UDF."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        keep = [c for c in df.columns if c != "body"]
+        return df.withColumn("_hb", _decode_udf(dedupe)(F.col("body"))).select(*keep, "_hb.*")
+
+    return transform
+
+
+#: The JSON fields the analyses need, for the from_json and json.loads baselines.
+_SLIM_JSON = (
+    "struct<clientID:string,withoutSub:boolean,isWithoutSub:boolean,producerDataSet:array<struct<groupName:string>>,"
+    "consumerDataSet:array<struct<groupName:string,subscriptionDataSet:array<struct<topic:string,subString:string,"
+    "expressionType:string>>>>>"
+)
+
+
+def decode_from_json():
+    """records -> heartbeats (only the fields the analyses use) with Spark's own from_json: the baseline."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        j = F.from_json(F.col("body").cast("string"), _SLIM_JSON)
+        d = df.withColumn("_j", j)
+        subs = lambda c: F.transform(  # noqa: E731
+            c["subscriptionDataSet"],
+            lambda s: F.struct(s["topic"].alias("topic"), s["subString"].alias("sub_string"),
+                               s["expressionType"].alias("expression_type")),
+        )
+        return d.select(
+            "recv_ms", "conn_id",
+            F.when(F.col("_j").isNull(), F.lit("malformed JSON")).alias("error"),
+            F.col("_j.clientID").alias("client_id"),
+            F.coalesce(F.col("_j.withoutSub"), F.col("_j.isWithoutSub"), F.lit(False)).alias("without_sub"),
+            F.transform(F.coalesce(F.col("_j.producerDataSet"), F.array()), lambda p: p["groupName"]).alias("producer_groups"),
+            F.transform(F.coalesce(F.col("_j.consumerDataSet"), F.array()),
+                        lambda c: F.struct(c["groupName"].alias("group"), subs(c).alias("subscriptions"))).alias("consumers"),
+        )
+
+    return transform
+
+
+def _json_loads_rows(body):
+    import pandas as pd
+
+    out = {"error": [], "client_id": [], "without_sub": [], "producer_groups": [], "consumers": []}
+    for b in body:
+        try:
+            d = json.loads(bytes(b))
+            out["error"].append(None)
+        except ValueError as e:
+            out["error"].append(str(e)[:80])
+            d = {}
+        d = d if isinstance(d, dict) else {}
+        out["client_id"].append(d.get("clientID"))
+        out["without_sub"].append(bool(d.get("withoutSub", d.get("isWithoutSub", False))))
+        out["producer_groups"].append([p.get("groupName") for p in d.get("producerDataSet") or []])
+        out["consumers"].append([
+            {"group": c.get("groupName"),
+             "subscriptions": [{"topic": s.get("topic"), "sub_string": s.get("subString"),
+                                "expression_type": s.get("expressionType")} for s in c.get("subscriptionDataSet") or []]}
+            for c in d.get("consumerDataSet") or []
+        ])
+    return pd.DataFrame(out)
+
+
+_SLIM_DECODED = (
+    "struct<error:string,client_id:string,without_sub:boolean,producer_groups:array<string>,"
+    "consumers:array<struct<group:string,subscriptions:array<struct<topic:string,sub_string:string,expression_type:string>>>>>"
+)
+
+
+@functools.lru_cache(maxsize=None)
+def _json_loads_udf():
+    from pyspark.sql.functions import pandas_udf
+    from pyspark.sql.types import _parse_datatype_string
+
+    return pandas_udf(_json_loads_rows, returnType=_parse_datatype_string(_SLIM_DECODED))
+
+
+def decode_json_loads():
+    """records -> heartbeats (analysis fields) with json.loads in a pandas UDF: the plain-Python baseline."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        return df.withColumn("_hb", _json_loads_udf()(F.col("body"))).select("recv_ms", "conn_id", "_hb.*")
+
+    return transform
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# transforms
+
+
+def memberships():
+    """heartbeats -> runs of one observation each: the client, each producer group, each consumer group with
+    its subscription set (null for a V2 light heartbeat). Bodies that failed to decode are dropped."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        ok = F.col("client_id").isNotNull()
+        if "error" in df.columns:
+            ok = ok & F.col("error").isNull()
+        base = df.where(ok)
+        obs = lambda role, group, key: [  # noqa: E731
+            F.lit(role).alias("role"), F.coalesce(group, F.lit("")).alias("group"), F.col("client_id"),
+            F.col("conn_id"), key.cast("string").alias("sub_key"), F.col("recv_ms").alias("first_ms"),
+            F.col("recv_ms").alias("last_ms"), F.lit(1).cast("long").alias("n"),
+        ]
+        client = base.select(*obs("client", F.lit(""), F.lit(None)))
+        producer = base.select("client_id", "conn_id", "recv_ms", F.explode("producer_groups").alias("_g")).select(
+            *obs("producer", F.col("_g"), F.lit(None)))
+        triples = lambda c: F.array_sort(F.array_distinct(F.transform(  # noqa: E731
+            c["subscriptions"],
+            lambda s: F.array(F.coalesce(s["topic"], F.lit("")), F.coalesce(s["expression_type"], F.lit("TAG")),
+                              F.coalesce(s["sub_string"], F.lit(""))))))
+        consumer = base.select("client_id", "conn_id", "recv_ms", "without_sub", F.explode("consumers").alias("_c")).select(
+            *obs("consumer", F.col("_c.group"),
+                 F.when(F.coalesce(F.col("without_sub"), F.lit(False)), F.lit(None)).otherwise(F.to_json(triples(F.col("_c"))))))
+        bad = df.where(~ok).select(
+            F.lit(seg.STATS_ROLE).alias("role"), F.lit("").alias("group"), F.lit("").alias("client_id"),
+            F.lit(0).cast("long").alias("conn_id"), F.lit(None).cast("string").alias("sub_key"),
+            F.col("recv_ms").alias("first_ms"), F.col("recv_ms").alias("last_ms"), F.lit(1).cast("long").alias("n"))
+        return client.unionByName(producer).unionByName(consumer).unionByName(bad)
+
+    return transform
+
+
+def _member_window():
+    return Window.partitionBy("role", "group", "client_id").orderBy(
+        F.col("first_ms"), F.col("conn_id"), F.col("sub_key").asc_nulls_first())
+
+
+def merge_runs(params: ScanParams = ScanParams()):
+    """runs -> maximal runs. Observations of a (role, group, client) in (time, connection, set) order: a light
+    heartbeat takes the previous set; a run ends at another connection, another set, or a silence over
+    min(expiry, gap threshold). Works on single observations and on pre-aggregated runs alike. Statistics rows
+    are summed into one."""
+    split = params.split_ms
+
+    def transform(df: DataFrame) -> DataFrame:
+        stats = df.where(F.col("role") == seg.STATS_ROLE).groupBy("role").agg(
+            F.lit("").alias("group"), F.lit("").alias("client_id"), F.lit(0).cast("long").alias("conn_id"),
+            F.lit(None).cast("string").alias("sub_key"), F.min("first_ms").alias("first_ms"),
+            F.max("last_ms").alias("last_ms"), F.sum("n").alias("n")).select(*_RUN_COLUMNS)
+        df = df.where(F.col("role") != seg.STATS_ROLE)
+        w = _member_window()
+        upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        df = df.withColumn("_key", F.last("sub_key", ignorenulls=True).over(upto))
+        prev_conn = F.lag("conn_id").over(w)
+        new = (prev_conn.isNull() | (F.col("conn_id") != prev_conn)
+               | ~F.col("_key").eqNullSafe(F.lag("_key").over(w))
+               | ((F.col("first_ms") - F.lag("last_ms").over(w)) > split))
+        df = df.withColumn("_run", F.sum(new.cast("int")).over(upto))
+        return df.groupBy("role", "group", "client_id", "_run").agg(
+            F.min("conn_id").alias("conn_id"), F.min("_key").alias("sub_key"), F.min("first_ms").alias("first_ms"),
+            F.max("last_ms").alias("last_ms"), F.sum("n").alias("n"),
+        ).select(*_RUN_COLUMNS).unionByName(stats)
+
+    return transform
+
+
+def live_intervals(params: ScanParams = ScanParams()):
+    """merged runs -> + end_ms: a member is live from its run's first heartbeat until the next run of the same
+    member starts or ``expiry`` after the run's last heartbeat, whichever is first. Empty intervals dropped."""
+    expiry = params.expiry_ms
+
+    def transform(df: DataFrame) -> DataFrame:
+        lapse = F.col("last_ms") + expiry
+        end = F.least(lapse, F.coalesce(F.lead("first_ms").over(_member_window()), lapse))
+        return df.withColumn("end_ms", end).where(F.col("end_ms") > F.col("first_ms"))
+
+    return transform
+
+
+def client_groups():
+    """merged runs -> client_id, groups (its consumer and producer groups, without CLIENT_INNER_PRODUCER)."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        member = df.where(F.col("role").isin("consumer", "producer")
+                          & ~((F.col("role") == "producer") & (F.col("group") == CLIENT_INNER_PRODUCER)))
+        return member.groupBy("client_id").agg(F.array_sort(F.collect_set("group")).alias("groups"))
+
+    return transform
+
+
+def _with_groups(df: DataFrame, runs: DataFrame) -> DataFrame:
+    groups = runs.transform(client_groups())
+    return df.join(groups, "client_id", "left").withColumn(
+        "groups", F.coalesce(F.col("groups"), F.array().cast("array<string>")))
+
+
+def _client_steps(runs: DataFrame) -> DataFrame:
+    w = Window.partitionBy("client_id").orderBy("first_ms", "conn_id")
+    return runs.where(F.col("role") == "client").select(
+        "client_id", "conn_id", "first_ms", "last_ms",
+        F.lag("conn_id").over(w).alias("prev_conn"), F.lag("last_ms").over(w).alias("prev_last"))
+
+
+def heartbeat_gaps(params: ScanParams = ScanParams()):
+    """merged runs -> client_id, groups, start_ms, end_ms, gap_s: silences over the gap threshold."""
+
+    def transform(runs: DataFrame) -> DataFrame:
+        steps = _client_steps(runs)
+        gaps = steps.where((F.col("first_ms") - F.col("prev_last")) > params.gap_ms).select(
+            "client_id", F.col("prev_last").alias("start_ms"), F.col("first_ms").alias("end_ms"),
+            ((F.col("first_ms") - F.col("prev_last")) / 1000.0).alias("gap_s"))
+        return _with_groups(gaps, runs)
+
+    return transform
+
+
+def reconnects():
+    """merged runs -> client_id, reconnect_ms: every heartbeat on another connection than the client's previous."""
+
+    def transform(runs: DataFrame) -> DataFrame:
+        steps = _client_steps(runs)
+        return steps.where(F.col("prev_conn").isNotNull() & (F.col("conn_id") != F.col("prev_conn"))).select(
+            "client_id", F.col("first_ms").alias("reconnect_ms"))
+
+    return transform
+
+
+def flapping_clients(params: ScanParams = ScanParams()):
+    """merged runs -> clients with flap_min_reconnects or more reconnects in some flap_window (epoch-aligned):
+    client_id, groups, reconnects, max_reconnects_per_window, first/last_reconnect_ms, windows, reconnect_ms."""
+    w_ms, need = params.window_ms, params.flap_min_reconnects
+
+    def transform(runs: DataFrame) -> DataFrame:
+        rec = runs.transform(reconnects())
+        per_window = rec.withColumn("window_start_ms", F.col("reconnect_ms") - F.pmod(F.col("reconnect_ms"), F.lit(w_ms))) \
+            .groupBy("client_id", "window_start_ms").agg(F.count("*").alias("n")).where(F.col("n") >= need)
+        flagged = per_window.groupBy("client_id").agg(
+            F.array_sort(F.collect_list(F.array(F.col("window_start_ms"), F.col("n")))).alias("windows"),
+            F.max("n").alias("max_reconnects_per_window"))
+        totals = rec.groupBy("client_id").agg(
+            F.count("*").alias("reconnects"), F.min("reconnect_ms").alias("first_reconnect_ms"),
+            F.max("reconnect_ms").alias("last_reconnect_ms"), F.array_sort(F.collect_list("reconnect_ms")).alias("reconnect_ms"))
+        return _with_groups(flagged.join(totals, "client_id"), runs)
+
+    return transform
+
+
+def group_sizes(params: ScanParams = ScanParams()):
+    """merged runs -> group, role, ms, members: the number of live members from ms on, at every change."""
+
+    def transform(runs: DataFrame) -> DataFrame:
+        iv = runs.where(F.col("role").isin("consumer", "producer")).transform(live_intervals(params))
+        ev = iv.select("role", "group", F.col("first_ms").alias("ms"), F.lit(1).alias("d")).unionByName(
+            iv.select("role", "group", F.col("end_ms").alias("ms"), F.lit(-1).alias("d")))
+        ev = ev.groupBy("role", "group", "ms").agg(F.sum("d").alias("d")).where(F.col("d") != 0)
+        w = Window.partitionBy("role", "group").orderBy("ms").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        return ev.select("group", "role", "ms", F.sum("d").over(w).alias("members"))
+
+    return transform
+
+
+def inconsistent_subscriptions(params: ScanParams = ScanParams()):
+    """merged runs -> group, start_ms, end_ms, duration_s, variants[sub_key, clients]: the spans during which live
+    members of a consumer group hold two or more subscription sets (RocketMQ's consumerStatus rule, subVersion
+    ignored), at least ``min_duration`` long."""
+
+    def transform(runs: DataFrame) -> DataFrame:
+        iv = runs.where((F.col("role") == "consumer") & F.col("sub_key").isNotNull()).transform(live_intervals(params))
+        ev = iv.select("group", "sub_key", F.col("first_ms").alias("t"), F.lit(1).alias("d")).unionByName(
+            iv.select("group", "sub_key", F.col("end_ms").alias("t"), F.lit(-1).alias("d")))
+        ev = ev.groupBy("group", "sub_key", "t").agg(F.sum("d").alias("d"))
+        wk = Window.partitionBy("group", "sub_key").orderBy("t").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        ev = ev.withColumn("cnt", F.sum("d").over(wk))
+        kd = (F.col("cnt") > 0).cast("int") - ((F.col("cnt") - F.col("d")) > 0).cast("int")
+        kev = ev.withColumn("kd", kd).where(F.col("kd") != 0).groupBy("group", "t").agg(F.sum("kd").alias("kd")) \
+            .where(F.col("kd") != 0)
+        wg = Window.partitionBy("group").orderBy("t")
+        nk = kev.withColumn("nk", F.sum("kd").over(wg.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
+        nk = nk.withColumn("prev", F.coalesce(F.lag("nk").over(wg), F.lit(0)))
+        trans = nk.where((F.col("nk") >= 2) != (F.col("prev") >= 2))
+        spans = trans.withColumn("end_ms", F.lead("t").over(wg)).where(F.col("nk") >= 2).select(
+            "group", F.col("t").alias("start_ms"), "end_ms")
+        spans = spans.where((F.col("end_ms") - F.col("start_ms")) >= params.min_duration_ms)
+        spans = spans.select("group", F.col("start_ms").alias("span_start"), F.col("end_ms").alias("span_end"))
+        held = iv.join(spans, "group").where((F.col("first_ms") < F.col("span_end")) & (F.col("end_ms") > F.col("span_start")))
+        variants = held.select("group", F.col("span_start").alias("start_ms"), F.col("span_end").alias("end_ms"),
+                               "sub_key", "client_id").groupBy("group", "start_ms", "end_ms", "sub_key").agg(
+            F.array_sort(F.collect_set("client_id")).alias("clients"))
+        return variants.groupBy("group", "start_ms", "end_ms").agg(
+            F.collect_list(F.struct("sub_key", "clients")).alias("variants"),
+        ).withColumn("duration_s", (F.col("end_ms") - F.col("start_ms")) / 1000.0)
+
+    return transform
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the scan
+
+
+def runs_for(spark: SparkSession, directory, method: str = "arrow", params: ScanParams = ScanParams(), *,
+             split_records: int = seg.DEFAULT_SPLIT_RECORDS, dedupe: bool = True, on_corrupt: str = "skip",
+             plan: Optional[seg.Plan] = None):
+    """(unmerged runs, stats frame or None) for a method: arrow | heartbeats | pandas | from_json | json_loads."""
+    plan = plan or seg.plan_splits(directory, split_records)
+    if method == "arrow":
+        runs = read_runs(spark, directory, params, dedupe=dedupe, on_corrupt=on_corrupt, plan=plan)
+        return runs, None
+    if method == "heartbeats":
+        hb = read_heartbeats(spark, directory, dedupe=dedupe, plan=plan)
+    else:
+        records = read_records(spark, directory, via="datasource", split_records=split_records)
+        decoder = {"pandas": decode_pandas(dedupe), "from_json": decode_from_json(),
+                   "json_loads": decode_json_loads()}.get(method)
+        if decoder is None:
+            raise ValueError(f"unknown method {method!r}")
+        hb = records.transform(decoder)
+    return hb.transform(memberships()), hb
+
+
+def _stats(merged: DataFrame) -> dict:
+    """Record count, bad bodies, time range and clients, from merged runs (client runs count the good records)."""
+    stats = F.col("role") == seg.STATS_ROLE
+    s = merged.where(stats | (F.col("role") == "client")).agg(
+        F.sum("n").alias("records"), F.sum(F.when(stats, F.col("n")).otherwise(0)).alias("bad"),
+        F.min("first_ms").alias("lo"), F.max("last_ms").alias("hi"),
+        F.countDistinct(F.when(~stats, F.col("client_id"))).alias("clients")).collect()[0]
+    return {"records": int(s["records"] or 0), "bad_bodies": int(s["bad"] or 0), "clients": int(s["clients"]),
+            "first_ms": None if s["lo"] is None else int(s["lo"]), "last_ms": None if s["hi"] is None else int(s["hi"])}
+
+
+def _rows(df: DataFrame):
+    return [r.asDict(recursive=True) for r in df.collect()]
+
+
+def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, method: str = "arrow",
+         split_records: int = seg.DEFAULT_SPLIT_RECORDS, dedupe: bool = True, on_corrupt: str = "skip") -> dict:
+    """All analyses over a recording; returns findings in the format of engine.scan_py (plus plan damage)."""
+    params.validate()
+    t0 = time.perf_counter()
+    plan = seg.plan_splits(directory, split_records)
+    raw, _ = runs_for(spark, directory, method, params, split_records=split_records, dedupe=dedupe,
+                      on_corrupt=on_corrupt, plan=plan)
+    runs = raw.transform(merge_runs(params)).persist()
+    try:
+        stats = _stats(runs)
+        findings = {
+            "inconsistent_subscriptions": _inconsistent_records(_rows(runs.transform(inconsistent_subscriptions(params)))),
+            "flapping_clients": _flapping_records(_rows(runs.transform(flapping_clients(params)))),
+            "heartbeat_gaps": sorted(_rows(runs.transform(heartbeat_gaps(params)).select(
+                "client_id", "groups", "start_ms", "end_ms", "gap_s")), key=lambda r: (r["client_id"], r["start_ms"])),
+            "group_sizes": _size_records(_rows(runs.transform(group_sizes(params))),
+                                         _rows(runs.where(F.col("role").isin("consumer", "producer"))
+                                               .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members")))),
+        }
+    finally:
+        runs.unpersist()
+    findings["summary"] = {**stats, **{k: len(findings[k]) for k in FINDING_KEYS}}
+    findings["parameters"] = {k: getattr(params, k) for k in ScanParams.__dataclass_fields__}
+    findings["scan"] = {"method": method, "splits": len(plan.splits), "segments": plan.segments,
+                        "dedupe": dedupe, "seconds": round(time.perf_counter() - t0, 3), **plan.damage_summary()}
+    return findings
+
+
+def _inconsistent_records(rows) -> list:
+    out = []
+    for r in rows:
+        variants = [{"subscriptions": parse_key(v["sub_key"]), "clients": list(v["clients"])} for v in r["variants"]]
+        variants.sort(key=lambda v: (-len(v["clients"]), v["subscriptions"]))
+        out.append({"group": r["group"], "start_ms": r["start_ms"], "end_ms": r["end_ms"],
+                    "duration_s": r["duration_s"], "variants": variants})
+    return sorted(out, key=lambda r: (r["group"], r["start_ms"]))
+
+
+def _flapping_records(rows) -> list:
+    out = [{
+        "client_id": r["client_id"], "groups": list(r["groups"]), "reconnects": r["reconnects"],
+        "max_reconnects_per_window": r["max_reconnects_per_window"], "first_reconnect_ms": r["first_reconnect_ms"],
+        "last_reconnect_ms": r["last_reconnect_ms"], "windows": [list(w) for w in r["windows"]],
+        "reconnect_ms": list(r["reconnect_ms"]),
+    } for r in rows]
+    return sorted(out, key=lambda r: r["client_id"])
+
+
+def _size_records(rows, members) -> list:
+    series: dict = {}
+    for r in rows:
+        series.setdefault((r["group"], r["role"]), []).append([r["ms"], r["members"]])
+    count = {(m["group"], m["role"]): m["members"] for m in members}
+    out = []
+    for key in sorted(set(series) | set(count)):
+        s = sorted(series.get(key, []))
+        out.append({"group": key[0], "role": key[1], "max_members": max((n for _, n in s), default=0),
+                    "members": count.get(key, 0), "series": s})
+    return out
+
+
+def scan_main(argv=None) -> int:
+    """`rmqhb scan DIR --out REPORT_DIR`: every analysis over a recording on Spark (local[*] unless --master),
+    written as findings.json, CSV, PNG plots and index.html; prints a short summary."""
+    d = ScanParams()
+    p = argparse.ArgumentParser(prog="rmqhb scan", description=scan_main.__doc__)
+    p.add_argument("directory", type=Path, help="recording directory (segments)")
+    p.add_argument("--out", type=Path, required=True, help="report directory (created)")
+    p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    p.add_argument("--method", default="arrow", choices=["arrow", "pandas", "heartbeats", "from_json", "json_loads"],
+                   help="arrow: mapInArrow reader + compiled decoder (fast); pandas: records + pandas UDF decoder")
+    p.add_argument("--min-duration", type=float, default=d.min_duration_s,
+                   help="drop subscription disagreements shorter than this many seconds (rolling updates)")
+    p.add_argument("--gap-threshold", type=float, default=d.gap_threshold_s, help="seconds of silence reported as a gap")
+    p.add_argument("--expiry", type=float, default=d.expiry_s, help="seconds a member stays live after a heartbeat")
+    p.add_argument("--flap-window", type=float, default=d.flap_window_s, help="seconds per flapping window")
+    p.add_argument("--flap-min", type=int, default=d.flap_min_reconnects, help="reconnects per window that flag a client")
+    p.add_argument("--split-records", type=int, default=seg.DEFAULT_SPLIT_RECORDS, help="records per Spark task")
+    p.add_argument("--no-dedupe", action="store_true", help="decode every body, not each distinct body once")
+    p.add_argument("--strict", action="store_true", help="fail on a corrupt block instead of skipping it")
+    p.add_argument("--driver-memory", default="2g")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    if not args.directory.is_dir():
+        print(f"not a directory: {args.directory}", file=sys.stderr)
+        return 2
+    try:
+        params = ScanParams(args.expiry, args.gap_threshold, args.min_duration, args.flap_window, args.flap_min).validate()
+    except ValueError as e:
+        print(f"rmqhb scan: {e}", file=sys.stderr)
+        return 2
+    from .report import print_summary, write_report
+
+    spark = spark_session(args.master, "rmqhb-scan", driver_memory=args.driver_memory)
+    try:
+        findings = scan(spark, args.directory, params, method=args.method, split_records=args.split_records,
+                        dedupe=not args.no_dedupe, on_corrupt="raise" if args.strict else "skip")
+    finally:
+        spark.stop()
+    index = write_report(findings, args.out, plots=not args.no_plots)
+    print_summary(findings, sys.stdout)
+    print(f"report: {index}")
+    return 0

@@ -1,0 +1,261 @@
+"""Plain-Python reference scan of a (small) recording: the definitions the Spark scan must reproduce exactly.
+
+Written for clarity, one heartbeat at a time, with ``engine.decode_heartbeat`` (not the batch decoder) and
+per-heartbeat intervals (not the Spark scan's runs), so agreement between the two is a real check.
+
+Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
+
+* A heartbeat is *observed* for its client (``clientID``), for every producer group and for every consumer group
+  in it. A consumer observation carries the member's *subscription set*: the distinct
+  ``[topic, expressionType, subString]`` triples of its subscriptions (subVersion, tags and codes ignored, as
+  RocketMQ's consumerStatus compares them). A V2 light heartbeat (``withoutSub``) carries none: the member keeps
+  the set of its previous full heartbeat in that group (unknown if there was none). Bodies that fail to decode
+  or have no clientID are counted and ignored.
+* Observations of one (role, group, client) are ordered by (receive time, connection id, set), and the member is
+  *live* from each observation until the next one or ``expiry`` later, whichever is first.
+* ``group_sizes``: per group and role, the number of live members over time, as change points.
+* ``inconsistent_subscriptions``: per consumer group, the maximal spans during which live members with a known set
+  hold two or more different sets; spans shorter than ``min_duration`` are dropped. Each span lists the variants
+  and the clients that held them during the span.
+* ``heartbeat_gaps``: per client, consecutive heartbeats (any connection, any group) more than ``gap_threshold``
+  apart.
+* ``flapping_clients``: a *reconnect* is a heartbeat of a client on another connection than its previous one;
+  a client flaps when some window (``flap_window``, aligned to the epoch) holds ``flap_min_reconnects`` or more.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Dict, Iterable, List, Optional, Tuple
+
+#: The producer group every Java client instance registers (MixAll.CLIENT_INNER_PRODUCER_GROUP); left out of the
+#: group lists in client findings because every Java client has it.
+CLIENT_INNER_PRODUCER = "CLIENT_INNER_PRODUCER"
+FINDING_KEYS = ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "group_sizes")
+
+
+@dataclass(frozen=True)
+class ScanParams:
+    expiry_s: float = 120.0
+    gap_threshold_s: float = 120.0
+    min_duration_s: float = 0.0
+    flap_window_s: float = 600.0
+    flap_min_reconnects: int = 3
+
+    @property
+    def expiry_ms(self) -> int:
+        return int(round(self.expiry_s * 1000))
+
+    @property
+    def gap_ms(self) -> int:
+        return int(round(self.gap_threshold_s * 1000))
+
+    @property
+    def min_duration_ms(self) -> int:
+        return int(round(self.min_duration_s * 1000))
+
+    @property
+    def window_ms(self) -> int:
+        return int(round(self.flap_window_s * 1000))
+
+    @property
+    def split_ms(self) -> int:
+        """Observations further apart than this start a new run (the Spark scan's pre-aggregation)."""
+        return min(self.expiry_ms, self.gap_ms)
+
+    def validate(self) -> "ScanParams":
+        if self.expiry_s <= 0 or self.gap_threshold_s <= 0 or self.flap_window_s <= 0:
+            raise ValueError("expiry, gap threshold and flap window must be positive")
+        if self.min_duration_s < 0 or self.flap_min_reconnects < 1:
+            raise ValueError("min duration must be >= 0 and flap_min_reconnects >= 1")
+        return self
+
+
+def subscription_key(subscriptions) -> str:
+    """Canonical text of a subscription set: sorted distinct [topic, expressionType, subString] as JSON."""
+    triples = {(s.topic or "", s.expression_type or "TAG", s.sub_string or "") for s in subscriptions}
+    return json.dumps(sorted(list(t) for t in triples), separators=(",", ":"), ensure_ascii=False)
+
+
+def parse_key(key: str) -> List[List[str]]:
+    return [list(t) for t in json.loads(key)]
+
+
+def _sort_key(obs):
+    t, conn, key = obs
+    return (t, conn, "" if key is None else "\x00" + key)  # None sorts first, like Spark's nulls-first
+
+
+def scan_records(records: Iterable, params: ScanParams = ScanParams()) -> dict:
+    """Findings of the reference scan over ``(recv_ms, conn_id, remote_addr, language, version, body)`` records."""
+    from . import HeartbeatError, decode_heartbeat
+
+    params.validate()
+    client_obs: Dict[str, list] = defaultdict(list)                 # client -> [(t, conn)]
+    member_obs: Dict[Tuple[str, str, str], list] = defaultdict(list)  # (role, group, client) -> [(t, conn, key)]
+    n_records = n_bad = 0
+    t_min = t_max = None
+    for rec in records:
+        t, conn, body = int(rec[0]), int(rec[1]), rec[5]
+        n_records += 1
+        t_min = t if t_min is None else min(t_min, t)
+        t_max = t if t_max is None else max(t_max, t)
+        try:
+            hb = decode_heartbeat(body)
+        except (HeartbeatError, TypeError):
+            n_bad += 1
+            continue
+        if hb.client_id is None:
+            n_bad += 1
+            continue
+        client_obs[hb.client_id].append((t, conn))
+        for p in hb.producers:
+            member_obs[("producer", p.group or "", hb.client_id)].append((t, conn, None))
+        for c in hb.consumers:
+            key = None if hb.without_sub else subscription_key(c.subscriptions)
+            member_obs[("consumer", c.group or "", hb.client_id)].append((t, conn, key))
+
+    groups_of: Dict[str, set] = defaultdict(set)
+    for role, group, client in member_obs:
+        if not (role == "producer" and group == CLIENT_INNER_PRODUCER):
+            groups_of[client].add(group)
+
+    # live intervals with their (carried) subscription set
+    intervals: Dict[Tuple[str, str], list] = defaultdict(list)  # (role, group) -> [(start, end, client, key)]
+    for (role, group, client), obs in member_obs.items():
+        obs.sort(key=_sort_key)
+        key = None
+        for i, (t, conn, k) in enumerate(obs):
+            if k is not None:
+                key = k
+            end = t + params.expiry_ms
+            if i + 1 < len(obs):
+                end = min(end, obs[i + 1][0])
+            intervals[(role, group)].append((t, end, client, key))
+
+    findings = {
+        "inconsistent_subscriptions": _inconsistent(intervals, params),
+        "flapping_clients": _flapping(client_obs, groups_of, params),
+        "heartbeat_gaps": _gaps(client_obs, groups_of, params),
+        "group_sizes": _sizes(intervals),
+    }
+    findings["summary"] = {
+        "records": n_records,
+        "bad_bodies": n_bad,
+        "clients": len(client_obs),
+        "first_ms": t_min,
+        "last_ms": t_max,
+        **{k: len(findings[k]) for k in FINDING_KEYS},
+    }
+    findings["parameters"] = asdict(params)
+    return findings
+
+
+def _sweep(events):
+    """[(t, delta)] -> [(t, running total after all deltas at t)] for the times where the total changes."""
+    acc: Dict[int, int] = defaultdict(int)
+    for t, d in events:
+        acc[t] += d
+    out, total = [], 0
+    for t in sorted(acc):
+        if acc[t]:
+            total += acc[t]
+            out.append((t, total))
+    return out
+
+
+def _sizes(intervals) -> list:
+    out = []
+    for (role, group), ivs in sorted(intervals.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        series = _sweep([e for s, e, _, _ in ivs if e > s for e in ((s, 1), (e, -1))])
+        out.append({
+            "group": group,
+            "role": role,
+            "max_members": max((n for _, n in series), default=0),
+            "members": len({c for _, _, c, _ in ivs}),
+            "series": [[t, n] for t, n in series],
+        })
+    return out
+
+
+def _inconsistent(intervals, params: ScanParams) -> list:
+    out = []
+    for (role, group), ivs in sorted(intervals.items()):
+        if role != "consumer":
+            continue
+        per_key: Dict[str, Dict[int, int]] = defaultdict(lambda: defaultdict(int))
+        for s, e, _, key in ivs:
+            if key is not None and e > s:
+                per_key[key][s] += 1
+                per_key[key][e] -= 1
+        # number of keys with live holders, at every time any count changes
+        n_keys_events = []
+        for key, deltas in per_key.items():
+            count = 0
+            for t in sorted(deltas):
+                before = count > 0
+                count += deltas[t]
+                after = count > 0
+                if before != after:
+                    n_keys_events.append((t, 1 if after else -1))
+        spans, start = [], None
+        for t, n in _sweep(n_keys_events):
+            if n >= 2 and start is None:
+                start = t
+            elif n < 2 and start is not None:
+                spans.append((start, t))
+                start = None
+        for s, e in spans:
+            if e - s < params.min_duration_ms:
+                continue
+            holders: Dict[str, set] = defaultdict(set)
+            for a, b, client, key in ivs:
+                if key is not None and b > a and a < e and b > s:
+                    holders[key].add(client)
+            variants = [{"subscriptions": parse_key(k), "clients": sorted(c)} for k, c in holders.items()]
+            variants.sort(key=lambda v: (-len(v["clients"]), v["subscriptions"]))
+            out.append({"group": group, "start_ms": s, "end_ms": e, "duration_s": (e - s) / 1000, "variants": variants})
+    return out
+
+
+def _gaps(client_obs, groups_of, params: ScanParams) -> list:
+    out = []
+    for client in sorted(client_obs):
+        times = sorted(t for t, _ in client_obs[client])
+        for a, b in zip(times, times[1:]):
+            if b - a > params.gap_ms:
+                out.append({"client_id": client, "groups": sorted(groups_of[client]), "start_ms": a, "end_ms": b,
+                            "gap_s": (b - a) / 1000})
+    return out
+
+
+def _flapping(client_obs, groups_of, params: ScanParams) -> list:
+    out = []
+    w = params.window_ms
+    for client in sorted(client_obs):
+        obs = sorted(client_obs[client])
+        reconnects = [t for (t0, c0), (t, c) in zip(obs, obs[1:]) if c != c0]
+        per_window: Dict[int, int] = defaultdict(int)
+        for t in reconnects:
+            per_window[t // w] += 1
+        flagged = sorted((k * w, n) for k, n in per_window.items() if n >= params.flap_min_reconnects)
+        if flagged:
+            out.append({
+                "client_id": client,
+                "groups": sorted(groups_of[client]),
+                "reconnects": len(reconnects),
+                "max_reconnects_per_window": max(n for _, n in flagged),
+                "first_reconnect_ms": reconnects[0],
+                "last_reconnect_ms": reconnects[-1],
+                "windows": [[s, n] for s, n in flagged],
+                "reconnect_ms": reconnects,
+            })
+    return out
+
+
+def scan(directory, params: Optional[ScanParams] = None, **kw) -> dict:
+    """Reference findings for a recording directory (every readable record; torn tails skipped)."""
+    from .recorder import iter_records
+
+    return scan_records(iter_records(directory), params or ScanParams(**kw))

@@ -302,26 +302,34 @@ class FleetGenerator:
         rng.shuffle(usable)
         take = lambda k: [usable.pop() for _ in range(min(k, len(usable)))]  # noqa: E731
         span = self.span
+        margin = 2 * self.period + EXPIRY_MS + 60_000  # an injection must settle before the recording ends
+        fits = lambda t: t + margin < self.end  # noqa: E731
         for g in take(cfg.inconsistent):
-            g.anomaly = "inconsistent"
             m = g.members[int(rng.integers(len(g.members)))]
             dur = min(self._rand_ms(cfg.inconsistent_minutes[0] * 60e3, cfg.inconsistent_minutes[1] * 60e3), span * 0.4)
             t0 = self.start + self._rand_ms(span * 0.1, span * 0.9 - dur)
             t1 = t0 + int(dur)
+            if not fits(t1):
+                break
+            g.anomaly = "inconsistent"
             self._phases.append([m, t0, 1])
             self._phases.append([m, t1, 0])
             self.injections["inconsistent_subscriptions"].append(
                 {"kind": "inconsistent", "group": g.name, "clients": [m], "injected_ms": [t0, t1]})
         for g in take(cfg.rolling_updates):
-            g.anomaly = "rolling_update"
             t0 = self.start + self._rand_ms(span * 0.1, span * 0.8)
             step = int(cfg.rolling_step_s * 1000)
+            if not fits(t0 + len(g.members) * step):
+                break
+            g.anomaly = "rolling_update"
             for i, m in enumerate(g.members):
                 self._phases.append([m, t0 + i * step, 1])
             self.injections["inconsistent_subscriptions"].append(
                 {"kind": "rolling_update", "group": g.name, "clients": list(g.members),
                  "injected_ms": [t0, t0 + (len(g.members) - 1) * step]})
         for g in take(cfg.resizing):
+            if not fits(self.start + int(span * 0.8) + 60_000 + EXPIRY_MS):
+                break
             g.anomaly = "resize"
             base = len(g.members)
             grow = max(2, base // 2)
@@ -353,11 +361,13 @@ class FleetGenerator:
         quiet = [m for g in self.groups if g.anomaly is None for m in g.members]
         rng.shuffle(quiet)
         for _ in range(min(cfg.flapping, len(quiet))):
-            m = quiet.pop()
-            self._flap(m)
+            if not self._flap(quiet[-1], fits):
+                break
+            quiet.pop()
         for _ in range(min(cfg.gaps, len(quiet))):
-            m = quiet.pop()
-            self._gap(m)
+            if not self._gap(quiet[-1], fits):
+                break
+            quiet.pop()
         # connection ids in order of connection time, as a server hands them out
         self._sessions.sort(key=lambda s: (s[1], s[0]))
         for i, s in enumerate(self._sessions, start=1):
@@ -373,30 +383,38 @@ class FleetGenerator:
                 return
         raise AssertionError("no session to split")
 
-    def _flap(self, m: int):
+    def _flap(self, m: int, fits) -> bool:
         cfg = self.cfg
         n = cfg.flap_reconnects
         lo, hi = cfg.flap_spacing_s
         total = n * hi * 1000
         t = self.start + self._rand_ms(self.span * 0.1, max(self.span * 0.1 + 1, self.span * 0.9 - total))
-        times = []
+        steps = []
         for _ in range(n):
             t += self._rand_ms(lo * 1000, hi * 1000)
-            down = self._rand_ms(500, 5000)
+            steps.append((t, self._rand_ms(500, 5000)))
+        if not fits(t):
+            return False
+        times = []
+        for t, down in steps:
             self._split_session(m, t - down, t)
             times.append(t)
         self.injections["flapping_clients"].append({"client_id": self.clients[m].client_id, "client": m,
                                                    "group": self.groups[self.clients[m].group].name,
                                                    "reconnects": n, "injected_ms": times})
+        return True
 
-    def _gap(self, m: int):
+    def _gap(self, m: int, fits) -> bool:
         lo, hi = self.cfg.gap_minutes
         dur = self._rand_ms(lo * 60e3, hi * 60e3)
         t0 = self.start + self._rand_ms(self.span * 0.1, max(self.span * 0.1 + 1, self.span * 0.9 - dur))
+        if not fits(t0 + dur):
+            return False
         self._split_session(m, t0, t0 + dur)
         self.injections["heartbeat_gaps"].append({"client_id": self.clients[m].client_id, "client": m,
                                                   "group": self.groups[self.clients[m].group].name,
                                                   "injected_ms": [t0, t0 + dur]})
+        return True
 
     # ------------------------------------------------------------------ expansion
     def _arrays(self):
@@ -533,6 +551,8 @@ class FleetGenerator:
                 starts = (prev_recv < 0) | (orcv - prev_recv > EXPIRY_MS)
                 for i in np.flatnonzero(starts):
                     cidx = int(oc[i])
+                    if presence[cidx]:
+                        presence[cidx][-1][1] = int(prev_recv[i])  # the stretch before the silence ends here
                     presence[cidx].append([int(orcv[i]), int(orcv[i])])
                 last_idx = np.flatnonzero(np.append(oc[1:] != oc[:-1], True))
                 for i in last_idx:
@@ -598,6 +618,75 @@ class FleetGenerator:
             ],
             "anomalies": anomalies,
         }
+
+
+def expected_group_sizes(manifest: dict) -> Dict[str, List[List[int]]]:
+    """The true live-member series of every consumer group, from the clients' presence intervals: a member is
+    live from the first heartbeat of a presence interval until ``expiry`` after its last."""
+    expiry = int(manifest["expiry_s"] * 1000)
+    events: Dict[str, Dict[int, int]] = {}
+    for c in manifest["clients"]:
+        ev = events.setdefault(c["group"], {})
+        for a, b in c["presence"]:
+            ev[a] = ev.get(a, 0) + 1
+            ev[b + expiry] = ev.get(b + expiry, 0) - 1
+    out = {}
+    for group, ev in events.items():
+        total, series = 0, []
+        for t in sorted(ev):
+            if ev[t]:
+                total += ev[t]
+                series.append([t, total])
+        out[group] = series
+    return out
+
+
+def compare_with_manifest(findings: dict, manifest: dict, min_duration_s: float = 0.0) -> List[str]:
+    """Differences between scan findings and what the generator injected (empty when the scan found exactly
+    the injections). Assumes the scan ran with the default expiry, gap threshold and flapping window."""
+    problems = []
+    a = manifest["anomalies"]
+    want = {(x["group"], x["expected_start_ms"], x["expected_end_ms"])
+            for x in a["inconsistent_subscriptions"]
+            if x["expected_end_ms"] - x["expected_start_ms"] >= min_duration_s * 1000}
+    got = {(x["group"], x["start_ms"], x["end_ms"]) for x in findings["inconsistent_subscriptions"]}
+    if want != got:
+        problems.append(f"inconsistent_subscriptions: missing {sorted(want - got)}, unexpected {sorted(got - want)}")
+    for x in a["inconsistent_subscriptions"]:
+        f = next((y for y in findings["inconsistent_subscriptions"] if y["group"] == x["group"]), None)
+        if f is None:
+            continue
+        sets = sorted(v["subscriptions"] for v in f["variants"])
+        if sets != sorted([x["subscriptions"], x["variant_subscriptions"]]):
+            problems.append(f"{x['group']}: variants {sets} are not the injected subscription sets")
+        if x["kind"] == "inconsistent":
+            holders = next((v["clients"] for v in f["variants"] if v["subscriptions"] == x["variant_subscriptions"]), [])
+            if holders != x["clients"]:
+                problems.append(f"{x['group']}: variant held by {holders}, injected on {x['clients']}")
+    want_flap = {x["client_id"]: x for x in a["flapping_clients"]}
+    got_flap = {x["client_id"]: x for x in findings["flapping_clients"]}
+    if set(want_flap) != set(got_flap):
+        problems.append(f"flapping_clients: missing {sorted(set(want_flap) - set(got_flap))}, "
+                        f"unexpected {sorted(set(got_flap) - set(want_flap))}")
+    for cid in set(want_flap) & set(got_flap):
+        if got_flap[cid]["reconnect_ms"] != want_flap[cid]["expected_reconnect_ms"]:
+            problems.append(f"flapping {cid}: reconnects {got_flap[cid]['reconnect_ms']} != injected "
+                            f"{want_flap[cid]['expected_reconnect_ms']}")
+    want_gaps = {(x["client_id"], x["expected_start_ms"], x["expected_end_ms"]) for x in a["heartbeat_gaps"]}
+    got_gaps = {(x["client_id"], x["start_ms"], x["end_ms"]) for x in findings["heartbeat_gaps"]}
+    if want_gaps != got_gaps:
+        problems.append(f"heartbeat_gaps: missing {sorted(want_gaps - got_gaps)}, unexpected {sorted(got_gaps - want_gaps)}")
+    sizes = {g["group"]: g["series"] for g in findings["group_sizes"] if g["role"] == "consumer"}
+    for group, series in expected_group_sizes(manifest).items():
+        if sizes.get(group) != series:
+            problems.append(f"group_sizes {group}: series differs from the clients' presence")
+    for r in a["group_sizes"]:
+        series = sizes.get(r["group"], [])
+        for t, n in r["schedule"]:
+            at = [m for ms, m in series if ms <= t]
+            if not at or at[-1] != n:
+                problems.append(f"group_sizes {r['group']}: {at[-1] if at else None} members at {t}, injected {n}")
+    return problems
 
 
 def generate(directory, config: Optional[FleetConfig] = None, **write_options) -> dict:

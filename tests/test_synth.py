@@ -1,0 +1,192 @@
+"""Synthetic recordings: realistic dialects, exact manifest, and the plain-Python reference scan finds exactly it."""
+import collections
+import json
+
+import numpy as np
+import pytest
+
+import engine
+from engine import LanguageCode, scan_py
+from engine.recorder import iter_records, list_segments, verify
+from engine.synth import (
+    MANIFEST_NAME,
+    FleetConfig,
+    FleetGenerator,
+    compare_with_manifest,
+    expected_group_sizes,
+    generate,
+    generate_main,
+    load_manifest,
+)
+
+SMALL = FleetConfig(clients=40, groups=8, days=0.2, seed=3)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    d = tmp_path_factory.mktemp("small")
+    manifest = generate(d, SMALL)
+    return d, manifest, list(iter_records(d))
+
+
+def test_recording_is_valid_and_ordered(small):
+    d, manifest, records = small
+    report = verify(d)
+    assert report.ok and not report.torn_tails and report.records == manifest["records"] == len(records)
+    t = np.array([r.recv_ms for r in records])
+    assert np.all(np.diff(t) >= 0)
+    assert manifest["start_ms"] <= t[0] and t[-1] < manifest["end_ms"]
+    # ~one heartbeat per client per 30 s
+    per_client = manifest["records"] / len(manifest["clients"])
+    assert 0.8 * 0.2 * 2880 < per_client < 1.2 * 0.2 * 2880
+
+
+def test_dialects_decode_and_match_their_captures(small):
+    _, manifest, records = small
+    langs = collections.Counter(r.language for r in records)
+    assert set(langs) == {LanguageCode.JAVA, LanguageCode.CPP}
+    kinds = collections.Counter()
+    for r in records[::7]:
+        hb = engine.decode_heartbeat(r.body)
+        assert hb.client_id
+        if r.language == LanguageCode.CPP:
+            assert r.body.endswith(b"}\n") and b'"consumeType":1' in r.body and r.version == 63
+            kinds["cpp"] += 1
+        elif r.version == 121:  # ali-ons: its own key order, no expressionType
+            assert r.body.startswith(b'{"clientID"') and b'"expressionType"' not in r.body
+            assert r.body.index(b'"groupName"') < r.body.index(b'"consumeType"')
+            kinds["alions"] += 1
+        elif hb.without_sub:
+            assert hb.fingerprint != 0 and all(not c.subscriptions for c in hb.consumers)
+            kinds["light"] += 1
+        else:
+            assert engine.encode_heartbeat(hb) == r.body  # Java bodies are exactly what encode_heartbeat writes
+            assert any(p.group == "CLIENT_INNER_PRODUCER" for p in hb.producers)
+            kinds["java"] += 1
+    assert min(kinds.values()) > 0 and len(kinds) == 4, kinds
+
+
+def test_manifest_subscriptions_are_what_members_send(small):
+    _, manifest, records = small
+    groups = {g["group"]: g for g in manifest["groups"]}
+    seen = {}
+    for r in records[:2000]:
+        hb = engine.decode_heartbeat(r.body)
+        for c in hb.consumers:
+            if not hb.without_sub:
+                seen.setdefault(c.group, set()).add(scan_py.subscription_key(c.subscriptions))
+    assert seen
+    for group, keys in seen.items():
+        assert json.dumps(groups[group]["subscriptions"], separators=(",", ":")) in keys
+
+
+def test_manifest_lists_every_injection(small):
+    _, m, _ = small
+    a = m["anomalies"]
+    kinds = collections.Counter(x["kind"] for x in a["inconsistent_subscriptions"])
+    assert kinds == {"inconsistent": SMALL.inconsistent, "rolling_update": SMALL.rolling_updates}
+    assert len(a["flapping_clients"]) == SMALL.flapping and len(a["heartbeat_gaps"]) == SMALL.gaps
+    assert len(a["group_sizes"]) == SMALL.resizing
+    for x in a["flapping_clients"]:
+        assert x["reconnects"] == len(x["expected_reconnect_ms"]) == SMALL.flap_reconnects
+    for x in a["heartbeat_gaps"]:
+        assert x["gap_s"] * 1000 >= SMALL.gap_minutes[0] * 60_000
+    for r in a["group_sizes"]:
+        sizes = [n for _, n in r["schedule"]]
+        assert sizes[1] > sizes[0] > sizes[2]  # grew, then shrank below the start
+    anomalous = {x["group"] for x in a["inconsistent_subscriptions"]} | {x["group"] for x in a["group_sizes"]}
+    assert not anomalous & {x["group"] for x in a["flapping_clients"] + a["heartbeat_gaps"]}
+
+
+def test_reference_scan_finds_exactly_the_injections(small):
+    d, m, _ = small
+    f = scan_py.scan(d)
+    assert compare_with_manifest(f, m) == []
+    assert f["summary"]["records"] == m["records"] and f["summary"]["bad_bodies"] == 0
+    assert f["summary"]["clients"] == len(m["clients"])
+    rolling = [x for x in f["inconsistent_subscriptions"] if x["duration_s"] < 600]
+    assert len(rolling) == SMALL.rolling_updates
+
+
+def test_min_duration_drops_the_rolling_update(small):
+    d, m, _ = small
+    f = scan_py.scan(d, min_duration_s=600)
+    assert compare_with_manifest(f, m, min_duration_s=600) == []
+    assert len(f["inconsistent_subscriptions"]) == SMALL.inconsistent
+
+
+def test_other_thresholds_change_the_findings(small):
+    d, m, _ = small
+    f = scan_py.scan(d, gap_threshold_s=24 * 3600, flap_min_reconnects=100)
+    assert f["heartbeat_gaps"] == [] and f["flapping_clients"] == []
+    f = scan_py.scan(d, gap_threshold_s=31)  # flapping downtime now counts too
+    assert len(f["heartbeat_gaps"]) > len(m["anomalies"]["heartbeat_gaps"])
+
+
+def test_compare_with_manifest_notices_differences(small):
+    d, m, _ = small
+    f = scan_py.scan(d)
+    broken = json.loads(json.dumps(f))
+    broken["heartbeat_gaps"].pop()
+    broken["flapping_clients"][0]["reconnect_ms"][0] += 1
+    broken["inconsistent_subscriptions"][0]["end_ms"] += 1
+    broken["group_sizes"][0]["series"][3][1] += 1
+    problems = compare_with_manifest(broken, m)
+    assert len(problems) == 4, problems
+
+
+def test_expected_group_sizes_follow_the_schedule(small):
+    _, m, _ = small
+    series = expected_group_sizes(m)
+    for r in m["anomalies"]["group_sizes"]:
+        s = series[r["group"]]
+        for t, n in r["schedule"]:
+            assert [k for ms, k in s if ms <= t][-1] == n
+
+
+def test_deterministic(tmp_path):
+    cfg = FleetConfig(clients=12, groups=3, days=0.05, seed=9, inconsistent=1, rolling_updates=0, flapping=1,
+                      gaps=1, resizing=0)
+    m1 = generate(tmp_path / "a", cfg)
+    m2 = generate(tmp_path / "b", cfg)
+    m1.pop("generation_s")
+    m2.pop("generation_s")
+    assert m1 == m2
+    a = [p.read_bytes() for p in list_segments(tmp_path / "a")]
+    b = [p.read_bytes() for p in list_segments(tmp_path / "b")]
+    assert a == b
+
+
+def test_segments_roll_hourly_in_record_time(tmp_path):
+    m = generate(tmp_path, FleetConfig(clients=5, groups=1, days=0.25, seed=2, inconsistent=0, rolling_updates=0,
+                                       flapping=0, gaps=0, resizing=0))
+    segs = list_segments(tmp_path)
+    assert len(segs) == 6
+    assert sum(len(list(iter_records(tmp_path))) for _ in [0]) == m["records"]
+
+
+def test_tiny_fleet_gets_what_fits(tmp_path):
+    m = generate(tmp_path, FleetConfig(clients=2, groups=5, days=0.02, seed=1))
+    assert len(m["groups"]) == 2
+    assert m["anomalies"]["inconsistent_subscriptions"] == []  # no group has the 3 members an injection needs
+    assert compare_with_manifest(scan_py.scan(tmp_path), m) == []
+
+
+def test_bad_config():
+    with pytest.raises(ValueError):
+        FleetGenerator(FleetConfig(clients=0))
+    with pytest.raises(ValueError):
+        FleetGenerator(FleetConfig(days=0))
+
+
+def test_generate_main(tmp_path, capsys):
+    out = tmp_path / "rec"
+    assert generate_main([str(out), "--clients", "20", "--groups", "4", "--records", "20000", "--seed", "5"]) == 0
+    captured = capsys.readouterr()
+    assert "generating [" in captured.err and "100.0%" in captured.err  # the progress bar
+    assert "heartbeats from" in captured.out and "injected:" in captured.out
+    m = load_manifest(out)
+    assert (out / MANIFEST_NAME).exists() and 18_000 < m["records"] < 22_000
+    assert generate_main([str(out)]) == 2  # refuses to mix recordings
+    assert generate_main([str(tmp_path / "q"), "--clients", "3", "--days", "0.001", "--no-progress"]) == 0
+    assert "generating" not in capsys.readouterr().err

@@ -249,7 +249,8 @@ def _parse_map(lines, i, indent):
         if not m:
             if text.startswith("-"):
                 break
-            raise AclError(f"acl file line {no}: expected 'key: value', got {echo(text)}")
+            # no echo of the line: a malformed line may be a secretKey line (the line number is enough)
+            raise AclError(f"acl file line {no}: expected 'key: value'")
         key, rest = m.group(1), (m.group(2) or "").strip()
         if key in out:
             raise AclError(f"acl file line {no}: duplicate key {key!r}")
@@ -272,7 +273,12 @@ def _scalar(text: str, no: int):
         inner = text[1:-1]
         if q == "'":
             return inner.replace("''", "'")
-        return inner.encode("utf-8").decode("unicode_escape") if "\\" in inner else inner
+        if "\\" not in inner:
+            return inner
+        try:
+            return inner.encode("utf-8").decode("unicode_escape")
+        except UnicodeDecodeError:  # a bad escape; the codec's message would quote the value (maybe a secret)
+            raise AclError(f"acl file line {no}: bad escape in a quoted string") from None
     if text.startswith("[") and text.endswith("]"):
         return [_scalar(p.strip(), no) for p in text[1:-1].split(",") if p.strip()]
     low = text.lower()

@@ -29,6 +29,7 @@ import os
 import resource
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -114,64 +115,111 @@ def make_fleet(n: int, offset: int, groups: int, consumer_share: float) -> list[
     return fleet
 
 
+
 # ---------------------------------------------------------------------------------------------------------------
 # Connections
 
+#: Opaques are sent with a fixed width of 10 digits, so a pre-encoded JSON frame is patched without re-encoding.
+OPAQUE_BASE = 1_000_000_000
+_OPAQUE_SPAN = 1_000_000_000
+
+
+class FrameTemplate:
+    """A pre-encoded request (JSON header) whose opaque is the only thing rewritten per send."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, frame: bytes):
+        marker = b'"opaque":%d' % OPAQUE_BASE
+        i = frame.find(marker)
+        if i < 0:
+            raise ValueError("the frame was not encoded with opaque OPAQUE_BASE")
+        i += len(marker) - 10
+        self.head, self.tail = frame[:i], frame[i + 10:]
+
+    def build(self, seq: int) -> bytes:
+        return b"%s%d%s" % (self.head, OPAQUE_BASE + seq % _OPAQUE_SPAN, self.tail)
+
+
+def _new_stats() -> dict:
+    return {"answered": 0, "ok": 0, "errors": 0, "opaque_mismatch": 0, "lost": 0, "connect_retries": 0,
+            "connect_failed": 0, "notifies": 0, "sent": 0}
+
 
 class LoadConn(asyncio.Protocol):
-    """A client connection: sends pre-encoded frames, counts responses (FIFO: one connection is answered in order)."""
+    """A client connection: sends pre-encoded frames with patched opaques and matches the answers.
 
-    __slots__ = ("frame", "transport", "sent", "buf", "lat", "pending", "stats", "closed", "ok", "on_answer")
+    One connection is answered in order, so answers are matched FIFO and each answer's opaque is checked against
+    the request it answers (a wrong one counts as ``opaque_mismatch``). ``auto`` keeps ``depth`` heartbeats in
+    flight (closed loop); ``on_first_answer`` is called when the first answer arrives.
+    """
 
-    def __init__(self, frame: bytes, stats: dict, lat: list, on_answer=None):
-        self.frame = frame
+    __slots__ = ("template", "transport", "seq", "acked", "buf", "lat", "pending", "stats", "closed", "ok",
+                 "auto", "on_first_answer")
+
+    def __init__(self, template: FrameTemplate, stats: dict, lat: list, on_first_answer=None):
+        self.template = template
         self.transport = None
-        self.buf = bytearray()
+        self.seq = 0  # opaques sent: OPAQUE_BASE + 0 .. seq-1
+        self.acked = 0  # answers received
+        self.buf = b""
         self.lat = lat
-        self.pending: list = []  # send times, oldest first
+        self.pending = deque()  # send times, oldest first
         self.stats = stats
         self.closed = asyncio.get_running_loop().create_future()
         self.ok = 0
-        self.on_answer = on_answer
+        self.auto = False
+        self.on_first_answer = on_first_answer
 
     def connection_made(self, transport):
         self.transport = transport
 
-    def send(self, now: float, data: bytes | None = None) -> None:
+    def send(self, now: float, template: FrameTemplate | None = None) -> None:
         self.pending.append(now)
-        self.transport.write(data or self.frame)
+        self.transport.write((template or self.template).build(self.seq))
+        self.seq += 1
+        self.stats["sent"] += 1
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
+        if self.buf:
+            data = self.buf + data
+        n = len(data)
         pos = 0
-        n = len(buf)
         now = time.perf_counter()
-        answered = 0
+        answered = ok = 0
+        stats = self.stats
+        pending = self.pending
+        lat = self.lat
         while n - pos >= 8:
-            length = int.from_bytes(buf[pos:pos + 4], "big")
-            if n - pos - 4 < length:
+            end = pos + 4 + int.from_bytes(data[pos:pos + 4], "big")
+            if end > n:
                 break
-            # response code: the header is JSON starting {"code":N
-            hl = int.from_bytes(buf[pos + 4:pos + 8], "big") & 0xFFFFFF
-            head = bytes(buf[pos + 8:pos + 8 + hl])
-            pos += 4 + length
-            if b'"flag":1' not in head:  # a request from the broker (NOTIFY_CONSUMER_IDS_CHANGED), not an answer
-                self.stats["notifies"] += 1
+            h0 = pos + 8
+            h1 = h0 + (int.from_bytes(data[pos + 4:pos + 8], "big") & 0xFFFFFF)
+            pos = end
+            if data.find(b'"flag":1', h0, h1) < 0:  # a request from the broker (NOTIFY_CONSUMER_IDS_CHANGED)
+                stats["notifies"] += 1
                 continue
-            if head.startswith(b'{"code":0,'):
-                self.ok += 1
-            else:
-                self.stats["errors"] += 1
+            i = data.find(b'"opaque":', h0, h1) + 9
+            if i < 9 or data[i:i + 10] != b"%d" % (OPAQUE_BASE + self.acked % _OPAQUE_SPAN):
+                stats["opaque_mismatch"] += 1
+            self.acked += 1
+            if data.startswith(b'{"code":0,', h0):
+                ok += 1
             answered += 1
-            if self.pending:
-                self.lat.append(now - self.pending.pop(0))
-        if pos:
-            del buf[:pos]
+            if pending:
+                lat.append(now - pending.popleft())
+        self.buf = data[pos:] if pos < n else b""
         if answered:
-            self.stats["answered"] += answered
-            if self.on_answer is not None:
-                self.on_answer(self, answered)
+            stats["answered"] += answered
+            stats["ok"] += ok
+            stats["errors"] += answered - ok
+            self.ok += ok
+            if self.on_first_answer is not None and self.acked == answered:
+                self.on_first_answer(self)
+            if self.auto:
+                for _ in range(answered):
+                    self.send(now)
 
     def connection_lost(self, exc):
         self.stats["lost"] += 1
@@ -179,23 +227,26 @@ class LoadConn(asyncio.Protocol):
             self.closed.set_result(exc)
 
 
-async def _connect_all(loop, host, port, frames, stats, lat, on_answer=None, concurrency=512):
-    conns = [None] * len(frames)
+async def _connect(loop, host, port, factory, stats, attempts=20, backoff=0.05):
+    for attempt in range(attempts):
+        try:
+            return (await loop.create_connection(factory, host, port))[1]
+        except OSError:
+            stats["connect_retries"] += 1
+            await asyncio.sleep(backoff * (attempt + 1))
+    stats["connect_failed"] += 1
+    return None
+
+
+async def _connect_all(loop, host, port, templates, stats, lat, concurrency=512):
+    conns = [None] * len(templates)
     sem = asyncio.Semaphore(concurrency)
 
     async def one(i):
         async with sem:
-            for attempt in range(20):
-                try:
-                    _, c = await loop.create_connection(lambda: LoadConn(frames[i], stats, lat, on_answer), host, port)
-                    conns[i] = c
-                    return
-                except OSError:
-                    stats["connect_retries"] += 1
-                    await asyncio.sleep(0.05 * (attempt + 1))
-            stats["connect_failed"] += 1
+            conns[i] = await _connect(loop, host, port, lambda: LoadConn(templates[i], stats, lat), stats)
 
-    await asyncio.gather(*(one(i) for i in range(len(frames))))
+    await asyncio.gather(*(one(i) for i in range(len(templates))))
     return [c for c in conns if c is not None]
 
 
@@ -212,47 +263,95 @@ def _percentiles(lat: list) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# CPU accounting (Linux /proc): who used the 2 cores during the measured window
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of a process (all its threads), seconds; None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def machine_cpu_s() -> tuple[float, float] | None:
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        idle = v[3] + (v[4] if len(v) > 4 else 0)
+        return (sum(v[:8]) - idle) / _CLK_TCK, sum(v[:8]) / _CLK_TCK
+    except (OSError, ValueError):
+        return None
+
+
+class Window:
+    """Counters at the start of the measured window and their deltas at its end."""
+
+    def __init__(self, stats: dict, server_pid: int | None):
+        self.stats, self.server_pid = stats, server_pid
+        self.t0 = time.perf_counter()
+        self.s0 = dict(stats)
+        self.cpu0 = time.process_time()
+        self.srv0 = proc_cpu_s(server_pid) if server_pid else None
+        self.m0 = machine_cpu_s()
+
+    def close(self) -> dict:
+        out = {"seconds": time.perf_counter() - self.t0, "loadgen_cpu_s": time.process_time() - self.cpu0}
+        for k, v in self.stats.items():
+            out[k] = v - self.s0.get(k, 0)
+        if self.srv0 is not None:
+            srv1 = proc_cpu_s(self.server_pid)
+            out["server_cpu_s"] = None if srv1 is None else srv1 - self.srv0
+        m1 = machine_cpu_s()
+        if self.m0 and m1:
+            out["machine_busy_s"], out["machine_total_s"] = m1[0] - self.m0[0], m1[1] - self.m0[1]
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Scenarios (one process)
 
 
-async def steady(host, port, n, offset, duration, rate, groups, consumer_share, warmup=1.0) -> dict:
+async def steady(host, port, n, offset, duration, rate, groups, consumer_share, warmup=1.0, depth=1,
+                 server_pid=None) -> dict:
     loop = asyncio.get_running_loop()
     fleet = make_fleet(n, offset, groups, consumer_share)
     addr = f"{host}:{port}"
     for c in fleet:
         c.broker_addr_table = {"broker-a": {0: addr}}
-    frames = [c.heartbeat_frame(i + 1) for i, c in enumerate(fleet)]
-    stats = {"answered": 0, "errors": 0, "lost": 0, "connect_retries": 0, "connect_failed": 0, "notifies": 0}
+    templates = [FrameTemplate(c.heartbeat_frame(OPAQUE_BASE)) for c in fleet]
+    stats = _new_stats()
     lat: list = []
     closed_loop = rate <= 0
-    measuring = {"on": False}
-
-    def resend(conn, answered):  # closed loop: keep exactly one heartbeat in flight per connection
-        if measuring["on"] is not None:
-            now = time.perf_counter()
-            for _ in range(answered):
-                conn.send(now)
-
-    conns = await _connect_all(loop, host, port, frames, stats, lat, resend if closed_loop else None)
+    conns = await _connect_all(loop, host, port, templates, stats, lat)
     # registration round: every client's first heartbeat
     t0 = time.perf_counter()
     for c in conns:
         c.send(t0)
-    while stats["answered"] < len(conns) and time.perf_counter() - t0 < 60:
+    while stats["answered"] < len(conns) and time.perf_counter() - t0 < 120:
         await asyncio.sleep(0.01)
     registered_s = time.perf_counter() - t0
-    if not closed_loop:
-        measuring["on"] = None
+    if closed_loop:
+        now = time.perf_counter()
+        for c in conns:
+            c.auto = True
+            for _ in range(depth):
+                c.send(now)
     await asyncio.sleep(warmup)
     lat.clear()
-    a0, e0, t_start = stats["answered"], stats["errors"], time.perf_counter()
+    win = Window(stats, server_pid)
     if closed_loop:
         await asyncio.sleep(duration)
-        measuring["on"] = None
     else:
         # open loop: every millisecond send the heartbeats due, round-robin over the connections
-        i = 0
-        sent = 0
+        i = sent = 0
+        nconn = len(conns)
         start = time.perf_counter()
         while True:
             now = time.perf_counter()
@@ -263,67 +362,77 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
             for _ in range(due):
                 conns[i].send(now)
                 i += 1
-                if i == len(conns):
+                if i == nconn:
                     i = 0
             sent += max(0, due)
             await asyncio.sleep(0.001)
-    elapsed = time.perf_counter() - t_start
-    answered = stats["answered"] - a0
-    # drain what is in flight so shutdown is clean
+    res = win.close()
+    for c in conns:
+        c.auto = False
+    window_lat = list(lat)
+    # drain what is in flight (late answers still count for latency: a slow answer must not vanish)
     t1 = time.perf_counter()
-    while any(c.pending for c in conns) and time.perf_counter() - t1 < 10:
+    while any(c.pending for c in conns) and time.perf_counter() - t1 < 30:
         await asyncio.sleep(0.01)
+    window_lat += lat[len(window_lat):] if not closed_loop else []
+    backlog = sum(len(c.pending) for c in conns)
     # shutdown: UNREGISTER_CLIENT per group, then close
-    for i, (c, sim) in enumerate(zip(conns, fleet)):
-        for f in sim.unregister_frames(1_000_000 + i):
-            c.send(time.perf_counter(), f)
+    for c, sim in zip(conns, fleet):
+        for f in sim.unregister_frames(OPAQUE_BASE):
+            c.send(time.perf_counter(), FrameTemplate(f))
     t2 = time.perf_counter()
-    while any(c.pending for c in conns) and time.perf_counter() - t2 < 10:
+    while any(c.pending for c in conns) and time.perf_counter() - t2 < 30:
         await asyncio.sleep(0.01)
+    unregistered = sum(1 for c in conns if not c.pending)
     for c in conns:
         c.transport.close()
-    return {"connections": len(conns), "registered_s": round(registered_s, 3), "answered": answered,
-            "seconds": round(elapsed, 3), "errors": stats["errors"] - e0, "lost": stats["lost"],
-            "connect_failed": stats["connect_failed"], "latencies": lat}
+    res.update(connections=len(conns), registered_s=round(registered_s, 3), unanswered_after_drain=backlog,
+               unregistered_connections=unregistered, connect_failed=stats["connect_failed"], latencies=window_lat)
+    return res
 
 
-async def storm(host, port, n, offset, groups, consumer_share) -> dict:
-    """All clients connect at once and heartbeat; time until every one is registered."""
+async def storm(host, port, n, offset, groups, consumer_share, max_open=0, server_pid=None) -> dict:
+    """Clients connect at once and send their first heartbeat; time until every one is registered (SUCCESS).
+
+    ``max_open`` > 0 is a churn storm: each client disconnects once registered and at most ``max_open`` of them
+    are connected at a time (how more clients than one process has descriptors for are driven through)."""
     loop = asyncio.get_running_loop()
     fleet = make_fleet(n, offset, groups, consumer_share)
-    frames = [c.heartbeat_frame(i + 1) for i, c in enumerate(fleet)]
-    stats = {"answered": 0, "errors": 0, "lost": 0, "connect_retries": 0, "connect_failed": 0, "notifies": 0}
+    templates = [FrameTemplate(c.heartbeat_frame(OPAQUE_BASE)) for c in fleet]
+    stats = _new_stats()
     lat: list = []
-    t0 = time.perf_counter()
-
-    def first(conn, answered):
-        pass
-
-    sem = asyncio.Semaphore(2048)
     conns = []
+    sem = asyncio.Semaphore(max_open or 2048)
+    churn = max_open > 0
+
+    def answered(conn):
+        if churn:
+            conn.transport.close()
+
+    win = Window(stats, server_pid)
 
     async def one(i):
-        async with sem:
-            for attempt in range(50):
-                try:
-                    _, c = await loop.create_connection(lambda: LoadConn(frames[i], stats, lat, first), host, port)
-                    c.send(time.perf_counter())
-                    conns.append(c)
-                    return
-                except OSError:
-                    stats["connect_retries"] += 1
-                    await asyncio.sleep(0.02 * (attempt + 1))
-            stats["connect_failed"] += 1
+        await sem.acquire()
+        c = await _connect(loop, host, port, lambda: LoadConn(templates[i], stats, lat, answered), stats, 50, 0.02)
+        if c is None:
+            sem.release()
+            return
+        c.send(time.perf_counter())
+        if churn:
+            await c.closed
+            sem.release()
+        else:
+            conns.append(c)
+            sem.release()
 
     await asyncio.gather(*(one(i) for i in range(n)))
-    while stats["answered"] < len(conns) and time.perf_counter() - t0 < 120:
+    while stats["answered"] < n - stats["connect_failed"] and time.perf_counter() - win.t0 < 300:
         await asyncio.sleep(0.005)
-    total = time.perf_counter() - t0
-    ok = sum(c.ok for c in conns)
+    res = win.close()
     for c in conns:
         c.transport.close()
-    return {"clients": n, "registered": ok, "seconds": round(total, 3), "errors": stats["errors"],
-            "connect_retries": stats["connect_retries"], "connect_failed": stats["connect_failed"], "latencies": lat}
+    res.update(clients=n, registered=res["ok"], latencies=lat)
+    return res
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -340,16 +449,22 @@ def _worker(args: dict, out):
         pass
     if args["scenario"] == "steady":
         res = asyncio.run(steady(args["host"], args["port"], args["n"], args["offset"], args["duration"],
-                                 args["rate"], args["groups"], args["consumer_share"]))
+                                 args["rate"], args["groups"], args["consumer_share"], depth=args["depth"],
+                                 server_pid=args["server_pid"]))
     else:
         res = asyncio.run(storm(args["host"], args["port"], args["n"], args["offset"], args["groups"],
-                                args["consumer_share"]))
+                                args["consumer_share"], args["max_open"], server_pid=args["server_pid"]))
     out.put(res)
 
 
 def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, duration: float = 5.0,
-        rate: float = 0.0, groups: int = 100, consumer_share: float = 0.5) -> dict:
-    """Run a scenario over ``procs`` processes and merge their results."""
+        rate: float = 0.0, groups: int = 100, consumer_share: float = 0.5, depth: int = 1, max_open: int = 0,
+        server_pid: int | None = None) -> dict:
+    """Run a scenario over ``procs`` processes and merge their results.
+
+    With ``server_pid`` (the broker's process) the result also gives the broker's CPU seconds in the window and
+    per heartbeat; ``loadgen_cpu_s`` is the load generator's own, ``machine_busy_s`` everything on the machine.
+    """
     if not ipaddress.ip_address(host).is_loopback:
         raise SystemExit("loadgen only targets loopback addresses")
     ctx = mp.get_context("fork")
@@ -358,29 +473,45 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
     ps, off = [], 0
     for i, n in enumerate(per):
         a = dict(scenario=scenario, host=host, port=port, n=n, offset=off, duration=duration,
-                 rate=rate / procs, groups=groups, consumer_share=consumer_share)
+                 rate=rate / procs, groups=groups, consumer_share=consumer_share, depth=depth,
+                 max_open=max(1, max_open // procs) if max_open else 0, server_pid=server_pid)
         off += n
         p = ctx.Process(target=_worker, args=(a, q), daemon=True)
         p.start()
         ps.append(p)
-    results = [q.get(timeout=600) for _ in ps]
+    results = [q.get(timeout=900) for _ in ps]
     for p in ps:
         p.join(10)
     lat = [x for r in results for x in r.pop("latencies")]
+    seconds = max(r["seconds"] for r in results)
+    total = lambda k: sum(r.get(k) or 0 for r in results)  # noqa: E731
     merged = {"scenario": scenario, "procs": procs}
     if scenario == "steady":
-        seconds = max(r["seconds"] for r in results)
-        merged.update(connections=sum(r["connections"] for r in results),
-                      registered_s=max(r["registered_s"] for r in results),
-                      answered=sum(r["answered"] for r in results), seconds=seconds,
-                      heartbeats_per_s=round(sum(r["answered"] for r in results) / seconds) if seconds else 0,
-                      offered_rate=rate or "closed-loop", errors=sum(r["errors"] for r in results),
-                      connect_failed=sum(r["connect_failed"] for r in results))
+        merged.update(connections=total("connections"), depth=depth, registered_s=max(r["registered_s"] for r in results),
+                      offered_rate=rate or "closed-loop", sent=total("sent"), answered=total("answered"),
+                      seconds=round(seconds, 3), heartbeats_per_s=round(total("answered") / seconds) if seconds else 0,
+                      errors=total("errors"), opaque_mismatch=total("opaque_mismatch"),
+                      unanswered_after_drain=total("unanswered_after_drain"),
+                      unregistered_connections=total("unregistered_connections"),
+                      connect_failed=total("connect_failed"))
     else:
-        merged.update(clients=sum(r["clients"] for r in results), registered=sum(r["registered"] for r in results),
-                      seconds=max(r["seconds"] for r in results), errors=sum(r["errors"] for r in results),
-                      connect_failed=sum(r["connect_failed"] for r in results))
+        merged.update(clients=total("clients"), max_open=max_open or "all", registered=total("registered"),
+                      seconds=round(seconds, 3), errors=total("errors"), opaque_mismatch=total("opaque_mismatch"),
+                      connect_retries=total("connect_retries"), connect_failed=total("connect_failed"))
     merged.update(_percentiles(lat))
+    # CPU: the workers' windows overlap; the broker's and the machine's figures come from the longest window
+    merged["loadgen_cpu_s"] = round(total("loadgen_cpu_s"), 3)
+    longest = max(results, key=lambda r: r["seconds"])
+    if longest.get("server_cpu_s") is not None:
+        merged["server_cpu_s"] = round(longest["server_cpu_s"], 3)
+    if longest.get("machine_total_s"):
+        merged["machine_busy_pct"] = round(100 * longest["machine_busy_s"] / longest["machine_total_s"], 1)
+    work = total("answered") if scenario == "steady" else total("registered")
+    if work:
+        merged["loadgen_us_per_hb"] = round(1e6 * merged["loadgen_cpu_s"] / work, 2)
+        if "server_cpu_s" in merged:
+            merged["server_us_per_hb"] = round(1e6 * merged["server_cpu_s"] / work, 2)
+            merged["server_cpu_pct"] = round(100 * merged["server_cpu_s"] / seconds, 1)
     return merged
 
 
@@ -392,11 +523,16 @@ def main(argv=None) -> int:
     p.add_argument("--procs", type=int, default=1)
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--rate", type=float, default=0.0, help="offered heartbeats/s (0 = closed loop)")
+    p.add_argument("--depth", type=int, default=1, help="closed loop: heartbeats in flight per connection")
+    p.add_argument("--max-open", type=int, default=0,
+                   help="storm: churn mode, at most this many clients connected at once (each leaves once registered)")
     p.add_argument("--groups", type=int, default=100)
     p.add_argument("--consumer-share", type=float, default=0.5)
+    p.add_argument("--server-pid", type=int, help="the broker's pid: report its CPU use in the window")
     a = p.parse_args(argv)
     host, _, port = a.broker.rpartition(":")
-    res = run(a.scenario, host, int(port), a.clients, a.procs, a.duration, a.rate, a.groups, a.consumer_share)
+    res = run(a.scenario, host, int(port), a.clients, a.procs, a.duration, a.rate, a.groups, a.consumer_share,
+              a.depth, a.max_open, a.server_pid)
     print(json.dumps(res))
     return 0
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 import time
 
-from . import decode_heartbeat
+from . import RemotingCommand, decode_heartbeat
 from .enums import RequestCode, ResponseCode
 from .errors import HeartbeatError, RemotingError, echo
 
@@ -57,14 +58,80 @@ def _json_body(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+# Sentinel opaques for locating the opaque in an encoded answer: every byte of their big-endian int32 form and the
+# first and last digit of their decimal form differ, so two encodings differ exactly in the opaque's bytes.
+_SENTINELS = (0x12345678, 0x23456789)
+_CHECK_OPAQUES = (0, 1, 7, 10, -1, -10, 99999, 1_000_000_000, -2_147_483_648, 2_147_483_647)
+_INT32 = struct.Struct(">i")
+
+
+class AnswerTemplate:
+    """An encoded answer frame in which only the opaque changes from one request to the next.
+
+    Built from two encodings by the frame encoder itself (so it is byte-identical to ``cmd.response(...).encode()``,
+    which :func:`answer_template` checks on a set of opaques before it is used). JSON headers carry the opaque as
+    decimal text, so the length words are rebuilt for its digit count; ROCKETMQ headers carry a fixed int32.
+    """
+
+    __slots__ = ("_h1", "_h2", "_kind", "_fixed", "_heads")
+
+    def __init__(self, h1: bytes, h2: bytes, kind: int | None):
+        self._h1, self._h2 = h1, h2
+        self._kind = kind  # None: binary int32 slot; else the serialize-type byte of a decimal-text slot
+        self._fixed = len(h1) + len(h2) - 8  # header bytes besides the digits (h1 includes the 8-byte prefix)
+        self._heads: dict[int, bytes] = {}  # digit count -> length words + header up to the opaque
+
+    def frame(self, opaque: int) -> bytes:
+        if self._kind is None:
+            return self._h1 + _INT32.pack(opaque) + self._h2
+        digits = b"%d" % opaque
+        head = self._heads.get(len(digits))
+        if head is None:
+            n = self._fixed + len(digits)
+            head = self._heads[len(digits)] = (
+                (n + 4).to_bytes(4, "big") + bytes((self._kind,)) + n.to_bytes(3, "big") + self._h1[8:])
+        return head + digits + self._h2
+
+
+def answer_template(encode) -> AnswerTemplate | None:
+    """``encode(opaque) -> frame`` for a body-less answer; its template, or None if the layout is not recognised."""
+    a, b = encode(_SENTINELS[0]), encode(_SENTINELS[1])
+    if len(a) != len(b) or a == b or len(a) < 12 or a[:4] != (len(a) - 4).to_bytes(4, "big"):
+        return None
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    j = len(a)
+    while a[j - 1] == b[j - 1]:
+        j -= 1
+    if i < 8:
+        return None
+    slot = a[i:j]
+    if slot == b"%d" % _SENTINELS[0] and int.from_bytes(a[5:8], "big") == len(a) - 8:
+        tpl = AnswerTemplate(a[:i], a[j:], a[4])
+    elif slot == _INT32.pack(_SENTINELS[0]):
+        tpl = AnswerTemplate(a[:i], a[j:], None)
+    else:
+        return None
+    for opaque in _CHECK_OPAQUES:
+        if tpl.frame(opaque) != encode(opaque):
+            return None
+    return tpl
+
+
 class Processors:
-    """The handlers, bound to one broker (registry, config, metrics, addresses, recorder)."""
+    """The handlers, bound to one broker (registry, config, metrics, addresses, recorder).
+
+    A handler returns a RemotingCommand, or an already encoded frame (bytes) for answers served from a template.
+    """
 
     def __init__(self, broker):
         self.broker = broker
         self.registry = broker.registry
         self.config = broker.config
         self.metrics = broker.metrics
+        #: (serialize type, code, remark, IS_SUB_CHANGE) of a SUCCESS heartbeat answer -> AnswerTemplate or False
+        self._hb_answers: dict = {}
 
     # ------------------------------------------------------------------ ClientManageProcessor
     def heart_beat(self, conn, cmd):
@@ -73,14 +140,38 @@ class Processors:
         if recorder is not None:
             recorder.record(int(time.time() * 1000), conn.id, conn.remote_addr, cmd.language, cmd.version, body)
         self.metrics.heartbeats += 1
-        try:
-            hb = decode_heartbeat(body)
-        except HeartbeatError as e:
-            self.metrics.heartbeat_errors += 1
-            log.info("bad heartbeat from %s: %s", conn.remote_addr, e)
-            return cmd.response(ResponseCode.SYSTEM_ERROR, remark=str(e))
+        # a client sends the same body every 30 s: decoding is pure, so an identical body reuses the decoded
+        # (immutable) HeartbeatData of this connection's previous heartbeat
+        if body == conn.hb_body:
+            hb = conn.hb
+        else:
+            try:
+                hb = decode_heartbeat(body)
+            except HeartbeatError as e:
+                self.metrics.heartbeat_errors += 1
+                log.info("bad heartbeat from %s: %s", conn.remote_addr, e)
+                return cmd.response(ResponseCode.SYSTEM_ERROR, remark=str(e))
+            conn.hb_body, conn.hb = body, hb
         result = self.registry.heartbeat(conn, hb, cmd.language, cmd.version)
-        return cmd.response(result.code, remark=result.remark, ext_fields=result.ext_fields)
+        code = result.code
+        if code == ResponseCode.SUCCESS:
+            key = (cmd.serialize_type, code, result.remark, result.is_sub_change)
+            tpl = self._hb_answers.get(key)
+            if tpl is None:
+                tpl = self._hb_answers[key] = self._answer_template(cmd, result) or False
+            if tpl:
+                return tpl.frame(cmd.opaque)
+        return cmd.response(code, remark=result.remark, ext_fields=result.ext_fields)
+
+    @staticmethod
+    def _answer_template(cmd, result) -> AnswerTemplate | None:
+        code, remark, ext, serialize_type = result.code, result.remark, result.ext_fields, cmd.serialize_type
+
+        def encode(opaque):
+            request = RemotingCommand(RequestCode.HEART_BEAT, opaque=opaque, serialize_type=serialize_type)
+            return request.response(code, remark=remark, ext_fields=ext).encode()
+
+        return answer_template(encode)
 
     def unregister_client(self, conn, cmd):
         client_id = _required(cmd, "clientID")

@@ -9,7 +9,9 @@ Shape (NettyRemotingServer + BrokerController.registerProcessor, on one event lo
   pools: the heartbeat executor runs inline in the read callback (the shortest path, so heartbeats are answered in
   well under 3 s whatever else is queued); client-manage, consumer-manage, pull and admin work each go through a
   bounded queue drained a slice at a time between I/O callbacks. A full queue answers SYSTEM_BUSY
-  "[OVERLOAD]system busy, start flow control for a while", as Netty does on RejectedExecutionException.
+  "[OVERLOAD]system busy, start flow control for a while", as Netty does on RejectedExecutionException, and a
+  request that waited in its queue past the fast-failure limit is answered SYSTEM_BUSY "[TIMEOUT_CLEAN_QUEUE]..."
+  instead of late, as BrokerFastFailure does; both are counted per executor in the metrics.
 * Limits: max connections and max per IP (refused with a SYSTEM_BUSY answer to the first request, then closed),
   max frame size (FrameDecoder), a timeout for an incomplete frame (slowloris), all-idle timeout (120 s), a
   bound on responses queued for a client that does not read them, and a bound on requests in flight per
@@ -30,6 +32,9 @@ from .errors import RemotingError
 log = logging.getLogger("engine.server")
 
 OVERLOAD_REMARK = "[OVERLOAD]system busy, start flow control for a while"
+#: BrokerFastFailure.cleanExpiredRequestInQueue: the answer to a request that waited in its queue too long.
+TIMEOUT_CLEAN_QUEUE_REMARK = ("[TIMEOUT_CLEAN_QUEUE]broker busy, start flow control for a while, period in queue: "
+                              "%dms, size of queue: %d")
 
 
 class Connection(asyncio.Protocol):
@@ -37,7 +42,8 @@ class Connection(asyncio.Protocol):
 
     __slots__ = ("server", "port_name", "id", "transport", "decoder", "remote_ip", "remote_port", "remote_addr",
                  "local_ip", "closing", "close_reason", "rejected", "partial_since", "last_io", "inflight",
-                 "reading_paused", "write_paused_since", "serialize_type", "held_pulls", "_out", "__weakref__")
+                 "reading_paused", "write_paused_since", "serialize_type", "held_pulls", "hb_body", "hb", "_out",
+                 "__weakref__")
 
     def __init__(self, server: "RemotingServer", port_name: str):
         self.server = server
@@ -59,6 +65,8 @@ class Connection(asyncio.Protocol):
         self.write_paused_since: float | None = None  # the client stopped reading what we write
         self.serialize_type = "JSON"  # of the client's last request: NOTIFY goes out in the same form
         self.held_pulls: dict = {}  # opaque -> TimerHandle of a held PULL_MESSAGE
+        self.hb_body: bytes | None = None  # body of the last heartbeat decoded on this connection, and its result
+        self.hb = None
         self._out: list | None = None  # responses batched during one data_received
 
     def __repr__(self) -> str:
@@ -196,10 +204,19 @@ class InlineExecutor:
 
 
 class QueueExecutor:
-    """A bounded FIFO drained ``budget`` requests at a time between I/O callbacks (a thread pool's stand-in)."""
+    """A bounded FIFO drained ``budget`` requests at a time between I/O callbacks (a thread pool's stand-in).
 
-    def __init__(self, server: "RemotingServer", name: str, capacity: int, budget: int = 64):
+    Fast failure (BrokerFastFailure): a request that waited longer than ``max_wait_ms`` (0 = no limit) is not run
+    but answered SYSTEM_BUSY "[TIMEOUT_CLEAN_QUEUE]..." when it reaches the head: its client gives up after its
+    invoke timeout (3 s) and would only see a late answer, so the work is skipped and the client backs off.
+    """
+
+    #: expired requests answered per drain slice beyond the ``budget`` of requests run (answering is cheap)
+    EXPIRE_BUDGET = 1024
+
+    def __init__(self, server: "RemotingServer", name: str, capacity: int, budget: int = 64, max_wait_ms: int = 0):
         self.server, self.name, self.capacity, self.budget = server, name, capacity, budget
+        self.max_wait = max_wait_ms / 1000.0
         self.queue: deque = deque()
         self._scheduled = False
 
@@ -213,7 +230,7 @@ class QueueExecutor:
             if not cmd.is_oneway:
                 conn.send_command(cmd.response(ResponseCode.SYSTEM_BUSY, remark=OVERLOAD_REMARK))
             return
-        self.queue.append((conn, cmd, handler))
+        self.queue.append((conn, cmd, handler, time.monotonic()))
         conn.inflight += 1
         if conn.inflight > server.config.max_inflight_per_connection:
             conn._pause_reading()
@@ -225,20 +242,33 @@ class QueueExecutor:
         server = self.server
         q = self.queue
         limit = server.config.max_inflight_per_connection // 2
-        n = 0
-        while q and n < self.budget:
-            conn, cmd, handler = q.popleft()
+        n = expired = 0
+        max_wait, now = self.max_wait, time.monotonic()
+        while q and n < self.budget and expired < self.EXPIRE_BUDGET:
+            conn, cmd, handler, queued_at = q.popleft()
             conn.inflight -= 1
             if conn.reading_paused and conn.inflight <= limit:
                 conn._resume_reading()
             if conn.closing:
                 continue
+            if max_wait and now - queued_at > max_wait:
+                expired += 1
+                self._expire(conn, cmd, now - queued_at)
+                continue
             server.run(conn, cmd, handler)
             n += 1
+            if max_wait and n % 8 == 0:
+                now = time.monotonic()  # handlers take time: keep the clock of the wait check fresh
         if q:
             server.loop.call_soon(self._drain)
         else:
             self._scheduled = False
+
+    def _expire(self, conn: Connection, cmd, waited_s: float) -> None:
+        self.server.metrics.queue_timeouts[self.name] += 1
+        if not cmd.is_oneway:
+            remark = TIMEOUT_CLEAN_QUEUE_REMARK % (int(waited_s * 1000), len(self.queue))
+            conn.send_command(cmd.response(ResponseCode.SYSTEM_BUSY, remark=remark))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -275,9 +305,17 @@ class RemotingServer:
         """The named executor (created on first use; capacity None = inline)."""
         ex = self.executors.get(name)
         if ex is None:
-            ex = InlineExecutor(self, name) if capacity is None else QueueExecutor(self, name, capacity)
+            ex = (InlineExecutor(self, name) if capacity is None
+                  else QueueExecutor(self, name, capacity, max_wait_ms=self._max_wait_ms(name)))
             self.executors[name] = ex
         return ex
+
+    def _max_wait_ms(self, name: str) -> int:
+        """BrokerFastFailure's wait limit of an executor queue (waitTimeMillsInPullQueue for pulls)."""
+        cfg = self.config
+        if not cfg.broker_fast_failure_enable:
+            return 0
+        return cfg.wait_time_mills_in_pull_queue if name == "pull" else cfg.wait_time_mills_in_queue
 
     def register_processor(self, code: int, handler, executor) -> None:
         self.table[int(code)] = (handler, executor)
@@ -422,7 +460,7 @@ class RemotingServer:
             log.exception("processing request %d from %s failed", cmd.code, conn.remote_addr)
             response = cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"{type(e).__name__}: {e}")
         if response is not None and not (cmd.flag & FLAG_ONEWAY):
-            conn.send(response.encode())
+            conn.send(response if type(response) is bytes else response.encode())
 
     def send_request(self, conn: Connection, code: int, ext_fields: dict, opaque: int) -> None:
         """A oneway request from the broker to a client (NOTIFY_CONSUMER_IDS_CHANGED)."""

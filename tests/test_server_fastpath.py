@@ -1,0 +1,239 @@
+"""The heartbeat fast path: answers served from encoded templates, decoded bodies reused per connection.
+
+Every answer must stay byte-identical to ``cmd.response(...).encode()`` (both implementations, both serialize
+types, any int32 opaque), and a reused decode must never hide a changed body.
+"""
+import asyncio
+import socket
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import engine
+from engine import processors as processors_mod
+from engine.broker import Broker
+from engine.config import BrokerConfig
+from engine.enums import RequestCode, ResponseCode
+from engine.processors import AnswerTemplate, answer_template
+from engine.server import Connection
+
+INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+V2_EXT = "IS_SUPPORT_HEART_BEAT_V2"
+SUB_EXT = "IS_SUB_CHANGE"
+
+BODY = (
+    b'{"clientID":"%s","consumerDataSet":[{"consumeFromWhere":"CONSUME_FROM_LAST_OFFSET","consumeType":'
+    b'"CONSUME_PASSIVELY","groupName":"%s","messageModel":"CLUSTERING","subscriptionDataSet":[{"classFilterMode":'
+    b'false,"codeSet":[],"expressionType":"TAG","subString":"*","subVersion":1718000000001,"tagsSet":[],"topic":'
+    b'"%%RETRY%%%s"}],"unitMode":false}],"heartbeatFingerprint":%d,"producerDataSet":[{"groupName":'
+    b'"CLIENT_INNER_PRODUCER"}],"withoutSub":%s}'
+)
+
+
+def body(client="10.0.0.1@1#1", group="g_fast", fingerprint=0, without_sub=False):
+    return BODY % (client.encode(), group.encode(), group.encode(), fingerprint,
+                   b"true" if without_sub else b"false")
+
+
+def encoder(impl, serialize_type, code=0, remark=None, ext=None):
+    def encode(opaque):
+        req = impl.frame.RemotingCommand(RequestCode.HEART_BEAT, opaque=opaque, serialize_type=serialize_type)
+        return req.response(code, remark=remark, ext_fields=ext).encode()
+
+    return encode
+
+
+# ------------------------------------------------------------------------------------------------ templates
+
+
+@pytest.mark.parametrize("serialize_type", ["JSON", "ROCKETMQ"])
+@pytest.mark.parametrize("sub_change", ["true", "false"])
+def test_template_is_byte_identical_to_the_encoder(impl, serialize_type, sub_change):
+    encode = encoder(impl, serialize_type, ext={V2_EXT: "true", SUB_EXT: sub_change})
+    tpl = answer_template(encode)
+    assert isinstance(tpl, AnswerTemplate)
+    for opaque in (0, 1, 9, 10, 99, 100, 123456789, 2**31 - 1, -1, -9, -10, -(2**31)):
+        assert tpl.frame(opaque) == encode(opaque), opaque
+
+    @settings(max_examples=300, deadline=None)
+    @given(INT32)
+    def prop(opaque):
+        assert tpl.frame(opaque) == encode(opaque)
+
+    prop()
+
+
+@pytest.mark.parametrize("serialize_type", ["JSON", "ROCKETMQ"])
+def test_template_with_remark_and_error_code(impl, serialize_type):
+    encode = encoder(impl, serialize_type, code=ResponseCode.SYSTEM_ERROR, remark="r\u00e9mark \"quoted\"")
+    tpl = answer_template(encode)
+    assert tpl is not None
+    for opaque in (0, -5, 2**31 - 1, 4242):
+        assert tpl.frame(opaque) == encode(opaque)
+
+
+def test_template_refuses_layouts_it_cannot_patch():
+    assert answer_template(lambda o: b"\x00\x00\x00\x08\x00\x00\x00\x04{}{}") is None  # opaque not in the frame
+    assert answer_template(lambda o: b"\x00\x00\x00\x02ab") is None  # shorter than a header
+    hexed = lambda o: (lambda h: (len(h) + 4).to_bytes(4, "big") + len(h).to_bytes(4, "big") + h)(  # noqa: E731
+        b'{"opaque":"%x"}' % (o & 0xFFFFFFFF))
+    assert answer_template(hexed) is None  # neither decimal text nor an int32
+    body_after = lambda o: (lambda h: (len(h) + 7).to_bytes(4, "big") + len(h).to_bytes(4, "big") + h + b"bod")(  # noqa: E731
+        b'{"opaque":%d}' % o)
+    assert answer_template(body_after) is None  # a JSON answer with a body: its length words are not the header's
+
+
+# ------------------------------------------------------------------------------------------------ processor
+
+
+class FakeTransport:
+    def __init__(self):
+        self.chunks = []
+
+    def get_extra_info(self, name):
+        return ("127.0.0.1", 40001)
+
+    def write(self, data):
+        self.chunks.append(bytes(data))
+
+    def get_write_buffer_size(self):
+        return 0
+
+
+@pytest.fixture
+def offline(tmp_path):
+    """A broker that is built but not listening: its processors driven through Connection.data_received."""
+    loop = asyncio.new_event_loop()
+    b = Broker(BrokerConfig(listen_port=0, store_path_root_dir=str(tmp_path / "store")))
+    b.loop = b.server.loop = loop
+    yield b
+    loop.close()
+
+
+def split_frames(data: bytes) -> list[bytes]:
+    out, pos = [], 0
+    while pos < len(data):
+        end = pos + 4 + int.from_bytes(data[pos:pos + 4], "big")
+        out.append(data[pos:end])
+        pos = end
+    return out
+
+
+def connect(broker):
+    conn = Connection(broker.server, "main")
+    conn.connection_made(FakeTransport())
+    return conn
+
+
+def test_every_heartbeat_answer_equals_the_encoded_response(offline, monkeypatch):
+    """Spy on the registry: whatever it answers (V1, V2 changed/unchanged, errors), the bytes on the wire are
+    exactly ``cmd.response(result...).encode()``."""
+    results = []
+    real = offline.registry.heartbeat
+
+    def spy(*a, **kw):
+        r = real(*a, **kw)
+        results.append(r)
+        return r
+
+    monkeypatch.setattr(offline.registry, "heartbeat", spy)
+    conn = connect(offline)
+    sends = [(body(), "JSON", 1), (body(), "JSON", -7), (body(), "ROCKETMQ", 2**31 - 1),
+             (body(fingerprint=77), "JSON", 10), (body(fingerprint=77, without_sub=True), "JSON", 11),
+             (body(fingerprint=78, without_sub=True), "ROCKETMQ", -(2**31)), (body(fingerprint=78), "JSON", 0),
+             (body(client=""), "JSON", 5), (body(group="g_other", fingerprint=78), "JSON", 123456)]
+    for data, st_, opaque in sends:
+        cmd = engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=opaque, ext_fields={}, body=data,
+                                     serialize_type=st_)
+        conn.data_received(cmd.encode())
+        r = results[-1]
+        want = cmd.response(r.code, remark=r.remark, ext_fields=r.ext_fields).encode()
+        # the read's one write may also carry a NOTIFY_CONSUMER_IDS_CHANGED this heartbeat caused
+        answers = [f for f in split_frames(conn.transport.chunks[-1]) if engine.decode_frame(f).is_response]
+        assert answers == [want]
+    assert len(results) == len(sends)
+    assert {(k[0], k[3]) for k, v in offline.processors._hb_answers.items() if v} >= {("JSON", True), ("ROCKETMQ", True)}
+
+
+def test_identical_body_is_decoded_once_and_a_changed_body_again(offline, monkeypatch):
+    calls = []
+    real = processors_mod.decode_heartbeat
+    monkeypatch.setattr(processors_mod, "decode_heartbeat", lambda b: (calls.append(b), real(b))[1])
+    conn = connect(offline)
+
+    def beat(data, opaque):
+        conn.data_received(engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=opaque, ext_fields={},
+                                                  body=data).encode())
+        return [c for c in map(engine.decode_frame, split_frames(conn.transport.chunks[-1])) if c.is_response][0]
+
+    for i in range(3):
+        assert beat(body(group="g_a"), i).code == ResponseCode.SUCCESS
+    assert len(calls) == 1
+    assert list(offline.registry.consumer_ids("g_a")) == ["10.0.0.1@1#1"]
+    # the client moves to another group: decoded again, and the registry sees the new body
+    assert beat(body(group="g_b"), 10).code == ResponseCode.SUCCESS
+    assert len(calls) == 2
+    assert list(offline.registry.consumer_ids("g_b")) == ["10.0.0.1@1#1"]
+    # a broken body is an error answer; it does not replace the remembered one
+    bad = beat(b'{"clientID":', 11)
+    assert bad.code == ResponseCode.SYSTEM_ERROR and len(calls) == 3
+    assert beat(body(group="g_b"), 12).code == ResponseCode.SUCCESS
+    assert len(calls) == 3
+    # the cache is per connection: another connection with the same body decodes for itself
+    other = connect(offline)
+    other.data_received(engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=1, ext_fields={},
+                                               body=body(group="g_b")).encode())
+    assert len(calls) == 4
+
+
+def test_batched_heartbeats_in_one_read_are_answered_in_one_write(offline):
+    conn = connect(offline)
+    frames = [engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=o, ext_fields={}, body=body()).encode()
+              for o in range(100, 108)]
+    conn.data_received(b"".join(frames))
+    assert len(conn.transport.chunks) == 1
+    decoder = engine.FrameDecoder()
+    answers = [c for c in decoder.feed(conn.transport.chunks[0]) if c.is_response]  # a NOTIFY may ride along
+    assert [a.opaque for a in answers] == list(range(100, 108))
+    assert all(a.code == ResponseCode.SUCCESS and a.is_response for a in answers)
+
+
+# ------------------------------------------------------------------------------------------------ over the wire
+
+
+def test_wire_answers_carry_each_requests_opaque(tmp_path):
+    b = Broker(BrokerConfig(listen_port=0, listen_host="127.0.0.1", store_path_root_dir=str(tmp_path / "s"),
+                            fast_port_enable=False)).start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", b.ports["main"]), timeout=5)
+        opaques = [0, 1, 9, 10, 2**31 - 1, -1, -(2**31), 5, 5]
+        sts = ["JSON", "ROCKETMQ"]
+        sent = []
+        for i, o in enumerate(opaques):
+            cmd = engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=o, ext_fields={}, body=body(),
+                                         serialize_type=sts[i % 2])
+            sent.append(cmd)
+        sock.sendall(b"".join(c.encode() for c in sent))
+        decoder, got = engine.FrameDecoder(), []
+        while len(got) < len(sent):
+            data = sock.recv(65536)
+            assert data
+            got += [c for c in decoder.feed(data) if c.is_response]  # NOTIFY requests may be interleaved
+        for req, ans in zip(sent, got):
+            assert ans.opaque == req.opaque and ans.is_response and ans.code == ResponseCode.SUCCESS
+            assert ans.serialize_type == req.serialize_type
+            assert ans.version == engine.BROKER_VERSION
+            assert ans.ext_fields == {V2_EXT: "true", SUB_EXT: "true"}
+            assert ans.encode() == req.response(0, ext_fields={V2_EXT: "true", SUB_EXT: "true"}).encode()
+        sock.close()
+    finally:
+        b.stop()
+
+
+def test_int32_pack_matches_rocketmq_header_layout():
+    # the ROCKETMQ header keeps the opaque as a big-endian int32 right after code, language and version
+    cmd = engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=-2, serialize_type="ROCKETMQ")
+    frame = cmd.response(0).encode()
+    assert frame[8 + 5:8 + 9] == struct.pack(">i", -2)

@@ -68,6 +68,13 @@ class BrokerConfig:
     consumer_manager_thread_pool_queue_capacity: int = 1_000_000
     admin_broker_thread_pool_queue_capacity: int = 10_000
     pull_thread_pool_queue_capacity: int = 100_000
+    # -- fast failure (BrokerFastFailure): a queued request that waited longer than its limit is answered
+    #    SYSTEM_BUSY "[TIMEOUT_CLEAN_QUEUE]..." instead of late; 0 = no limit --
+    broker_fast_failure_enable: bool = True
+    wait_time_mills_in_pull_queue: int = 5_000
+    #: engine: the limit of the client-manage, consumer-manage and admin queues (Java has none; its clients give
+    #: up after their 3 s invoke timeout, so a later answer is wasted). Heartbeats never queue.
+    wait_time_mills_in_queue: int = 3_000
     # -- long polling --
     long_polling_enable: bool = True
     #: engine: longest a PULL_MESSAGE is held (the client's suspendTimeoutMillis is capped at this)
@@ -166,7 +173,8 @@ class BrokerConfig:
         for name in positive:
             if getattr(self, PROPERTIES[name].attr) <= 0:
                 raise ConfigError(f"{name} must be > 0")
-        for name in ("maxConnectionsPerIp", "notifyCoalesceWindowMs"):
+        for name in ("maxConnectionsPerIp", "notifyCoalesceWindowMs", "waitTimeMillsInPullQueue",
+                     "waitTimeMillsInQueue"):
             if getattr(self, PROPERTIES[name].attr) < 0:
                 raise ConfigError(f"{name} must be >= 0")
         if not 16 <= self.max_frame_size <= 0x7FFFFFFF:

@@ -31,6 +31,7 @@ class Metrics:
         self.connections_closed = Counter()  # reason -> count
         self.connections_rejected = Counter()  # limit name -> count
         self.overloaded = Counter()  # executor -> requests refused with SYSTEM_BUSY
+        self.queue_timeouts = Counter()  # executor -> requests answered SYSTEM_BUSY after waiting too long
         self.register_broker_ok = 0
         self.register_broker_failed = 0
         self._samples: deque = deque()  # (time, heartbeats) once per sample() call
@@ -98,6 +99,9 @@ def render(metrics: Metrics, connections: int, group_stats=None) -> str:
     w.metric(p + "acl_denied_total", "counter", "Requests refused with NO_PERMISSION.", [({}, metrics.acl_denied)])
     w.metric(p + "overload_total", "counter", "Requests refused with SYSTEM_BUSY because an executor queue was full.",
              [({"executor": e}, n) for e, n in sorted(metrics.overloaded.items())])
+    w.metric(p + "queue_timeout_total", "counter",
+             "Requests answered SYSTEM_BUSY because they waited in an executor queue past its limit (fast failure).",
+             [({"executor": e}, n) for e, n in sorted(metrics.queue_timeouts.items())])
     w.metric(p + "expired_channels_total", "counter", "Channels removed by the expiry scan.", [({}, metrics.expired_channels)])
     w.metric(p + "notifications_sent_total", "counter", "NOTIFY_CONSUMER_IDS_CHANGED requests sent.",
              [({}, metrics.notifications_sent)])

@@ -127,7 +127,8 @@ class Broker:
                 data = encoded[conn.serialize_type] = RemotingCommand(
                     RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, opaque=self._notify_opaque, flag=2, ext_fields=ext,
                     serialize_type=conn.serialize_type).encode()
-            conn.send(data)
+            send = getattr(conn, "send_soon", None) or conn.send
+            send(data)
             sent += 1
         self.metrics.notifications_sent += sent
 

@@ -43,7 +43,7 @@ class Connection(asyncio.Protocol):
     __slots__ = ("server", "port_name", "id", "transport", "decoder", "remote_ip", "remote_port", "remote_addr",
                  "local_ip", "closing", "close_reason", "rejected", "partial_since", "last_io", "inflight",
                  "reading_paused", "write_paused_since", "serialize_type", "held_pulls", "hb_body", "hb", "_out",
-                 "__weakref__")
+                 "_soon", "__weakref__")
 
     def __init__(self, server: "RemotingServer", port_name: str):
         self.server = server
@@ -68,6 +68,7 @@ class Connection(asyncio.Protocol):
         self.hb_body: bytes | None = None  # body of the last heartbeat decoded on this connection, and its result
         self.hb = None
         self._out: list | None = None  # responses batched during one data_received
+        self._soon: list | None = None  # frames from send_soon, written once this loop iteration's reads are done
 
     def __repr__(self) -> str:
         return f"<Connection #{self.id} {self.remote_addr} {self.port_name}>"
@@ -139,6 +140,25 @@ class Connection(asyncio.Protocol):
         else:
             self._write(data)
 
+    def send_soon(self, data: bytes) -> None:
+        """Queue a frame caused by another connection's request (NOTIFY_CONSUMER_IDS_CHANGED): what one loop
+        iteration queues for this client goes out in one write after the iteration's reads, not one write each
+        (a group's registration storm notifies every member once per joining client)."""
+        if self.closing:
+            return
+        if self._out is not None:
+            self._out.append(data)
+        elif self._soon is not None:
+            self._soon.append(data)
+        else:
+            self._soon = [data]
+            self.server._queue_soon(self)
+
+    def _flush_soon(self) -> None:
+        out, self._soon = self._soon, None
+        if out and not self.closing:
+            self._write(b"".join(out) if len(out) > 1 else out[0])
+
     def send_command(self, cmd) -> None:
         self.send(cmd.encode())
 
@@ -153,9 +173,14 @@ class Connection(asyncio.Protocol):
         """Close with one logged reason (the first one wins); abort drops unsent output."""
         if self.closing:
             return
-        if not abort and self._out and self.transport is not None:
-            self.transport.write(b"".join(self._out))  # answers batched in this read go out before the close
-            self._out.clear()
+        if not abort and self.transport is not None:
+            # frames queued for this client (notifications, answers batched in this read) go out before the close
+            if self._soon:
+                self.transport.write(b"".join(self._soon))
+            if self._out:
+                self.transport.write(b"".join(self._out))
+                self._out.clear()
+        self._soon = None
         self.closing = True
         self.close_reason = reason
         log.log(level, "closing %s (%s): %s", self.remote_addr, self.port_name, reason)
@@ -295,6 +320,20 @@ class RemotingServer:
         self._conn_seq = 0
         self._sweeper: asyncio.TimerHandle | None = None
         self._closing = False
+        self._soon: list[Connection] = []  # connections with send_soon frames to flush
+
+    def _queue_soon(self, conn: Connection) -> None:
+        if not self._soon:
+            if self.loop is None or not self.loop.is_running():
+                conn._flush_soon()  # no loop iteration to wait for (embedding code driving a stopped server)
+                return
+            self.loop.call_soon(self._flush_soon)
+        self._soon.append(conn)
+
+    def _flush_soon(self) -> None:
+        conns, self._soon = self._soon, []
+        for conn in conns:
+            conn._flush_soon()
 
     def _next_conn_id(self) -> int:
         self._conn_seq += 1

@@ -237,3 +237,58 @@ def test_int32_pack_matches_rocketmq_header_layout():
     cmd = engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=-2, serialize_type="ROCKETMQ")
     frame = cmd.response(0).encode()
     assert frame[8 + 5:8 + 9] == struct.pack(">i", -2)
+
+
+# ------------------------------------------------------------------------------------------------ send_soon
+
+
+def test_send_soon_coalesces_a_loop_iteration_into_one_write(offline):
+    a, b = connect(offline), connect(offline)
+
+    async def go():
+        a.send_soon(b"n1")
+        b.send_soon(b"m1")
+        a.send_soon(b"n2")
+        assert a.transport.chunks == [] and b.transport.chunks == []  # nothing written before the iteration ends
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return list(a.transport.chunks), list(b.transport.chunks)
+
+    assert offline.loop.run_until_complete(go()) == ([b"n1n2"], [b"m1"])
+
+
+def test_send_soon_during_the_clients_own_read_joins_that_reads_write(offline, monkeypatch):
+    a = connect(offline)
+    real = offline.processors.heart_beat
+
+    def hb_and_notify(conn, cmd):
+        conn.send_soon(b"NOTIFY")
+        return real(conn, cmd)
+
+    monkeypatch.setitem(offline.server.table, int(RequestCode.HEART_BEAT),
+                        (hb_and_notify, offline.server.table[int(RequestCode.HEART_BEAT)][1]))
+    a.data_received(engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=3, ext_fields={}, body=body()).encode())
+    assert len(a.transport.chunks) == 1 and a.transport.chunks[0].startswith(b"NOTIFY")
+
+
+def test_send_soon_is_flushed_by_a_graceful_close_and_dropped_by_an_abort(offline):
+    a, b = connect(offline), connect(offline)
+    for conn in (a, b):
+        conn.transport.close = conn.transport.abort = lambda: None
+
+    async def go():
+        a.send_soon(b"bye")
+        b.send_soon(b"lost")
+        a.close("test", abort=False)
+        b.close("test", abort=True)
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    offline.loop.run_until_complete(go())
+    assert a.transport.chunks == [b"bye"] and b.transport.chunks == []
+
+
+def test_send_soon_without_a_running_loop_writes_at_once(offline):
+    a = connect(offline)
+    a.send_soon(b"x")
+    assert a.transport.chunks == [b"x"]

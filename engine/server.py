@@ -97,8 +97,10 @@ class Connection(asyncio.Protocol):
         if self.decoder.buffered:
             if self.partial_since is None:
                 self.partial_since = server.tick
-        else:
+                server.partial.add(self)
+        elif self.partial_since is not None:
             self.partial_since = None
+            server.partial.discard(self)
         if not commands:
             return
         self._out = out = []
@@ -123,10 +125,12 @@ class Connection(asyncio.Protocol):
         # the transport's buffer is over its high-water mark: stop reading requests until the client catches up
         # (the sweep disconnects a client that stays stalled longer than writeStallTimeoutMs)
         self.write_paused_since = time.monotonic()
+        self.server.stalled.add(self)
         self._pause_reading()
 
     def resume_writing(self) -> None:
         self.write_paused_since = None
+        self.server.stalled.discard(self)
         if self.inflight <= self.server.config.max_inflight_per_connection // 2:
             self._resume_reading()
 
@@ -321,6 +325,11 @@ class RemotingServer:
         self._sweeper: asyncio.TimerHandle | None = None
         self._closing = False
         self._soon: list[Connection] = []  # connections with send_soon frames to flush
+        # what the once-a-second sweep looks at: the few connections holding a partial frame or stalled on
+        # writes, and a slice of the idle-check pass (so 20k connections never block the loop for a whole pass)
+        self.partial: set[Connection] = set()
+        self.stalled: set[Connection] = set()
+        self._idle_pass: list[Connection] = []
 
     def _queue_soon(self, conn: Connection) -> None:
         if not self._soon:
@@ -423,6 +432,8 @@ class RemotingServer:
         self.per_ip[conn.remote_ip] += 1
 
     def _on_connection_lost(self, conn: Connection, exc) -> None:
+        self.partial.discard(conn)
+        self.stalled.discard(conn)
         if conn in self.connections:
             self.connections.discard(conn)
             n = self.per_ip[conn.remote_ip] - 1
@@ -436,23 +447,38 @@ class RemotingServer:
             if self.on_close is not None:
                 self.on_close(conn)
 
+    #: connections checked for idleness per sweep: a pass over N connections takes N / IDLE_SLICE seconds
+    IDLE_SLICE = 2000
+
     def _sweep(self) -> None:
-        """Once a second: the coarse clock, slowloris and idle checks, the metrics rate sample."""
+        """Once a second: the coarse clock, slowloris and write-stall checks, a slice of the idle check, the
+        metrics rate sample."""
         now = self.tick = time.monotonic()
         cfg = self.config
         partial_limit = cfg.incomplete_frame_timeout_ms / 1000.0
         idle_limit = cfg.server_channel_max_idle_time_seconds
         stall_limit = cfg.write_stall_timeout_ms / 1000.0
-        for conn in list(self.connections):
-            if conn.closing:
-                continue
-            if conn.partial_since is not None and now - conn.partial_since > partial_limit:
+        for conn in list(self.partial):
+            if conn.closing or conn.partial_since is None:
+                self.partial.discard(conn)
+            elif now - conn.partial_since > partial_limit:
                 conn.close(f"incomplete frame for {now - conn.partial_since:.0f} s "
                            f"({conn.decoder.buffered} bytes buffered, limit {partial_limit:g} s)")
-            elif conn.write_paused_since is not None and now - conn.write_paused_since > stall_limit:
+        for conn in list(self.stalled):
+            if conn.closing or conn.write_paused_since is None:
+                self.stalled.discard(conn)
+            elif now - conn.write_paused_since > stall_limit:
                 conn.close(f"client does not read its responses ({conn.transport.get_write_buffer_size()} bytes "
                            f"pending for {now - conn.write_paused_since:.1f} s)")
-            elif now - conn.last_io > idle_limit and not conn.held_pulls and not conn.inflight:
+        todo = self._idle_pass
+        if not todo:
+            todo = self._idle_pass = list(self.connections)
+        batch = todo[-self.IDLE_SLICE:]
+        del todo[-self.IDLE_SLICE:]
+        connections = self.connections
+        for conn in batch:
+            if (not conn.closing and now - conn.last_io > idle_limit and not conn.held_pulls and not conn.inflight
+                    and conn in connections):
                 conn.close(f"idle for {now - conn.last_io:.0f} s (serverChannelMaxIdleTimeSeconds={idle_limit})",
                            level=logging.INFO)
         self.metrics.sample()

@@ -101,6 +101,16 @@ class FakeTransport:
     def get_write_buffer_size(self):
         return 0
 
+    def close(self):
+        self.closed = True
+
+    abort = close
+
+    def pause_reading(self):
+        pass
+
+    resume_reading = pause_reading
+
 
 @pytest.fixture
 def offline(tmp_path):
@@ -273,8 +283,6 @@ def test_send_soon_during_the_clients_own_read_joins_that_reads_write(offline, m
 
 def test_send_soon_is_flushed_by_a_graceful_close_and_dropped_by_an_abort(offline):
     a, b = connect(offline), connect(offline)
-    for conn in (a, b):
-        conn.transport.close = conn.transport.abort = lambda: None
 
     async def go():
         a.send_soon(b"bye")
@@ -292,3 +300,48 @@ def test_send_soon_without_a_running_loop_writes_at_once(offline):
     a = connect(offline)
     a.send_soon(b"x")
     assert a.transport.chunks == [b"x"]
+
+
+# ------------------------------------------------------------------------------------------------ sweep
+
+
+def test_sweep_checks_idleness_a_slice_at_a_time_and_finds_every_idle_connection(offline, monkeypatch):
+    server = offline.server
+    monkeypatch.setattr(type(server), "IDLE_SLICE", 3)
+    conns = [connect(offline) for _ in range(10)]
+    server._closing = True  # no rescheduling on the offline loop
+    busy = conns[4]
+    idle_limit = offline.config.server_channel_max_idle_time_seconds
+    for c in conns:
+        c.last_io -= idle_limit + 5
+    seen_closed = []
+    for _ in range(4):  # ceil(10 / 3) sweeps make one pass
+        busy.last_io = server.tick + 10  # keeps talking
+        server._sweep()
+        seen_closed.append(sum(c.closing for c in conns))
+    assert seen_closed[0] <= 3 and seen_closed == sorted(seen_closed)
+    assert [c.closing for c in conns] == [c is not busy for c in conns]
+    assert all(c.close_reason.startswith("idle for") for c in conns if c is not busy)
+
+
+def test_partial_frames_and_write_stalls_are_tracked_for_the_sweep(offline):
+    server = offline.server
+    a, b, c = connect(offline), connect(offline), connect(offline)
+    server._closing = True  # no rescheduling on the offline loop
+    frame = engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=1, ext_fields={}, body=body()).encode()
+    a.data_received(frame[:10])
+    b.data_received(frame[:10])
+    assert server.partial == {a, b}
+    b.data_received(frame[10:])  # completed: no longer partial
+    assert server.partial == {a}
+    c.pause_writing()
+    assert server.stalled == {c}
+    a.partial_since -= offline.config.incomplete_frame_timeout_ms / 1000.0 + 1
+    c.write_paused_since -= offline.config.write_stall_timeout_ms / 1000.0 + 1
+    server._sweep()
+    assert a.closing and a.close_reason.startswith("incomplete frame for")
+    assert c.closing and c.close_reason.startswith("client does not read its responses")
+    assert not b.closing
+    for x in (a, c):
+        x.connection_lost(None)
+    assert server.partial == set() and server.stalled == set()

@@ -2,9 +2,7 @@
 
 Subcommands are registered in COMMANDS; each takes its own argv so that modules stay independent.
 """
-import argparse
 import json
-import os
 import sys
 import time
 from collections import Counter
@@ -17,67 +15,67 @@ def default_vectors_dir() -> Path:
     return shared_dir() / "vectors"
 
 
-def _iter_captures(vectors: Path):
+def capture_summary(vectors: Path) -> None:
+    """Stream each capture through a FrameDecoder as a socket would and print what the clients sent."""
+    import engine
+
     for index_path in sorted(vectors.glob("*/index.json")):
         index = json.loads(index_path.read_text())
         stream = b"".join((index_path.parent / e["file"]).read_bytes() for e in index["frames"])
-        yield index["client"], index["frames"], stream
-
-
-def demo_main(argv=None) -> int:
-    """The main job: decode the real-client captures as a broker would and print what they contain."""
-    import engine
-
-    p = argparse.ArgumentParser(prog="rmqhb demo", description=demo_main.__doc__)
-    p.add_argument("--vectors", type=Path, default=default_vectors_dir(), help="captures directory")
-    args = p.parse_args(argv)
-    if not args.vectors.is_dir():
-        print(f"no captures at {args.vectors} (set ENGINE_SHARED_DIR or --vectors)", file=sys.stderr)
-        return 2
-    print(f"engine.NATIVE = {engine.NATIVE}  (captures: {args.vectors})")
-    for client, frames, stream in _iter_captures(args.vectors):
         decoder = engine.FrameDecoder()
         t0 = time.perf_counter()
         commands = []
-        for i in range(0, len(stream), 1500):  # feed in MTU-sized chunks, like a socket would
+        for i in range(0, len(stream), 1500):  # MTU-sized chunks
             commands.extend(decoder.feed(stream[i : i + 1500]))
         elapsed = time.perf_counter() - t0
-        assert len(commands) == len(frames) and decoder.buffered == 0
-        codes = Counter(engine.RequestCode(c.code).name if c.code in engine.RequestCode._value2member_map_ else str(c.code) for c in commands)
-        print(f"\n== {client}: {len(commands)} frames, {len(stream)} bytes, streamed in {elapsed * 1e3:.2f} ms")
+        assert len(commands) == len(index["frames"]) and decoder.buffered == 0
+        names = {c.value: c.name for c in engine.RequestCode}
+        codes = Counter(names.get(c.code, str(c.code)) for c in commands)
+        print(f"== {index['client']}: {len(commands)} frames, {len(stream)} bytes, streamed in {elapsed * 1e3:.2f} ms")
         print("   requests: " + ", ".join(f"{name} x{n}" for name, n in codes.most_common()))
         langs = Counter(c.language.name if c.language is not None else "?" for c in commands)
-        versions = Counter(c.version for c in commands)
-        print(f"   languages: {dict(langs)}  versions: {dict(versions)}")
+        print(f"   languages: {dict(langs)}  versions: {dict(Counter(c.version for c in commands))}")
         seen = set()
         for c in commands:
-            if c.code != engine.RequestCode.HEART_BEAT:
-                continue
-            hb = engine.decode_heartbeat(c.body)
-            key = (hb.client_id, tuple(p.group for p in hb.producers), tuple(x.group for x in hb.consumers))
-            if key in seen:
-                continue
-            seen.add(key)
-            print(f"   heartbeat from {hb.client_id}: producers {[p.group for p in hb.producers]}")
-            for cd in hb.consumers:
-                model = cd.message_model.name if cd.message_model is not None else None
-                ctype = cd.consume_type.name if cd.consume_type is not None else None
-                print(f"     consumer {cd.group} ({ctype}, {model})")
-                for s in cd.subscriptions:
-                    print(f"       {s.topic}: {s.sub_string!r} tags={list(s.tags)} type={s.expression_type}")
-        for c in commands:
-            if c.code == engine.RequestCode.UNREGISTER_CLIENT:
+            if c.code == engine.RequestCode.HEART_BEAT:
+                hb = engine.decode_heartbeat(c.body)
+                key = (hb.client_id, tuple(p.group for p in hb.producers), tuple(x.group for x in hb.consumers))
+                if key in seen:
+                    continue
+                seen.add(key)
+                print(f"   heartbeat from {hb.client_id}: producers {[p.group for p in hb.producers]}")
+                for cd in hb.consumers:
+                    ctype = cd.consume_type.name if cd.consume_type is not None else None
+                    model = cd.message_model.name if cd.message_model is not None else None
+                    print(f"     consumer {cd.group} ({ctype}, {model})")
+                    for s in cd.subscriptions:
+                        print(f"       {s.topic}: {s.sub_string!r} tags={list(s.tags)} type={s.expression_type}")
+            elif c.code == engine.RequestCode.UNREGISTER_CLIENT:
                 ext = c.ext_fields or {}
-                print(f"   unregister {ext.get('clientID')}: producer={ext.get('producerGroup')!r} consumer={ext.get('consumerGroup')!r}")
-    return 0
+                print(f"   unregister {ext.get('clientID')}: producer={ext.get('producerGroup')!r} "
+                      f"consumer={ext.get('consumerGroup')!r}")
+
+
+def _lazy(module: str, func: str):
+    """A subcommand whose module is imported only when it runs (Spark, the server...)."""
+    return lambda argv: getattr(__import__(module, fromlist=[func]), func)(argv)
+
+
+def segments_main(argv) -> int:
+    if not argv or argv[0] != "verify":
+        print("usage: rmqhb segments verify DIR [-v] [--json]", file=sys.stderr)
+        return 2
+    return _lazy("engine.recorder", "segments_verify_main")(argv[1:])
 
 
 COMMANDS = {
-    "demo": demo_main,
-    # the broker front end (engine/broker.py, engine/admin.py), imported only when used
-    "serve": lambda argv: __import__("engine.broker", fromlist=["serve_main"]).serve_main(argv),
-    "consumerConnection": lambda argv: __import__("engine.admin", fromlist=["x"]).consumer_connection_main(argv),
-    "producerConnection": lambda argv: __import__("engine.admin", fromlist=["x"]).producer_connection_main(argv),
+    "demo": _lazy("engine.demo", "demo_main"),
+    "serve": _lazy("engine.broker", "serve_main"),
+    "consumerConnection": _lazy("engine.admin", "consumer_connection_main"),
+    "producerConnection": _lazy("engine.admin", "producer_connection_main"),
+    "segments": segments_main,
+    "generate": _lazy("engine.synth", "generate_main"),
+    "scan": _lazy("engine.bindings.spark", "scan_main"),
 }
 
 

@@ -27,7 +27,9 @@ build_copy() {
   # rsync would be nicer; tar keeps the dependency list to coreutils+tar
   tar -C "$ROOT" --exclude='*.so' --exclude='*.c' --exclude='__pycache__' --exclude='.hypothesis' \
     -cf - setup.py pyproject.toml README.md engine bindings pyx tests fuzz | tar -C "$tree" -xf -
-  if ! (cd "$tree" && ENGINE_SANITIZE="$sanitize" "$PYTHON" setup.py build_ext --inplace \
+  # -fno-sanitize-recover: a UBSan finding aborts the process (a failed run), whatever UBSAN_OPTIONS says
+  if ! (cd "$tree" && CFLAGS="-fno-sanitize-recover=all ${CFLAGS:-}" ENGINE_SANITIZE="$sanitize" \
+          "$PYTHON" setup.py build_ext --inplace \
           --build-temp "$tree/build/temp" >"$tree/build.log" 2>&1); then
     tail -30 "$tree/build.log" >&2
     echo "sanitized build failed (log: $tree/build.log)" >&2

@@ -1,0 +1,194 @@
+"""Soak: N clients on their own connections heartbeating a broker every 30 s for D seconds (bench only, not CI).
+
+The broker runs as its own process (``python -m engine serve``); the clients are bench/loadgen.py's simulated
+MQClientInstances (``steady`` scenario, open loop at N/30 heartbeats/s, so each connection heartbeats every 30 s
+as a Java client does), spread over several processes. Every 10 s the soak samples the broker's RSS and open file
+descriptors from /proc and scrapes its metrics endpoint.
+
+Pass criteria (issue 6): RSS flat within 5% from the end of registration to the end of the run; zero lost
+registrations (registered channels == N at every sample once registered); zero unexpected expiries
+(rocketmq_broker_expired_channels_total stays 0); every heartbeat answered; file descriptors returned once the
+clients leave (back to the count before they came, within 2).
+
+    python bench/soak.py --clients 19900 --duration 600 --procs 4 --json soak.json
+
+One process may hold at most ``ulimit -Hn`` descriptors; the broker needs a few for itself, so N must stay below
+that limit (20000 on the machine of the recorded run, hence 19900).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
+
+import loadgen  # noqa: E402
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def scrape(port: int) -> dict:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {"group_channels": 0}
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        name, _, value = line.rpartition(" ")
+        if name == "rocketmq_broker_connections":
+            out["connections"] = int(float(value))
+        elif name == "rocketmq_broker_expired_channels_total":
+            out["expired"] = int(float(value))
+        elif name == "rocketmq_broker_heartbeats_total":
+            out["heartbeats"] = int(float(value))
+        elif name.startswith("rocketmq_broker_group_channels{") and 'role="consumer"' in name:
+            out["group_channels"] += int(float(value))
+        elif name.startswith("rocketmq_broker_connections_closed_total{"):
+            reason = re.search(r'reason="([^"]+)"', name).group(1)
+            out.setdefault("closed", {})[reason] = int(float(value))
+    return out
+
+
+class Sampler(threading.Thread):
+    def __init__(self, pid: int, metrics_port: int, every: float = 10.0):
+        super().__init__(daemon=True)
+        self.pid, self.port, self.every = pid, metrics_port, every
+        self.samples: list[dict] = []
+        self.stop = threading.Event()
+
+    def sample(self) -> dict:
+        s = {"t": time.monotonic(), "rss": rss_bytes(self.pid), "fds": fd_count(self.pid)}
+        try:
+            s.update(scrape(self.port))
+        except OSError as e:
+            s["scrape_error"] = str(e)
+        self.samples.append(s)
+        return s
+
+    def run(self):
+        while not self.stop.wait(self.every):
+            self.sample()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--clients", type=int, default=19_900)
+    p.add_argument("--duration", type=float, default=600.0)
+    p.add_argument("--procs", type=int, default=4)
+    p.add_argument("--interval", type=float, default=30.0, help="heartbeat period per client (s)")
+    p.add_argument("--groups", type=int, default=100)
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args(argv)
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if args.clients > hard - 64:
+        raise SystemExit(f"--clients {args.clients} needs more descriptors than one process may hold ({hard})")
+    port, mport = free_port(), free_port()
+    store = tempfile.mkdtemp(prefix="soak-store-")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def raise_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+    broker = subprocess.Popen(
+        [sys.executable, "-m", "engine", "serve", "--listenPort", str(port), "--listenHost", "127.0.0.1",
+         "--fastPortEnable", "false", "--storePathRootDir", store, "--maxConnections", str(hard),
+         "--metrics-port", str(mport), "--log-level", "WARNING"],
+        env=env, preexec_fn=raise_limit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = broker.stdout.readline()
+        if "boot success" not in line:
+            raise SystemExit(f"broker did not start: {line}{broker.stdout.read()}")
+        threading.Thread(target=lambda: [None for _ in broker.stdout], daemon=True).start()  # keep the pipe drained
+        sampler = Sampler(broker.pid, mport)
+        base = sampler.sample()
+        sampler.start()
+        t0 = time.monotonic()
+        res = loadgen.run("steady", "127.0.0.1", port, args.clients, procs=args.procs, duration=args.duration,
+                          rate=args.clients / args.interval, groups=args.groups, consumer_share=1.0,
+                          server_pid=broker.pid)
+        run_s = time.monotonic() - t0
+        # clients are gone (loadgen unregistered and closed them): let the broker notice, then count again
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            s = sampler.sample()
+            if s.get("connections") == 0 and s["fds"] <= base["fds"] + 2:
+                break
+            time.sleep(1)
+        sampler.stop.set()
+        after = sampler.samples[-1]
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        try:
+            broker.wait(30)
+        except subprocess.TimeoutExpired:
+            broker.kill()
+
+    # the steady window: samples where every client was registered
+    steady = [s for s in sampler.samples if s.get("group_channels") == args.clients]
+    first, last = (steady[0], steady[-1]) if steady else (None, None)
+    window = [s for s in sampler.samples if first and first["t"] <= s["t"] <= last["t"]]
+    figures = {
+        "clients": args.clients,
+        "duration_s": args.duration,
+        "heartbeat_interval_s": args.interval,
+        "run_s": round(run_s, 1),
+        "loadgen": {k: v for k, v in res.items() if k != "latencies"},
+        "samples_registered": len(steady),
+        "registered_min": min((s.get("group_channels", 0) for s in window), default=0),
+        "expired_total": max((s.get("expired", 0) for s in sampler.samples), default=0),
+        "rss_mb_first": round(first["rss"] / 2**20, 1) if first else None,
+        "rss_mb_last": round(last["rss"] / 2**20, 1) if last else None,
+        "rss_mb_max": round(max(s["rss"] for s in window) / 2**20, 1) if window else None,
+        "rss_drift_pct": round(100 * (last["rss"] - first["rss"]) / first["rss"], 2) if first else None,
+        "fds_before": base["fds"],
+        "fds_peak": max(s["fds"] for s in sampler.samples),
+        "fds_after": after["fds"],
+        "connections_after": after.get("connections"),
+        "closed_by_reason": after.get("closed", {}),
+    }
+    figures["pass"] = bool(
+        first and abs(figures["rss_drift_pct"]) <= 5.0
+        and figures["registered_min"] == args.clients
+        and figures["expired_total"] == 0
+        and res.get("errors", 0) == 0 and res.get("unanswered_after_drain", 0) == 0
+        and figures["fds_after"] <= figures["fds_before"] + 2
+    )
+    print(json.dumps(figures, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"figures": figures, "samples": sampler.samples}, indent=1))
+    return 0 if figures["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

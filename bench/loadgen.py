@@ -174,11 +174,18 @@ class LoadConn(asyncio.Protocol):
     def connection_made(self, transport):
         self.transport = transport
 
-    def send(self, now: float, template: FrameTemplate | None = None) -> None:
-        self.pending.append(now)
-        self.transport.write((template or self.template).build(self.seq))
-        self.seq += 1
-        self.stats["sent"] += 1
+    def send(self, now: float, template: FrameTemplate | None = None, count: int = 1) -> None:
+        """Send ``count`` requests in one write (a client pipelining several), each with the next opaque."""
+        tpl = template or self.template
+        seq = self.seq
+        if count == 1:
+            data = tpl.build(seq)
+        else:
+            data = b"".join([tpl.build(seq + i) for i in range(count)])
+        self.pending.extend([now] * count)
+        self.seq = seq + count
+        self.stats["sent"] += count
+        self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
         if self.buf:
@@ -218,8 +225,7 @@ class LoadConn(asyncio.Protocol):
             if self.on_first_answer is not None and self.acked == answered:
                 self.on_first_answer(self)
             if self.auto:
-                for _ in range(answered):
-                    self.send(now)
+                self.send(now, count=answered)
 
     def connection_lost(self, exc):
         self.stats["lost"] += 1
@@ -341,8 +347,7 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
         now = time.perf_counter()
         for c in conns:
             c.auto = True
-            for _ in range(depth):
-                c.send(now)
+            c.send(now, count=depth)
     await asyncio.sleep(warmup)
     lat.clear()
     win = Window(stats, server_pid)

@@ -167,7 +167,8 @@ if DataSource is not None:
             return "rmqhb"
 
         def schema(self):
-            return HEARTBEAT_STRUCT if _truthy(self.options.get("decode")) else RECORD_STRUCT
+            decode = {k.lower(): v for k, v in self.options.items()}.get("decode")
+            return HEARTBEAT_STRUCT if _truthy(decode) else RECORD_STRUCT
 
         def reader(self, schema):
             return SegmentReader(dict(self.options))
@@ -177,9 +178,10 @@ if DataSource is not None:
             path = options.get("path")
             if not path:
                 raise ValueError("load(DIR) needs the recording directory")
-            self.decode = _truthy(options.get("decode"))
-            self.dedupe = options.get("dedupe", "true").lower() != "false"
-            self.splits = seg.plan_splits(path, int(options.get("splitRecords", seg.DEFAULT_SPLIT_RECORDS))).splits
+            opts = {k.lower(): v for k, v in options.items()}  # Spark hands option names over lower-cased
+            self.decode = _truthy(opts.get("decode"))
+            self.dedupe = str(opts.get("dedupe", "true")).lower() != "false"
+            self.splits = seg.plan_splits(path, int(opts.get("splitrecords", seg.DEFAULT_SPLIT_RECORDS))).splits
 
         def partitions(self):
             return [SegmentPartition(s) for s in self.splits] or [SegmentPartition(None)]
@@ -357,33 +359,35 @@ def decode_json_loads():
 
 def memberships():
     """heartbeats -> runs of one observation each: the client, each producer group, each consumer group with
-    its subscription set (null for a V2 light heartbeat). Bodies that failed to decode are dropped."""
+    its subscription set (null for a V2 light heartbeat). A body that failed to decode (or has no clientID)
+    becomes a STATS_ROLE row, counted in the summary."""
 
     def transform(df: DataFrame) -> DataFrame:
         ok = F.col("client_id").isNotNull()
         if "error" in df.columns:
             ok = ok & F.col("error").isNull()
-        base = df.where(ok)
-        obs = lambda role, group, key: [  # noqa: E731
-            F.lit(role).alias("role"), F.coalesce(group, F.lit("")).alias("group"), F.col("client_id"),
-            F.col("conn_id"), key.cast("string").alias("sub_key"), F.col("recv_ms").alias("first_ms"),
-            F.col("recv_ms").alias("last_ms"), F.lit(1).cast("long").alias("n"),
-        ]
-        client = base.select(*obs("client", F.lit(""), F.lit(None)))
-        producer = base.select("client_id", "conn_id", "recv_ms", F.explode("producer_groups").alias("_g")).select(
-            *obs("producer", F.col("_g"), F.lit(None)))
+        no_key = F.lit(None).cast("string")
+        ob = lambda role, group, key: F.struct(  # noqa: E731
+            F.lit(role).alias("role"), F.coalesce(group, F.lit("")).alias("group"), key.alias("sub_key"))
         triples = lambda c: F.array_sort(F.array_distinct(F.transform(  # noqa: E731
             c["subscriptions"],
             lambda s: F.array(F.coalesce(s["topic"], F.lit("")), F.coalesce(s["expression_type"], F.lit("TAG")),
                               F.coalesce(s["sub_string"], F.lit(""))))))
-        consumer = base.select("client_id", "conn_id", "recv_ms", "without_sub", F.explode("consumers").alias("_c")).select(
-            *obs("consumer", F.col("_c.group"),
-                 F.when(F.coalesce(F.col("without_sub"), F.lit(False)), F.lit(None)).otherwise(F.to_json(triples(F.col("_c"))))))
-        bad = df.where(~ok).select(
-            F.lit(seg.STATS_ROLE).alias("role"), F.lit("").alias("group"), F.lit("").alias("client_id"),
-            F.lit(0).cast("long").alias("conn_id"), F.lit(None).cast("string").alias("sub_key"),
-            F.col("recv_ms").alias("first_ms"), F.col("recv_ms").alias("last_ms"), F.lit(1).cast("long").alias("n"))
-        return client.unionByName(producer).unionByName(consumer).unionByName(bad)
+        light = F.coalesce(F.col("without_sub"), F.lit(False))
+        # one pass over the heartbeats (each union branch would re-run the read and the decoder)
+        observations = F.when(~ok, F.array(ob(seg.STATS_ROLE, F.lit(""), no_key))).otherwise(F.concat(
+            F.array(ob("client", F.lit(""), no_key)),
+            F.transform(F.coalesce(F.col("producer_groups"), F.array().cast("array<string>")),
+                        lambda g: ob("producer", g, no_key)),
+            F.transform(F.coalesce(F.col("consumers"), F.array().cast(df.schema["consumers"].dataType)),
+                        lambda c: ob("consumer", c["group"], F.when(light, no_key).otherwise(F.to_json(triples(c))))),
+        ))
+        return df.select("client_id", "conn_id", "recv_ms", F.explode(observations).alias("o")).select(
+            F.col("o.role").alias("role"), F.col("o.group").alias("group"),
+            F.when(F.col("o.role") == seg.STATS_ROLE, F.lit("")).otherwise(F.col("client_id")).alias("client_id"),
+            F.when(F.col("o.role") == seg.STATS_ROLE, F.lit(0).cast("long")).otherwise(F.col("conn_id")).alias("conn_id"),
+            F.col("o.sub_key").alias("sub_key"), F.col("recv_ms").alias("first_ms"), F.col("recv_ms").alias("last_ms"),
+            F.lit(1).cast("long").alias("n"))
 
     return transform
 
@@ -684,12 +688,14 @@ def scan_main(argv=None) -> int:
         return 2
     from .report import print_summary, write_report
 
-    spark = spark_session(args.master, "rmqhb-scan", driver_memory=args.driver_memory)
+    running = SparkSession.getActiveSession()  # e.g. a notebook's or a test's: use it, leave it running
+    spark = running or spark_session(args.master, "rmqhb-scan", driver_memory=args.driver_memory)
     try:
         findings = scan(spark, args.directory, params, method=args.method, split_records=args.split_records,
                         dedupe=not args.no_dedupe, on_corrupt="raise" if args.strict else "skip")
     finally:
-        spark.stop()
+        if running is None:
+            spark.stop()
     index = write_report(findings, args.out, plots=not args.no_plots)
     print_summary(findings, sys.stdout)
     print(f"report: {index}")

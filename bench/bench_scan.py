@@ -1,0 +1,88 @@
+"""The Spark scan end to end on local[2]: read segments, decompress, decode, all four analyses, findings collected.
+
+Contenders, side by side on the same recording and the same analyses (they must all produce the same findings):
+
+* ``arrow``: mapInArrow reads each split, decodes each distinct body once with the compiled batch decoder and
+  pre-aggregates runs (the default scan);
+* ``arrow_every_body``: the same, but decoding every body (what the decoder alone sustains);
+* ``pandas``: the Python data source reads raw records, a pandas UDF decodes them with the compiled decoder;
+* ``from_json``: the same raw records decoded by Spark's own ``from_json``;
+* ``json_loads``: the same raw records decoded by ``json.loads`` in a pandas UDF.
+
+Run (10M heartbeats by default; RMQHB_BENCH_RECORDS=1000000 for a quick run; the recording is generated once
+into RMQHB_BENCH_DIR, default /tmp/rmqhb-bench-<records>)::
+
+    .venv/bin/python -m pytest bench/bench_scan.py --benchmark-only -s \
+        --benchmark-columns=min,rounds --benchmark-sort=name
+
+Each contender runs once (a Spark scan of millions of rows is its own repetition); heartbeats/s is printed and
+stored in the benchmark's extra_info. Target: ``arrow`` >= 1M heartbeats/s and >= 3x ``from_json``.
+"""
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from engine.synth import FleetConfig, compare_with_manifest, generate, load_manifest  # noqa: E402
+
+RECORDS = int(os.environ.get("RMQHB_BENCH_RECORDS", 10_000_000))
+CLIENTS = int(os.environ.get("RMQHB_BENCH_CLIENTS", 3500))
+DIRECTORY = Path(os.environ.get("RMQHB_BENCH_DIR", f"/tmp/rmqhb-bench-{RECORDS}"))
+METHODS = os.environ.get("RMQHB_BENCH_METHODS", "arrow,arrow_every_body,pandas,from_json,json_loads").split(",")
+RESULTS = {}
+
+
+@pytest.fixture(scope="module")
+def recording():
+    if not (DIRECTORY / "manifest.json").exists():
+        days = RECORDS * 30 / CLIENTS / 86400
+        generate(DIRECTORY, FleetConfig(clients=CLIENTS, groups=max(4, CLIENTS // 20), days=days, seed=7),
+                 progress=True, block_records=4096)
+    return DIRECTORY, load_manifest(DIRECTORY)
+
+
+@pytest.fixture(scope="module")
+def spark(recording, tmp_path_factory):
+    from engine.bindings.spark import scan, spark_session
+
+    session = spark_session("local[2]", "rmqhb-bench", driver_memory="4g")
+    # warm up: JVM JIT, Python workers, the data source registration, on a small recording
+    small = tmp_path_factory.mktemp("warm")
+    generate(small, FleetConfig(clients=50, groups=5, days=0.1, seed=1))
+    for method in ("arrow", "pandas"):
+        scan(session, small, method=method)
+    yield session
+    session.stop()
+    if RESULTS:
+        base = RESULTS.get("from_json")
+        print(f"\n{'method':<18}{'seconds':>10}{'heartbeats/s':>16}{'vs from_json':>14}")
+        for name, (secs, rate) in sorted(RESULTS.items(), key=lambda kv: kv[1][0]):
+            ratio = f"{rate / base[1]:.2f}x" if base else ""
+            print(f"{name:<18}{secs:>10.1f}{rate:>16,.0f}{ratio:>14}")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_scan(benchmark, spark, recording, method):
+    from engine.bindings.spark import scan
+
+    directory, manifest = recording
+    kwargs = {"method": "arrow", "dedupe": False} if method == "arrow_every_body" else {"method": method}
+    out = {}
+
+    def run():
+        t0 = time.perf_counter()
+        out["findings"] = scan(spark, directory, **kwargs)
+        out["seconds"] = time.perf_counter() - t0
+
+    benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
+    findings = out["findings"]
+    n = findings["summary"]["records"]
+    rate = n / out["seconds"]
+    RESULTS[method] = (out["seconds"], rate)
+    benchmark.extra_info.update({"records": n, "heartbeats_per_s": round(rate)})
+    print(f"\n{method}: {n:,} heartbeats in {out['seconds']:.1f} s = {rate:,.0f}/s")
+    # every contender must find exactly what was injected (same data, same answers)
+    assert compare_with_manifest(findings, manifest) == []

@@ -1,0 +1,135 @@
+"""The Spark scan: exactly the injected anomalies on the mapInArrow and pandas-UDF paths, and the same findings as
+the plain-Python reference scan. One SparkSession (local[2]) for the whole module."""
+import json
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from engine import scan_py  # noqa: E402
+from engine.recorder import HeartbeatRecorder, list_segments  # noqa: E402
+from engine.scan_py import FINDING_KEYS, ScanParams  # noqa: E402
+from engine.synth import FleetConfig, compare_with_manifest, generate  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+BAD_BODIES = [b"{not json", b'{"producerDataSet":[]}', b'{"clientID":"x","consumerDataSet":{}}']
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from engine.bindings.spark import spark_session
+
+    session = spark_session("local[2]", "rmqhb-tests", test=True)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory):
+    """A small fleet with every kind of injection, plus undecodable bodies and a torn tail."""
+    d = tmp_path_factory.mktemp("fleet")
+    manifest = generate(d, FleetConfig(clients=40, groups=8, days=0.2, seed=3), block_records=1024)
+    with HeartbeatRecorder(d, prefix="zz") as rec:
+        for i, body in enumerate(BAD_BODIES):
+            rec.record(manifest["start_ms"] + 90_000 + i, 90_000 + i, "10.9.9.9:1", "JAVA", 1, body)
+    with open(list_segments(d)[-1], "ab") as f:
+        f.write(b"HBK1 torn by a crash")
+    reference = scan_py.scan(d)
+    assert compare_with_manifest(reference, manifest) == []
+    return d, manifest, reference
+
+
+def assert_same_findings(got, want):
+    for key in FINDING_KEYS:
+        assert got[key] == want[key], key
+    for key in ("records", "bad_bodies", "clients", "first_ms", "last_ms"):
+        assert got["summary"][key] == want["summary"][key], key
+
+
+@pytest.mark.parametrize("method", ["arrow", "pandas"])
+def test_scan_finds_exactly_the_injections(spark, recording, method):
+    from engine.bindings.spark import scan
+
+    d, manifest, reference = recording
+    findings = scan(spark, d, method=method, split_records=5000)
+    assert compare_with_manifest(findings, manifest) == []
+    assert_same_findings(findings, reference)
+    assert findings["summary"]["bad_bodies"] == len(BAD_BODIES)
+    assert findings["summary"]["records"] == manifest["records"] + len(BAD_BODIES)
+    assert len(findings["scan"]["torn_tails"]) == 1 and findings["scan"]["splits"] > findings["scan"]["segments"]
+
+
+def test_nested_heartbeats_path(spark, recording):
+    from engine.bindings.spark import scan
+
+    d, _, reference = recording
+    assert_same_findings(scan(spark, d, method="heartbeats"), reference)
+
+
+def test_min_duration_and_thresholds_as_transforms(spark, recording):
+    from engine.bindings.spark import heartbeat_gaps, inconsistent_subscriptions, merge_runs, read_runs
+
+    d, manifest, _ = recording
+    long_only = ScanParams(min_duration_s=600)
+    runs = read_runs(spark, d, long_only).transform(merge_runs(long_only)).persist()
+    spans = runs.transform(inconsistent_subscriptions(long_only)).select("group", "start_ms", "end_ms").collect()
+    want = scan_py.scan(d, long_only)["inconsistent_subscriptions"]
+    assert sorted((r["group"], r["start_ms"], r["end_ms"]) for r in spans) == [
+        (x["group"], x["start_ms"], x["end_ms"]) for x in want]
+    kinds = {x["group"]: x["kind"] for x in manifest["anomalies"]["inconsistent_subscriptions"]}
+    assert {kinds[r["group"]] for r in spans} == {"inconsistent"}
+    runs.unpersist()
+    # a 31 s gap threshold also sees heartbeats lost while flapping; runs must be cut at that threshold too
+    tight = ScanParams(gap_threshold_s=31)
+    gaps = read_runs(spark, d, tight).transform(merge_runs(tight)).transform(heartbeat_gaps(tight)).collect()
+    want = scan_py.scan(d, tight)["heartbeat_gaps"]
+    assert len(want) > len(manifest["anomalies"]["heartbeat_gaps"])
+    assert sorted((r["client_id"], r["start_ms"], r["end_ms"], list(r["groups"])) for r in gaps) == [
+        (x["client_id"], x["start_ms"], x["end_ms"], x["groups"]) for x in want]
+
+
+def test_data_source_and_readers(spark, recording):
+    from engine.bindings import segments as seg
+    from engine.bindings.spark import read_heartbeats, read_records
+
+    d, manifest, _ = recording
+    total = manifest["records"] + len(BAD_BODIES)
+    df = spark.read.format("rmqhb").option("splitRecords", 4000).load(str(d))
+    assert df.columns == ["recv_ms", "conn_id", "remote_addr", "language", "version", "body"]
+    assert df.rdd.getNumPartitions() == len(seg.plan_splits(d, 4000).splits)
+    assert df.count() == total
+    assert read_records(spark, d, via="arrow").count() == total
+    decoded = spark.read.format("rmqhb").option("decode", "true").load(str(d))
+    assert decoded.where("error is not null").count() == 2  # and one body decodes but has no clientID
+    assert decoded.where("error is null and client_id is null").count() == 1
+    hb = read_heartbeats(spark, d)
+    row = hb.where("without_sub").first()
+    assert row["client_id"] and row["consumers"][0]["subscriptions"] == [] and row["fingerprint"] != 0
+    langs = {r["language"] for r in hb.select("language").distinct().collect()}
+    assert langs == {"JAVA", "CPP"}
+
+
+def test_scan_main_writes_the_report(spark, recording, tmp_path, capsys):
+    from engine.bindings.spark import scan_main
+
+    d, manifest, reference = recording
+    out = tmp_path / "report"
+    assert scan_main([str(d), "--out", str(out), "--master", "local[2]", "--split-records", "8000"]) == 0
+    assert spark.range(1).count() == 1  # the test session is still alive
+    printed = capsys.readouterr().out
+    assert "heartbeats from 44 clients" in printed and "flapping:" in printed and str(out / "index.html") in printed
+    findings = json.loads((out / "findings.json").read_text())
+    assert compare_with_manifest(findings, manifest) == []
+    for key in FINDING_KEYS:
+        assert findings[key] == json.loads(json.dumps(reference[key]))
+    for name in ("inconsistent_subscriptions.csv", "flapping_clients.csv", "flapping_timeline.csv",
+                 "heartbeat_gaps.csv", "group_sizes.csv"):
+        assert (out / name).stat().st_size > 0
+    assert len((out / "heartbeat_gaps.csv").read_text().splitlines()) == 1 + len(manifest["anomalies"]["heartbeat_gaps"])
+    for name in ("group_sizes.png", "gap_histogram.png", "flapping_timeline.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"src='{name}'" in (out / "index.html").read_text()
+    assert scan_main([str(d / "missing"), "--out", str(out)]) == 2
+    assert scan_main([str(d), "--out", str(out), "--expiry", "0"]) == 2

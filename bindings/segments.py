@@ -15,6 +15,7 @@ Heartbeats repeat byte for byte between state changes, so each split decodes eve
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
@@ -23,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
-from engine.recorder import BlockInfo, Damage, iter_blocks, list_segments, scan_segment
+from engine.recorder import BlockInfo, Damage, SegmentError, iter_blocks, list_segments, scan_segment
 from engine.scan_py import ScanParams
 
 #: Bodies of one split must fit Arrow's int32 offsets; the planner also caps a split's raw bytes.
@@ -214,6 +215,84 @@ def record_batches(split: Split, max_rows: int = 65536, on_corrupt: str = "skip"
 # decoding
 
 
+class BodyDeduperPy:
+    """Pure-Python twin of ``engine._segment.BodyDeduper``: numbers distinct bodies in first-seen order across
+    ``add`` calls, checking each body against the last one of its connection before hashing it."""
+
+    def __init__(self):
+        self.bodies: List[bytes] = []
+        self._index: dict = {}
+        self._last: dict = {}
+
+    def __len__(self):
+        return len(self.bodies)
+
+    def add(self, conn_index, offsets, data) -> np.ndarray:
+        conn_index = np.asarray(conn_index, dtype=np.int64)
+        offsets = np.asarray(offsets, dtype=np.int32)
+        data = bytes(data)
+        n = len(conn_index)
+        if len(offsets) != n + 1:
+            raise SegmentError(f"{len(offsets)} offsets for {n} bodies")
+        if offsets[0] < 0:
+            raise SegmentError("negative body offset at 0")
+        down = np.flatnonzero(offsets[1:] < offsets[:-1])
+        if len(down):
+            raise SegmentError(f"body offsets descend at {int(down[0]) + 1}")
+        if offsets[n] > len(data):
+            raise SegmentError(f"body offsets end at {int(offsets[n])}, past the {len(data)} data bytes")
+        neg = np.flatnonzero(conn_index < 0)
+        if len(neg):
+            raise SegmentError(f"negative connection index at {int(neg[0])}")
+        out = np.empty(n, dtype=np.int64)
+        off = offsets.tolist()
+        for i, c in enumerate(conn_index.tolist()):
+            body = data[off[i]:off[i + 1]]
+            body_id = self._last.get(c)
+            if body_id is None or self.bodies[body_id] != body:
+                body_id = self._index.get(body)
+                if body_id is None:
+                    body_id = self._index[body] = len(self.bodies)
+                    self.bodies.append(body)
+                self._last[c] = body_id
+            out[i] = body_id
+        return out
+
+
+def _deduper_class():
+    if os.environ.get("ENGINE_NO_EXTENSIONS"):
+        return BodyDeduperPy
+    try:
+        from engine._segment import BodyDeduper as native
+    except ImportError:
+        return BodyDeduperPy
+    return native
+
+
+#: The compiled deduper when built (and not disabled by ENGINE_NO_EXTENSIONS=1), else the twin.
+BodyDeduper = _deduper_class()
+
+
+def read_split_ids(split: Split, on_corrupt: str = "skip", deduper=None):
+    """(recv_ms, conn_id, body ids, distinct bodies) of a split, numbering bodies block by block without
+    copying them into one buffer."""
+    blocks = list(iter_blocks(split.path, blocks=split.blocks, on_corrupt=on_corrupt))
+    if not blocks:
+        e = np.zeros(0, np.int64)
+        return e, e, e, []
+    recv = np.concatenate([b.recv_ms for b in blocks])
+    conn = np.concatenate([b.conn_id for b in blocks])
+    _, dense = np.unique(conn, return_inverse=True)
+    dense = np.ascontiguousarray(dense.reshape(-1), dtype=np.int64)
+    d = deduper if deduper is not None else BodyDeduper()
+    ids, pos = [], 0
+    for b in blocks:
+        k = len(b)
+        ids.append(d.add(dense[pos:pos + k], np.ascontiguousarray(b.body_offsets, dtype=np.int32), b.body_data))
+        pos += k
+    return recv, conn, np.concatenate(ids), d.bodies
+
+
 def dedupe(bodies: List[bytes]) -> Tuple[np.ndarray, List[bytes]]:
     """Index of each body in the list of distinct bodies (first-seen order), and that list."""
     seen: dict = {}
@@ -342,15 +421,20 @@ def _stats_batch(n_bad: int, recv: np.ndarray) -> pa.RecordBatch:
 
 def columns_runs(cols: SplitColumns, params: ScanParams = ScanParams(), dedupe_bodies: bool = True) -> List[pa.RecordBatch]:
     """Runs (RUN_SCHEMA) of one split's columns, plus its STATS_ROLE row."""
-    n = len(cols)
+    ids, uniq = dedupe(cols.bodies())
+    return runs_from_ids(cols.recv_ms, cols.conn_id, ids, uniq, params, dedupe_bodies)
+
+
+def runs_from_ids(recv_ms: np.ndarray, conn_id: np.ndarray, ids: np.ndarray, uniq: List[bytes],
+                  params: ScanParams = ScanParams(), dedupe_bodies: bool = True) -> List[pa.RecordBatch]:
+    """Runs of records given as receive times, connections and ids into the list of distinct bodies."""
+    n = len(recv_ms)
     if n == 0:
-        return [_stats_batch(0, cols.recv_ms)]
-    bodies = cols.bodies()
-    ids, uniq = dedupe(bodies)
+        return [_stats_batch(0, recv_ms)]
     if dedupe_bodies:
         batch = _decode(uniq)
     else:  # decode every body (the cost being measured), keep the first of each distinct one
-        full = _decode(bodies)
+        full = _decode([uniq[i] for i in ids.tolist()])
         first = np.zeros(len(uniq), np.int64)
         first[ids[::-1]] = np.arange(n - 1, -1, -1)
         batch = _take_batch(full, first)
@@ -363,13 +447,13 @@ def columns_runs(cols: SplitColumns, params: ScanParams = ScanParams(), dedupe_b
     body_client = np.fromiter((intern.setdefault(x, len(intern)) if v else -1 for x, v in zip(client_ids, valid)),
                               dtype=np.int64, count=len(valid))
     keep = np.flatnonzero(rec_ok)
-    recv, conn, bid = cols.recv_ms[keep], cols.conn_id[keep], ids[keep]
+    recv, conn, bid = recv_ms[keep], conn_id[keep], ids[keep]
     cl = body_client[bid]
     order = np.lexsort((bid, conn, recv, cl))
     recv, conn, bid, cl = recv[order], conn[order], bid[order], cl[order]
     m = len(recv)
     if m == 0:
-        return [_stats_batch(n_bad, cols.recv_ms)]
+        return [_stats_batch(n_bad, recv_ms)]
     brk = np.ones(m, dtype=bool)
     brk[1:] = (cl[1:] != cl[:-1]) | (conn[1:] != conn[:-1]) | (bid[1:] != bid[:-1]) | (
         recv[1:] - recv[:-1] > params.split_ms)
@@ -390,7 +474,7 @@ def columns_runs(cols: SplitColumns, params: ScanParams = ScanParams(), dedupe_b
          pa.array(r_n[rep], pa.int64())],
         schema=RUN_SCHEMA,
     )
-    return [out, _stats_batch(n_bad, cols.recv_ms)]
+    return [out, _stats_batch(n_bad, recv_ms)]
 
 
 def _take_batch(batch, rows: np.ndarray):
@@ -422,4 +506,6 @@ def _take_batch(batch, rows: np.ndarray):
 
 def split_runs(split: Split, params: ScanParams = ScanParams(), dedupe_bodies: bool = True,
                on_corrupt: str = "skip") -> List[pa.RecordBatch]:
-    return columns_runs(read_split(split, on_corrupt), params, dedupe_bodies)
+    """The scan's pre-aggregated runs of one split (RUN_SCHEMA), plus its STATS_ROLE row."""
+    recv, conn, ids, uniq = read_split_ids(split, on_corrupt)
+    return runs_from_ids(recv, conn, ids, uniq, params, dedupe_bodies)

@@ -186,3 +186,83 @@ def test_empty_split_columns():
     (stats,) = seg.columns_runs(e)
     assert stats.to_pylist() == [{"role": seg.STATS_ROLE, "group": "", "client_id": "", "conn_id": 0, "sub_key": None,
                                   "first_ms": None, "last_ms": None, "n": 0}]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# BodyDeduper: native (engine._segment) and twin
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from engine.recorder import SegmentError  # noqa: E402
+
+
+def _dedupers():
+    out = [seg.BodyDeduperPy]
+    try:
+        from engine._segment import BodyDeduper
+    except ImportError:
+        import os
+
+        if os.environ.get("ENGINE_REQUIRE_NATIVE"):
+            raise
+    else:
+        out.append(BodyDeduper)
+    return out
+
+
+DEDUPERS = _dedupers()
+
+
+def _pack(bodies):
+    off = np.zeros(len(bodies) + 1, np.int32)
+    np.cumsum([len(b) for b in bodies], out=off[1:])
+    return off, b"".join(bodies)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.sampled_from([b"", b"a", b"ab", b"b", b"{}", b"x" * 40, b"\x00"])),
+                max_size=60), st.integers(1, 4))
+def test_deduper_parity_and_first_seen_ids(rows, chunks):
+    conn = np.array([c for c, _ in rows], np.int64)
+    bodies = [b for _, b in rows]
+    results = []
+    for cls in DEDUPERS:
+        d = cls()
+        ids = []
+        bounds = np.linspace(0, len(rows), chunks + 1).astype(int)
+        for lo, hi in zip(bounds, bounds[1:]):
+            off, data = _pack(bodies[lo:hi])
+            ids.extend(d.add(np.ascontiguousarray(conn[lo:hi]), off, data).tolist())
+        results.append((ids, list(d.bodies)))
+    want_ids, want_uniq = seg.dedupe(bodies)
+    for ids, uniq in results:
+        assert ids == want_ids.tolist() and uniq == want_uniq
+
+
+@pytest.mark.parametrize("cls", DEDUPERS)
+def test_deduper_rejects_bad_offsets(cls):
+    d = cls()
+    one = np.array([0], np.int64)
+    with pytest.raises(SegmentError):
+        d.add(one, np.array([0, 5], np.int32), b"abc")  # past the data
+    with pytest.raises(SegmentError):
+        d.add(np.array([0, 0], np.int64), np.array([0, 2, 1], np.int32), b"abc")  # descending
+    with pytest.raises(SegmentError):
+        d.add(one, np.array([-1, 1], np.int32), b"abc")
+    with pytest.raises(SegmentError):
+        d.add(one, np.array([0, 1, 2], np.int32), b"abc")  # count mismatch
+    with pytest.raises(SegmentError):
+        d.add(np.array([-3], np.int64), np.array([0, 1], np.int32), b"abc")
+    assert d.add(np.array([5000], np.int64), np.array([0, 3], np.int32), b"abc").tolist() == [0]  # grows
+    assert len(d) == 1
+
+
+def test_read_split_ids_matches_columns(recording):
+    d, _ = recording
+    for s in seg.plan_splits(d, target_records=2500).splits:
+        recv, conn, ids, uniq = seg.read_split_ids(s)
+        cols = seg.read_split(s)
+        want_ids, want_uniq = seg.dedupe(cols.bodies())
+        assert ids.tolist() == want_ids.tolist() and uniq == want_uniq
+        assert recv.tolist() == cols.recv_ms.tolist() and conn.tolist() == cols.conn_id.tolist()

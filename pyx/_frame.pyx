@@ -313,6 +313,27 @@ for _c in range(256):
 del _c
 
 
+cdef inline Py_ssize_t _skip_plain(const unsigned char* s, Py_ssize_t i, Py_ssize_t end) noexcept nogil:
+    """First index >= i (< end) whose byte is not _PLAIN, or end: 8 bytes per step while they are all plain.
+
+    Word tests (exact as booleans; a hit only sends us to the byte loop): a byte < 0x20 makes
+    (v - 0x20..) & ~v set its high bit; a '"' or '\\' makes (x - 0x01..) & ~x do so for x = v ^ that byte;
+    a non-ASCII byte has its own high bit set.
+    """
+    cdef uint64_t v, q, b
+    while i + 8 <= end:
+        memcpy(&v, s + i, 8)
+        q = v ^ 0x2222222222222222ULL
+        b = v ^ 0x5C5C5C5C5C5C5C5CULL
+        if (((v - 0x2020202020202020ULL) & ~v) | ((q - 0x0101010101010101ULL) & ~q)
+                | ((b - 0x0101010101010101ULL) & ~b) | v) & 0x8080808080808080ULL:
+            break
+        i += 8
+    while i < end and _PLAIN[s[i]]:
+        i += 1
+    return i
+
+
 cdef int _scan_string(Scan* sc, Tok* t) except -1:
     """Validate the string at pos (an opening quote) without decoding it (twin: _JsonScanner.string)."""
     cdef const unsigned char* s = sc.s
@@ -320,8 +341,7 @@ cdef int _scan_string(Scan* sc, Tok* t) except -1:
     cdef int flags = 0
     cdef unsigned char c
     while True:
-        while i < end and _PLAIN[s[i]]:
-            i += 1
+        i = _skip_plain(s, i, end)
         if i >= end:
             _fail("unterminated string", start, s, end)
         c = s[i]

@@ -326,8 +326,14 @@ class Window:
 # Scenarios (one process)
 
 
+async def _together(barrier) -> None:
+    """Wait for every worker process to reach this point (the event loop keeps serving meanwhile)."""
+    if barrier is not None:
+        await asyncio.get_running_loop().run_in_executor(None, barrier.wait, 900)
+
+
 async def steady(host, port, n, offset, duration, rate, groups, consumer_share, warmup=1.0, depth=1,
-                 server_pid=None) -> dict:
+                 server_pid=None, barrier=None) -> dict:
     loop = asyncio.get_running_loop()
     fleet = make_fleet(n, offset, groups, consumer_share)
     addr = f"{host}:{port}"
@@ -345,6 +351,7 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
     while stats["answered"] < len(conns) and time.perf_counter() - t0 < 120:
         await asyncio.sleep(0.01)
     registered_s = time.perf_counter() - t0
+    await _together(barrier)  # every process registered: the windows overlap and see no registration traffic
     if closed_loop:
         now = time.perf_counter()
         for c in conns:
@@ -376,6 +383,7 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
     res = win.close()
     for c in conns:
         c.auto = False
+    await _together(barrier)  # nobody unregisters while another process is still measuring
     window_lat = list(lat)
     # drain what is in flight (late answers still count for latency: a slow answer must not vanish)
     t1 = time.perf_counter()
@@ -400,7 +408,7 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
 
 
 async def storm(host, port, n, offset, groups, consumer_share, max_open=0, pending=1024, server_pid=None,
-                answer_timeout=120.0) -> dict:
+                answer_timeout=120.0, barrier=None) -> dict:
     """Clients connect and send their first heartbeat; time until every one is registered (answered SUCCESS).
 
     At most ``pending`` clients per process are connecting or waiting for their first answer at a time. A storm
@@ -450,6 +458,7 @@ async def storm(host, port, n, offset, groups, consumer_share, max_open=0, pendi
 
     await asyncio.gather(*(one(i) for i in range(n)))
     res = win.close()
+    await _together(barrier)  # no process leaves (notifying the others' groups) before all are registered
     for c in conns:
         c.bye = True
         c.transport.close()
@@ -461,7 +470,7 @@ async def storm(host, port, n, offset, groups, consumer_share, max_open=0, pendi
 # Multi-process driver
 
 
-def _worker(args: dict, out):
+def _worker(args: dict, out, barrier=None):
     raise_nofile()
     try:
         import uvloop
@@ -472,11 +481,11 @@ def _worker(args: dict, out):
     if args["scenario"] == "steady":
         res = asyncio.run(steady(args["host"], args["port"], args["n"], args["offset"], args["duration"],
                                  args["rate"], args["groups"], args["consumer_share"], depth=args["depth"],
-                                 server_pid=args["server_pid"]))
+                                 server_pid=args["server_pid"], barrier=barrier))
     else:
         res = asyncio.run(storm(args["host"], args["port"], args["n"], args["offset"], args["groups"],
                                 args["consumer_share"], args["max_open"], args["pending"],
-                                server_pid=args["server_pid"]))
+                                server_pid=args["server_pid"], barrier=barrier))
     out.put(res)
 
 
@@ -492,6 +501,7 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
         raise SystemExit("loadgen only targets loopback addresses")
     ctx = mp.get_context("fork")
     q = ctx.Queue()
+    barrier = ctx.Barrier(procs) if procs > 1 else None
     per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
     ps, off = [], 0
     for i, n in enumerate(per):
@@ -500,7 +510,7 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
                  max_open=max(1, max_open // procs) if max_open else 0, server_pid=server_pid,
                  pending=max(1, pending // procs))
         off += n
-        p = ctx.Process(target=_worker, args=(a, q), daemon=True)
+        p = ctx.Process(target=_worker, args=(a, q, barrier), daemon=True)
         p.start()
         ps.append(p)
     results = [q.get(timeout=900) for _ in ps]

@@ -405,11 +405,6 @@ def merge_runs(params: ScanParams = ScanParams()):
     split = params.split_ms
 
     def transform(df: DataFrame) -> DataFrame:
-        stats = df.where(F.col("role") == seg.STATS_ROLE).groupBy("role").agg(
-            F.lit("").alias("group"), F.lit("").alias("client_id"), F.lit(0).cast("long").alias("conn_id"),
-            F.lit(None).cast("string").alias("sub_key"), F.min("first_ms").alias("first_ms"),
-            F.max("last_ms").alias("last_ms"), F.sum("n").alias("n")).select(*_RUN_COLUMNS)
-        df = df.where(F.col("role") != seg.STATS_ROLE)
         w = _member_window()
         upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         df = df.withColumn("_key", F.last("sub_key", ignorenulls=True).over(upto))
@@ -417,11 +412,14 @@ def merge_runs(params: ScanParams = ScanParams()):
         new = (prev_conn.isNull() | (F.col("conn_id") != prev_conn)
                | ~F.col("_key").eqNullSafe(F.lag("_key").over(w))
                | ((F.col("first_ms") - F.lag("last_ms").over(w)) > split))
-        df = df.withColumn("_run", F.sum(new.cast("int")).over(upto))
+        is_stats = F.col("role") == seg.STATS_ROLE
+        # statistics rows all fall into run 0 of their own partition: summed in the same pass (a separate
+        # branch would run the input, e.g. the segment scan, twice)
+        df = df.withColumn("_run", F.when(is_stats, F.lit(0)).otherwise(F.sum(new.cast("int")).over(upto)))
         return df.groupBy("role", "group", "client_id", "_run").agg(
             F.min("conn_id").alias("conn_id"), F.min("_key").alias("sub_key"), F.min("first_ms").alias("first_ms"),
             F.max("last_ms").alias("last_ms"), F.sum("n").alias("n"),
-        ).select(*_RUN_COLUMNS).unionByName(stats)
+        ).select(*_RUN_COLUMNS)
 
     return transform
 
@@ -493,30 +491,39 @@ def flapping_clients(params: ScanParams = ScanParams()):
     w_ms, need = params.window_ms, params.flap_min_reconnects
 
     def transform(runs: DataFrame) -> DataFrame:
-        rec = runs.transform(reconnects())
-        per_window = rec.withColumn("window_start_ms", F.col("reconnect_ms") - F.pmod(F.col("reconnect_ms"), F.lit(w_ms))) \
-            .groupBy("client_id", "window_start_ms").agg(F.count("*").alias("n")).where(F.col("n") >= need)
-        flagged = per_window.groupBy("client_id").agg(
-            F.array_sort(F.collect_list(F.array(F.col("window_start_ms"), F.col("n")))).alias("windows"),
-            F.max("n").alias("max_reconnects_per_window"))
-        totals = rec.groupBy("client_id").agg(
+        per_client = runs.transform(reconnects()).groupBy("client_id").agg(
             F.count("*").alias("reconnects"), F.min("reconnect_ms").alias("first_reconnect_ms"),
             F.max("reconnect_ms").alias("last_reconnect_ms"), F.array_sort(F.collect_list("reconnect_ms")).alias("reconnect_ms"))
-        return _with_groups(flagged.join(totals, "client_id"), runs)
+        start = lambda t: t - F.pmod(t, F.lit(w_ms))  # noqa: E731
+        counted = F.transform(F.array_distinct(F.transform("reconnect_ms", start)),
+                              lambda ws: F.array(ws, F.size(F.filter("reconnect_ms", lambda t: start(t) == ws)).cast("long")))
+        flagged = per_client.withColumn("windows", F.filter(counted, lambda x: x[1] >= need)).where(F.size("windows") > 0)
+        flagged = flagged.withColumn("max_reconnects_per_window", F.array_max(F.transform("windows", lambda x: x[1])))
+        return _with_groups(flagged, runs)
 
     return transform
+
+
+def _by_group(iv: DataFrame) -> DataFrame:
+    """Partition member intervals by (role, group) once; every later key includes both, so no more shuffles."""
+    return iv.repartition("role", "group")
+
+
+def _events(iv: DataFrame, *keys) -> DataFrame:
+    """+1 at each interval's start, -1 at its end (one pass, keeps the partitioning)."""
+    ev = F.explode(F.array(F.struct(F.col("first_ms").alias("t"), F.lit(1).alias("d")),
+                           F.struct(F.col("end_ms").alias("t"), F.lit(-1).alias("d"))))
+    return iv.select(*keys, ev.alias("e")).select(*keys, "e.t", "e.d")
 
 
 def group_sizes(params: ScanParams = ScanParams()):
     """merged runs -> group, role, ms, members: the number of live members from ms on, at every change."""
 
     def transform(runs: DataFrame) -> DataFrame:
-        iv = runs.where(F.col("role").isin("consumer", "producer")).transform(live_intervals(params))
-        ev = iv.select("role", "group", F.col("first_ms").alias("ms"), F.lit(1).alias("d")).unionByName(
-            iv.select("role", "group", F.col("end_ms").alias("ms"), F.lit(-1).alias("d")))
-        ev = ev.groupBy("role", "group", "ms").agg(F.sum("d").alias("d")).where(F.col("d") != 0)
-        w = Window.partitionBy("role", "group").orderBy("ms").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-        return ev.select("group", "role", "ms", F.sum("d").over(w).alias("members"))
+        iv = _by_group(runs.where(F.col("role").isin("consumer", "producer")).transform(live_intervals(params)))
+        ev = _events(iv, "role", "group").groupBy("role", "group", "t").agg(F.sum("d").alias("d")).where(F.col("d") != 0)
+        w = Window.partitionBy("role", "group").orderBy("t").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        return ev.select("group", "role", F.col("t").alias("ms"), F.sum("d").over(w).alias("members"))
 
     return transform
 
@@ -527,30 +534,31 @@ def inconsistent_subscriptions(params: ScanParams = ScanParams()):
     ignored), at least ``min_duration`` long."""
 
     def transform(runs: DataFrame) -> DataFrame:
-        iv = runs.where((F.col("role") == "consumer") & F.col("sub_key").isNotNull()).transform(live_intervals(params))
-        ev = iv.select("group", "sub_key", F.col("first_ms").alias("t"), F.lit(1).alias("d")).unionByName(
-            iv.select("group", "sub_key", F.col("end_ms").alias("t"), F.lit(-1).alias("d")))
-        ev = ev.groupBy("group", "sub_key", "t").agg(F.sum("d").alias("d"))
-        wk = Window.partitionBy("group", "sub_key").orderBy("t").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        iv = _by_group(runs.where((F.col("role") == "consumer") & F.col("sub_key").isNotNull())
+                       .transform(live_intervals(params)))
+        ev = _events(iv, "role", "group", "sub_key").groupBy("role", "group", "sub_key", "t").agg(F.sum("d").alias("d"))
+        wk = Window.partitionBy("role", "group", "sub_key").orderBy("t").rowsBetween(Window.unboundedPreceding,
+                                                                                   Window.currentRow)
         ev = ev.withColumn("cnt", F.sum("d").over(wk))
+        # +1 when a set gains its first live holder, -1 when it loses its last
         kd = (F.col("cnt") > 0).cast("int") - ((F.col("cnt") - F.col("d")) > 0).cast("int")
-        kev = ev.withColumn("kd", kd).where(F.col("kd") != 0).groupBy("group", "t").agg(F.sum("kd").alias("kd")) \
+        kev = ev.withColumn("kd", kd).where(F.col("kd") != 0).groupBy("role", "group", "t").agg(F.sum("kd").alias("kd")) \
             .where(F.col("kd") != 0)
-        wg = Window.partitionBy("group").orderBy("t")
+        wg = Window.partitionBy("role", "group").orderBy("t")
         nk = kev.withColumn("nk", F.sum("kd").over(wg.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
         nk = nk.withColumn("prev", F.coalesce(F.lag("nk").over(wg), F.lit(0)))
         trans = nk.where((F.col("nk") >= 2) != (F.col("prev") >= 2))
-        spans = trans.withColumn("end_ms", F.lead("t").over(wg)).where(F.col("nk") >= 2).select(
-            "group", F.col("t").alias("start_ms"), "end_ms")
-        spans = spans.where((F.col("end_ms") - F.col("start_ms")) >= params.min_duration_ms)
-        spans = spans.select("group", F.col("start_ms").alias("span_start"), F.col("end_ms").alias("span_end"))
-        held = iv.join(spans, "group").where((F.col("first_ms") < F.col("span_end")) & (F.col("end_ms") > F.col("span_start")))
-        variants = held.select("group", F.col("span_start").alias("start_ms"), F.col("span_end").alias("end_ms"),
-                               "sub_key", "client_id").groupBy("group", "start_ms", "end_ms", "sub_key").agg(
+        spans = trans.withColumn("span_end", F.lead("t").over(wg)).where(F.col("nk") >= 2).select(
+            "role", "group", F.col("t").alias("span_start"), "span_end")
+        spans = spans.where((F.col("span_end") - F.col("span_start")) >= params.min_duration_ms)
+        held = iv.join(spans, ["role", "group"]).where(
+            (F.col("first_ms") < F.col("span_end")) & (F.col("end_ms") > F.col("span_start")))
+        variants = held.groupBy("role", "group", "span_start", "span_end", "sub_key").agg(
             F.array_sort(F.collect_set("client_id")).alias("clients"))
-        return variants.groupBy("group", "start_ms", "end_ms").agg(
+        return variants.groupBy("role", "group", "span_start", "span_end").agg(
             F.collect_list(F.struct("sub_key", "clients")).alias("variants"),
-        ).withColumn("duration_s", (F.col("end_ms") - F.col("start_ms")) / 1000.0)
+        ).select("group", F.col("span_start").alias("start_ms"), F.col("span_end").alias("end_ms"), "variants",
+                 ((F.col("span_end") - F.col("span_start")) / 1000.0).alias("duration_s"))
 
     return transform
 

@@ -100,6 +100,49 @@ class Sampler(threading.Thread):
             self.sample()
 
 
+PROBE_BODY = (b'{"clientID":"127.0.0.1@soak-probe","consumerDataSet":[{"consumeFromWhere":"CONSUME_FROM_LAST_OFFSET",'
+              b'"consumeType":"CONSUME_PASSIVELY","groupName":"CID_soak_probe","messageModel":"CLUSTERING",'
+              b'"subscriptionDataSet":[{"classFilterMode":false,"codeSet":[],"expressionType":"TAG","subString":"*",'
+              b'"subVersion":1718000000000,"tagsSet":[],"topic":"TopicSoakProbe"}],"unitMode":false}],'
+              b'"heartbeatFingerprint":0,"producerDataSet":[{"groupName":"CLIENT_INNER_PRODUCER"}],"withoutSub":false}')
+
+
+class Probe(threading.Thread):
+    """One more client on its own connection, heartbeating once a second: the broker's answer time as a time
+    series, independent of the load generator's own backlog (its processes share the machine)."""
+
+    def __init__(self, port: int):
+        super().__init__(daemon=True)
+        import engine
+
+        self.engine = engine
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.decoder = engine.FrameDecoder()
+        self.points: list[tuple[float, float]] = []  # (monotonic send time, round trip s)
+        self.stop = threading.Event()
+
+    def call(self, opaque: int) -> float:
+        cmd = self.engine.RemotingCommand(34, opaque=opaque, ext_fields={}, body=PROBE_BODY)
+        t0 = time.monotonic()
+        self.sock.sendall(cmd.encode())
+        while True:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("broker closed the probe")
+            for c in self.decoder.feed(data):
+                if c.is_response and c.opaque == opaque:
+                    if c.code != 0:
+                        raise RuntimeError(f"probe heartbeat answered {c.code} {c.remark}")
+                    return time.monotonic() - t0
+
+    def run(self):
+        opaque = 0
+        while not self.stop.wait(1.0):
+            opaque += 1
+            t = time.monotonic()
+            self.points.append((t, self.call(opaque)))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=19_900)
@@ -133,11 +176,16 @@ def main(argv=None) -> int:
         sampler = Sampler(broker.pid, mport)
         base = sampler.sample()
         sampler.start()
+        probe = Probe(port)
+        probe.start()
         t0 = time.monotonic()
         res = loadgen.run("steady", "127.0.0.1", port, args.clients, procs=args.procs, duration=args.duration,
                           rate=args.clients / args.interval, groups=args.groups, consumer_share=1.0,
                           server_pid=broker.pid)
         run_s = time.monotonic() - t0
+        probe.stop.set()
+        probe.join(30)
+        probe.sock.close()
         # clients are gone (loadgen unregistered and closed them): let the broker notice, then count again
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -154,8 +202,9 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired:
             broker.kill()
 
-    # the steady window: samples where every client was registered
-    steady = [s for s in sampler.samples if s.get("group_channels") == args.clients]
+    # the steady window: samples where every client (and the probe) was registered
+    expected = args.clients + 1
+    steady = [s for s in sampler.samples if s.get("group_channels") == expected]
     first, last = (steady[0], steady[-1]) if steady else (None, None)
     window = [s for s in sampler.samples if first and first["t"] <= s["t"] <= last["t"]]
     figures = {
@@ -165,7 +214,7 @@ def main(argv=None) -> int:
         "run_s": round(run_s, 1),
         "loadgen": {k: v for k, v in res.items() if k != "latencies"},
         "samples_registered": len(steady),
-        "registered_min": min((s.get("group_channels", 0) for s in window), default=0),
+        "registered_min": min((s.get("group_channels", 0) for s in window), default=0) - 1,
         "expired_total": max((s.get("expired", 0) for s in sampler.samples), default=0),
         "rss_mb_first": round(first["rss"] / 2**20, 1) if first else None,
         "rss_mb_last": round(last["rss"] / 2**20, 1) if last else None,
@@ -177,6 +226,14 @@ def main(argv=None) -> int:
         "connections_after": after.get("connections"),
         "closed_by_reason": after.get("closed", {}),
     }
+    if first:
+        in_window = sorted(rt for t, rt in probe.points if first["t"] <= t <= last["t"])
+        after_minute = sorted(rt for t, rt in probe.points if first["t"] + 60 <= t <= last["t"])
+        for key, pts in (("probe", in_window), ("probe_after_first_minute", after_minute)):
+            if pts:
+                figures[key + "_ms"] = {"n": len(pts), "p50": round(1e3 * pts[len(pts) // 2], 2),
+                                        "p99": round(1e3 * pts[min(len(pts) - 1, int(len(pts) * 0.99))], 2),
+                                        "max": round(1e3 * pts[-1], 2)}
     figures["pass"] = bool(
         first and abs(figures["rss_drift_pct"]) <= 5.0
         and figures["registered_min"] == args.clients
@@ -186,7 +243,8 @@ def main(argv=None) -> int:
     )
     print(json.dumps(figures, indent=1))
     if args.json:
-        Path(args.json).write_text(json.dumps({"figures": figures, "samples": sampler.samples}, indent=1))
+        Path(args.json).write_text(json.dumps({"figures": figures, "samples": sampler.samples,
+                                               "probe": probe.points}, indent=1))
     return 0 if figures["pass"] else 1
 
 

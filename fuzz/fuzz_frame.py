@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Coverage-guided differential fuzzer for the frame codec: decode_frame and the streaming FrameDecoder.
 
 Every input goes through both implementations (engine._frame, engine._frame_py) three ways:

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Coverage-guided differential fuzzer for the heartbeat decoder (HEART_BEAT bodies, any client dialect).
 
 Every input goes through both implementations (engine._heartbeat, engine._heartbeat_py):

@@ -52,7 +52,8 @@ case "${1:-test}" in
     CC=${CC:-gcc} build_copy "$TREE" "address,undefined"
     ASAN_LIB=$(runtime_gcc)
     UBSAN_LIB=$(gcc -print-file-name=libubsan.so)
-    nm -D "$TREE"/engine/_frame.*.so | grep __asan_report >/dev/null || { echo "engine._frame is not ASan-instrumented" >&2; exit 1; }
+    nm -D "$TREE"/engine/_frame.*.so | grep __asan_report >/dev/null \
+      || { echo "engine._frame is not ASan-instrumented" >&2; exit 1; }
     echo "sanitized build in $TREE; runtime $ASAN_LIB $UBSAN_LIB"
     cd "$TREE"
     # detect_leaks=0: CPython's own allocations at exit are not leaks we can act on. halt_on_error and
@@ -74,7 +75,8 @@ case "${1:-test}" in
     if [ "$1" = fuzz-build ]; then
       rm -rf "$TREE"
       CC=$CLANG LDSHARED="$CLANG -shared" build_copy "$TREE" "address,undefined,fuzzer-no-link"
-      nm "$TREE"/engine/_frame.*.so | grep __sanitizer_cov >/dev/null || { echo "no sancov instrumentation" >&2; exit 1; }
+      nm "$TREE"/engine/_frame.*.so | grep __sanitizer_cov >/dev/null \
+        || { echo "no sancov instrumentation" >&2; exit 1; }
       echo "# fuzz build in $TREE; run the harnesses with:" >&2
     fi
     # atheris ships an ASan runtime with libFuzzer linked in; preloaded, it provides the coverage callbacks

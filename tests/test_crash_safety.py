@@ -80,7 +80,8 @@ while True:
             store.offsets.commit_offset("10.0.0.1", "G", topic, q, i)
     store.persist_offsets()
     if i %% 3 == 0:  # a config change is written at once: a topic, and the stamp saying which step wrote it
-        store.topics.put(TopicConfig("T%%d" %% (i %% TOPICS), read_queue_nums=1 + i %% 16, write_queue_nums=1 + i %% 16))
+        n = 1 + i %% 16
+        store.topics.put(TopicConfig("T%%d" %% (i %% TOPICS), read_queue_nums=n, write_queue_nums=n))
         store.topics.put(TopicConfig("STAMP", attributes={"step": str(i)}))
     sys.stdout.write("%%d\n" %% i); sys.stdout.flush()
     i += 1

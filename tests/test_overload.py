@@ -20,7 +20,7 @@ import engine
 from engine.config import BrokerConfig, ConfigError
 from engine.enums import RequestCode, ResponseCode
 from engine.server import OVERLOAD_REMARK
-from test_server import Client, broker_factory, consumer_ids, hb_body  # noqa: F401  (fixture)
+from test_server import Client, broker_factory, consumer_ids  # noqa: F401  (fixture)
 
 TIMEOUT_RE = re.compile(r"\[TIMEOUT_CLEAN_QUEUE\]broker busy, start flow control for a while, "
                         r"period in queue: (\d+)ms, size of queue: (\d+)$")

@@ -35,14 +35,14 @@ class StringPool:
         self._tombstones = 0
         self._garbage = 0  # arena bytes of freed strings
         self._alloc_ids(capacity)
-        self._alloc_index(1 << max(4, (capacity * 2 - 1).bit_length()))
+        self._alloc_index(self._index_size(capacity))
 
     # -------------------------------------------------------------------------------------------------- storage
     def _alloc_ids(self, capacity: int) -> None:
         old = self._top
-        off = np.zeros(capacity, np.int64)
+        off = np.zeros(capacity, np.uint32)  # the arena stays below 4 GiB (compacted at half garbage)
         length = np.full(capacity, -1, np.int32)
-        hashes = np.zeros(capacity, np.int64)
+        hashes = np.zeros(capacity, np.int32)  # low 32 bits of the str hash: a filter before comparing bytes
         refs = np.zeros(capacity, np.int32)
         if old:
             off[:old] = self._off[:old]
@@ -52,6 +52,16 @@ class StringPool:
         self._off, self._len, self._hash, self._refs = off, length, hashes, refs
         self._mv_off, self._mv_len = memoryview(off), memoryview(length)
         self._mv_hash, self._mv_refs = memoryview(hashes), memoryview(refs)
+
+    @staticmethod
+    def _index_size(n: int) -> int:
+        """Power of two holding ``n`` entries at load <= 1/2."""
+        return 1 << max(4, (2 * n - 1).bit_length())
+
+    @staticmethod
+    def _h32(h: int) -> int:
+        h &= 0xFFFFFFFF
+        return h - (1 << 32) if h >> 31 else h
 
     def _alloc_index(self, size: int) -> None:
         index = np.full(size, _EMPTY, np.int32)
@@ -87,6 +97,7 @@ class StringPool:
         mask = len(index) - 1
         hashes, lengths, offsets, arena = self._mv_hash, self._mv_len, self._mv_off, self._arena
         n = len(data)
+        h = self._h32(h)
         j = h & mask
         insert_at = -1
         while True:
@@ -126,18 +137,22 @@ class StringPool:
                 self._alloc_ids(len(self._off) * 2)
             e = self._top
             self._top += 1
+        if len(self._arena) + len(data) >= 1 << 32:
+            self._compact_arena()
+            if len(self._arena) + len(data) >= 1 << 32:
+                raise MemoryError("string pool arena is full (4 GiB)")
         self._mv_off[e] = len(self._arena)
         self._arena += data
         self._mv_len[e] = len(data)
-        self._mv_hash[e] = h
+        self._mv_hash[e] = self._h32(h)
         self._mv_refs[e] = 1
         if self._mv_index[j] == _TOMBSTONE:
             self._tombstones -= 1
         self._mv_index[j] = e
         self._live += 1
-        if (self._live + self._tombstones) * 2 > len(self._index):
-            # rebuild at load 1/4: grows with the live strings, and drops the tombstones
-            self._alloc_index(1 << max(4, (self._live * 4 - 1).bit_length()))
+        if (self._live + self._tombstones) * 10 > len(self._index) * 7:
+            # rebuild at load <= 1/2 once live strings and tombstones fill 70 %: grows, and drops tombstones
+            self._alloc_index(self._index_size(self._live))
         return e
 
     def acquire(self, e: int) -> int:

@@ -146,6 +146,10 @@ class ProducerGroupEvent(enum.Enum):
     CLIENT_UNREGISTER = "CLIENT_UNREGISTER"
 
 
+_C_CLIENT_UNREGISTER = ConsumerGroupEvent.CLIENT_UNREGISTER
+_P_CLIENT_UNREGISTER = ProducerGroupEvent.CLIENT_UNREGISTER
+
+
 class RegistryEvent:
     """One event for the listener.
 
@@ -485,8 +489,10 @@ class ClientRegistry:
         self._clock = clock if clock is not None else _monotonic_ms
         self._listener = listener
         self._events = None if events is None else frozenset(events)
-        self._want_register = listener is not None and (
-            self._events is None or ConsumerGroupEvent.REGISTER in self._events)
+        # kinds the listener gets; event payloads (channel lists, client infos) are only built for these
+        every = frozenset(ConsumerGroupEvent) | frozenset(ProducerGroupEvent)
+        self._wants = frozenset() if listener is None else (every if self._events is None else self._events & every)
+        self._want_register = ConsumerGroupEvent.REGISTER in self._wants
         cfg = self.config
         self._timeout = cfg.channel_expired_timeout_ms
         self._producer_shift = PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS - self._timeout
@@ -827,17 +833,18 @@ class ClientRegistry:
 
     # ------------------------------------------------------------------------------------------------ events
     def _emit(self, kind, group, channels=(), client=None, subscriptions=(), topics=frozenset()) -> None:
-        listener = self._listener
-        if listener is None or (self._events is not None and kind not in self._events):
+        if kind not in self._wants:
             return
         try:
-            listener(RegistryEvent(kind, group, channels, client, subscriptions, topics))
+            self._listener(RegistryEvent(kind, group, channels, client, subscriptions, topics))
         except Exception:
             log.exception("registry listener failed on %s of group %s", kind.name, group)
 
     def _change(self, group_name: str) -> None:
         """Fire CHANGE for a group (callers have applied the notify and broadcasting rules)."""
         if not self.config.notify_consumer_ids_changed_enable:
+            return
+        if ConsumerGroupEvent.CHANGE not in self._wants:
             return
         if self.config.notify_coalesce_window_ms > 0:
             if group_name not in self._pending:
@@ -1097,7 +1104,7 @@ class ClientRegistry:
             else:
                 groups.add(group)
         r1 = self._update_channel(g, slot, req, cd)
-        if r1:
+        if r1 and ConsumerGroupEvent.CLIENT_REGISTER in self._wants:
             self._emit(ConsumerGroupEvent.CLIENT_REGISTER, group, client=self._request_info(),
                        topics=frozenset(sd.topic for sd in subs))
         r2 = self._update_subscription(g, subs)
@@ -1219,7 +1226,7 @@ class ClientRegistry:
         for key in keys:
             if key & 1 == _PRODUCER:
                 g = self._pgroup[key >> 1]
-                info = self._client_info(slot, key)
+                info = self._client_info(slot, key) if _P_CLIENT_UNREGISTER in self._wants else None
                 self._drop_client_slot(self._member_info(slot, key)[0])  # unconditionally, as Java does
                 self._remove_member(g, slot)
                 self._emit(ProducerGroupEvent.CLIENT_UNREGISTER, g.name, client=info)
@@ -1229,7 +1236,7 @@ class ClientRegistry:
         for key in keys:
             if key & 1 == _CONSUMER:
                 g = self._cgroup[key >> 1]
-                info = self._client_info(slot, key)
+                info = self._client_info(slot, key) if _C_CLIENT_UNREGISTER in self._wants else None
                 self._remove_member(g, slot)
                 self._emit(ConsumerGroupEvent.CLIENT_UNREGISTER, g.name, client=info,
                            topics=frozenset(g.subscriptions))
@@ -1266,7 +1273,7 @@ class ClientRegistry:
             for key in keys:
                 if key & 1 == _PRODUCER:
                     g = self._pgroup[key >> 1]
-                    info = self._client_info(slot, key)
+                    info = self._client_info(slot, key) if _P_CLIENT_UNREGISTER in self._wants else None
                     self._drop_client_slot(self._member_info(slot, key)[0], only_slot=slot)
                     self._remove_member(g, slot)
                     self._emit(ProducerGroupEvent.CLIENT_UNREGISTER, g.name, client=info)
@@ -1277,7 +1284,7 @@ class ClientRegistry:
             for key in keys:
                 if key & 1 == _CONSUMER:
                     g = self._cgroup[key >> 1]
-                    info = self._client_info(slot, key)
+                    info = self._client_info(slot, key) if _C_CLIENT_UNREGISTER in self._wants else None
                     self._emit(ConsumerGroupEvent.CLIENT_UNREGISTER, g.name, client=info,
                                topics=frozenset(g.subscriptions))
                     self._remove_member(g, slot)

@@ -1,0 +1,263 @@
+"""The client registry: steady-state heartbeats, new registrations, the expiry scan, bytes per client.
+
+Native (Cython heartbeat decoder, digest and expiry scan) and pure-Python twins side by side in one run:
+
+    /work/venv/bin/python -m pytest bench/bench_registry.py --benchmark-only --benchmark-group-by=group \
+        --benchmark-columns=min,median,mean,ops
+
+One benchmark call handles BATCH heartbeats (or one scan), so heartbeats/s = ops * BATCH; each case also prints
+its per-heartbeat figure in ``extra_info``. ``ENGINE_BENCH_CLIENTS`` (default 100000) sets the size of the
+memory measurement; 1000000 is the issue's scale.
+
+Targets (issue 3): steady heartbeat (decode + register, unchanged client) >= 300k/s on one core; expiry scan
+<= 1 ms per 1M channels; <= 256 bytes per registered client. Java measured here: ~12 us decode + 2.4 us register
+(~70k/s), scanNotActiveChannel ~6 ms per 10k clients, ~390 B of manager structures per client.
+"""
+import gc
+import os
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import engine
+import engine._digest_py
+import engine._expiry_py
+import engine._heartbeat_py
+import engine.registry as registry_module
+from engine.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
+from engine.heartbeat import encode_heartbeat
+from engine.registry import ClientRegistry, ConsumerGroupEvent, RegistryConfig
+
+try:
+    import engine._digest
+    import engine._expiry
+    import engine._heartbeat
+
+    NATIVE = {"decode": engine._heartbeat.decode_heartbeat, "digest": engine._digest.heartbeat_digest,
+              "scan": engine._expiry.scan_expired}
+except ImportError:  # pragma: no cover
+    NATIVE = None
+TWIN = {"decode": engine._heartbeat_py.decode_heartbeat, "digest": engine._digest_py.heartbeat_digest,
+        "scan": engine._expiry_py.scan_expired}
+IMPLS = [pytest.param("native", marks=pytest.mark.skipif(NATIVE is None, reason="not built")), "twin"]
+
+BATCH = 1000
+GROUPS = 50
+
+
+def java_heartbeat(i: int, groups: int = GROUPS):
+    """A Java 5.x push consumer: one clustering group with a tag subscription and its retry topic, plus the
+    client's inner producer (PROTOCOL.md 4.3/4.4); client ids and groups vary with ``i``."""
+    g = f"CID_APP_{i % groups}"
+    cd = engine.ConsumerData(
+        g, ConsumeType.CONSUME_PASSIVELY, MessageModel.CLUSTERING, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, False,
+        (engine.SubscriptionData("TopicTest", "TagA || TagB", ("TagA", "TagB"), (2598919, 2598920), 1718000000000),
+         engine.SubscriptionData("%RETRY%" + g, "*", (), (), 1718000000001)))
+    return engine.HeartbeatData(f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}@{1000 + i % 30000}#{1234567890123 + i}",
+                                (engine.ProducerData("CLIENT_INNER_PRODUCER"),), (cd,))
+
+
+def address(i: int) -> str:
+    return f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}:{40000 + i % 20000}"
+
+
+@pytest.fixture
+def use(monkeypatch):
+    """Switch the registry's hot paths to one implementation; returns its decoder."""
+    def select(name):
+        impl = NATIVE if name == "native" else TWIN
+        monkeypatch.setattr(registry_module, "_heartbeat_digest", impl["digest"])
+        monkeypatch.setattr(registry_module, "_scan_expired", impl["scan"])
+        return impl["decode"]
+    return select
+
+
+def per_heartbeat(benchmark, count=BATCH):
+    stats = benchmark.stats.stats
+    benchmark.extra_info["us_per_heartbeat"] = round(stats.median / count * 1e6, 3)
+    benchmark.extra_info["heartbeats_per_s"] = round(count / stats.median)
+
+
+# ------------------------------------------------------------------------------------------------ steady state
+
+
+@pytest.mark.benchmark(group="steady heartbeat: decode + register, unchanged client")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_steady_heartbeat(benchmark, use, impl):
+    decode = use(impl)
+    clients = 10_000
+    bodies = [encode_heartbeat(java_heartbeat(i)) for i in range(clients)]
+    reg = ClientRegistry(RegistryConfig(initial_capacity=clients), clock=lambda: 0,
+                         listener=lambda ev: None, events={ConsumerGroupEvent.CHANGE})
+    for _ in range(2):  # register, then a no-op run that arms the fast path
+        for ch, body in enumerate(bodies):
+            reg.heartbeat(ch, decode(body), LanguageCode.JAVA, 479)
+    state = {"next": 0}
+
+    def batch():
+        start = state["next"]
+        state["next"] = (start + BATCH) % clients
+        heartbeat = reg.heartbeat
+        for ch in range(start, start + BATCH):
+            heartbeat(ch, decode(bodies[ch]), LanguageCode.JAVA, 479)
+
+    benchmark(batch)
+    per_heartbeat(benchmark)
+    reg.check_invariants()
+
+
+@pytest.mark.benchmark(group="steady heartbeat: register only (decoded), unchanged client")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_steady_register_only(benchmark, use, impl):
+    use(impl)
+    clients = 10_000
+    hbs = [java_heartbeat(i) for i in range(clients)]
+    reg = ClientRegistry(RegistryConfig(initial_capacity=clients), clock=lambda: 0)
+    for _ in range(2):
+        for ch, hb in enumerate(hbs):
+            reg.heartbeat(ch, hb, LanguageCode.JAVA, 479)
+    state = {"next": 0}
+
+    def batch():
+        start = state["next"]
+        state["next"] = (start + BATCH) % clients
+        heartbeat = reg.heartbeat
+        for ch in range(start, start + BATCH):
+            heartbeat(ch, hbs[ch], LanguageCode.JAVA, 479)
+
+    benchmark(batch)
+    per_heartbeat(benchmark)
+
+
+@pytest.mark.benchmark(group="changed heartbeat: slow path (subVersion bump every time)")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_changed_heartbeat(benchmark, use, impl):
+    use(impl)
+    reg = ClientRegistry(clock=lambda: 0)
+    hbs = []
+    for v in range(BATCH):  # a client that bumps subVersion every heartbeat (no CHANGE, but not a repeat)
+        hb = java_heartbeat(0)
+        cd = hb.consumers[0]
+        subs = tuple(engine.SubscriptionData(s.topic, s.sub_string, s.tags, s.codes, s.sub_version + v)
+                     for s in cd.subscriptions)
+        hbs.append(engine.HeartbeatData(hb.client_id, hb.producers, (engine.ConsumerData(
+            cd.group, cd.consume_type, cd.message_model, cd.consume_from_where, cd.unit_mode, subs),)))
+    state = {"base": 0}
+
+    def batch():
+        state["base"] += BATCH  # keep versions growing across rounds
+        for hb in hbs:
+            reg.heartbeat(1, hb, LanguageCode.JAVA, 479)
+
+    benchmark(batch)
+    per_heartbeat(benchmark)
+
+
+# ------------------------------------------------------------------------------------------------ registrations
+
+
+@pytest.mark.benchmark(group="new registrations (connect + first heartbeat)")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_new_registrations(benchmark, use, impl):
+    use(impl)
+    hbs = [java_heartbeat(i) for i in range(BATCH)]
+    addrs = [address(i) for i in range(BATCH)]
+
+    def setup():
+        return (ClientRegistry(RegistryConfig(initial_capacity=BATCH), clock=lambda: 0),), {}
+
+    def batch(reg):
+        for ch in range(BATCH):
+            reg.open_channel(ch, addrs[ch])
+            reg.heartbeat(ch, hbs[ch], LanguageCode.JAVA, 479)
+
+    benchmark.pedantic(batch, setup=setup, rounds=30)
+    per_heartbeat(benchmark)
+
+
+@pytest.mark.benchmark(group="connection close (registered client)")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_close(benchmark, use, impl):
+    use(impl)
+    hbs = [java_heartbeat(i) for i in range(BATCH)]
+
+    def setup():
+        reg = ClientRegistry(RegistryConfig(initial_capacity=BATCH), clock=lambda: 0)
+        for ch in range(BATCH):
+            reg.heartbeat(ch, hbs[ch], LanguageCode.JAVA, 479)
+        return (reg,), {}
+
+    def batch(reg):
+        for ch in range(BATCH):
+            reg.close_channel(ch)
+
+    benchmark.pedantic(batch, setup=setup, rounds=30)
+    per_heartbeat(benchmark)
+
+
+# ------------------------------------------------------------------------------------------------ expiry scan
+
+
+@pytest.mark.benchmark(group="expiry scan")
+@pytest.mark.parametrize("n", [1_000_000, 10_000_000], ids=["1M", "10M"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_expiry_scan(benchmark, impl, n):
+    scan = (NATIVE if impl == "native" else TWIN)["scan"]
+    rng = np.random.default_rng(7)
+    last_update = rng.integers(1_000_000, 1_030_000, n).astype(np.int64)  # heartbeats every 30 s
+    last_update[rng.integers(0, n, n // 10_000)] = 0  # 0.01 % silent
+    live = np.ones(n, np.uint8)
+    live[rng.integers(0, n, n // 100)] = 0
+    out = benchmark(scan, last_update, live, 1_040_000, 120_000)
+    assert len(out) > 0
+    benchmark.extra_info["ms_per_1M"] = round(benchmark.stats.stats.median * 1e3 / (n / 1e6), 3)
+
+
+@pytest.mark.benchmark(group="registry.scan_expired (100k registered, none expired)")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_registry_scan(benchmark, use, impl):
+    use(impl)
+    n = 100_000
+    reg = ClientRegistry(RegistryConfig(initial_capacity=n), clock=lambda: 0)
+    for ch in range(n):
+        reg.heartbeat(ch, java_heartbeat(ch), LanguageCode.JAVA, 479)
+    assert benchmark(reg.scan_expired, 60_000) == []
+
+
+# ------------------------------------------------------------------------------------------------ memory
+
+
+def bytes_per_client(n: int, initial_capacity: int | None = None):
+    """(traced bytes per registered client, flat-array bytes per client, registrations/s) for ``n`` Java clients.
+
+    Counts everything the registry allocates (numpy buffers included: numpy reports them to tracemalloc) after
+    the client objects of the test itself exist, so channel keys and decoded heartbeats are not counted.
+    """
+    clients = [(object(), address(i), java_heartbeat(i)) for i in range(n)]
+    gc.collect()
+    t0 = time.perf_counter()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        reg = ClientRegistry(RegistryConfig(initial_capacity=initial_capacity or n), clock=lambda: 0)
+        for ch, addr, hb in clients:
+            reg.open_channel(ch, addr)
+            reg.heartbeat(ch, hb, LanguageCode.JAVA, 479)
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    elapsed = time.perf_counter() - t0
+    assert reg.stats()["consumer_memberships"] == n
+    return used / n, reg.nbytes() / n, n / elapsed
+
+
+@pytest.mark.benchmark(group="memory")
+def test_bytes_per_registered_client(benchmark):
+    n = int(os.environ.get("ENGINE_BENCH_CLIENTS", "100000"))
+    per_client, arrays, _ = benchmark.pedantic(bytes_per_client, args=(n,), rounds=1, iterations=1)
+    benchmark.extra_info.update(clients=n, bytes_per_client=round(per_client, 1), array_bytes_per_client=round(arrays, 1))
+    print(f"\n{n} clients: {per_client:.1f} B/client ({arrays:.1f} B in flat arrays)")
+    assert per_client <= 256

@@ -49,7 +49,13 @@ Deviations from Java, all deliberate and small:
 * with ``notify_coalesce_window_ms > 0`` CHANGE events are coalesced per group (see :meth:`flush_notifications`);
 * CHANGE is not delivered at all when the broker-wide ``notify_consumer_ids_changed_enable`` is off (the Java
   listener receives it and drops it);
-* topics are not interned to ints: they are never stored per client, only in per-group tables.
+* topics are not interned to ints: they are never stored per client, only in per-group tables;
+* each (group, channel) entry has its own timestamp, as PROTOCOL.md 6.7/6.8 describe. Java inserts the one
+  ClientChannelInfo object of a request into every table that request registered it in, so refreshing one entry
+  also refreshes its siblings; here an entry a client stops naming expires even if a sibling created by the same
+  request is still refreshed (only visible when a client drops a group from its heartbeats without unregistering);
+* a producer ``clientChannelTable`` entry that an UNREGISTER_CLIENT with another clientID left behind is dropped
+  when its channel closes (Java keeps it pointing at the closed channel; here the slot would be reused).
 
 Not thread-safe: one event loop owns a registry.
 """
@@ -451,17 +457,16 @@ def _pack_ipv4(addr: str) -> int:
     """``a.b.c.d:port`` as one int (0 when the text is not exactly that form, so it round-trips)."""
     host, sep, port = addr.rpartition(":")
     parts = host.split(".")
-    if not sep or len(parts) != 4 or not port.isdigit() or not port.isascii():
+    if not sep or len(parts) != 4:
         return 0
-    try:
-        octets = [int(p) for p in parts]
-        p = int(port)
-    except ValueError:
+    packed = _ADDR_IPV4
+    for shift, text in zip((40, 32, 24, 16), parts):
+        if not (text.isascii() and text.isdigit()) or str(int(text)) != text or int(text) > 255:
+            return 0  # also refuses "010" and "+1", which would not round-trip
+        packed |= int(text) << shift
+    if not (port.isascii() and port.isdigit()) or str(int(port)) != port or int(port) > 65535:
         return 0
-    if not all(0 <= o <= 255 for o in octets) or p > 65535:
-        return 0
-    packed = _ADDR_IPV4 | (octets[0] << 40) | (octets[1] << 32) | (octets[2] << 24) | (octets[3] << 16) | p
-    return packed if _unpack_ipv4(packed) == addr else 0
+    return packed | int(port)
 
 
 def _unpack_ipv4(v: int) -> str:

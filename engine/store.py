@@ -117,6 +117,10 @@ def _get(d: dict, key: str, kind, default, path: str, lo=None, hi=None):
     return value
 
 
+def _or_empty(value):
+    return {} if value is None else value
+
+
 def _str_map(value, path: str) -> dict:
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise StoreError(f"{path}: expected an object of strings")
@@ -189,7 +193,7 @@ class TopicConfig:
             topic_filter_type=_get(d, "topicFilterType", str, "SINGLE_TAG", path),
             topic_sys_flag=_get(d, "topicSysFlag", int, 0, path, INT32_MIN, INT32_MAX),
             order=_get(d, "order", bool, False, path),
-            attributes=_str_map(d.get("attributes", {}) if d.get("attributes") is not None else {}, f"{path}.attributes"),
+            attributes=_str_map(_or_empty(d.get("attributes")), f"{path}.attributes"),
         )
 
 
@@ -268,7 +272,7 @@ class SubscriptionGroupConfig:
             group_sys_flag=_get(d, "groupSysFlag", int, 0, path, *i32),
             consume_timeout_minute=_get(d, "consumeTimeoutMinute", int, 15, path, *i32),
             subscription_data_set=list(subs) if subs is not None else None,
-            attributes=_str_map(d.get("attributes", {}) if d.get("attributes") is not None else {}, f"{path}.attributes"),
+            attributes=_str_map(_or_empty(d.get("attributes")), f"{path}.attributes"),
         )
 
 

@@ -623,3 +623,13 @@ def test_fast_path_never_refreshes_memberships_the_heartbeat_does_not_name(h):
     h.now += 100_000
     h.reg.heartbeat(1, empty)
     assert {c.last_update_timestamp for c in h.reg.consumer_group_info("G").channels} == {1_000}
+
+
+@pytest.mark.parametrize("addr", ["10.0.0.1:80", "0.0.0.0:0", "255.255.255.255:65535", "010.0.0.1:80",
+                                  "1.2.3.4:65536", "[::1]:5000", "[fe80::1%eth0]:1", "host-a:1", "1.2.3.4:+1", ""])
+def test_remote_addresses_round_trip(h, addr):
+    h.reg.open_channel(1, addr)
+    h.reg.heartbeat(1, hb(A, producers=["P"]))
+    assert h.reg.producer_connection("P").connections[0].client_addr == addr
+    h.reg.close_channel(1)
+    assert h.reg.stats()["interned_strings"] == 0

@@ -12,7 +12,7 @@ from engine.registry import (
     ProducerGroupEvent,
     RegistryConfig,
 )
-from engine.store import SYSTEM_CONSUMER_GROUPS, Store, SubscriptionGroupConfig, TopicConfig
+from engine.store import SYSTEM_CONSUMER_GROUPS, SubscriptionGroupConfig, TopicConfig
 
 CE, PE = ConsumerGroupEvent, ProducerGroupEvent
 A, B = "10.0.0.1@1", "10.0.0.2@2"

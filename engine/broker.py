@@ -474,7 +474,21 @@ def serve_main(argv=None) -> int:
                 continue
             print(f"{name}={value}")
         return 0
+    _raise_nofile()
     return asyncio_run(_serve(config))
+
+
+def _raise_nofile() -> None:
+    """A standalone broker takes the descriptor hard limit (mqbroker's start scripts expect a raised ulimit):
+    every client connection is a descriptor."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError) as e:
+        log.info("could not raise RLIMIT_NOFILE: %s", e)
 
 
 async def _serve(config: BrokerConfig) -> int:

@@ -23,6 +23,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+
+try:
+    import resource
+except ImportError:  # not POSIX
+    resource = None
 from collections import Counter, deque
 
 from . import FrameDecoder, FrameError, RemotingCommand
@@ -32,6 +37,8 @@ from .errors import RemotingError
 log = logging.getLogger("engine.server")
 
 OVERLOAD_REMARK = "[OVERLOAD]system busy, start flow control for a while"
+#: descriptors kept free below RLIMIT_NOFILE for the store, metrics, name-server links and refused connections
+FD_RESERVE = 256
 #: BrokerFastFailure.cleanExpiredRequestInQueue: the answer to a request that waited in its queue too long.
 TIMEOUT_CLEAN_QUEUE_REMARK = ("[TIMEOUT_CLEAN_QUEUE]broker busy, start flow control for a while, period in queue: "
                               "%dms, size of queue: %d")
@@ -206,6 +213,17 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
 
+def connection_capacity(max_connections: int) -> int:
+    """maxConnections, lowered to RLIMIT_NOFILE - FD_RESERVE: a client over the descriptor limit would otherwise
+    be dropped at accept with no answer, and the store could no longer open its files."""
+    if resource is None:
+        return max_connections
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    return max(1, min(max_connections, soft - FD_RESERVE))
+
+
 def _reason_kind(reason: str) -> str:
     for prefix, kind in (("undecodable", "frame_error"), ("incomplete frame", "incomplete_frame"),
                          ("idle", "idle"), ("client does not read", "write_buffer"), ("channel expired", "expired"),
@@ -330,6 +348,7 @@ class RemotingServer:
         self.partial: set[Connection] = set()
         self.stalled: set[Connection] = set()
         self._idle_pass: list[Connection] = []
+        self.max_connections = config.max_connections  # maxConnections, capped by the descriptor limit at start
 
     def _queue_soon(self, conn: Connection) -> None:
         if not self._soon:
@@ -375,6 +394,10 @@ class RemotingServer:
     async def start(self) -> dict[str, int]:
         self.loop = asyncio.get_running_loop()
         cfg = self.config
+        self.max_connections = connection_capacity(cfg.max_connections)
+        if self.max_connections < cfg.max_connections:
+            log.info("maxConnections=%d exceeds what RLIMIT_NOFILE allows: at most %d connections (%d descriptors "
+                     "kept for the broker's own files)", cfg.max_connections, self.max_connections, FD_RESERVE)
         host = cfg.listen_host or None
         main = await self.loop.create_server(lambda: Connection(self, "main"), host, cfg.listen_port,
                                              reuse_address=True, backlog=4096)
@@ -416,8 +439,8 @@ class RemotingServer:
             conn.close("broker shutting down", level=logging.DEBUG)
             return
         reason = None
-        if len(self.connections) >= cfg.max_connections:
-            reason = f"too many connections ({len(self.connections)}, maxConnections={cfg.max_connections})"
+        if len(self.connections) >= self.max_connections:
+            reason = f"too many connections ({len(self.connections)}, maxConnections={self.max_connections})"
             self.metrics.connections_rejected["max_connections"] += 1
         elif cfg.max_connections_per_ip and self.per_ip[conn.remote_ip] >= cfg.max_connections_per_ip:
             reason = (f"too many connections from {conn.remote_ip} "

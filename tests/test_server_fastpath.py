@@ -345,3 +345,40 @@ def test_partial_frames_and_write_stalls_are_tracked_for_the_sweep(offline):
     for x in (a, c):
         x.connection_lost(None)
     assert server.partial == set() and server.stalled == set()
+
+
+# ------------------------------------------------------------------------------------------------ descriptor cap
+
+
+def test_connection_cap_keeps_descriptors_for_the_broker(tmp_path):
+    import resource
+
+    from engine.server import FD_RESERVE, connection_capacity
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert connection_capacity(10) == 10
+    if soft != resource.RLIM_INFINITY:
+        assert connection_capacity(10**9) == soft - FD_RESERVE
+    # a lowered limit: the broker answers "too many connections" instead of losing clients at accept
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_RESERVE + 3, hard))
+    try:
+        b = Broker(BrokerConfig(listen_port=0, listen_host="127.0.0.1", store_path_root_dir=str(tmp_path / "s"),
+                                fast_port_enable=False, max_connections=1000)).start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        assert b.server.max_connections == 3
+        socks = [socket.create_connection(("127.0.0.1", b.ports["main"]), timeout=5) for _ in range(4)]
+        last = socks[-1]
+        last.sendall(engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=9, ext_fields={}, body=body()).encode())
+        decoder, got = engine.FrameDecoder(), []
+        while not got:
+            data = last.recv(65536)
+            assert data
+            got = [c for c in decoder.feed(data) if c.is_response]
+        assert got[0].code == ResponseCode.SYSTEM_BUSY
+        assert got[0].remark.startswith("too many connections (3, maxConnections=3)")
+        for s in socks:
+            s.close()
+    finally:
+        b.stop()

@@ -28,7 +28,7 @@ except ImportError:  # replaying inputs (--replay, tests/test_fuzz_short.py) wor
 
 import fuzzlib  # noqa: E402
 
-with fuzzlib.python_coverage(atheris, __name__ == "__main__"):
+with fuzzlib.python_coverage(atheris, __name__ == "__main__" and fuzzlib.fuzzing(sys.argv)):
     import engine.errors  # noqa: F401
     from engine.enums import DEFAULT_MAX_FRAME_SIZE
 

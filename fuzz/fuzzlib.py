@@ -46,6 +46,11 @@ def implementations(kind):
     return native, twin
 
 
+def fuzzing(argv):
+    """True unless the command line asks for --seeds or --replay (no fuzzing, nothing to instrument)."""
+    return not (len(argv) >= 2 and argv[1] in ("--seeds", "--replay"))
+
+
 def python_coverage(atheris, fuzzing):
     """The context to import the engine in. When fuzzing, atheris instruments the engine's Python (coverage of
     the twin) unless ENGINE_FUZZ_PY_COVERAGE=0, which leaves the guidance to a sancov-instrumented native build

@@ -908,7 +908,8 @@ cdef int _scan_number(Parser* p, int64_t* value) except -1:
         return NUM_REAL
     if overflow or (not negative and mag > 9223372036854775807ULL):
         return NUM_OVERFLOW
-    value[0] = -<int64_t>mag if negative else <int64_t>mag
+    # negate in uint64 (defined, wraps): -<int64_t>mag overflows for 2**63 (INT64_MIN), UB without -fwrapv
+    value[0] = <int64_t>((<uint64_t>0) - mag) if negative else <int64_t>mag
     return NUM_INT
 
 
@@ -935,7 +936,8 @@ cdef int _digits(const unsigned char* s, Py_ssize_t n, int64_t* value) noexcept:
         i += 1
     if overflow or (not negative and mag > 9223372036854775807ULL):
         return NUM_OVERFLOW
-    value[0] = -<int64_t>mag if negative else <int64_t>mag
+    # negate in uint64 (defined, wraps): -<int64_t>mag overflows for 2**63 (INT64_MIN), UB without -fwrapv
+    value[0] = <int64_t>((<uint64_t>0) - mag) if negative else <int64_t>mag
     return NUM_INT
 
 

@@ -59,14 +59,27 @@ case "${1:-test}" in
     # detect_leaks=0: CPython's own allocations at exit are not leaks we can act on. halt_on_error and
     # UBSan's abort make any finding fail the run instead of scrolling by.
     export LD_PRELOAD="$ASAN_LIB $UBSAN_LIB"
-    export ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1:detect_stack_use_after_return=1
-    export UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1
+    # reports go to files as well: pytest captures a test's stderr, and an abort loses what it captured
+    rm -f "$TREE"/sanitizer.*
+    ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1:detect_stack_use_after_return=1
+    export ASAN_OPTIONS=$ASAN_OPTIONS:log_path=$TREE/sanitizer.asan
+    export UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1:log_path=$TREE/sanitizer.ubsan
     export PYTHONMALLOC=malloc  # let ASan see every Python-level allocation too (no pymalloc arenas)
     export ENGINE_REQUIRE_NATIVE=1 ENGINE_FUZZ_REQUIRE_NATIVE=1
     # -p no:cacheprovider: the copy is throwaway; tests run from the copy so `engine` is the sanitized build
-    exec "$PYTHON" -m pytest -p no:cacheprovider -q -m "not slow" \
+    set +e
+    "$PYTHON" -m pytest -p no:cacheprovider -q -m "not slow" \
       tests/test_frame.py tests/test_frame_parity.py tests/test_frame_vectors.py \
       tests/test_heartbeat.py tests/test_heartbeat_parity.py tests/test_fuzz_short.py "$@"
+    rc=$?
+    set -e
+    if ls "$TREE"/sanitizer.* >/dev/null 2>&1; then
+      cat "$TREE"/sanitizer.* >&2
+      echo "sanitizer reports above (files $TREE/sanitizer.*)" >&2
+      exit 1
+    fi
+    echo "no sanitizer report"
+    exit $rc
     ;;
   fuzz-build|fuzz-env)
     TREE=$ROOT/build/fuzz/tree

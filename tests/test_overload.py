@@ -108,10 +108,8 @@ def test_requests_that_waited_too_long_are_answered_busy_not_late(broker_factory
     probe.start()
     flooder = Client(b.ports["main"])
     n = 400  # 1.6 s of work queued at once: most of it would be answered well past 100 ms
-    t0 = time.monotonic()
     flood(flooder, SLOW_CODE, n)
     answers = collect(flooder, n)
-    elapsed = time.monotonic() - t0
     probe.stop.set()
     probe.join(5)
     ok = [r for r in answers.values() if r.code == ResponseCode.SUCCESS]
@@ -121,7 +119,7 @@ def test_requests_that_waited_too_long_are_answered_busy_not_late(broker_factory
         m = TIMEOUT_RE.match(r.remark)
         assert m, r.remark
         assert int(m.group(1)) > 100 and int(m.group(2)) < n
-    assert elapsed < n * 0.004, "the expired requests were run anyway"
+    assert len(ok) <= n // 2, "the expired requests were run anyway"
     assert b.metrics.queue_timeouts["admin"] == len(late)
     assert max(probe.latencies) < 1.0 and set(probe.codes) == {0}, max(probe.latencies)
     text = urllib.request.urlopen(f"http://127.0.0.1:{b.config.metrics_port}/metrics", timeout=5).read().decode()

@@ -118,7 +118,7 @@ def test_requests_that_waited_too_long_are_answered_busy_not_late(broker_factory
     for r in late:
         m = TIMEOUT_RE.match(r.remark)
         assert m, r.remark
-        assert int(m.group(1)) > 100 and int(m.group(2)) < n
+        assert int(m.group(1)) >= 100 and int(m.group(2)) < n  # waited > 100 ms, printed truncated to ms
     assert len(ok) <= n // 2, "the expired requests were run anyway"
     assert b.metrics.queue_timeouts["admin"] == len(late)
     assert max(probe.latencies) < 1.0 and set(probe.codes) == {0}, max(probe.latencies)

@@ -33,6 +33,7 @@ CLIENTS = int(os.environ.get("RMQHB_BENCH_CLIENTS", 3500))
 DIRECTORY = Path(os.environ.get("RMQHB_BENCH_DIR", f"/tmp/rmqhb-bench-{RECORDS}"))
 METHODS = os.environ.get("RMQHB_BENCH_METHODS", "arrow,arrow_every_body,pandas,from_json,json_loads").split(",")
 RESULTS = {}
+pytestmark = pytest.mark.timeout(4 * 3600)  # a 10M-row baseline scan takes minutes, not the suite's 300 s
 
 
 @pytest.fixture(scope="module")

@@ -352,6 +352,59 @@ def decode_bodies(bodies: List[bytes], dedupe_bodies: bool = True) -> pa.StructA
     return decoded_arrays(_decode(uniq)).take(pa.array(ids))
 
 
+#: What the pandas-UDF decoder returns: flat columns (pyspark converts nested pandas values one element at a
+#: time in Python, so a nested result would cost more than the decoding): groups, and each consumer's
+#: subscription set as its canonical key (scan_py.subscription_key; null for a V2 light heartbeat).
+FLAT_DECODED_FIELDS = [
+    ("error", pa.string()), ("client_id", pa.string()), ("fingerprint", pa.int32()), ("without_sub", pa.bool_()),
+    ("producer_groups", pa.list_(pa.string())), ("consumer_groups", pa.list_(pa.string())),
+    ("consumer_sub_keys", pa.list_(pa.string())),
+]
+FLAT_DECODED_TYPE = pa.struct(FLAT_DECODED_FIELDS)
+
+
+def flat_decoded_frame(bodies: List[bytes], dedupe_bodies: bool = True):
+    """Decode bodies into a pandas DataFrame of FLAT_DECODED_FIELDS (one row per body)."""
+    import pandas as pd
+
+    if dedupe_bodies:
+        ids, uniq = dedupe(bodies)
+    else:
+        ids, uniq = np.arange(len(bodies)), bodies
+    batch = _decode(uniq)
+    h, p, c, s = batch.heartbeats, batch.producers, batch.consumers, batch.subscriptions
+    n = len(batch)
+    producers = [[] for _ in range(n)]
+    for row, group in zip(p["row"].tolist(), p["group"]):
+        producers[row].append(group)
+    groups = [[] for _ in range(n)]
+    keys = [[] for _ in range(n)]
+    without = h["without_sub"]
+    topic, etype, sstr = s["topic"], s["expression_type"], s["sub_string"]
+    s_lo = 0
+    for row, group, k in zip(c["row"].tolist(), c["group"], c["n_subscriptions"].tolist()):
+        groups[row].append(group)
+        keys[row].append(None if without[row] else subscription_key(topic[s_lo:s_lo + k], etype[s_lo:s_lo + k],
+                                                                   sstr[s_lo:s_lo + k]))
+        s_lo += k
+    ok = h["ok"]
+    fingerprint = pd.array(np.where(ok, h["fingerprint"], 0), dtype="Int32")
+    fingerprint[~ok] = pd.NA
+    without_sub = pd.array(h["without_sub"], dtype="boolean")
+    without_sub[~ok] = pd.NA
+    return pd.DataFrame({
+        "error": h["error"][ids], "client_id": h["client_id"][ids], "fingerprint": fingerprint.take(ids),
+        "without_sub": without_sub.take(ids), "producer_groups": object_array(producers)[ids],
+        "consumer_groups": object_array(groups)[ids], "consumer_sub_keys": object_array(keys)[ids],
+    })
+
+
+def object_array(values) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
 def heartbeat_batches(split: Split, max_rows: int = 65536, dedupe_bodies: bool = True,
                       on_corrupt: str = "skip") -> Iterator[pa.RecordBatch]:
     """The split's records with decoded heartbeats (HEARTBEAT_SCHEMA)."""

@@ -45,6 +45,7 @@ from . import segments as seg
 RECORD_STRUCT = from_arrow_schema(seg.RECORD_SCHEMA)
 HEARTBEAT_STRUCT = from_arrow_schema(seg.HEARTBEAT_SCHEMA)
 DECODED_STRUCT = from_arrow_type(seg.DECODED_TYPE)
+FLAT_DECODED_STRUCT = from_arrow_type(seg.FLAT_DECODED_TYPE)
 RUN_STRUCT = from_arrow_schema(seg.RUN_SCHEMA)
 _RUN_COLUMNS = [f.name for f in seg.RUN_SCHEMA]
 
@@ -251,25 +252,32 @@ def read_runs(spark: SparkSession, directory, params: ScanParams = ScanParams(),
 # decoders over a records frame
 
 
-def _pandas_decode(dedupe: bool, body):
+def _pandas_decode(dedupe: bool, full: bool, body):
     values = [bytes(b) for b in body]
+    if not full:
+        return seg.flat_decoded_frame(values, dedupe)
     arr = seg.decode_bodies(values, dedupe)
     return pa.Table.from_arrays(arr.flatten(), names=[f.name for f in seg.DECODED_TYPE]).to_pandas()
 
 
 @functools.lru_cache(maxsize=None)
-def _decode_udf(dedupe: bool):
+def _decode_udf(dedupe: bool, full: bool):
     from pyspark.sql.functions import pandas_udf
 
-    return pandas_udf(functools.partial(_pandas_decode, dedupe), returnType=DECODED_STRUCT)
+    return pandas_udf(functools.partial(_pandas_decode, dedupe, full),
+                      returnType=DECODED_STRUCT if full else FLAT_DECODED_STRUCT)
 
 
-def decode_pandas(dedupe: bool = True):
-    """records -> heartbeats, decoding ``body`` with the compiled batch decoder in a pandas UDF."""
+def decode_pandas(dedupe: bool = True, full: bool = False):
+    """records -> heartbeats, decoding ``body`` with the compiled batch decoder in a pandas UDF.
+
+    By default the flat columns the analyses need (error, client_id, fingerprint, without_sub, producer_groups,
+    consumer_groups, consumer_sub_keys); ``full=True`` gives the nested consumers column of read_heartbeats,
+    several times slower because pyspark converts nested pandas values element by element."""
 
     def transform(df: DataFrame) -> DataFrame:
         keep = [c for c in df.columns if c != "body"]
-        return df.withColumn("_hb", _decode_udf(dedupe)(F.col("body"))).select(*keep, "_hb.*")
+        return df.withColumn("_hb", _decode_udf(dedupe, full)(F.col("body"))).select(*keep, "_hb.*")
 
     return transform
 
@@ -374,13 +382,20 @@ def memberships():
             lambda s: F.array(F.coalesce(s["topic"], F.lit("")), F.coalesce(s["expression_type"], F.lit("TAG")),
                               F.coalesce(s["sub_string"], F.lit(""))))))
         light = F.coalesce(F.col("without_sub"), F.lit(False))
+        if "consumers" in df.columns:
+            consumers = F.transform(
+                F.coalesce(F.col("consumers"), F.array().cast(df.schema["consumers"].dataType)),
+                lambda c: ob("consumer", c["group"], F.when(light, no_key).otherwise(F.to_json(triples(c)))))
+        else:  # the flat form of decode_pandas(): keys already computed
+            consumers = F.transform(
+                F.arrays_zip(F.col("consumer_groups"), F.col("consumer_sub_keys")),
+                lambda c: ob("consumer", c["consumer_groups"], c["consumer_sub_keys"]))
         # one pass over the heartbeats (each union branch would re-run the read and the decoder)
         observations = F.when(~ok, F.array(ob(seg.STATS_ROLE, F.lit(""), no_key))).otherwise(F.concat(
             F.array(ob("client", F.lit(""), no_key)),
             F.transform(F.coalesce(F.col("producer_groups"), F.array().cast("array<string>")),
                         lambda g: ob("producer", g, no_key)),
-            F.transform(F.coalesce(F.col("consumers"), F.array().cast(df.schema["consumers"].dataType)),
-                        lambda c: ob("consumer", c["group"], F.when(light, no_key).otherwise(F.to_json(triples(c))))),
+            consumers,
         ))
         return df.select("client_id", "conn_id", "recv_ms", F.explode(observations).alias("o")).select(
             F.col("o.role").alias("role"), F.col("o.group").alias("group"),
@@ -578,7 +593,8 @@ def runs_for(spark: SparkSession, directory, method: str = "arrow", params: Scan
     if method == "heartbeats":
         hb = read_heartbeats(spark, directory, dedupe=dedupe, plan=plan)
     else:
-        records = read_records(spark, directory, via="datasource", split_records=split_records)
+        # the mapInArrow reader: a Python data source feeding a Python UDF measured several times slower
+        records = read_records(spark, directory, via="arrow", split_records=split_records, plan=plan)
         decoder = {"pandas": decode_pandas(dedupe), "from_json": decode_from_json(),
                    "json_loads": decode_json_loads()}.get(method)
         if decoder is None:

@@ -109,6 +109,15 @@ def test_data_source_and_readers(spark, recording):
     assert row["client_id"] and row["consumers"][0]["subscriptions"] == [] and row["fingerprint"] != 0
     langs = {r["language"] for r in hb.select("language").distinct().collect()}
     assert langs == {"JAVA", "CPP"}
+    # the pandas-UDF decoder, flat (what the scan uses) and nested (same rows as the mapInArrow reader)
+    from engine.bindings.spark import decode_pandas
+
+    records = read_records(spark, d, via="arrow").where("conn_id < 8")
+    full = records.transform(decode_pandas(full=True)).drop("recv_ms", "remote_addr", "language", "version")
+    nested = hb.where("conn_id < 8").drop("recv_ms", "remote_addr", "language", "version")
+    assert sorted(map(str, full.collect())) == sorted(map(str, nested.collect()))
+    flat = records.transform(decode_pandas()).where("size(consumer_groups) > 0").first()
+    assert len(flat["consumer_groups"]) == len(flat["consumer_sub_keys"])
 
 
 def test_scan_main_writes_the_report(spark, recording, tmp_path, capsys):

@@ -274,23 +274,23 @@ BodyDeduper = _deduper_class()
 
 
 def read_split_ids(split: Split, on_corrupt: str = "skip", deduper=None):
-    """(recv_ms, conn_id, body ids, distinct bodies) of a split, numbering bodies block by block without
-    copying them into one buffer."""
-    blocks = list(iter_blocks(split.path, blocks=split.blocks, on_corrupt=on_corrupt))
-    if not blocks:
+    """(recv_ms, conn_id, body ids, distinct bodies) of a split. Blocks are numbered and released one at a time
+    (a split decompresses to hundreds of MB; only the distinct bodies are kept)."""
+    d = deduper if deduper is not None else BodyDeduper()
+    conn_index: dict = {}  # connection id -> small dense index for the deduper
+    recv, conn, ids = [], [], []
+    for b in iter_blocks(split.path, blocks=split.blocks, on_corrupt=on_corrupt):
+        c = b.conn_id
+        uniq, inverse = np.unique(c, return_inverse=True)
+        dense_of = np.fromiter((conn_index.setdefault(x, len(conn_index)) for x in uniq.tolist()), np.int64, len(uniq))
+        dense = np.ascontiguousarray(dense_of[inverse.reshape(-1)])
+        ids.append(d.add(dense, np.ascontiguousarray(b.body_offsets, dtype=np.int32), b.body_data))
+        recv.append(np.array(b.recv_ms))
+        conn.append(np.array(c))
+    if not recv:
         e = np.zeros(0, np.int64)
         return e, e, e, []
-    recv = np.concatenate([b.recv_ms for b in blocks])
-    conn = np.concatenate([b.conn_id for b in blocks])
-    _, dense = np.unique(conn, return_inverse=True)
-    dense = np.ascontiguousarray(dense.reshape(-1), dtype=np.int64)
-    d = deduper if deduper is not None else BodyDeduper()
-    ids, pos = [], 0
-    for b in blocks:
-        k = len(b)
-        ids.append(d.add(dense[pos:pos + k], np.ascontiguousarray(b.body_offsets, dtype=np.int32), b.body_data))
-        pos += k
-    return recv, conn, np.concatenate(ids), d.bodies
+    return np.concatenate(recv), np.concatenate(conn), np.concatenate(ids), d.bodies
 
 
 def dedupe(bodies: List[bytes]) -> Tuple[np.ndarray, List[bytes]]:
@@ -562,3 +562,66 @@ def split_runs(split: Split, params: ScanParams = ScanParams(), dedupe_bodies: b
     """The scan's pre-aggregated runs of one split (RUN_SCHEMA), plus its STATS_ROLE row."""
     recv, conn, ids, uniq = read_split_ids(split, on_corrupt)
     return runs_from_ids(recv, conn, ids, uniq, params, dedupe_bodies)
+
+
+def merge_run_batches(batches: List[pa.RecordBatch], params: ScanParams = ScanParams()) -> List[pa.RecordBatch]:
+    """Merge runs of consecutive splits (in time order) the way ``merge_runs`` in Spark would, so a task emits
+    fewer rows. Only merges what the Spark merge merges too: neighbours in the order (member, first_ms,
+    conn_id, sub_key nulls first) with the same connection and the same raw sub_key (two light runs next to
+    each other carry the same set), at most the split threshold apart. Statistics rows are summed."""
+    if not batches:
+        return []
+    t = pa.Table.from_batches(batches, schema=RUN_SCHEMA).combine_chunks()
+    role = np.array(t.column("role").to_pylist(), dtype=object)
+    is_stats = role == STATS_ROLE
+    out = []
+    if is_stats.any():
+        st = t.filter(pa.array(is_stats))
+        first = [v for v in st.column("first_ms").to_pylist() if v is not None]
+        last = [v for v in st.column("last_ms").to_pylist() if v is not None]
+        out.append(pa.RecordBatch.from_arrays(
+            [pa.array([STATS_ROLE]), pa.array([""]), pa.array([""]), pa.array([0], pa.int64()),
+             pa.array([None], pa.string()), pa.array([min(first) if first else None], pa.int64()),
+             pa.array([max(last) if last else None], pa.int64()),
+             pa.array([sum(st.column("n").to_pylist())], pa.int64())], schema=RUN_SCHEMA))
+    t = t.filter(pa.array(~is_stats))
+    m = t.num_rows
+    if m == 0:
+        return out
+    group = np.array(t.column("group").to_pylist(), dtype=object)
+    client = np.array(t.column("client_id").to_pylist(), dtype=object)
+    member_key = role[~is_stats] + "\x00" + group + "\x00" + client
+    _, member = np.unique(member_key, return_inverse=True)
+    keys = t.column("sub_key").to_pylist()
+    has_key = np.array([k is not None for k in keys])
+    key_rank = np.full(m, -1, np.int64)
+    if has_key.any():
+        _, ranks = np.unique(np.array([k for k in keys if k is not None], dtype=object), return_inverse=True)
+        key_rank[has_key] = ranks.reshape(-1)
+    conn = t.column("conn_id").to_numpy()
+    first = t.column("first_ms").to_numpy()
+    last = t.column("last_ms").to_numpy()
+    n = t.column("n").to_numpy()
+    order = np.lexsort((key_rank, conn, first, member.reshape(-1)))
+    mem, cn, kr, fs, ls = member.reshape(-1)[order], conn[order], key_rank[order], first[order], last[order]
+    joins = np.zeros(m, dtype=bool)
+    joins[1:] = (mem[1:] == mem[:-1]) & (cn[1:] == cn[:-1]) & (kr[1:] == kr[:-1]) & (fs[1:] - ls[:-1] <= params.split_ms)
+    starts = np.flatnonzero(~joins)
+    keep = order[starts]
+    merged = t.take(pa.array(keep))
+    out.append(pa.RecordBatch.from_arrays(
+        [merged.column("role").combine_chunks(), merged.column("group").combine_chunks(),
+         merged.column("client_id").combine_chunks(), merged.column("conn_id").combine_chunks(),
+         merged.column("sub_key").combine_chunks(), pa.array(np.minimum.reduceat(fs, starts), pa.int64()),
+         pa.array(np.maximum.reduceat(ls, starts), pa.int64()), pa.array(np.add.reduceat(n[order], starts), pa.int64())],
+        schema=RUN_SCHEMA))
+    return out
+
+
+def splits_runs(splits: List[Split], params: ScanParams = ScanParams(), dedupe_bodies: bool = True,
+                on_corrupt: str = "skip") -> List[pa.RecordBatch]:
+    """Runs of consecutive splits (one Spark task's share), merged across the splits."""
+    batches = []
+    for split in splits:
+        batches.extend(split_runs(split, params, dedupe_bodies, on_corrupt))
+    return merge_run_batches(batches, params)

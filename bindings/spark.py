@@ -239,13 +239,26 @@ def read_heartbeats(spark: SparkSession, directory, *, split_records: int = seg.
     return _over_splits(spark, plan, fn, HEARTBEAT_STRUCT)
 
 
+def _run_split_ranges(fn, ranges, batches):
+    for batch in batches:
+        for i in batch.column(0).to_pylist():
+            yield from fn(ranges[i])
+
+
 def read_runs(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, split_records: int = seg.DEFAULT_SPLIT_RECORDS,
-              dedupe: bool = True, on_corrupt: str = "skip", plan: Optional[seg.Plan] = None) -> DataFrame:
-    """The scan's pre-aggregated runs, straight from the segment files (mapInArrow). One STATS_ROLE row per
-    split carries its record count, bad bodies (in conn_id) and time range."""
+              dedupe: bool = True, on_corrupt: str = "skip", plan: Optional[seg.Plan] = None,
+              tasks: Optional[int] = None) -> DataFrame:
+    """The scan's pre-aggregated runs, straight from the segment files (mapInArrow). Each task takes a range
+    of consecutive splits (default: 4 tasks per core) and merges their runs before emitting them; a
+    STATS_ROLE row per task carries its bad bodies (n) and time range."""
     plan = plan or seg.plan_splits(directory, split_records)
-    fn = functools.partial(seg.split_runs, params=params, dedupe_bodies=dedupe, on_corrupt=on_corrupt)
-    return _over_splits(spark, plan, fn, RUN_STRUCT)
+    n = len(plan.splits)
+    tasks = max(1, min(n, tasks or 4 * spark.sparkContext.defaultParallelism))
+    bounds = [round(i * n / tasks) for i in range(tasks + 1)]
+    ranges = [plan.splits[a:b] for a, b in zip(bounds, bounds[1:])]
+    fn = functools.partial(seg.splits_runs, params=params, dedupe_bodies=dedupe, on_corrupt=on_corrupt)
+    ids = spark.range(0, len(ranges), 1, numPartitions=len(ranges))
+    return ids.mapInArrow(functools.partial(_run_split_ranges, fn, ranges), RUN_STRUCT)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -266,3 +266,21 @@ def test_read_split_ids_matches_columns(recording):
         want_ids, want_uniq = seg.dedupe(cols.bodies())
         assert ids.tolist() == want_ids.tolist() and uniq == want_uniq
         assert recv.tolist() == cols.recv_ms.tolist() and conn.tolist() == cols.conn_id.tolist()
+
+
+def test_merging_runs_across_splits(recording):
+    d, _ = recording
+    splits = seg.plan_splits(d, target_records=1500).splits
+    per_split = [b for s in splits for b in seg.split_runs(s)]
+    merged = seg.merge_run_batches(per_split)
+    before = pa.Table.from_batches(per_split).to_pylist()
+    after = pa.Table.from_batches(merged).to_pylist()
+    assert len(after) < len(before)
+    for role in ("client", "producer", "consumer", seg.STATS_ROLE):
+        assert sum(r["n"] for r in before if r["role"] == role) == sum(r["n"] for r in after if r["role"] == role)
+    assert len([r for r in after if r["role"] == seg.STATS_ROLE]) == 1
+    # maximal already: merging again changes nothing; one task's splits give the same as merging them all
+    again = pa.Table.from_batches(seg.merge_run_batches(merged)).to_pylist()
+    assert sorted(map(str, again)) == sorted(map(str, after))
+    assert sorted(map(str, pa.Table.from_batches(seg.splits_runs(splits)).to_pylist())) == sorted(map(str, after))
+    assert seg.merge_run_batches([]) == []

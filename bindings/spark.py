@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+from concurrent.futures import ThreadPoolExecutor
 import json
 import os
 import sys
@@ -641,16 +642,23 @@ def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, m
                       on_corrupt=on_corrupt, plan=plan)
     runs = raw.transform(merge_runs(params)).persist()
     try:
-        stats = _stats(runs)
-        findings = {
-            "inconsistent_subscriptions": _inconsistent_records(_rows(runs.transform(inconsistent_subscriptions(params)))),
-            "flapping_clients": _flapping_records(_rows(runs.transform(flapping_clients(params)))),
-            "heartbeat_gaps": sorted(_rows(runs.transform(heartbeat_gaps(params)).select(
+        stats = _stats(runs)  # materialises the cached runs once
+        # the analyses are small, latency-bound jobs on the cached runs: submit them together
+        jobs = {
+            "inconsistent_subscriptions": lambda: _inconsistent_records(
+                _rows(runs.transform(inconsistent_subscriptions(params)))),
+            "flapping_clients": lambda: _flapping_records(_rows(runs.transform(flapping_clients(params)))),
+            "heartbeat_gaps": lambda: sorted(_rows(runs.transform(heartbeat_gaps(params)).select(
                 "client_id", "groups", "start_ms", "end_ms", "gap_s")), key=lambda r: (r["client_id"], r["start_ms"])),
-            "group_sizes": _size_records(_rows(runs.transform(group_sizes(params))),
-                                         _rows(runs.where(F.col("role").isin("consumer", "producer"))
-                                               .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members")))),
+            "group_sizes": lambda: _rows(runs.transform(group_sizes(params))),
+            "_members": lambda: _rows(runs.where(F.col("role").isin("consumer", "producer"))
+                                      .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members"))),
         }
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            futures = {k: pool.submit(fn) for k, fn in jobs.items()}
+            done = {k: f.result() for k, f in futures.items()}
+        findings = {k: done[k] for k in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps")}
+        findings["group_sizes"] = _size_records(done["group_sizes"], done["_members"])
     finally:
         runs.unpersist()
     findings["summary"] = {**stats, **{k: len(findings[k]) for k in FINDING_KEYS}}

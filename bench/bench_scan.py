@@ -1,6 +1,7 @@
 """The Spark scan end to end on local[2]: read segments, decompress, decode, all four analyses, findings collected.
 
-Contenders, side by side on the same recording and the same analyses (they must all produce the same findings):
+``test_scan``: contenders side by side on the same recording and the same analyses (they must all produce the
+same findings, exactly the injected anomalies):
 
 * ``arrow``: mapInArrow reads each split, decodes each distinct body once with the compiled batch decoder and
   pre-aggregates runs (the default scan);
@@ -8,6 +9,8 @@ Contenders, side by side on the same recording and the same analyses (they must 
 * ``pandas``: the Python data source reads raw records, a pandas UDF decodes them with the compiled decoder;
 * ``from_json``: the same raw records decoded by Spark's own ``from_json``;
 * ``json_loads``: the same raw records decoded by ``json.loads`` in a pandas UDF.
+
+``test_decode``: the same contenders reading and decoding only (no analyses).
 
 Run (10M heartbeats by default; RMQHB_BENCH_RECORDS=1000000 for a quick run; the recording is generated once
 into RMQHB_BENCH_DIR, default /tmp/rmqhb-bench-<records>)::
@@ -58,11 +61,41 @@ def spark(recording, tmp_path_factory):
     yield session
     session.stop()
     if RESULTS:
-        base = RESULTS.get("from_json")
-        print(f"\n{'method':<18}{'seconds':>10}{'heartbeats/s':>16}{'vs from_json':>14}")
-        for name, (secs, rate) in sorted(RESULTS.items(), key=lambda kv: kv[1][0]):
+        print(f"\n{'method':<26}{'seconds':>10}{'heartbeats/s':>16}{'vs from_json':>14}")
+        for name, (secs, rate) in sorted(RESULTS.items()):
+            base = RESULTS.get(("decode " if name.startswith("decode ") else "") + "from_json")
             ratio = f"{rate / base[1]:.2f}x" if base else ""
-            print(f"{name:<18}{secs:>10.1f}{rate:>16,.0f}{ratio:>14}")
+            print(f"{name:<26}{secs:>10.1f}{rate:>16,.0f}{ratio:>14}")
+
+
+DECODERS = os.environ.get("RMQHB_BENCH_DECODERS", "arrow,arrow_every_body,pandas,from_json,json_loads").split(",")
+
+
+@pytest.mark.parametrize("method", DECODERS)
+def test_decode(benchmark, spark, recording, method):
+    """Read and decode only (every decoded column written to Spark's no-op sink, so nothing is pruned)."""
+    from engine.bindings.spark import (decode_from_json, decode_json_loads, decode_pandas, read_heartbeats,
+                                       read_records)
+
+    directory, manifest = recording
+    if method in ("arrow", "arrow_every_body"):
+        df = read_heartbeats(spark, directory, dedupe=method == "arrow")
+    else:
+        decoder = {"pandas": decode_pandas(), "from_json": decode_from_json(), "json_loads": decode_json_loads()}[method]
+        df = read_records(spark, directory, via="arrow").transform(decoder)
+    out = {}
+
+    def run():
+        t0 = time.perf_counter()
+        df.write.format("noop").mode("overwrite").save()
+        out["seconds"] = time.perf_counter() - t0
+
+    benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
+    n = manifest["records"]
+    rate = n / out["seconds"]
+    RESULTS["decode " + method] = (out["seconds"], rate)
+    benchmark.extra_info.update({"records": n, "heartbeats_per_s": round(rate)})
+    print(f"\ndecode {method}: {n:,} heartbeats in {out['seconds']:.1f} s = {rate:,.0f}/s")
 
 
 @pytest.mark.parametrize("method", METHODS)

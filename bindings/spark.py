@@ -5,7 +5,8 @@ Data frames, from raw to findings::
 
     records     recv_ms, conn_id, remote_addr, language, version, body        read_records (data source / mapInArrow)
     heartbeats  records + error, client_id, fingerprint, without_sub,         read_heartbeats (mapInArrow), or
-                producer_groups, consumers[group, ..., subscriptions[...]]    records.transform(decode_pandas())
+                producer_groups, consumers[group, ..., subscriptions[...]]    records.transform(decode_pandas(full=True));
+                (flat: consumer_groups, consumer_sub_keys instead of consumers: records.transform(decode_pandas()))
     runs        role, group, client_id, conn_id, sub_key, first_ms, last_ms, n
                 one row per observation (heartbeats.transform(memberships())) or per pre-aggregated run
                 (read_runs: mapInArrow straight from the segment files), then .transform(merge_runs(params))
@@ -13,8 +14,9 @@ Data frames, from raw to findings::
                 group_sizes(...)
 
 ``scan(spark, dir, method="arrow")`` is the fast path (mapInArrow reads, decompresses, decodes with the compiled
-batch decoder and pre-aggregates each split); ``method="pandas"`` reads raw records and decodes them with a pandas
-UDF; ``method="heartbeats"`` goes through the nested heartbeats frame. All give the same findings, which are
+batch decoder and pre-aggregates runs per task); ``method="pandas"`` reads raw records and decodes them with a
+pandas UDF (the compiled decoder again); ``method="heartbeats"`` goes through the nested heartbeats frame;
+``from_json`` and ``json_loads`` are the baselines of bench/bench_scan.py. All give the same findings, which are
 defined (and computed independently) by ``engine.scan_py``.
 
 Executors must import ``engine`` (with its compiled modules) and ``engine.bindings``: install the package into
@@ -25,12 +27,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-from concurrent.futures import ThreadPoolExecutor
 import json
 import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 

@@ -522,7 +522,7 @@ class HeartbeatRecorder:
             if len(self._addr_cache) > 65536:
                 self._addr_cache.clear()
             self._addr_cache[remote_addr] = addr
-        body = bytes(body)
+        body = bytes(body) if body is not None else b""
         self._p_recv.append(recv_ms)
         self._p_conn.append(conn_id)
         self._p_addr.append(addr)

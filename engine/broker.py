@@ -253,7 +253,10 @@ class Broker:
     # ------------------------------------------------------------------ metrics
     def render_metrics(self) -> str:
         stats = getattr(self.registry, "group_stats", None)
-        return render(self.metrics, len(self.server.connections), stats() if stats is not None else ())
+        text = render(self.metrics, len(self.server.connections), stats() if stats is not None else ())
+        if self.server.io_pool is not None:  # ioWorkers > 0: connections held by each worker process
+            text += self.server.io_pool.render_metrics()
+        return text
 
     # ------------------------------------------------------------------ lifecycle (blocking, own thread)
     def start(self, timeout: float = 30.0) -> "Broker":

@@ -85,6 +85,9 @@ class BrokerConfig:
     # -- limits (engine) --
     max_connections: int = 100_000
     max_connections_per_ip: int = 0  # 0 = no per-IP limit
+    #: I/O worker processes holding the client sockets (engine.ioworker); 0 = socket I/O in the broker process.
+    #: With N > 0 the connection limit is min(maxConnections, N x a worker's RLIMIT_NOFILE minus a reserve).
+    io_workers: int = 0
     max_frame_size: int = 16 * 1024 * 1024  # com.rocketmq.remoting.frameMaxLength
     #: a partial frame that is not complete after this long closes the connection (slowloris)
     incomplete_frame_timeout_ms: int = 30_000
@@ -174,7 +177,7 @@ class BrokerConfig:
             if getattr(self, PROPERTIES[name].attr) <= 0:
                 raise ConfigError(f"{name} must be > 0")
         for name in ("maxConnectionsPerIp", "notifyCoalesceWindowMs", "waitTimeMillsInPullQueue",
-                     "waitTimeMillsInQueue"):
+                     "waitTimeMillsInQueue", "ioWorkers"):
             if getattr(self, PROPERTIES[name].attr) < 0:
                 raise ConfigError(f"{name} must be >= 0")
         if not 16 <= self.max_frame_size <= 0x7FFFFFFF:

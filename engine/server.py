@@ -349,6 +349,7 @@ class RemotingServer:
         self.stalled: set[Connection] = set()
         self._idle_pass: list[Connection] = []
         self.max_connections = config.max_connections  # maxConnections, capped by the descriptor limit at start
+        self.io_pool = None  # engine.ioworker.IOWorkerPool when ioWorkers > 0: sockets live in worker processes
 
     def _queue_soon(self, conn: Connection) -> None:
         if not self._soon:
@@ -395,19 +396,32 @@ class RemotingServer:
         self.loop = asyncio.get_running_loop()
         cfg = self.config
         self.max_connections = connection_capacity(cfg.max_connections)
-        if self.max_connections < cfg.max_connections:
+        if self.max_connections < cfg.max_connections and not getattr(cfg, "io_workers", 0):
             log.info("maxConnections=%d exceeds what RLIMIT_NOFILE allows: at most %d connections (%d descriptors "
                      "kept for the broker's own files)", cfg.max_connections, self.max_connections, FD_RESERVE)
+        if getattr(cfg, "io_workers", 0):
+            # client sockets are held by the workers: the limit is what their descriptors allow together
+            from .ioworker import IOWorkerPool
+
+            self.io_pool = IOWorkerPool(self, cfg.io_workers)
+            await self.io_pool.start()
+            self.max_connections = min(cfg.max_connections, self.io_pool.capacity)
+            log.info("ioWorkers=%d: at most %d connections", cfg.io_workers, self.max_connections)
+        pooled = self.io_pool is not None  # then the pool accepts on the bound sockets and hands them off
         host = cfg.listen_host or None
         main = await self.loop.create_server(lambda: Connection(self, "main"), host, cfg.listen_port,
-                                             reuse_address=True, backlog=4096)
+                                             reuse_address=True, backlog=4096, start_serving=not pooled)
         self.servers.append(main)
+        if pooled:
+            self.io_pool.listen(main, "main")
         self.ports["main"] = main.sockets[0].getsockname()[1]
         if cfg.fast_port_enable:
             fast_port = max(0, self.ports["main"] - 2) if cfg.listen_port else 0
             fast = await self.loop.create_server(lambda: Connection(self, "fast"), host, fast_port,
-                                                 reuse_address=True, backlog=4096)
+                                                 reuse_address=True, backlog=4096, start_serving=not pooled)
             self.servers.append(fast)
+            if pooled:
+                self.io_pool.listen(fast, "fast")
             self.ports["fast"] = fast.sockets[0].getsockname()[1]
         self._sweeper = self.loop.call_later(1.0, self._sweep)
         return dict(self.ports)
@@ -419,6 +433,8 @@ class RemotingServer:
             self._sweeper.cancel()
         for s in self.servers:
             s.close()
+        if self.io_pool is not None:
+            self.io_pool.stop_accepting()
         for conn in list(self.connections):
             conn.close("broker shutting down", abort=False, level=logging.DEBUG)
         deadline = time.monotonic() + grace
@@ -430,6 +446,8 @@ class RemotingServer:
         for s in self.servers:
             await s.wait_closed()
         self.servers.clear()
+        if self.io_pool is not None:
+            await self.io_pool.stop()
 
     # ---- connections ----
     def _on_connection_made(self, conn: Connection) -> None:

@@ -400,29 +400,34 @@ class RemotingServer:
             log.info("maxConnections=%d exceeds what RLIMIT_NOFILE allows: at most %d connections (%d descriptors "
                      "kept for the broker's own files)", cfg.max_connections, self.max_connections, FD_RESERVE)
         if getattr(cfg, "io_workers", 0):
-            # client sockets are held by the workers: the limit is what their descriptors allow together
             from .ioworker import IOWorkerPool
 
-            self.io_pool = IOWorkerPool(self, cfg.io_workers)
-            await self.io_pool.start()
-            self.max_connections = min(cfg.max_connections, self.io_pool.capacity)
-            log.info("ioWorkers=%d: at most %d connections", cfg.io_workers, self.max_connections)
+            self.io_pool = IOWorkerPool(self, cfg.io_workers)  # started once the ports are bound
         pooled = self.io_pool is not None  # then the pool accepts on the bound sockets and hands them off
         host = cfg.listen_host or None
         main = await self.loop.create_server(lambda: Connection(self, "main"), host, cfg.listen_port,
                                              reuse_address=True, backlog=4096, start_serving=not pooled)
         self.servers.append(main)
-        if pooled:
-            self.io_pool.listen(main, "main")
         self.ports["main"] = main.sockets[0].getsockname()[1]
         if cfg.fast_port_enable:
             fast_port = max(0, self.ports["main"] - 2) if cfg.listen_port else 0
             fast = await self.loop.create_server(lambda: Connection(self, "fast"), host, fast_port,
                                                  reuse_address=True, backlog=4096, start_serving=not pooled)
             self.servers.append(fast)
-            if pooled:
-                self.io_pool.listen(fast, "fast")
             self.ports["fast"] = fast.sockets[0].getsockname()[1]
+        if pooled:
+            try:
+                await self.io_pool.start()
+            except BaseException:
+                for s in self.servers:
+                    s.close()
+                self.servers.clear()
+                raise
+            # client sockets are held by the workers: the limit is what their descriptors allow together
+            self.max_connections = min(cfg.max_connections, self.io_pool.capacity)
+            log.info("ioWorkers=%d: at most %d connections", cfg.io_workers, self.max_connections)
+            for s, name in zip(self.servers, ("main", "fast")):
+                self.io_pool.listen(s, name)
         self._sweeper = self.loop.call_later(1.0, self._sweep)
         return dict(self.ports)
 

@@ -176,8 +176,9 @@ def client_ids(port, group, **kw):
     return sorted(c["clientId"] for c in (cc or {}).get("connectionSet") or [])
 
 
-def test_ali_ons_registers_is_listed_and_unregisters(broker, ons_dir, drivers):
-    b = broker()
+@pytest.mark.parametrize("io_workers", [0, 2], ids=["in-process", "ioWorkers=2"])
+def test_ali_ons_registers_is_listed_and_unregisters(broker, ons_dir, drivers, io_workers):
+    b = broker(io_workers=io_workers)
     port = b.ports["main"]
     d = start_ons(ons_dir, drivers, port, producerGroup="PID_IT_ONS",
                   consumers=[{"group": "CID_IT_ONS", "topic": "TopicIT", "expr": "TagA || TagB"}])
@@ -199,8 +200,9 @@ def test_ali_ons_registers_is_listed_and_unregisters(broker, ons_dir, drivers):
     assert rc == 1 and "the producer group[PID_IT_ONS] not exist" in err
 
 
-def test_cpp_client_requeries_consumer_list_on_notify(broker, ons_dir, cpp_dir, drivers, tmp_path):
-    b = broker()
+@pytest.mark.parametrize("io_workers", [0, 2], ids=["in-process", "ioWorkers=2"])
+def test_cpp_client_requeries_consumer_list_on_notify(broker, ons_dir, cpp_dir, drivers, tmp_path, io_workers):
+    b = broker(io_workers=io_workers)
     port = b.ports["main"]
     calls = []  # (time, remote address) of every GET_CONSUMER_LIST_BY_GROUP
     handler, executor = b.server.table[RequestCode.GET_CONSUMER_LIST_BY_GROUP]

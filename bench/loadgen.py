@@ -235,10 +235,24 @@ class LoadConn(asyncio.Protocol):
             self.closed.set_result(exc)
 
 
+#: LOADGEN_SOURCE_IPS=K: connect from 127.0.0.2 .. 127.0.0.(K+1), round-robin. Loopback connections to one broker
+#: port share one source address's ephemeral ports (28k here), so 50k clients connected at once need K >= 2.
+_SOURCE_IPS = [f"127.0.0.{2 + k}" for k in range(int(os.environ.get("LOADGEN_SOURCE_IPS") or 0))]
+_source_seq = 0
+
+
+def _local_addr():
+    global _source_seq
+    if not _SOURCE_IPS:
+        return None
+    _source_seq += 1
+    return (_SOURCE_IPS[_source_seq % len(_SOURCE_IPS)], 0)
+
+
 async def _connect(loop, host, port, factory, stats, attempts=20, backoff=0.05):
     for attempt in range(attempts):
         try:
-            return (await loop.create_connection(factory, host, port))[1]
+            return (await loop.create_connection(factory, host, port, local_addr=_local_addr()))[1]
         except OSError:
             stats["connect_retries"] += 1
             await asyncio.sleep(backoff * (attempt + 1))

@@ -13,7 +13,12 @@ clients leave (back to the count before they came, within 2).
     python bench/soak.py --clients 19900 --duration 600 --procs 4 --json soak.json
 
 One process may hold at most ``ulimit -Hn`` descriptors; the broker needs a few for itself, so N must stay below
-that limit (20000 on the machine of the recorded run, hence 19900).
+that limit (20000 on the machine of the recorded run, hence 19900) unless the broker runs I/O worker processes:
+
+    python bench/soak.py --clients 20000 --duration 600 --procs 4 --io-workers 2 --json soak-w2.json
+
+With ``--io-workers`` the client sockets live in the workers (engine.ioworker); RSS and descriptors are then the
+sums over the broker process and its workers (replacements included), and each is also reported per process.
 """
 from __future__ import annotations
 
@@ -58,6 +63,17 @@ def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def children(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
 def scrape(port: int) -> dict:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out = {"group_channels": 0}
@@ -87,7 +103,16 @@ class Sampler(threading.Thread):
         self.stop = threading.Event()
 
     def sample(self) -> dict:
-        s = {"t": time.monotonic(), "rss": rss_bytes(self.pid), "fds": fd_count(self.pid)}
+        pids = [self.pid] + children(self.pid)  # the broker and its I/O workers, if any
+        per = {}
+        for pid in pids:
+            try:
+                per[pid] = (rss_bytes(pid), fd_count(pid))
+            except OSError:  # exited between the listing and the read
+                pass
+        s = {"t": time.monotonic(), "rss": sum(r for r, _ in per.values()), "fds": sum(f for _, f in per.values())}
+        if len(per) > 1:
+            s["per_process"] = {str(pid): {"rss_mb": round(r / 2**20, 1), "fds": f} for pid, (r, f) in per.items()}
         try:
             s.update(scrape(self.port))
         except OSError as e:
@@ -150,12 +175,19 @@ def main(argv=None) -> int:
     p.add_argument("--procs", type=int, default=4)
     p.add_argument("--interval", type=float, default=30.0, help="heartbeat period per client (s)")
     p.add_argument("--groups", type=int, default=100)
+    p.add_argument("--io-workers", type=int, default=0, help="the broker's ioWorkers (0 = in-process socket I/O)")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if args.clients > hard - 64:
-        raise SystemExit(f"--clients {args.clients} needs more descriptors than one process may hold ({hard})")
+    if args.io_workers:
+        max_conn = args.clients + 1024
+        if args.clients // args.procs > hard - 64:
+            raise SystemExit(f"--clients/--procs needs more descriptors than one load process may hold ({hard})")
+    else:
+        max_conn = hard
+        if args.clients > hard - 64:
+            raise SystemExit(f"--clients {args.clients} needs more descriptors than one process may hold ({hard})")
     port, mport = free_port(), free_port()
     store = tempfile.mkdtemp(prefix="soak-store-")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -165,8 +197,8 @@ def main(argv=None) -> int:
 
     broker = subprocess.Popen(
         [sys.executable, "-m", "engine", "serve", "--listenPort", str(port), "--listenHost", "127.0.0.1",
-         "--fastPortEnable", "false", "--storePathRootDir", store, "--maxConnections", str(hard),
-         "--metrics-port", str(mport), "--log-level", "WARNING"],
+         "--fastPortEnable", "false", "--storePathRootDir", store, "--maxConnections", str(max_conn),
+         "--ioWorkers", str(args.io_workers), "--metrics-port", str(mport), "--log-level", "WARNING"],
         env=env, preexec_fn=raise_limit, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         line = broker.stdout.readline()
@@ -209,6 +241,7 @@ def main(argv=None) -> int:
     window = [s for s in sampler.samples if first and first["t"] <= s["t"] <= last["t"]]
     figures = {
         "clients": args.clients,
+        "io_workers": args.io_workers,
         "duration_s": args.duration,
         "heartbeat_interval_s": args.interval,
         "run_s": round(run_s, 1),
@@ -224,6 +257,8 @@ def main(argv=None) -> int:
         "fds_peak": max(s["fds"] for s in sampler.samples),
         "fds_after": after["fds"],
         "connections_after": after.get("connections"),
+        "per_process_first": first.get("per_process") if first else None,
+        "per_process_last": last.get("per_process") if last else None,
         "closed_by_reason": after.get("closed", {}),
     }
     if first:

@@ -15,7 +15,10 @@ Heartbeats repeat byte for byte between state changes, so each split decodes eve
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
@@ -26,6 +29,8 @@ import pyarrow as pa
 from engine.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
 from engine.recorder import BlockInfo, Damage, SegmentError, iter_blocks, list_segments, scan_segment
 from engine.scan_py import ScanParams
+
+_log = logging.getLogger(__name__)
 
 #: Bodies of one split must fit Arrow's int32 offsets; the planner also caps a split's raw bytes.
 MAX_SPLIT_RAW_BYTES = 1 << 30
@@ -620,8 +625,305 @@ def merge_run_batches(batches: List[pa.RecordBatch], params: ScanParams = ScanPa
 
 def splits_runs(splits: List[Split], params: ScanParams = ScanParams(), dedupe_bodies: bool = True,
                 on_corrupt: str = "skip") -> List[pa.RecordBatch]:
-    """Runs of consecutive splits (one Spark task's share), merged across the splits."""
+    """Runs of consecutive splits (one Spark task's share), merged across the splits: task_runs, or with
+    dedupe_bodies=False every body decoded (split by split, then merged)."""
+    if dedupe_bodies:
+        return task_runs(splits, params, on_corrupt)
     batches = []
     for split in splits:
         batches.extend(split_runs(split, params, dedupe_bodies, on_corrupt))
     return merge_run_batches(batches, params)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the scan task: whole blocks through the compiled scanner, one pass over the records for the member runs
+
+
+class BlockScannerPy:
+    """Pure-Python twin of ``engine._segment.BlockScanner`` (same columns, same body ids, same errors)."""
+
+    def __init__(self):
+        self._deduper = BodyDeduperPy()
+        self._conn_index: dict = {}
+        self._recv, self._conn, self._ids = [], [], []
+
+    @property
+    def bodies(self) -> List[bytes]:
+        return self._deduper.bodies
+
+    @property
+    def n_records(self) -> int:
+        return sum(len(x) for x in self._recv)
+
+    def add_block(self, raw, n_records: int, first_ms: int, last_ms: int, where: str = "block") -> None:
+        from engine.recorder import Block
+
+        raw = bytes(raw)
+        if n_records < 0 or n_records > (len(raw) - 8) // 29:
+            raise SegmentError(f"{where}: block of {n_records} records needs {n_records * 29 + 8} bytes, "
+                               f"payload has {len(raw)}")
+        b = Block(raw, n_records, where)
+        if n_records and (int(b.recv_ms.min()) != first_ms or int(b.recv_ms.max()) != last_ms):
+            raise SegmentError(f"{where}: receive times disagree with the block header")
+        dense = np.fromiter((self._conn_index.setdefault(c, len(self._conn_index)) for c in b.conn_id.tolist()),
+                            np.int64, n_records)
+        self._ids.append(self._deduper.add(dense, np.ascontiguousarray(b.body_offsets, np.int32), b.body_data))
+        self._recv.append(b.recv_ms.astype(np.int64))
+        self._conn.append(b.conn_id.astype(np.int64))
+
+    def columns(self):
+        if not self._recv:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int32)
+        return (np.concatenate(self._recv), np.concatenate(self._conn),
+                np.concatenate(self._ids).astype(np.int32))
+
+
+def member_runs_py(recv, conn, ids, body_client, entry_offsets, entry_member, entry_key, n_clients, n_members,
+                   split_ms):
+    """Pure-Python twin of ``engine._segment.member_runs`` (same results, same None when out of order)."""
+    n = len(recv)
+    if not (len(conn) == len(ids) == n):
+        raise ValueError("recv, conn and ids differ in length")
+    n_bodies = len(body_client)
+    if len(entry_offsets) != n_bodies + 1 or len(entry_key) != len(entry_member):
+        raise ValueError("entry tables do not match the bodies")
+    if n_clients < 0 or n_members < 0 or split_ms < 0:
+        raise ValueError("negative table size or split_ms")
+    eo = [int(x) for x in entry_offsets]
+    if eo[0] != 0 or eo[-1] != len(entry_member):
+        raise ValueError("entry offsets must run from 0 to the number of entries")
+    for i in range(n_bodies):
+        if eo[i + 1] < eo[i]:
+            raise ValueError(f"entry offsets descend at {i + 1}")
+        if not -1 <= body_client[i] < n_clients:
+            raise ValueError(f"body {i}: client {body_client[i]} out of range")
+    em, ek = [int(x) for x in entry_member], [int(x) for x in entry_key]
+    for e in range(len(em)):
+        if not (0 <= em[e] < n_members and ek[e] >= -1):
+            raise ValueError(f"entry {e}: member or key out of range")
+    for i, b in enumerate(ids.tolist() if hasattr(ids, "tolist") else ids):
+        if not 0 <= b < n_bodies:
+            raise ValueError(f"record {i}: body id {b} out of range")
+    last_of_client: dict = {}
+    open_run: dict = {}  # member -> [conn, key, first, last, n]
+    out = []
+    n_bad = 0
+    bc = [int(x) for x in body_client]
+    for t, c, b in zip(np.asarray(recv).tolist(), np.asarray(conn).tolist(), np.asarray(ids).tolist()):
+        cl = bc[b]
+        if cl < 0:
+            n_bad += 1
+            continue
+        prev = last_of_client.get(cl)
+        if prev is not None and (t < prev[0] or (t == prev[0] and (c < prev[1] or (c == prev[1] and b != prev[2])))):
+            return None
+        last_of_client[cl] = (t, c, b)
+        for e in range(eo[b], eo[b + 1]):
+            m, key = em[e], ek[e]
+            r = open_run.get(m)
+            if r is not None and r[0] == c and r[1] == key and 0 <= t - r[3] <= split_ms:
+                r[3] = t
+                r[4] += 1
+                continue
+            if r is not None:
+                out.append((m, *r))
+            open_run[m] = [c, key, t, t, 1]
+    out.extend((m, *open_run[m]) for m in sorted(open_run))
+    cols = list(zip(*out)) if out else [()] * 6
+    dtypes = (np.int32, np.int64, np.int32, np.int64, np.int64, np.int64)
+    runs = tuple(np.array(col, dtype=dt) for col, dt in zip(cols, dtypes))
+    recv = np.asarray(recv)
+    return runs, (n_bad, int(recv.min()) if n else None, int(recv.max()) if n else None)
+
+
+def _native_scan():
+    if os.environ.get("ENGINE_NO_EXTENSIONS") or sys.byteorder != "little":
+        return BlockScannerPy, member_runs_py
+    try:
+        from engine._segment import BlockScanner as scanner, member_runs as runs
+    except ImportError:
+        return BlockScannerPy, member_runs_py
+    return scanner, runs
+
+
+#: The compiled scanner and run builder when built (and not disabled), else the twins.
+BlockScanner, member_runs = _native_scan()
+
+
+def scan_blocks(splits, scanner=None, on_corrupt: str = "skip", timings: Optional[dict] = None):
+    """Read, check and decompress the blocks of splits, one block at a time, into a BlockScanner (a corrupt
+    block is skipped with a warning, or raises with on_corrupt="raise"). ``timings`` (a dict) gets the seconds
+    spent reading files ("read"), checking and decompressing ("decompress") and scanning records ("scan")."""
+    from engine.recorder import decompress_payload, iter_payloads
+
+    if on_corrupt not in ("raise", "skip"):
+        raise ValueError("on_corrupt must be 'raise' or 'skip'")
+    scanner = scanner if scanner is not None else BlockScanner()
+    clock = time.perf_counter
+    t_read = t_decompress = t_scan = 0.0
+    for split in splits:
+        payloads = iter_payloads(split.path, split.blocks)
+        while True:
+            t0 = clock()
+            item = next(payloads, None)
+            t1 = clock()
+            t_read += t1 - t0
+            if item is None:
+                break
+            info, payload, where = item
+            try:
+                # decompressed blocks are dropped one by one: the allocator hands the next one warm pages
+                raw = decompress_payload(info, payload, where)
+                t2 = clock()
+                t_decompress += t2 - t1
+                scanner.add_block(raw, info.n_records, info.first_ms, info.last_ms, where)
+                t_scan += clock() - t2
+            except SegmentError:
+                if on_corrupt == "raise":
+                    raise
+                _log.warning("skipping corrupt block %s", where, exc_info=True)
+            raw = None
+    if timings is not None:
+        for k, v in (("read", t_read), ("decompress", t_decompress), ("scan", t_scan)):
+            timings[k] = timings.get(k, 0.0) + v
+    return scanner
+
+
+@dataclass
+class EntryTables:
+    """The observations of each distinct body, as integer tables for member_runs, and the names behind them."""
+
+    body_client: np.ndarray     # int32 per body: client index, -1 for a bad body
+    entry_offsets: np.ndarray   # int32, bodies + 1
+    entry_member: np.ndarray    # int32 per entry
+    entry_key: np.ndarray       # int32 per entry, -1 = no subscription set
+    member_role: List[str]
+    member_group: List[str]
+    member_client: List[str]
+    keys: List[str]
+    n_clients: int
+    #: some body lists one member twice with different sets: the same-instant order is then the sets' order,
+    #: which one pass over the records does not follow (the caller sorts instead)
+    ambiguous: bool = False
+
+
+def entry_tables(batch) -> EntryTables:
+    """EntryTables of a HeartbeatBatch (one row per distinct body)."""
+    h, p, c, s = batch.heartbeats, batch.producers, batch.consumers, batch.subscriptions
+    n = len(batch)
+    client_ids = h["client_id"]
+    ok = h["ok"]
+    clients: dict = {}
+    body_client = np.full(n, -1, np.int32)
+    for i, cid in enumerate(client_ids):
+        if ok[i] and cid is not None:
+            body_client[i] = clients.setdefault(cid, len(clients))
+    members: dict = {}
+    keys: dict = {}
+    key_cache: dict = {}
+    e_body: list = []
+    e_member: list = []
+    e_key: list = []
+    valid = body_client >= 0
+    for i in np.flatnonzero(valid).tolist():
+        e_body.append(i)
+        e_member.append(members.setdefault(("client", "", int(body_client[i])), len(members)))
+        e_key.append(-1)
+    for row, group in zip(p["row"].tolist(), p["group"]):
+        if valid[row]:
+            e_body.append(row)
+            e_member.append(members.setdefault(("producer", group or "", int(body_client[row])), len(members)))
+            e_key.append(-1)
+    topic, etype, sstr = s["topic"], s["expression_type"], s["sub_string"]
+    without = h["without_sub"]
+    s_lo = 0
+    for row, group, k in zip(c["row"].tolist(), c["group"], c["n_subscriptions"].tolist()):
+        if valid[row]:
+            e_body.append(row)
+            e_member.append(members.setdefault(("consumer", group or "", int(body_client[row])), len(members)))
+            if without[row]:
+                e_key.append(-1)
+            else:
+                raw_key = (tuple(topic[s_lo:s_lo + k]), tuple(etype[s_lo:s_lo + k]), tuple(sstr[s_lo:s_lo + k]))
+                kid = key_cache.get(raw_key)
+                if kid is None:
+                    kid = key_cache[raw_key] = keys.setdefault(subscription_key(*raw_key), len(keys))
+                e_key.append(kid)
+        s_lo += k
+    e_body_a = np.array(e_body, np.int64)
+    order = np.argsort(e_body_a, kind="stable")
+    e_member_a = np.array(e_member, np.int32)[order]
+    e_key_a = np.array(e_key, np.int32)[order]
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(np.bincount(e_body_a, minlength=n), out=offsets[1:])
+    # a member twice in one body: fine with one set (a producer group listed twice), ambiguous with two
+    pair = e_body_a[order].astype(np.int64) * max(1, len(members)) + e_member_a
+    ambiguous = False
+    if len(pair):
+        srt = np.argsort(pair, kind="stable")
+        same = pair[srt][1:] == pair[srt][:-1]
+        ambiguous = bool(np.any(same & (e_key_a[srt][1:] != e_key_a[srt][:-1])))
+    names = list(members)
+    client_names = list(clients)
+    return EntryTables(body_client, offsets, e_member_a, e_key_a, [m[0] for m in names], [m[1] for m in names],
+                       [client_names[m[2]] for m in names], list(keys), len(clients), ambiguous)
+
+
+def task_runs(splits, params: ScanParams = ScanParams(), on_corrupt: str = "skip") -> List[pa.RecordBatch]:
+    """The maximal member runs of one Spark task's splits (RUN_SCHEMA) and one STATS_ROLE row.
+
+    Every block goes through the BlockScanner (records as three columns, each distinct body kept once across
+    all the task's splits), the distinct bodies through the batch decoder, and the records once through
+    member_runs. If some client's records are out of time order (or a body lists a member twice with two
+    sets), the sorted per-split path gives the runs instead (same result, slower)."""
+    clock = time.perf_counter
+    t_start = clock()
+    timings: dict = {}
+    scanner = scan_blocks(splits, on_corrupt=on_corrupt, timings=timings)
+    recv, conn, ids = scanner.columns()
+    bodies = scanner.bodies
+    t0 = clock()
+    tables = entry_tables(_decode(bodies))
+    t1 = clock()
+    res = None
+    if not tables.ambiguous:
+        res = member_runs(recv, conn, ids, tables.body_client, tables.entry_offsets, tables.entry_member,
+                          tables.entry_key, tables.n_clients, len(tables.member_role), params.split_ms)
+    t2 = clock()
+    timings.update(decode=t1 - t0, runs=t2 - t1, records=len(recv), bodies=len(bodies), sorted_path=res is None)
+    if res is None:
+        out = merge_run_batches(runs_from_ids(recv, conn, ids.astype(np.int64), bodies, params), params)
+        _report_timings(timings, clock() - t_start)
+        return out
+    (member, r_conn, key, first, last, count), (n_bad, lo, hi) = res
+    out = []
+    if len(member):
+        m = pa.array(member, pa.int32())
+        k = pa.array(key, pa.int32(), mask=key < 0)
+        out.append(pa.RecordBatch.from_arrays(
+            [pa.array(tables.member_role, pa.string()).take(m), pa.array(tables.member_group, pa.string()).take(m),
+             pa.array(tables.member_client, pa.string()).take(m), pa.array(r_conn, pa.int64()),
+             pa.array(tables.keys, pa.string()).take(k), pa.array(first, pa.int64()), pa.array(last, pa.int64()),
+             pa.array(count, pa.int64())], schema=RUN_SCHEMA))
+    out.append(pa.RecordBatch.from_arrays(
+        [pa.array([STATS_ROLE]), pa.array([""]), pa.array([""]), pa.array([0], pa.int64()),
+         pa.array([None], pa.string()), pa.array([lo], pa.int64()), pa.array([hi], pa.int64()),
+         pa.array([n_bad], pa.int64())], schema=RUN_SCHEMA))
+    timings["arrow"] = clock() - t2
+    _report_timings(timings, clock() - t_start, rows=sum(b.num_rows for b in out))
+    return out
+
+
+#: Environment variable naming a file to which every task_runs call appends its stage timings as a JSON line
+#: (bench/bench_scan.py sets it; executors on the bench's machine inherit it).
+TIMINGS_ENV = "RMQHB_TASK_TIMINGS"
+
+
+def _report_timings(timings: dict, total: float, **extra) -> None:
+    path = os.environ.get(TIMINGS_ENV)
+    if not path:
+        return
+    line = json.dumps({"pid": os.getpid(), "total": round(total, 4), **extra,
+                       **{k: round(v, 4) if isinstance(v, float) else v for k, v in timings.items()}})
+    with open(path, "a") as f:
+        f.write(line + "\n")

@@ -270,6 +270,15 @@ _DECOMPRESSOR = zstandard.ZstdDecompressor()
 
 def decode_block(info: BlockInfo, payload, where: str, check_crc: bool = True) -> Block:
     """Check the payload CRC, decompress the zstd frame, and validate the columnar layout."""
+    block = Block(decompress_payload(info, payload, where, check_crc), info.n_records, where)
+    if len(block) and (int(block.recv_ms.min()) != info.first_ms or int(block.recv_ms.max()) != info.last_ms):
+        raise SegmentError(f"{where}: receive times disagree with the block header")
+    return block
+
+
+def decompress_payload(info: BlockInfo, payload, where: str, check_crc: bool = True) -> bytes:
+    """Check the payload CRC and decompress the zstd frame to exactly ``raw_len`` bytes (the columnar layout is
+    not checked here: Block, or engine._segment.BlockScanner, does that)."""
     if len(payload) != info.comp_len:
         raise SegmentError(f"{where}: payload truncated ({len(payload)} of {info.comp_len} bytes)")
     if check_crc and zlib.crc32(payload) != info.payload_crc:
@@ -283,10 +292,16 @@ def decode_block(info: BlockInfo, payload, where: str, check_crc: bool = True) -
         raise SegmentError(f"{where}: zstd: {exc}; payload starts {echo(bytes(payload[:16]))}") from None
     if len(raw) != info.raw_len:
         raise SegmentError(f"{where}: decompressed {len(raw)} bytes, header says {info.raw_len}")
-    block = Block(raw, info.n_records, where)
-    if len(block) and (int(block.recv_ms.min()) != info.first_ms or int(block.recv_ms.max()) != info.last_ms):
-        raise SegmentError(f"{where}: receive times disagree with the block header")
-    return block
+    return raw
+
+
+def iter_payloads(path, blocks: Iterable[BlockInfo]) -> Iterator[tuple]:
+    """(block info, compressed payload, where) of the given blocks of one segment, read in file order."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        for info in blocks:
+            f.seek(info.offset + BLOCK_HEADER_SIZE)
+            yield info, f.read(info.comp_len), f"{path}@{info.offset}"
 
 
 # ---------------------------------------------------------------------------------------------------------------

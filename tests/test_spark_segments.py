@@ -284,3 +284,239 @@ def test_merging_runs_across_splits(recording):
     assert sorted(map(str, again)) == sorted(map(str, after))
     assert sorted(map(str, pa.Table.from_batches(seg.splits_runs(splits)).to_pylist())) == sorted(map(str, after))
     assert seg.merge_run_batches([]) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The scan task: BlockScanner and member_runs (native and twin), task_runs against the per-split path
+
+from engine.recorder import decompress_payload, encode_block_payload, iter_payloads  # noqa: E402
+
+
+def _scanners():
+    out = [seg.BlockScannerPy]
+    try:
+        from engine._segment import BlockScanner
+    except ImportError:
+        import os
+
+        if os.environ.get("ENGINE_REQUIRE_NATIVE"):
+            raise
+    else:
+        out.append(BlockScanner)
+    return out
+
+
+def _member_runs_fns():
+    out = [seg.member_runs_py]
+    try:
+        from engine._segment import member_runs
+    except ImportError:
+        pass
+    else:
+        out.append(member_runs)
+    return out
+
+
+SCANNERS = _scanners()
+MEMBER_RUNS = _member_runs_fns()
+
+
+def _block(rows):
+    """A decompressed block of (recv_ms, conn_id, body) rows."""
+    recv = np.array([r[0] for r in rows], np.int64)
+    conn = np.array([r[1] for r in rows], np.int64)
+    raw = encode_block_payload(recv, conn, np.zeros(len(rows), np.int32), np.zeros(len(rows), np.uint8),
+                               [b"10.0.0.1:%d" % r[1] for r in rows], [r[2] for r in rows])
+    return raw, len(rows), int(recv.min()), int(recv.max())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from([-(2**63), -1, 0, 7, 2**40, 2**63 - 1]),
+                                   st.sampled_from([b"", b"a", b"ab", b"{}", b"x" * 40, b"\x00"])),
+                         min_size=1, max_size=30), max_size=5))
+def test_block_scanner_parity(blocks):
+    results = []
+    for cls in SCANNERS:
+        sc = cls()
+        for rows in blocks:
+            sc.add_block(*_block(rows), where="t")
+        recv, conn, ids = sc.columns()
+        assert ids.dtype == np.int32 and recv.dtype == np.int64 and conn.dtype == np.int64
+        assert sc.n_records == len(recv)
+        results.append((recv.tolist(), conn.tolist(), ids.tolist(), list(sc.bodies)))
+    rows = [r for b in blocks for r in b]
+    want_ids, want_uniq = seg.dedupe([r[2] for r in rows])
+    for recv, conn, ids, bodies in results:
+        assert recv == [r[0] for r in rows] and conn == [r[1] for r in rows]
+        assert ids == want_ids.tolist() and bodies == want_uniq
+
+
+@pytest.mark.parametrize("cls", SCANNERS)
+def test_block_scanner_rejects_bad_blocks_and_keeps_its_state(cls):
+    raw, n, lo, hi = _block([(5, 1, b"abc"), (9, 2, b"de")])
+    sc = cls()
+    sc.add_block(raw, n, lo, hi)
+    body_off = 24 * n + 4
+    bad = [
+        (raw[:-1], n, lo, hi),                                      # data region short
+        (raw + b"x", n, lo, hi),                                    # trailing byte
+        (raw, n + 1, lo, hi),                                       # more records than the layout holds
+        (raw, 10**6, lo, hi),
+        (raw[:10], n, lo, hi),                                      # shorter than the fixed columns
+        (raw, n, lo, hi + 1),                                       # header times disagree
+        (raw[:body_off + 4] + np.array([99], "<i4").tobytes() + raw[body_off + 8:], n, lo, hi),  # offset past
+        (raw[:body_off] + np.array([1], "<i4").tobytes() + raw[body_off + 4:], n, lo, hi),       # not from 0
+        (raw, -1, lo, hi),
+    ]
+    for args in bad:
+        with pytest.raises(SegmentError):
+            sc.add_block(*args, where="seg@40")
+    recv, conn, ids = sc.columns()
+    assert recv.tolist() == [5, 9] and ids.tolist() == [0, 1] and sc.bodies == [b"abc", b"de"]
+    sc.add_block(*_block([(10, 2, b"de"), (11, 3, b"abc")]))
+    assert sc.columns()[2].tolist() == [0, 1, 1, 0]
+
+
+def test_block_scanner_empty():
+    for cls in SCANNERS:
+        recv, conn, ids = cls().columns()
+        assert len(recv) == len(conn) == len(ids) == 0
+
+
+def _tables(n_bodies, n_clients, entries, clients):
+    off = np.zeros(n_bodies + 1, np.int32)
+    np.cumsum([len(e) for e in entries], out=off[1:])
+    member = np.array([m for e in entries for m, _ in e], np.int32)
+    key = np.array([k for e in entries for _, k in e], np.int32)
+    return np.array(clients, np.int32), off, member, key
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_member_runs_parity(data):
+    n_clients = data.draw(st.integers(1, 3))
+    n_members = data.draw(st.integers(1, 5))
+    n_bodies = data.draw(st.integers(1, 4))
+    clients = data.draw(st.lists(st.integers(-1, n_clients - 1), min_size=n_bodies, max_size=n_bodies))
+    entries = data.draw(st.lists(st.lists(st.tuples(st.integers(0, n_members - 1), st.integers(-1, 2)), max_size=3),
+                                 min_size=n_bodies, max_size=n_bodies))
+    n = data.draw(st.integers(0, 25))
+    steps = data.draw(st.lists(st.integers(-5, 200), min_size=n, max_size=n))
+    recv = np.cumsum(np.array(steps, np.int64)) if data.draw(st.booleans()) else np.cumsum(np.abs(steps)).astype(np.int64)
+    conn = np.array(data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)), np.int64)
+    ids = np.array(data.draw(st.lists(st.integers(0, n_bodies - 1), min_size=n, max_size=n)), np.int32)
+    split = data.draw(st.sampled_from([0, 50, 10**6]))
+    tables = _tables(n_bodies, n_clients, entries, clients)
+    results = [fn(recv, conn, ids, *tables, n_clients, n_members, split) for fn in MEMBER_RUNS]
+    first = results[0]
+    for r in results[1:]:
+        if first is None:
+            assert r is None
+        else:
+            assert r is not None and r[1] == first[1]
+            assert [a.tolist() for a in r[0]] == [a.tolist() for a in first[0]]
+            assert [a.dtype for a in r[0]] == [a.dtype for a in first[0]]
+    if first is not None:
+        member, _, _, lo, hi, count = first[0]
+        assert first[1][0] == sum(1 for b in ids.tolist() if clients[b] < 0)
+        # every observation of a good record lands in exactly one run
+        assert int(count.sum()) == sum(len(entries[b]) for b in ids.tolist() if clients[b] >= 0)
+        assert (lo <= hi).all()
+
+
+@pytest.mark.parametrize("fn", MEMBER_RUNS)
+def test_member_runs_checks_its_tables(fn):
+    clients, off, member, key = _tables(2, 1, [[(0, -1)], [(1, 0)]], [0, 0])
+    recv, conn, ids = np.array([1, 2], np.int64), np.array([1, 1], np.int64), np.array([0, 1], np.int32)
+    assert fn(recv, conn, ids, clients, off, member, key, 1, 2, 100) is not None
+    for args in [
+        (recv, conn, np.array([0, 2], np.int32), clients, off, member, key, 1, 2, 100),       # body id
+        (recv, conn, ids, np.array([0, 1], np.int32), off, member, key, 1, 2, 100),           # client
+        (recv, conn, ids, clients, off, member, key, 1, 1, 100),                              # member
+        (recv, conn, ids, clients, np.array([0, 2, 1], np.int32), member, key, 1, 2, 100),    # offsets
+        (recv, conn, ids, clients, off, member, np.array([-1, -2], np.int32), 1, 2, 100),     # key
+        (recv[:1], conn, ids, clients, off, member, key, 1, 2, 100),                          # lengths
+        (recv, conn, ids, clients, off, member, key, 1, 2, -1),
+    ]:
+        with pytest.raises(ValueError):
+            fn(*args)
+
+
+@pytest.mark.parametrize("fn", MEMBER_RUNS)
+def test_member_runs_refuses_out_of_order_clients(fn):
+    clients, off, member, key = _tables(2, 1, [[(0, -1)], [(0, -1)]], [0, 0])
+    conn = np.array([1, 1], np.int64)
+    assert fn(np.array([5, 4], np.int64), conn, np.array([0, 0], np.int32), clients, off, member, key, 1, 1, 9) is None
+    # the same instant and connection with two different bodies: the order between them is the sets' order
+    assert fn(np.array([5, 5], np.int64), conn, np.array([0, 1], np.int32), clients, off, member, key, 1, 1, 9) is None
+    assert fn(np.array([5, 5], np.int64), np.array([2, 1], np.int64), np.array([0, 0], np.int32), clients, off, member,
+              key, 1, 1, 9) is None
+    (m, c, k, first, last, n), _ = fn(np.array([5, 5], np.int64), conn, np.array([0, 0], np.int32), clients, off,
+                                      member, key, 1, 1, 9)
+    assert (first.tolist(), last.tolist(), n.tolist()) == ([5], [5], [2])
+
+
+def _sorted_rows(batches):
+    return sorted(map(str, pa.Table.from_batches(batches, schema=seg.RUN_SCHEMA).to_pylist()))
+
+
+@pytest.mark.parametrize("target", [700, 10**9])
+def test_task_runs_equal_the_sorted_per_split_path(recording, target):
+    d, _ = recording
+    splits = seg.plan_splits(d, target_records=target).splits
+    want = seg.merge_run_batches([b for s in splits for b in seg.split_runs(s)])
+    assert _sorted_rows(seg.task_runs(splits)) == _sorted_rows(want)
+    # a task's share of the splits, and the record columns the scanner produced
+    half = splits[: max(1, len(splits) // 2)]
+    assert _sorted_rows(seg.task_runs(half)) == _sorted_rows(seg.merge_run_batches(
+        [b for s in half for b in seg.split_runs(s)]))
+    recv, conn, ids = seg.scan_blocks(half).columns()
+    want_recv = np.concatenate([seg.read_split_ids(s)[0] for s in half])
+    assert recv.tolist() == want_recv.tolist()
+
+
+def test_task_runs_out_of_order_and_ambiguous_bodies_take_the_sorted_path(tmp_path):
+    body = lambda cid, topic: json.dumps({"clientID": cid, "producerDataSet": [], "consumerDataSet": [  # noqa: E731
+        {"groupName": "g", "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+         "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "unitMode": False,
+         "subscriptionDataSet": [{"topic": topic, "subString": "*", "expressionType": "TAG"}]}]}).encode()
+    twice = json.loads(body("c2", "t1"))
+    twice["consumerDataSet"].append(json.loads(body("c2", "t2"))["consumerDataSet"][0])
+    with HeartbeatRecorder(tmp_path) as rec:
+        # c1's second heartbeat is recorded before its first (receive times out of file order)
+        rec.record(2_000, 1, "10.0.0.1:1", "JAVA", 1, body("c1", "t1"))
+        rec.record(1_000, 1, "10.0.0.1:1", "JAVA", 1, body("c1", "t1"))
+        rec.record(3_000, 1, "10.0.0.1:1", "JAVA", 1, body("c1", "t2"))
+    splits = seg.plan_splits(tmp_path).splits
+    want = seg.merge_run_batches([b for s in splits for b in seg.split_runs(s)])
+    got = seg.task_runs(splits)
+    assert _sorted_rows(got) == _sorted_rows(want)
+    assert sum(r["n"] for r in pa.Table.from_batches(got).to_pylist() if r["role"] == "client") == 3
+    d2 = tmp_path / "twice"
+    with HeartbeatRecorder(d2) as rec:
+        rec.record(1_000, 2, "10.0.0.2:1", "JAVA", 1, json.dumps(twice).encode())
+    assert seg.entry_tables(seg._decode([json.dumps(twice).encode()])).ambiguous
+    splits = seg.plan_splits(d2).splits
+    assert _sorted_rows(seg.task_runs(splits)) == _sorted_rows(
+        seg.merge_run_batches([b for s in splits for b in seg.split_runs(s)]))
+
+
+def test_scan_blocks_skips_or_raises_on_a_corrupt_block(tmp_path):
+    with HeartbeatRecorder(tmp_path, block_bytes=1) as rec:  # one block per record
+        for i in range(3):
+            rec.record(1_000 + i, 1, "10.0.0.1:1", "JAVA", 1, b'{"clientID":"c%d"}' % i)
+    (split,) = seg.plan_splits(tmp_path).splits
+    assert len(split.blocks) == 3
+    path = split.path
+    data = bytearray(open(path, "rb").read())
+    mid = split.blocks[1]
+    data[mid.offset + 40 + 2] ^= 0xFF  # payload byte: CRC mismatch
+    open(path, "wb").write(bytes(data))
+    assert seg.scan_blocks([split]).columns()[0].tolist() == [1_000, 1_002]
+    with pytest.raises(SegmentError):
+        seg.scan_blocks([split], on_corrupt="raise")
+    with pytest.raises(ValueError):
+        seg.scan_blocks([split], on_corrupt="ignore")
+    # payloads decompress to exactly what the block header says
+    for info, payload, where in iter_payloads(path, [split.blocks[0]]):
+        assert len(decompress_payload(info, payload, where)) == info.raw_len

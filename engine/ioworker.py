@@ -96,6 +96,8 @@ class _Link:
 
     # ---- out ----
     def record(self, kind: int, cid: int, payload=b"") -> None:
+        if self.closed:
+            return
         wbuf = self.wbuf
         wbuf += HEADER.pack(len(payload), kind, cid)
         if payload:
@@ -188,7 +190,7 @@ class _Link:
                 if len(buf) < _HDR + n:
                     return
             self.rbuf = bytearray()
-            on_record(kind, cid, bytes(buf[_HDR:]))
+            self._handle(kind, cid, bytes(buf[_HDR:]))
         pos, end = 0, len(data)
         unpack = HEADER.unpack_from
         while end - pos >= _HDR:
@@ -197,11 +199,20 @@ class _Link:
             if end - start < n:
                 break
             pos = start + n
-            on_record(kind, cid, data[start:pos])
+            try:
+                on_record(kind, cid, data[start:pos])
+            except Exception:  # one record's failure must not drop the rest of the read (the stream would desync)
+                log.exception("handling a link record (kind %d, connection %d) failed", kind, cid)
         if pos < end:
             self.rbuf = bytearray(data[pos:])
         if self.on_batch is not None:
             self.on_batch()
+
+    def _handle(self, kind, cid, payload) -> None:
+        try:
+            self.on_record(kind, cid, payload)
+        except Exception:
+            log.exception("handling a link record (kind %d, connection %d) failed", kind, cid)
 
     def _lost(self, exc) -> None:
         if self.closed:
@@ -277,7 +288,10 @@ class VirtualTransport:
         if not self._aborted:
             self._closing = self._aborted = True
             if not self.lost:
-                self.worker.link.record(CLOSE, self.cid, b"\x01")
+                worker = self.worker
+                worker.link.record(CLOSE, self.cid, b"\x01")
+                # as asyncio's abort: connection_lost on the next loop iteration, not when the worker reports it
+                worker.pool.loop.call_soon(worker._aborted, self)
 
     def is_closing(self) -> bool:
         return self._closing
@@ -366,6 +380,10 @@ class IOWorker:
                 self.ready.set_result(info)
         else:
             log.error("I/O worker %d sent an unknown record kind %d", self.index, kind)
+
+    def _aborted(self, vt: VirtualTransport) -> None:
+        if self.conns.pop(vt.cid, None) is not None:  # the worker's LOST for it will find nothing
+            self._lose(vt, None)
 
     def _lose(self, vt: VirtualTransport, exc) -> None:
         vt.lost = True

@@ -7,9 +7,10 @@ Files, as the Java broker names them under ``<storePathRootDir>/config/``:
 * ``subscriptionGroup.json`` ``{"dataVersion": {...}, "subscriptionGroupTable": {name: SubscriptionGroupConfig}}``
 * ``consumerOffset.json``    ``{"dataVersion": {...}, "offsetTable": {"topic@group": {"queueId": offset}}}``
 
-Writes are atomic: the new text goes to ``<file>.tmp`` and is fsynced, the current file is kept as ``<file>.bak``
-(hard link, or a copy where links are not supported), the temp file is renamed over the file and the directory
-is fsynced, so at every instant ``<file>`` is a complete old or new version. Loading falls back to ``.bak`` with a
+Writes are atomic and keep one generation back (:func:`atomic_write`): the new text goes to ``<file>.tmp`` and is
+fsynced, the current file is linked (or copied) to ``<file>.bak.tmp``, the temp file is renamed over the file (the
+commit), ``.bak.tmp`` is renamed to ``<file>.bak`` and the directory is fsynced. At every instant, a kill leaves
+the last written version and the one before it where loading finds them. Loading falls back to the backup with a
 logged warning when the file is missing, unreadable or corrupt, and starts empty with a logged error when both are;
 it never raises. Java writes ``offsetTable`` maps with bare numeric keys (``{0:12}``, fastjson); we write standard
 JSON (``{"0":12}``, which fastjson also reads) and read both.
@@ -24,7 +25,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -293,30 +293,96 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, keep_backup: bool = True) -> None:
-    """Replace ``path`` with ``data`` atomically; the previous version becomes ``path.bak`` if ``keep_backup``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    if keep_backup and path.exists():
-        bak = path.with_name(path.name + ".bak")
-        bak_tmp = path.with_name(path.name + ".bak.tmp")
+
+
+def _samefile(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _committed_backup(path: Path) -> Path | None:
+    """``<file>.bak.tmp`` when an interrupted write left it holding the version before the current one.
+
+    It is made (link or copy) after ``.tmp`` is complete and before the commit renames ``.tmp`` over the file, and
+    the next write settles it before making a new ``.tmp``. So while ``.tmp`` exists, or while ``.bak.tmp`` is still
+    the current file's inode, the commit did not happen and ``.bak.tmp`` is the current version again (a copy of
+    it cannot be told from the previous version by name or inode, hence the ``.tmp`` rule).
+    """
+    bak_tmp = path.with_name(path.name + ".bak.tmp")
+    if not os.path.lexists(bak_tmp) or os.path.lexists(path.with_name(path.name + ".tmp")):
+        return None
+    return None if _samefile(bak_tmp, path) else bak_tmp
+
+
+def _settle_backup(path: Path) -> None:
+    """Finish the backup step of a write that was interrupted (a kill, or an OSError between the renames): a
+    ``.bak.tmp`` made after the commit takes the place of ``.bak`` (it is newer); one made before it is dropped."""
+    part = path.with_name(path.name + ".bak.part")
+    if os.path.lexists(part):
+        os.unlink(part)  # a backup copy cut short: it never got a name that loaders read
+    bak_tmp = path.with_name(path.name + ".bak.tmp")
+    if _committed_backup(path) is not None:
+        os.replace(bak_tmp, path.with_name(path.name + ".bak"))
+    elif os.path.lexists(bak_tmp):
+        os.unlink(bak_tmp)
+
+
+def atomic_write(path: Path, data: bytes, backup: str = "previous") -> None:
+    """Replace ``path`` with ``data`` atomically, keeping the version before it as ``path.bak``.
+
+    ``backup`` says what ``.bak`` holds afterwards:
+
+    * ``"previous"``: the file being replaced (its inode, by a hard link, or a copy where links are not
+      supported); when there is no file to replace and no ``.bak`` either (a first write), a copy of ``data``,
+      so that a damaged file still has a complete backup; an existing ``.bak`` beside a missing file is kept;
+    * ``"keep"``: ``.bak`` is left alone (the current file is known to be bad and must not become the backup);
+    * ``"new"``: a copy of ``data`` (nothing on disk is usable).
+
+    Steps, and what a kill between any two of them leaves (N-1 in ``.bak``, N current, N+1 being written):
+
+    1. N+1 to ``.tmp``, fsynced                       (N, N-1); a stale ``.tmp`` is overwritten next time
+    2. ``.bak.tmp`` = a hard link of N (or a copy)    (N, N-1); ``.bak.tmp`` is N again: ignored while ``.tmp``
+                                                      exists (and while it is the current file's inode)
+    3. rename ``.tmp`` -> file: the commit            (N+1, N-1) with N in ``.bak.tmp``, which loaders read as
+                                                      the backup (it is not the current file any more)
+    4. rename ``.bak.tmp`` -> ``.bak``                (N+1, N)
+    5. fsync of the directory (the renames survive power loss)
+
+    So the loaders always find the last acknowledged version and the one before it. ``.bak`` is never a link of
+    the current file, so damage written into the current file in place never reaches the backup. The next write
+    first settles a ``.bak.tmp`` left by an interrupted one (:func:`_settle_backup`).
+    """
+    if backup not in ("previous", "keep", "new"):
+        raise ValueError(f"backup must be 'previous', 'keep' or 'new', not {backup!r}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    bak = path.with_name(path.name + ".bak")
+    bak_tmp = path.with_name(path.name + ".bak.tmp")
+    part = path.with_name(path.name + ".bak.part")  # a backup copy being written; never read
+    _settle_backup(path)
+    _write_synced(tmp, data)
+    if backup == "previous" and path.exists():
         try:
-            bak_tmp.unlink()
-        except FileNotFoundError:
-            pass
-        try:
-            os.link(path, bak_tmp)  # the old inode survives the rename below under the .bak name
+            os.link(path, bak_tmp)  # the old inode survives the commit below under the .bak.tmp name
         except OSError:
-            shutil.copyfile(path, bak_tmp)
-            with open(bak_tmp, "rb+") as f:
-                os.fsync(f.fileno())
+            _write_synced(part, path.read_bytes())  # complete and synced before it gets a name loaders read
+            os.replace(part, bak_tmp)
+        os.replace(tmp, path)
         os.replace(bak_tmp, bak)
-    os.replace(tmp, path)
+    else:
+        os.replace(tmp, path)
+        if backup == "new" or (backup == "previous" and not bak.exists()):
+            # there never was an earlier version: the backup is this one, in a file of its own
+            _write_synced(part, data)
+            os.replace(part, bak)
     _fsync_dir(path.parent)
 
 
@@ -336,18 +402,26 @@ class _JsonFile:
 
     def __init__(self, path: Path | None):
         self.path = path
-        self._main_good = False  # is the file on disk a valid document (safe to keep as .bak)?
+        # what load() found: "main" (the file is a valid document, safe to keep as .bak), the backup Path it
+        # fell back to, or None (nothing usable: the next write is a first write)
+        self._loaded = None
 
     def load(self, parse):
-        """``parse(obj)`` validates a decoded document; returns its result, or None when nothing could be loaded."""
+        """``parse(obj)`` validates a decoded document; returns its result, or None when nothing could be loaded.
+
+        Tries the file, then the backup: ``.bak.tmp`` when a write was interrupted after its commit (it is newer
+        than ``.bak``, see :func:`atomic_write`), then ``.bak``. Read only: what is left over is
+        settled by the next write.
+        """
         if self.path is None:
             return None
-        bak = self.path.with_name(self.path.name + ".bak")
-        candidates = [(self.path, False), (bak, True)]
-        if not self.path.exists() and not bak.exists():
+        pending = _committed_backup(self.path)
+        candidates = [self.path] + ([pending] if pending is not None else [])
+        candidates.append(self.path.with_name(self.path.name + ".bak"))
+        if not any(os.path.lexists(p) for p in candidates):
             return None  # fresh store
         errors = []
-        for p, is_bak in candidates:
+        for p in candidates:
             try:
                 text = p.read_text(encoding="utf-8")
                 if not text.strip():
@@ -359,10 +433,11 @@ class _JsonFile:
             except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
                 errors.append(f"{p.name}: {type(e).__name__}: {e}")
                 continue
-            if is_bak:
-                log.warning("%s is unusable (%s); loaded the backup %s", self.path, errors[0], p)
+            if p is self.path:
+                self._loaded = "main"
             else:
-                self._main_good = True
+                log.warning("%s is unusable (%s); loaded the backup %s", self.path, errors[0], p)
+                self._loaded = p
             return result
         log.error("%s and its backup are unusable (%s); starting with an empty table", self.path, "; ".join(errors))
         return None
@@ -371,9 +446,20 @@ class _JsonFile:
         if self.path is None:
             return
         data = json.dumps(document, indent=1, ensure_ascii=False).encode("utf-8")
-        # a corrupt current file must not replace a good backup
-        atomic_write(self.path, data, keep_backup=self._main_good)
-        self._main_good = True
+        if self._loaded == "main":
+            backup = "previous"
+        elif self._loaded is None:
+            backup = "new"  # a fresh store, or nothing on disk was usable
+        else:
+            # the current file is bad and must not become the backup; the one loaded stays (a .bak.tmp becomes
+            # .bak when the write settles it). A .bak.tmp that was passed over is unusable: it must not replace
+            # the good .bak that was loaded.
+            backup = "keep"
+            bak_tmp = self.path.with_name(self.path.name + ".bak.tmp")
+            if self._loaded != bak_tmp and os.path.lexists(bak_tmp):
+                os.unlink(bak_tmp)
+        atomic_write(self.path, data, backup=backup)
+        self._loaded = "main"
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ What must hold after every kill:
 
 A few kills run in the normal suite; the loops of at least 100 kills are marked slow.
 """
+import contextlib
 import json
 import logging
 import os
@@ -127,21 +128,26 @@ def check_store_after_kill(directory, acks, caplog):
 
 
 def check_backup_fallback(directory, acks, seed, caplog):
-    """Lose the current files (deleted, or replaced by a torn copy) and load again: the backups hold the step
-    before. The damage arrives as a new file, as anything that rewrites a file does: a kill between the two
-    renames of atomic_write leaves ``.bak`` a hard link of the current file, so damage written *into* the
-    current file's inode would hit the backup too (see FUZZING.md, crash safety)."""
+    """Lose the current files (deleted, replaced by a torn copy, or damaged in place) and load again: the backups
+    hold the step before. ``.bak`` is never a hard link of the current file (atomic_write links the old version
+    to ``.bak.tmp``, which loaders ignore while it is the current file), so damage written into the current file's
+    inode does not reach the backup."""
     rng = random.Random(seed)
     config = Path(directory) / "config"
     for name in ("consumerOffset.json", "topics.json"):
         path = config / name
         data = path.read_bytes()
-        if rng.random() < 0.25:
+        how = rng.random()
+        if how < 0.25:
             path.unlink()
-            continue
-        torn = path.with_name(name + ".torn")
-        torn.write_bytes(data[: rng.randrange(0, len(data))])
-        os.replace(torn, path)
+        elif how < 0.5:
+            with open(path, "r+b") as f:  # in place: the same inode, and any link of it
+                f.seek(rng.randrange(0, len(data)))
+                f.write(b"\0" * 64)
+        else:
+            torn = path.with_name(name + ".torn")
+            torn.write_bytes(data[: rng.randrange(0, len(data))])
+            os.replace(torn, path)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="engine.store"):
         store = Store(directory)
@@ -209,6 +215,157 @@ def test_store_kill_loop(tmp_path, caplog):
                 check_backup_fallback(directory, acks, d * 100 + k, caplog)
                 step = offsets_version(Store(directory).offsets.table)
     assert kills == 100
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Store: a crash between every two steps of atomic_write (in process: the k-th file-system call dies)
+
+
+class Crash(BaseException):
+    """The process dies here. Not an OSError, so nothing in the store handles it."""
+
+
+#: The calls atomic_write makes that change what is on disk (and the syncs that order them).
+STEP_CALLS = ("replace", "link", "unlink", "fsync")
+
+
+@contextlib.contextmanager
+def crash_at(k, links=True):
+    """Let the first k of os.replace/link/unlink/fsync run, die at the next one (before it acts).
+
+    Yields the list of calls made; with ``links=False`` os.link fails as on a file system without hard links.
+    """
+    calls = []
+    patch = pytest.MonkeyPatch()
+    for name in STEP_CALLS:
+        real = getattr(os, name)
+
+        def step(*args, _name=name, _real=real, **kwargs):
+            calls.append(_name)
+            if len(calls) == k + 1:
+                raise Crash(f"killed before os.{_name} (step {k})")
+            if _name == "link" and not links:
+                raise OSError("hard links not supported")
+            return _real(*args, **kwargs)
+
+        patch.setattr(os, name, step)
+    try:
+        yield calls
+    finally:
+        patch.undo()
+
+
+def put_stamp(store, i):
+    store.topics.put(TopicConfig("STAMP", attributes={"step": str(i)}))
+
+
+def loaded_step(directory, caplog):
+    """The step a restarted broker loads, and whether it had to fall back to a backup (or found nothing)."""
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="engine.store"):
+        store = Store(directory)
+    return topics_step(store), bool(caplog.records)
+
+
+def backup_step(directory, caplog):
+    """The step loaded when the current topics.json is damaged *in place* (zeros written into its inode), which
+    also hits any hard link of it; the file's bytes are put back afterwards (same inode, links intact)."""
+    path = Path(directory) / "config" / "topics.json"
+    if not path.exists():
+        return loaded_step(directory, caplog)[0]
+    data = path.read_bytes()
+    with open(path, "r+b") as f:
+        f.write(b"\0" * len(data))
+    try:
+        step, fell_back = loaded_step(directory, caplog)
+        assert fell_back
+        return step
+    finally:
+        with open(path, "r+b") as f:
+            f.write(data)
+
+
+def check_generations(directory, written, caplog):
+    """After a crash while writing step ``written + 1`` (steps 1..written were acknowledged): the current file
+    loads cleanly with ``written`` or ``written + 1``, and the backup holds the step before the current one
+    (the current one again only after a first write). Returns the current step."""
+    step, fell_back = loaded_step(directory, caplog)
+    assert not fell_back, [r.getMessage() for r in caplog.records]
+    if written == 0:
+        assert step in (-1, 1)
+        if step == 1:  # committed a first write: its backup copy may not have been made yet
+            assert backup_step(directory, caplog) in (-1, 1)
+        return step
+    assert step in (written, written + 1), (step, written)
+    assert backup_step(directory, caplog) == (step - 1 if step > 1 else 1)
+    return step
+
+
+def settle_after_restart(directory, step, caplog):
+    """A restarted broker carries on: its next write leaves the pair (step + 1, step) and no temp files."""
+    store = Store(directory)
+    put_stamp(store, max(step, 0) + 1)
+    current, fell_back = loaded_step(directory, caplog)
+    assert current == max(step, 0) + 1 and not fell_back
+    assert backup_step(directory, caplog) == (step if step >= 1 else 1)
+    assert sorted(os.listdir(Path(directory) / "config")) == ["topics.json", "topics.json.bak"]
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard-link", "copy"])
+@pytest.mark.parametrize("written", [0, 1, 2, 3])
+def test_store_crash_at_every_step_of_a_write(tmp_path, caplog, written, links):
+    k = 0
+    while True:
+        directory = tmp_path / f"k{k}"
+        store = Store(directory)
+        with crash_at(10**9, links):  # the acknowledged writes, through the same file system
+            for i in range(1, written + 1):
+                put_stamp(store, i)
+        with crash_at(k, links) as calls:
+            try:
+                put_stamp(store, written + 1)
+                crashed = False
+            except Crash:
+                crashed = True
+        step = check_generations(directory, written, caplog)
+        if not crashed:
+            assert step == written + 1
+            break
+        with crash_at(10**9, links):
+            settle_after_restart(directory, step, caplog)
+        k += 1
+    # every kill point was visited: the steps of one write (settle, .tmp fsync, link or copy, commit, .bak, dir)
+    assert k == len(calls) and k >= (3 if written == 0 else 5), calls
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard-link", "copy"])
+def test_store_crash_twice_in_a_row_at_every_pair_of_steps(tmp_path, caplog, links):
+    """A crash while writing step 3, a restart, and a crash again while writing its next step: every pair of kill
+    points. The second write first settles what the first one left (.bak.tmp, .bak.part)."""
+    n = 0
+    for k1 in range(7):
+        for k2 in range(9):
+            directory = tmp_path / f"k{k1}-{k2}"
+            store = Store(directory)
+            with crash_at(10**9, links):
+                put_stamp(store, 1)
+                put_stamp(store, 2)
+            with crash_at(k1, links):
+                try:
+                    put_stamp(store, 3)
+                except Crash:
+                    pass
+            first = check_generations(directory, 2, caplog)
+            store = Store(directory)  # the restart
+            with crash_at(k2, links):
+                try:
+                    put_stamp(store, first + 1)
+                except Crash:
+                    n += 1
+            second = check_generations(directory, first, caplog)
+            with crash_at(10**9, links):
+                settle_after_restart(directory, second, caplog)
+    assert n >= 30  # most pairs did crash twice (a write has 5 to 7 kill points)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -27,13 +27,29 @@ def config_file(tmp_path, name):
 
 def test_atomic_write_keeps_the_previous_version_as_bak(tmp_path):
     p = tmp_path / "f.json"
+    bak = tmp_path / "f.json.bak"
     atomic_write(p, b"one")
-    assert p.read_bytes() == b"one" and not (tmp_path / "f.json.bak").exists()
+    # a first write: the backup is a copy of it (its own inode), so damage to the file still leaves a version
+    assert p.read_bytes() == b"one" and bak.read_bytes() == b"one" and not os.path.samefile(p, bak)
     atomic_write(p, b"two")
     atomic_write(p, b"three")
     assert p.read_bytes() == b"three"
-    assert (tmp_path / "f.json.bak").read_bytes() == b"two"
+    assert bak.read_bytes() == b"two" and not os.path.samefile(p, bak)
     assert sorted(os.listdir(tmp_path)) == ["f.json", "f.json.bak"]  # no temp files left
+
+
+def test_atomic_write_backup_modes(tmp_path):
+    p, bak = tmp_path / "f.json", tmp_path / "f.json.bak"
+    atomic_write(p, b"one")
+    atomic_write(p, b"two", backup="keep")  # the current file was bad: it must not become the backup
+    assert p.read_bytes() == b"two" and bak.read_bytes() == b"one"
+    atomic_write(p, b"three", backup="new")  # nothing usable on disk: the new version is its own backup
+    assert p.read_bytes() == b"three" and bak.read_bytes() == b"three"
+    p.unlink()
+    atomic_write(p, b"four")  # a lost file beside a backup: the backup stays
+    assert p.read_bytes() == b"four" and bak.read_bytes() == b"three"
+    with pytest.raises(ValueError):
+        atomic_write(p, b"five", backup="link")
 
 
 def test_a_failed_write_leaves_the_current_file_whole(tmp_path, monkeypatch):

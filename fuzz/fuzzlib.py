@@ -52,10 +52,14 @@ def fuzzing(argv):
 
 
 def python_coverage(atheris, fuzzing):
-    """The context to import the engine in. When fuzzing, atheris instruments the engine's Python (coverage of
-    the twin) unless ENGINE_FUZZ_PY_COVERAGE=0, which leaves the guidance to a sancov-instrumented native build
-    (scripts/sanitize.sh fuzz-build) and runs the twin uninstrumented, about three times faster; the twin still
-    runs on every input for the differential. Imported as a module (replay, tests): no instrumentation."""
+    """The context to import the engine in. When fuzzing, atheris instruments the engine's Python: the twins
+    (engine._frame_py, engine._heartbeat_py) and the Python they call (engine.heartbeat, engine.errors), so the
+    twin's branches and comparisons guide mutation next to a sancov-instrumented native build (fuzz/long_run.sh).
+    atheris' include matches the top-level package, so all of ``engine`` that the harness imports is instrumented.
+    ENGINE_FUZZ_PY_COVERAGE=0 leaves the guidance to the native build and runs the twin uninstrumented (needed
+    under ASan: atheris' Python instrumentation with the ASan runtime ran the frame harness ten times slower and
+    grew RSS by ~40 KB per input); the twin still runs on every input for the differential.
+    Imported as a module (replay, tests): no instrumentation."""
     if atheris is None or not fuzzing or os.environ.get("ENGINE_FUZZ_PY_COVERAGE", "1") == "0":
         return contextlib.nullcontext()
     return atheris.instrument_imports(include=["engine"])

@@ -6,6 +6,7 @@
     BENCH_SERVER_DEPTH=1                                     closed loop: heartbeats in flight per connection
     BENCH_SERVER_STORM=50000 BENCH_SERVER_STORM_OPEN=19000   reconnect storm size; above the broker's fd limit
                                                              clients leave once registered (at most OPEN at a time)
+    BENCH_SERVER_BROKER_ARGS="--notifyCoalesceWindowMs 100"  more `rmqhb serve` options for the broker
     BENCH_SERVER_IO_WORKERS=3 LOADGEN_SOURCE_IPS=3           the broker with I/O worker processes (sockets held by
                                                              the workers: 50k clients connected at once); loopback
                                                              clients from 127.0.0.2-4 (one address has 28k ports)
@@ -70,7 +71,8 @@ def broker(tmp_path_factory):
     store = tmp_path_factory.mktemp("store")
     proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--listenPort", str(port), "--listenHost",
                              "127.0.0.1", "--fastPortEnable", "false", "--storePathRootDir", str(store),
-                             "--ioWorkers", IO_WORKERS, "--log-level", "WARNING"], cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                             "--ioWorkers", IO_WORKERS, "--log-level", "WARNING",
+                             *os.environ.get("BENCH_SERVER_BROKER_ARGS", "").split()], cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)),
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert "boot success" in proc.stdout.readline()
     yield port, proc.pid

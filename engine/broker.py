@@ -155,7 +155,9 @@ class Broker:
 
             n = self.config.default_topic_queue_nums
             if len(topic) <= 127 and all(c.isalnum() or c in "%|_-" for c in topic):  # TopicValidator's charset
-                self.registry.update_topic_config(TopicConfig(topic, read_queue_nums=n, write_queue_nums=n))
+                # derivable: the next route query creates it again, so its write may be deferred (Store)
+                self.registry.update_topic_config(TopicConfig(topic, read_queue_nums=n, write_queue_nums=n),
+                                                  derivable=True)
             return n
         return int(tc.read_queue_nums) or self.config.default_topic_queue_nums
 
@@ -236,6 +238,9 @@ class Broker:
             flush()
         if self.recorder is not None:
             self.recorder.flush_if_due()
+        persist_due = getattr(self.registry, "persist_due", None)
+        if persist_due is not None:  # auto-created groups and retry topics, written at most once a second
+            persist_due()
 
     def _persist_offsets(self) -> None:
         persist = getattr(self.registry, "persist_offsets", None) or getattr(self.registry, "persist", None)

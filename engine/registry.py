@@ -1479,9 +1479,12 @@ class ClientRegistry:
     def subscription_group_config(self, group: str) -> SubscriptionGroupConfig | None:
         return self.store.groups.get(group)
 
-    def update_topic_config(self, config: TopicConfig) -> None:
-        """Create or replace a topic (admin); invalidates fast paths since order flags feed the rules."""
-        self.store.topics.put(config)
+    def update_topic_config(self, config: TopicConfig, derivable: bool = False) -> None:
+        """Create or replace a topic (admin); invalidates fast paths since order flags feed the rules.
+
+        ``derivable``: auto-created by traffic that will create it again, so its write may wait (engine.store.Store).
+        """
+        self.store.topics.put(config, derivable)
         self._config_changed()
 
     def delete_topic_config(self, topic: str) -> bool:
@@ -1522,6 +1525,10 @@ class ClientRegistry:
 
     def persist(self) -> None:
         self.store.persist()
+
+    def persist_due(self) -> int:
+        """Write the config files whose deferred (derivable) changes are due; the broker calls it every second."""
+        return self.store.persist_due()
 
     # =========================================================================================== checks
     def check_invariants(self) -> None:

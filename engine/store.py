@@ -15,8 +15,9 @@ logged warning when the file is missing, unreadable or corrupt, and starts empty
 it never raises. Java writes ``offsetTable`` maps with bare numeric keys (``{0:12}``, fastjson); we write standard
 JSON (``{"0":12}``, which fastjson also reads) and read both.
 
-Config changes (a new retry topic, an auto-created group) are written at once, as Java persists them in the
-request that made them; offsets are written by :meth:`Store.persist_offsets`, which the server calls on a timer
+Explicit config changes are written at once, as Java persists them in the request that made them; changes a
+heartbeat makes (an auto-created group, a retry topic) are written at most once a second (:class:`Store`); offsets
+are written by :meth:`Store.persist_offsets`, which the server calls on a timer
 (``flushConsumerOffsetInterval``, 5 s) and at shutdown. Not thread-safe: one event loop owns a store.
 """
 from __future__ import annotations
@@ -485,11 +486,15 @@ class TopicConfigManager:
         tc = self.table.get(topic)
         return tc is not None and tc.order
 
-    def put(self, config: TopicConfig) -> TopicConfig | None:
-        """Create or replace a topic (UPDATE_AND_CREATE_TOPIC); returns the previous config."""
+    def put(self, config: TopicConfig, derivable: bool = False) -> TopicConfig | None:
+        """Create or replace a topic (UPDATE_AND_CREATE_TOPIC); returns the previous config.
+
+        ``derivable``: the topic is created again by the traffic that made it (a topic auto-created on a route
+        query), so its write may be deferred (:class:`Store`); an admin change is written before returning.
+        """
         old = self.table.get(config.topic_name)
         self.table[config.topic_name] = config
-        self._changed()
+        self._changed(derivable)
         return old
 
     def delete(self, topic: str) -> TopicConfig | None:
@@ -508,19 +513,19 @@ class TopicConfigManager:
         if tc is not None:
             if tc.order != is_order:
                 tc.order = is_order
-                self._changed()
+                self._changed(derivable=True)  # the next heartbeat sets it again
                 return tc, True
             return tc, False
         tc = TopicConfig(topic, read_queue_nums=queue_nums, write_queue_nums=queue_nums, perm=perm,
                          topic_sys_flag=topic_sys_flag, order=is_order)
         self.table[topic] = tc
         log.info("create new topic %s", tc)
-        self._changed()
+        self._changed(derivable=True)  # a retry topic: the next heartbeat of the group creates it again
         return tc, True
 
-    def _changed(self) -> None:
+    def _changed(self, derivable: bool = False) -> None:
         self.data_version.next_version()
-        self._store._config_changed(self)
+        self._store._config_changed(self, derivable)
 
     def to_document(self) -> dict:
         return {"dataVersion": self.data_version.to_dict(),
@@ -590,12 +595,12 @@ class SubscriptionGroupManager:
         config = SubscriptionGroupConfig(group)
         self.table[group] = config
         log.info("auto create a subscription group, %s", group)
-        self._changed()
+        self._changed(derivable=True)  # the next heartbeat of the group creates it again
         return config, True
 
-    def _changed(self) -> None:
+    def _changed(self, derivable: bool = False) -> None:
         self.data_version.next_version()
-        self._store._config_changed(self)
+        self._store._config_changed(self, derivable)
 
     def to_document(self) -> dict:
         return {"dataVersion": self.data_version.to_dict(), "forbiddenTable": {},
@@ -712,15 +717,32 @@ class ConsumerOffsetManager:
 class Store:
     """The three persisted tables of a broker under ``store_dir/config`` (``None``: in memory only).
 
-    ``Store(path)`` loads what is on disk at once. ``sync_config_writes`` (default True, as Java) writes a config
-    file in the call that changed it; with False, changed configs wait for :meth:`persist`.
+    ``Store(path)`` loads what is on disk at once. When a config file is written:
+
+    * an explicit change (``put``/``delete``: the admin API, acknowledged to its caller) is written in the call
+      that made it, as Java's managers persist in the request;
+    * a derivable one (a subscription group or retry topic auto-created by a heartbeat, a topic auto-created by a
+      route query, a retry topic's order flag) is written at most once per ``derivable_write_delay_s`` (1 s):
+      changes coalesce until the delay since the first unwritten one has passed, then one write takes them all,
+      from :meth:`persist_due` (the broker calls it every second), from the next change after the delay, from the
+      next explicit change of the same file, or from :meth:`persist` at shutdown. The next heartbeat recreates
+      whatever a kill inside the window loses. Java writes the whole JSON file with every auto-created group;
+      in a storm of new groups that was most of the broker's CPU (O(groups) writes of an O(groups) file).
+      ``derivable_write_delay_s=0`` writes them at once too.
+
+    ``sync_config_writes=False`` defers every config write to :meth:`persist`. Consumer offsets are written by
+    :meth:`persist_offsets` (the broker's ``flushConsumerOffsetInterval`` timer, 5 s, as ConsumerOffsetManager).
     """
 
-    def __init__(self, store_dir=None, *, sync_config_writes: bool = True):
+    def __init__(self, store_dir=None, *, sync_config_writes: bool = True, derivable_write_delay_s: float = 1.0,
+                 clock=time.monotonic):
         self.store_dir = Path(store_dir) if store_dir is not None else None
         self.config_dir = self.store_dir / "config" if self.store_dir is not None else None
         self.sync_config_writes = sync_config_writes
+        self.derivable_write_delay_s = derivable_write_delay_s
+        self._clock = clock
         self._dirty_configs: set = set()
+        self._due: dict = {}  # manager -> clock time its unwritten derivable changes are to be written
         self.topics = TopicConfigManager(self)
         self.groups = SubscriptionGroupManager(self)
         self.offsets = ConsumerOffsetManager(self)
@@ -731,15 +753,23 @@ class Store:
         self.groups.load()
         self.offsets.load()
 
-    def _config_changed(self, manager) -> None:
+    def _config_changed(self, manager, derivable: bool = False) -> None:
         if self.config_dir is None:
             return
-        if self.sync_config_writes:
-            self._write(manager)
-        else:
+        if not self.sync_config_writes:
             self._dirty_configs.add(manager)
+        elif derivable and self.derivable_write_delay_s > 0:
+            now = self._clock()
+            due = self._due.get(manager)
+            if due is None:
+                self._due[manager] = now + self.derivable_write_delay_s
+            elif now >= due:
+                self._write(manager)
+        else:
+            self._write(manager)  # also takes the file's unwritten derivable changes
 
     def _write(self, manager) -> None:
+        self._due.pop(manager, None)
         try:
             manager.file.write(manager.to_document())
             self._dirty_configs.discard(manager)
@@ -747,6 +777,22 @@ class Store:
             # keep serving from memory; the next persist() retries (Java logs and carries on the same way)
             self._dirty_configs.add(manager)
             log.exception("persisting %s failed", manager.file.path)
+
+    def persist_due(self) -> int:
+        """Write the config files whose derivable changes have waited ``derivable_write_delay_s``; returns how many
+        files were written (the broker calls this every second)."""
+        if not self._due:
+            return 0
+        now = self._clock()
+        due = [m for m, t in self._due.items() if now >= t]
+        for manager in due:
+            self._write(manager)
+        return len(due)
+
+    @property
+    def pending_config_writes(self) -> int:
+        """Config files with changes not yet on disk (deferred derivable changes, failed or deferred writes)."""
+        return len(self._dirty_configs | set(self._due))
 
     def persist_offsets(self) -> None:
         """Write consumerOffset.json if an offset changed since the last write."""
@@ -757,7 +803,7 @@ class Store:
         """Write every changed table (shutdown, or the timer when ``sync_config_writes`` is off)."""
         if self.config_dir is None:
             return
-        for manager in list(self._dirty_configs):
+        for manager in list(self._dirty_configs | set(self._due)):
             self._write(manager)
         self.persist_offsets()
 

@@ -89,7 +89,7 @@ def test_files_have_java_names_and_shapes(tmp_path):
     reg.heartbeat(1, hb(consumers=[("CID_G", ["T"])]))
     reg.update_topic_config(TopicConfig("T", read_queue_nums=4, write_queue_nums=4))
     assert reg.update_consumer_offset("h", "CID_G", "T", 3, 42)[0] == 0
-    store.persist_offsets()
+    store.persist()
     topics = json.loads(config_file(tmp_path, "topics.json").read_text())
     assert topics["topicConfigTable"]["%RETRY%CID_G"] == {
         "attributes": {}, "order": False, "perm": 6, "readQueueNums": 1, "topicFilterType": "SINGLE_TAG",
@@ -121,12 +121,41 @@ def test_state_survives_a_restart(tmp_path):
     assert store.topics.data_version.counter >= 2
 
 
-def test_config_changes_are_written_at_once_offsets_on_persist(tmp_path):
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def count_writes(monkeypatch):
+    """Record the path of every atomic_write the store makes."""
+    import engine.store
+
+    written = []
+    real = engine.store.atomic_write
+
+    def counting(path, data, **kw):
+        written.append(path.name)
+        return real(path, data, **kw)
+
+    monkeypatch.setattr(engine.store, "atomic_write", counting)
+    return written
+
+
+def table(tmp_path, name, key):
+    path = config_file(tmp_path, name)
+    return json.loads(path.read_text())[key] if path.exists() else {}
+
+
+def test_explicit_config_changes_are_written_at_once_offsets_on_persist(tmp_path):
     store = Store(tmp_path)
     reg = ClientRegistry(store=store)
-    reg.heartbeat(1, hb(consumers=[("G", ["T"])]))
-    assert "G" in json.loads(config_file(tmp_path, "subscriptionGroup.json").read_text())["subscriptionGroupTable"]
+    reg.update_subscription_group_config(SubscriptionGroupConfig("G"))
+    assert "G" in table(tmp_path, "subscriptionGroup.json", "subscriptionGroupTable")
     reg.update_topic_config(TopicConfig("T"))
+    assert "T" in table(tmp_path, "topics.json", "topicConfigTable")
     reg.update_consumer_offset("h", "G", "T", 0, 1)
     assert not config_file(tmp_path, "consumerOffset.json").exists()
     reg.persist_offsets()
@@ -134,6 +163,87 @@ def test_config_changes_are_written_at_once_offsets_on_persist(tmp_path):
     mtime = config_file(tmp_path, "consumerOffset.json").stat().st_mtime_ns
     reg.persist_offsets()  # nothing changed: no write
     assert config_file(tmp_path, "consumerOffset.json").stat().st_mtime_ns == mtime
+    assert store.pending_config_writes == 0
+
+
+def test_auto_created_groups_and_retry_topics_are_written_once_per_interval(tmp_path, monkeypatch):
+    clock = FakeClock()
+    written = count_writes(monkeypatch)
+    store = Store(tmp_path, clock=clock)
+    reg = ClientRegistry(store=store)
+    for i in range(1000):  # a storm of new groups within one interval: no write yet
+        assert reg.heartbeat(i, hb(client_id=f"10.0.0.1@{i}", consumers=[(f"G{i}", ["T"])])).code == 0
+    assert written == [] and store.pending_config_writes == 2
+    assert reg.persist_due() == 0  # not due yet
+    reg.update_subscription_group_config(SubscriptionGroupConfig("ADMIN"))  # written with the groups so far
+    reg.heartbeat(1000, hb(client_id="10.0.0.1@1000", consumers=[("LATE", ["T"])]))
+    restarted = Store(tmp_path)  # what a kill now leaves: the admin change, not the entries made after it
+    assert {"ADMIN", "G999"} <= set(restarted.groups.table) and not restarted.groups.contains("LATE")
+    assert not restarted.topics.contains("%RETRY%G0")  # the retry topics were not written yet: derivable
+    del written[:]
+    clock.now += 1.0
+    assert reg.persist_due() == 2  # one write per file takes all
+    assert sorted(written) == ["subscriptionGroup.json", "topics.json"]
+    assert {f"G{i}" for i in range(1000)} | {"LATE"} <= set(table(tmp_path, "subscriptionGroup.json",
+                                                                   "subscriptionGroupTable"))
+    assert {f"%RETRY%G{i}" for i in range(1000)} <= set(table(tmp_path, "topics.json", "topicConfigTable"))
+    assert reg.persist_due() == 0 and store.pending_config_writes == 0
+    # a storm spread over 10 s: at most one write per file per second, written lazily by the next change
+    del written[:]
+    for i in range(1000, 2000):
+        clock.now += 0.01
+        reg.heartbeat(i, hb(client_id=f"10.0.0.1@{i}", consumers=[(f"G{i}", ["T"])]))
+    assert 2 * 8 <= len(written) <= 2 * 10, written
+    store.persist()  # shutdown takes the rest
+    assert set(Store(tmp_path).groups.table) >= {f"G{i}" for i in range(2000)}
+
+
+def test_an_explicit_change_also_writes_the_pending_derivable_ones(tmp_path):
+    clock = FakeClock()
+    store = Store(tmp_path, clock=clock)
+    reg = ClientRegistry(store=store)
+    reg.heartbeat(1, hb(consumers=[("AUTO", ["T"])]))
+    assert "AUTO" not in table(tmp_path, "subscriptionGroup.json", "subscriptionGroupTable")
+    reg.update_subscription_group_config(SubscriptionGroupConfig("ADMIN"))  # acknowledged: on disk on return
+    groups = table(tmp_path, "subscriptionGroup.json", "subscriptionGroupTable")
+    assert {"ADMIN", "AUTO"} <= set(groups)
+    assert store.pending_config_writes == 1  # the retry topic still waits
+    reg.update_topic_config(TopicConfig("Explicit"))
+    assert store.pending_config_writes == 0
+    assert {"Explicit", "%RETRY%AUTO"} <= set(table(tmp_path, "topics.json", "topicConfigTable"))
+
+
+def test_derivable_writes_at_once_when_the_delay_is_zero(tmp_path):
+    store = Store(tmp_path, derivable_write_delay_s=0)
+    ClientRegistry(store=store).heartbeat(1, hb(consumers=[("G", ["T"])]))
+    assert "G" in table(tmp_path, "subscriptionGroup.json", "subscriptionGroupTable")
+    assert store.pending_config_writes == 0
+
+
+def test_broker_writes_auto_created_groups_within_two_seconds_and_at_shutdown(tmp_path):
+    import asyncio
+
+    import engine
+
+    async def main():
+        cfg = engine.BrokerConfig(listen_port=0, store_path_root_dir=str(tmp_path))
+        broker = engine.Broker(cfg)
+        await broker.start_async()
+        try:
+            broker.registry.heartbeat(1, hb(consumers=[("TICKED", ["T"])]))
+            assert "TICKED" not in table(tmp_path, "subscriptionGroup.json", "subscriptionGroupTable")
+            for _ in range(40):  # the broker's 1 s tick writes it once the 1 s delay has passed
+                await asyncio.sleep(0.1)
+                if "TICKED" in table(tmp_path, "subscriptionGroup.json", "subscriptionGroupTable"):
+                    break
+            assert "TICKED" in table(tmp_path, "subscriptionGroup.json", "subscriptionGroupTable")
+            broker.registry.heartbeat(2, hb(client_id="10.0.0.1@2", consumers=[("AT_STOP", ["T"])]))
+        finally:
+            await broker.stop_async()
+        assert "AT_STOP" in table(tmp_path, "subscriptionGroup.json", "subscriptionGroupTable")
+        assert "%RETRY%AT_STOP" in table(tmp_path, "topics.json", "topicConfigTable")
+
+    asyncio.run(main())
 
 
 def test_deferred_config_writes(tmp_path):
@@ -153,7 +263,7 @@ def test_in_memory_store_writes_nothing(tmp_path, monkeypatch):
 
 
 def test_unwritable_store_keeps_serving_and_retries(tmp_path, monkeypatch, caplog):
-    store = Store(tmp_path)
+    store = Store(tmp_path, derivable_write_delay_s=0)  # the heartbeat's group is written in the request
     real_open = open
 
     def failing_open(path, *a, **kw):
@@ -166,9 +276,33 @@ def test_unwritable_store_keeps_serving_and_retries(tmp_path, monkeypatch, caplo
         reg = ClientRegistry(store=store)
         assert reg.heartbeat(1, hb(consumers=[("G", ["T"])])).code == 0
     assert "persisting" in caplog.text and reg.consumer_ids("G") == ["10.0.0.1@1"]
+    assert store.pending_config_writes == 2
     monkeypatch.setattr("builtins.open", real_open)
     store.persist()
-    assert Store(tmp_path).groups.contains("G")
+    assert Store(tmp_path).groups.contains("G") and store.pending_config_writes == 0
+
+
+def test_a_failed_deferred_write_is_retried_at_persist(tmp_path, monkeypatch, caplog):
+    clock = FakeClock()
+    store = Store(tmp_path, clock=clock)
+    reg = ClientRegistry(store=store)
+    reg.heartbeat(1, hb(consumers=[("G", ["T"])]))
+    real_open = open
+
+    def failing_open(path, *a, **kw):
+        if str(path).endswith(".tmp"):
+            raise OSError("read-only file system")
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr("builtins.open", failing_open)
+    clock.now += 1
+    with caplog.at_level(logging.ERROR, logger="engine.store"):
+        assert store.persist_due() == 2
+    assert "persisting" in caplog.text and store.pending_config_writes == 2
+    assert store.persist_due() == 0  # not retried every second: persist() (shutdown) or the next change does
+    monkeypatch.setattr("builtins.open", real_open)
+    store.persist()
+    assert Store(tmp_path).groups.contains("G") and store.pending_config_writes == 0
 
 
 # ---------------------------------------------------------------------------------------------------- corruption

@@ -7,6 +7,13 @@ values are part of the signed text. A null ext value is skipped, as ali-ons skip
 
 A request that fails the check gets NO_PERMISSION with RocketMQ's message (PlainPermissionManager) and never
 reaches its processor. Secrets never appear in logs, reprs or error messages.
+
+Checks, in PlainPermissionManager.validate's order: the global white list (no signature needed), a known
+AccessKey, the account's white list (no signature needed), the signature, then checkPerm: admin codes need an admin
+account, and every resource the request names (PlainAccessValidator.parse) needs its permission. Resources are
+topics and, for groups, the group's retry topic (``%RETRY%group``); an account's ``topicPerms``/``groupPerms``
+(``name=PUB|SUB``) grant them one by one, ``defaultTopicPerm``/``defaultGroupPerm`` the rest (DENY when unset).
+An admin account without per-resource permissions may use every resource.
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import RemotingError, echo
+from .enums import RequestCode
 
 ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"
@@ -26,6 +34,76 @@ SECURITY_TOKEN = "SecurityToken"
 #: Request codes that need an admin account (acl Permission.ADMIN_CODE): UPDATE_AND_CREATE_TOPIC,
 #: UPDATE_BROKER_CONFIG, DELETE_TOPIC_IN_BROKER, UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, DELETE_SUBSCRIPTIONGROUP.
 ADMIN_CODES = frozenset({17, 25, 215, 200, 207})
+
+#: Permission bits (acl Permission.java).
+DENY, ANY, PUB, SUB = 1, 2, 4, 8
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+_PERM_NAMES = {"PUB": PUB, "SUB": SUB, "PUB|SUB": PUB | SUB, "SUB|PUB": PUB | SUB, "DENY": DENY}
+
+
+def parse_perm(text) -> int:
+    """Permission.parsePermFromString: PUB, SUB, PUB|SUB, SUB|PUB or DENY; anything else (or none) is DENY."""
+    return DENY if text is None else _PERM_NAMES.get(str(text).strip(), DENY)
+
+
+def check_permission(needed: int, owned: int) -> bool:
+    """Permission.checkPermission."""
+    if owned & DENY:
+        return False
+    if needed & ANY:
+        return bool(owned & (PUB | SUB))
+    return bool(needed & owned)
+
+
+def retry_topic(group):
+    return None if group is None else RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def _resource_name(resource: str) -> str:
+    """PlainAccessResource.printStr: ``group:<group>`` for a retry topic, else ``topic:<topic>`` (echoed)."""
+    if resource.startswith(RETRY_GROUP_TOPIC_PREFIX):
+        return "group:" + echo(resource[len(RETRY_GROUP_TOPIC_PREFIX):])
+    return "topic:" + echo(resource)
+
+
+def request_resources(code: int, ext: dict, body) -> dict:
+    """PlainAccessValidator.parse: the resources a request names and the permission each needs.
+
+    Later entries replace earlier ones for the same resource, as in Java's map. Raises engine.HeartbeatError for a
+    HEART_BEAT body that does not decode (the request is refused: its resources cannot be known).
+    """
+    out: dict = {}
+
+    def add(resource, perm):
+        if resource is not None:
+            out[resource] = perm
+
+    get = ext.get
+    if code == RequestCode.SEND_MESSAGE:
+        add(get("topic"), PUB)
+    elif code == 310:  # SEND_MESSAGE_V2: the short header names
+        add(get("b"), PUB)
+    elif code == RequestCode.CONSUMER_SEND_MSG_BACK:
+        add(get("originTopic"), PUB)
+        add(retry_topic(get("group")), SUB)
+    elif code == RequestCode.PULL_MESSAGE:
+        add(get("topic"), SUB)
+        add(retry_topic(get("consumerGroup")), SUB)
+    elif code == RequestCode.QUERY_MESSAGE:
+        add(get("topic"), SUB)
+    elif code == RequestCode.HEART_BEAT:
+        from . import decode_heartbeat  # the facade's native or twin decoder
+
+        for consumer in decode_heartbeat(bytes(body or b"")).consumers:
+            add(retry_topic(consumer.group), SUB)
+            for sub in consumer.subscriptions:
+                add(sub.topic, SUB)
+    elif code in (RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP):
+        add(retry_topic(get("consumerGroup")), SUB)
+    elif code == RequestCode.UPDATE_CONSUMER_OFFSET:
+        add(retry_topic(get("consumerGroup")), SUB)
+        add(get("topic"), SUB)
+    return out
 
 
 class AclError(RemotingError, ValueError):
@@ -38,6 +116,10 @@ class Account:
     secret_key: str = field(repr=False)
     admin: bool = False
     white_remote_address: str = ""
+    default_topic_perm: int = DENY
+    default_group_perm: int = DENY
+    #: (resource, perm) pairs from topicPerms and groupPerms (groups as their retry topics); empty: none given
+    resource_perms: tuple = ()
 
     def __repr__(self) -> str:  # the secret stays out of every repr
         return f"Account(access_key={self.access_key!r}, admin={self.admin})"
@@ -70,6 +152,8 @@ class AclValidator:
             self.accounts[a.access_key] = a
         self._global_white = [_AddressPattern(p) for p in global_white_remote_addresses]
         self._white = {a.access_key: _AddressPattern(a.white_remote_address) for a in accounts if a.white_remote_address}
+        # ownedPermMap: None when the account names no resource (then only its defaults, or admin, decide)
+        self._owned = {a.access_key: (dict(a.resource_perms) if a.resource_perms else None) for a in accounts}
 
     @classmethod
     def from_file(cls, path) -> "AclValidator":
@@ -96,7 +180,9 @@ class AclValidator:
             admin = entry.get("admin", False)
             admin = admin if isinstance(admin, bool) else str(admin).strip().lower() == "true"
             white = entry.get("whiteRemoteAddress") or ""
-            accounts.append(Account(ak, sk, admin, str(white)))
+            perms = _resource_perms(entry, "groupPerms", i, False) + _resource_perms(entry, "topicPerms", i, True)
+            accounts.append(Account(ak, sk, admin, str(white), parse_perm(entry.get("defaultTopicPerm")),
+                                    parse_perm(entry.get("defaultGroupPerm")), perms))
         white = doc.get("globalWhiteRemoteAddresses") or []
         if not isinstance(white, list):
             raise AclError("acl file: 'globalWhiteRemoteAddresses' must be a list")
@@ -122,10 +208,49 @@ class AclValidator:
             return f"Check signature failed for accessKey={echo(access_key)}"
         if code in ADMIN_CODES and not account.admin:
             return f"Need admin permission for request code={code}, but accessKey={echo(access_key)} is not"
+        return self._check_resources(account, code, ext, body)
+
+    def _check_resources(self, account: Account, code: int, ext: dict, body) -> str | None:
+        """PlainPermissionManager.checkPerm after the admin check: each named resource against the account."""
+        owned = self._owned[account.access_key]
+        if owned is None:
+            if account.admin:
+                return None  # an admin without per-resource permissions may use every resource
+            if (code == RequestCode.HEART_BEAT and check_permission(SUB, account.default_topic_perm)
+                    and check_permission(SUB, account.default_group_perm)):
+                return None  # a heartbeat needs SUB only and the defaults grant it: no need to decode the body
+        try:
+            needed = request_resources(code, ext, body)
+        except RemotingError as e:
+            return f"Cannot read the resources of request code={code}: {e}"
+        for resource, perm in needed.items():
+            own = owned.get(resource) if owned is not None else None
+            if own is None:
+                own = account.default_group_perm if resource.startswith(RETRY_GROUP_TOPIC_PREFIX) \
+                    else account.default_topic_perm
+            if not check_permission(perm, own):
+                return f"No default permission for {_resource_name(resource)}"
         return None
 
     def __repr__(self) -> str:
         return f"AclValidator(accounts={sorted(self.accounts)})"
+
+
+def _resource_perms(entry: dict, key: str, i: int, is_topic: bool) -> tuple:
+    """Permission.parseResourcePerms: ``name=PERM`` items; a group becomes its retry topic."""
+    items = entry.get(key)
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise AclError(f"acl file: accounts[{i}].{key} must be a list of 'name=PERM'")
+    out = []
+    for n, item in enumerate(items):
+        parts = [p for p in str(item).split("=") if p]  # StringUtils.split: empty tokens dropped
+        if len(parts) != 2 or not parts[0].strip():
+            raise AclError(f"acl file: accounts[{i}].{key}[{n}]: expected 'name=PERM', got {echo(str(item))}")
+        name = parts[0].strip()
+        out.append((name if is_topic else retry_topic(name), parse_perm(parts[1])))
+    return tuple(out)
 
 
 class _AddressPattern:

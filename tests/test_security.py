@@ -25,17 +25,21 @@ from test_server import Client, broker_factory, consumer_ids, hb_body, wait_unti
 USER_AK, USER_SK = "rocketmq2", "u5er-S3CRET-key-7f3a"
 ADMIN_AK, ADMIN_SK = "rocketmq-admin", "adm1n-S3CRET-key-91cc"
 SECRETS = (USER_SK, ADMIN_SK)
+GOOD_GROUP, EVIL_GROUP = "good_consumer_group", "evil_consumer_group"
 ACL_YML = f"""\
 globalWhiteRemoteAddresses:
 accounts:
   - accessKey: {USER_AK}
     secretKey: {USER_SK}
     admin: false
+    defaultTopicPerm: PUB|SUB
+    defaultGroupPerm: SUB
+    groupPerms:
+      - {EVIL_GROUP}=DENY
   - accessKey: {ADMIN_AK}
     secretKey: "{ADMIN_SK}"
     admin: true
 """
-GOOD_GROUP, EVIL_GROUP = "good_consumer_group", "evil_consumer_group"
 
 
 def free_port():
@@ -87,6 +91,10 @@ def attacks():
     out.append(("replayed with an added ext field",
                 engine.RemotingCommand(RequestCode.HEART_BEAT, ext_fields=added, body=good.body)))
     out.append(("unknown AccessKey", signed(RequestCode.HEART_BEAT, {}, evil_body(), ak="nobody", sk="whatever1")))
+    # rightly signed, but for a group the account is denied (groupPerms: evil_consumer_group=DENY)
+    out.append(("a denied group", signed(RequestCode.HEART_BEAT, {}, evil_body())))
+    out.append(("a denied group, unregistering", signed(RequestCode.UNREGISTER_CLIENT,
+                                                        {"clientID": "good@1", "consumerGroup": EVIL_GROUP}, b"")))
     out.append(("garbage signature", engine.RemotingCommand(
         RequestCode.HEART_BEAT, ext_fields={"AccessKey": USER_AK, "Signature": "\x00" * 28 + "=="}, body=evil_body())))
     return out
@@ -121,6 +129,7 @@ def test_refused_requests_register_nothing(acl_broker):
     assert results["unsigned"][1] == "No accessKey is configured"
     assert results["unknown AccessKey"][1] == "No acl config for 'nobody'"
     assert results["wrong secret"][1] == f"Check signature failed for accessKey='{USER_AK}'"
+    assert results["a denied group"][1] == f"No default permission for group:'{EVIL_GROUP}'"
     # oneway: refused silently (no answer), and still nothing registered
     for i, (name, cmd) in enumerate(attacks()):
         send_raw(attacker, cmd, opaque=2000 + i, flag=2)
@@ -166,7 +175,13 @@ def test_no_credential_in_logs_metrics_or_admin(acl_broker, caplog):
     bad = signed(RequestCode.HEART_BEAT, {}, b'{"clientID":tru')
     signatures.add(bad.ext_fields["Signature"])
     send_raw(c, bad, opaque=200)
-    assert c.read(pred=lambda x: x.is_response and x.opaque == 200).code == ResponseCode.SYSTEM_ERROR
+    # the user account has per-group permissions, so the ACL reads the body for its groups and refuses it
+    r = c.read(pred=lambda x: x.is_response and x.opaque == 200)
+    assert r.code == ResponseCode.NO_PERMISSION and r.remark.startswith("Cannot read the resources of request")
+    bad = signed(RequestCode.HEART_BEAT, {}, b'{"clientID":tru', ak=ADMIN_AK, sk=ADMIN_SK)
+    signatures.add(bad.ext_fields["Signature"])
+    send_raw(c, bad, opaque=201)  # the admin may use every resource: the processor's decoder refuses it
+    assert c.read(pred=lambda x: x.is_response and x.opaque == 201).code == ResponseCode.SYSTEM_ERROR
     # the admin surfaces, signed as mqadmin would
     with AdminClient("127.0.0.1", b.ports["main"], access_key=ADMIN_AK, secret_key=ADMIN_SK) as admin:
         consumers = json.dumps(admin.consumer_connection(GOOD_GROUP))

@@ -428,7 +428,9 @@ def test_write_buffer_bound(broker_factory):
 
 def test_acl_refuses_unsigned_and_wrongly_signed(broker_factory, tmp_path):
     acl = tmp_path / "plain_acl.yml"
-    acl.write_text("accounts:\n  - accessKey: rocketmq2\n    secretKey: 12345678\n    admin: false\n")
+    # unset default permissions are DENY (PlainPermissionManager): the account may subscribe anywhere
+    acl.write_text("accounts:\n  - accessKey: rocketmq2\n    secretKey: 12345678\n    admin: false\n"
+                   "    defaultTopicPerm: SUB\n    defaultGroupPerm: SUB\n")
     b = broker_factory(acl_enable=True, acl_file=str(acl))
     c = Client(b.ports["main"])
     r = c.heartbeat(client_id="nosig@1")

@@ -257,7 +257,8 @@ def test_cpp_client_requeries_consumer_list_on_notify(broker, ons_dir, cpp_dir, 
 
 def test_acl_real_clients_right_and_wrong_credentials(broker, ons_dir, cpp_dir, drivers, tmp_path):
     acl = tmp_path / "plain_acl.yml"
-    acl.write_text("accounts:\n  - accessKey: RocketMQ\n    secretKey: 12345678\n    admin: false\n")
+    acl.write_text("accounts:\n  - accessKey: RocketMQ\n    secretKey: 12345678\n    admin: false\n"
+                   "    defaultTopicPerm: PUB|SUB\n    defaultGroupPerm: SUB\n")  # unset: DENY
     b = broker(acl_enable=True, acl_file=str(acl))
     port = b.ports["main"]
     creds = {"access_key": "RocketMQ", "secret_key": "12345678"}

@@ -467,41 +467,92 @@ class _JsonFile:
 # Managers
 
 
-class TopicConfigManager:
-    """The topic table (TopicConfigManager). Mutations bump the data version and persist through the store."""
+class _Table:
+    """A table persisted as one JSON document: ``{"dataVersion": ..., TABLE_KEY: {key: item}}`` (with the
+    constant members of ``EXTRA``), loaded with the fallbacks of :class:`_JsonFile`."""
+
+    FILE_NAME = TABLE_KEY = ""
+    EXTRA: dict = {}
 
     def __init__(self, store: "Store"):
         self._store = store
-        self.table: dict[str, TopicConfig] = {}
+        self.table: dict = {}
         self.data_version = DataVersion()
-        self.file = _JsonFile(store.config_dir / "topics.json" if store.config_dir else None)
+        self.file = _JsonFile(store.config_dir / self.FILE_NAME if store.config_dir else None)
 
-    def get(self, topic: str) -> TopicConfig | None:
-        return self.table.get(topic)
+    def _item_to_json(self, item):
+        return item.to_dict()
 
-    def contains(self, topic: str) -> bool:
-        return topic in self.table
+    def _item_from_json(self, key: str, value, path: str):
+        raise NotImplementedError
+
+    def to_document(self) -> dict:
+        return {"dataVersion": self.data_version.to_dict(), **self.EXTRA,
+                self.TABLE_KEY: {k: self._item_to_json(v) for k, v in sorted(self.table.items())}}
+
+    def _parse(self, doc):
+        if not isinstance(doc, dict):
+            raise StoreError("$: expected an object")
+        table = doc.get(self.TABLE_KEY)
+        table = {} if table is None else table
+        if not isinstance(table, dict):
+            raise StoreError(f"$.{self.TABLE_KEY}: expected an object")
+        parsed = {k: self._item_from_json(k, v, f"$.{self.TABLE_KEY}[{k!r}]") for k, v in table.items()}
+        dv = DataVersion.from_dict(doc["dataVersion"]) if doc.get("dataVersion") is not None else DataVersion()
+        return parsed, dv
+
+    def load(self) -> None:
+        loaded = self.file.load(self._parse)
+        if loaded is not None:
+            self.table, self.data_version = loaded
+
+
+class _ConfigTable(_Table):
+    """A config table keyed by the items' ``KEY_ATTR``; every mutation bumps the data version and is persisted
+    through the store (at once, or deferred when ``derivable``, see :class:`Store`)."""
+
+    KEY_ATTR = ""
+
+    def get(self, name: str):
+        return self.table.get(name)
+
+    def contains(self, name: str) -> bool:
+        return name in self.table
+
+    def put(self, config, derivable: bool = False):
+        """Create or replace an entry (UPDATE_AND_CREATE_TOPIC/SUBSCRIPTIONGROUP); returns the previous one.
+
+        ``derivable``: the entry is created again by the traffic that made it (a topic auto-created on a route
+        query), so its write may be deferred (:class:`Store`); an admin change is written before returning.
+        """
+        name = getattr(config, self.KEY_ATTR)
+        old = self.table.get(name)
+        self.table[name] = config
+        self._changed(derivable)
+        return old
+
+    def delete(self, name: str):
+        old = self.table.pop(name, None)
+        if old is not None:
+            self._changed()
+        return old
+
+    def _changed(self, derivable: bool = False) -> None:
+        self.data_version.next_version()
+        self._store._config_changed(self, derivable)
+
+
+class TopicConfigManager(_ConfigTable):
+    """The topic table (TopicConfigManager): ``topics.json``."""
+
+    FILE_NAME, TABLE_KEY, KEY_ATTR = "topics.json", "topicConfigTable", "topic_name"
+
+    def _item_from_json(self, key, value, path):
+        return TopicConfig.from_dict(value, path)
 
     def is_order_topic(self, topic: str) -> bool:
         tc = self.table.get(topic)
         return tc is not None and tc.order
-
-    def put(self, config: TopicConfig, derivable: bool = False) -> TopicConfig | None:
-        """Create or replace a topic (UPDATE_AND_CREATE_TOPIC); returns the previous config.
-
-        ``derivable``: the topic is created again by the traffic that made it (a topic auto-created on a route
-        query), so its write may be deferred (:class:`Store`); an admin change is written before returning.
-        """
-        old = self.table.get(config.topic_name)
-        self.table[config.topic_name] = config
-        self._changed(derivable)
-        return old
-
-    def delete(self, topic: str) -> TopicConfig | None:
-        old = self.table.pop(topic, None)
-        if old is not None:
-            self._changed()
-        return old
 
     def create_topic_in_send_message_back_method(self, topic: str, queue_nums: int, perm: int, is_order: bool,
                                                  topic_sys_flag: int) -> tuple[TopicConfig, bool]:
@@ -523,59 +574,21 @@ class TopicConfigManager:
         self._changed(derivable=True)  # a retry topic: the next heartbeat of the group creates it again
         return tc, True
 
-    def _changed(self, derivable: bool = False) -> None:
-        self.data_version.next_version()
-        self._store._config_changed(self, derivable)
 
-    def to_document(self) -> dict:
-        return {"dataVersion": self.data_version.to_dict(),
-                "topicConfigTable": {k: v.to_dict() for k, v in sorted(self.table.items())}}
+class SubscriptionGroupManager(_ConfigTable):
+    """The subscription-group table (SubscriptionGroupManager): ``subscriptionGroup.json``, with the system
+    groups of ``init()``."""
 
-    def _parse(self, doc):
-        if not isinstance(doc, dict):
-            raise StoreError("$: expected an object")
-        table = doc.get("topicConfigTable")
-        table = {} if table is None else table
-        if not isinstance(table, dict):
-            raise StoreError("$.topicConfigTable: expected an object")
-        parsed = {name: TopicConfig.from_dict(v, f"$.topicConfigTable[{name!r}]") for name, v in table.items()}
-        dv = DataVersion.from_dict(doc["dataVersion"]) if doc.get("dataVersion") is not None else DataVersion()
-        return parsed, dv
-
-    def load(self) -> None:
-        loaded = self.file.load(self._parse)
-        if loaded is not None:
-            self.table, self.data_version = loaded
-
-
-class SubscriptionGroupManager:
-    """The subscription-group table (SubscriptionGroupManager), with the system groups of ``init()``."""
+    FILE_NAME, TABLE_KEY, KEY_ATTR = "subscriptionGroup.json", "subscriptionGroupTable", "group_name"
+    EXTRA = {"forbiddenTable": {}}
 
     def __init__(self, store: "Store"):
-        self._store = store
-        self.table: dict[str, SubscriptionGroupConfig] = {}
-        self.data_version = DataVersion()
-        self.file = _JsonFile(store.config_dir / "subscriptionGroup.json" if store.config_dir else None)
+        super().__init__(store)
         for name in SYSTEM_CONSUMER_GROUPS:
             self.table[name] = SubscriptionGroupConfig(name)
 
-    def get(self, group: str) -> SubscriptionGroupConfig | None:
-        return self.table.get(group)
-
-    def contains(self, group: str) -> bool:
-        return group in self.table
-
-    def put(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig | None:
-        old = self.table.get(config.group_name)
-        self.table[config.group_name] = config
-        self._changed()
-        return old
-
-    def delete(self, group: str) -> SubscriptionGroupConfig | None:
-        old = self.table.pop(group, None)
-        if old is not None:
-            self._changed()
-        return old
+    def _item_from_json(self, key, value, path):
+        return SubscriptionGroupConfig.from_dict(value, path)
 
     def find(self, group: str, auto_create: bool, enable_create_sys_group: bool) -> tuple:
         """findSubscriptionGroupConfig: ``(config or None, created)``.
@@ -598,44 +611,22 @@ class SubscriptionGroupManager:
         self._changed(derivable=True)  # the next heartbeat of the group creates it again
         return config, True
 
-    def _changed(self, derivable: bool = False) -> None:
-        self.data_version.next_version()
-        self._store._config_changed(self, derivable)
-
-    def to_document(self) -> dict:
-        return {"dataVersion": self.data_version.to_dict(), "forbiddenTable": {},
-                "subscriptionGroupTable": {k: v.to_dict() for k, v in sorted(self.table.items())}}
-
-    def _parse(self, doc):
-        if not isinstance(doc, dict):
-            raise StoreError("$: expected an object")
-        table = doc.get("subscriptionGroupTable")
-        table = {} if table is None else table
-        if not isinstance(table, dict):
-            raise StoreError("$.subscriptionGroupTable: expected an object")
-        parsed = {name: SubscriptionGroupConfig.from_dict(v, f"$.subscriptionGroupTable[{name!r}]")
-                  for name, v in table.items()}
-        dv = DataVersion.from_dict(doc["dataVersion"]) if doc.get("dataVersion") is not None else DataVersion()
-        return parsed, dv
-
     def load(self) -> None:
-        loaded = self.file.load(self._parse)
-        if loaded is not None:
-            table, self.data_version = loaded
-            self.table.update(table)  # Java: init() first, then the file's entries over them
+        system = dict(self.table)
+        super().load()
+        self.table = {**system, **self.table}  # Java: init() first, then the file's entries over them
 
 
-class ConsumerOffsetManager:
-    """Committed consumer offsets: ``"topic@group" -> {queueId: offset}`` (ConsumerOffsetManager)."""
+class ConsumerOffsetManager(_Table):
+    """Committed consumer offsets: ``"topic@group" -> {queueId: offset}`` (ConsumerOffsetManager):
+    ``consumerOffset.json``, written by :meth:`persist` (the broker's timer), not on every commit."""
 
+    FILE_NAME, TABLE_KEY = "consumerOffset.json", "offsetTable"
     SEPARATOR = "@"
 
     def __init__(self, store: "Store"):
-        self._store = store
-        self.table: dict[str, dict[int, int]] = {}
-        self.data_version = DataVersion()
+        super().__init__(store)
         self.dirty = False
-        self.file = _JsonFile(store.config_dir / "consumerOffset.json" if store.config_dir else None)
 
     def commit_offset(self, client_host: str, group: str, topic: str, queue_id: int, offset: int) -> None:
         key = topic + self.SEPARATOR + group
@@ -672,41 +663,24 @@ class ConsumerOffsetManager:
             self.dirty = True
         return len(keys)
 
-    def to_document(self) -> dict:
-        return {"dataVersion": self.data_version.to_dict(),
-                "offsetTable": {k: {str(q): o for q, o in sorted(v.items())} for k, v in sorted(self.table.items())}}
+    def _item_to_json(self, queues):
+        return {str(q): o for q, o in sorted(queues.items())}
 
-    def _parse(self, doc):
-        if not isinstance(doc, dict):
-            raise StoreError("$: expected an object")
-        table = doc.get("offsetTable")
-        table = {} if table is None else table
-        if not isinstance(table, dict):
-            raise StoreError("$.offsetTable: expected an object")
-        parsed = {}
-        for key, queues in table.items():
-            path = f"$.offsetTable[{key!r}]"
-            if self.SEPARATOR not in key:
-                raise StoreError(f"{path}: key is not topic@group")
-            if not isinstance(queues, dict):
-                raise StoreError(f"{path}: expected an object")
-            out = {}
-            for q, o in queues.items():
-                try:
-                    qid = int(q)
-                except ValueError:
-                    raise StoreError(f"{path}: queue id {q!r} is not an integer") from None
-                if isinstance(o, bool) or not isinstance(o, int) or not INT64_MIN <= o <= INT64_MAX:
-                    raise StoreError(f"{path}[{q!r}]: expected an int64 offset")
-                out[qid] = o
-            parsed[key] = out
-        dv = DataVersion.from_dict(doc["dataVersion"]) if doc.get("dataVersion") is not None else DataVersion()
-        return parsed, dv
-
-    def load(self) -> None:
-        loaded = self.file.load(self._parse)
-        if loaded is not None:
-            self.table, self.data_version = loaded
+    def _item_from_json(self, key, queues, path):
+        if self.SEPARATOR not in key:
+            raise StoreError(f"{path}: key is not topic@group")
+        if not isinstance(queues, dict):
+            raise StoreError(f"{path}: expected an object")
+        out = {}
+        for q, o in queues.items():
+            try:
+                qid = int(q)
+            except ValueError:
+                raise StoreError(f"{path}: queue id {q!r} is not an integer") from None
+            if isinstance(o, bool) or not isinstance(o, int) or not INT64_MIN <= o <= INT64_MAX:
+                raise StoreError(f"{path}[{q!r}]: expected an int64 offset")
+            out[qid] = o
+        return out
 
     def persist(self) -> None:
         self.data_version.next_version()

@@ -262,8 +262,8 @@ def test_in_memory_store_writes_nothing(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
-def test_unwritable_store_keeps_serving_and_retries(tmp_path, monkeypatch, caplog):
-    store = Store(tmp_path, derivable_write_delay_s=0)  # the heartbeat's group is written in the request
+def fail_temp_files(monkeypatch):
+    """Make every ``*.tmp`` open fail as on a read-only file system; returns the real open."""
     real_open = open
 
     def failing_open(path, *a, **kw):
@@ -272,6 +272,12 @@ def test_unwritable_store_keeps_serving_and_retries(tmp_path, monkeypatch, caplo
         return real_open(path, *a, **kw)
 
     monkeypatch.setattr("builtins.open", failing_open)
+    return real_open
+
+
+def test_unwritable_store_keeps_serving_and_retries(tmp_path, monkeypatch, caplog):
+    store = Store(tmp_path, derivable_write_delay_s=0)  # the heartbeat's group is written in the request
+    real_open = fail_temp_files(monkeypatch)
     with caplog.at_level(logging.ERROR, logger="engine.store"):
         reg = ClientRegistry(store=store)
         assert reg.heartbeat(1, hb(consumers=[("G", ["T"])])).code == 0
@@ -287,14 +293,7 @@ def test_a_failed_deferred_write_is_retried_at_persist(tmp_path, monkeypatch, ca
     store = Store(tmp_path, clock=clock)
     reg = ClientRegistry(store=store)
     reg.heartbeat(1, hb(consumers=[("G", ["T"])]))
-    real_open = open
-
-    def failing_open(path, *a, **kw):
-        if str(path).endswith(".tmp"):
-            raise OSError("read-only file system")
-        return real_open(path, *a, **kw)
-
-    monkeypatch.setattr("builtins.open", failing_open)
+    real_open = fail_temp_files(monkeypatch)
     clock.now += 1
     with caplog.at_level(logging.ERROR, logger="engine.store"):
         assert store.persist_due() == 2

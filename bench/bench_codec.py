@@ -17,18 +17,10 @@ import orjson
 import pytest
 
 from engine import _frame, _frame_py, _heartbeat, _heartbeat_py
+from engine.vectors import JAVA_HEARTBEAT_BODY as JAVA_BODY
 from engine.vectors import load_vectors
 
 # The Java 5.x push-consumer heartbeat of PROTOCOL.md 4.4 (686 bytes) with its 5.2+ request header.
-JAVA_BODY = (
-    b'{"clientID":"192.168.1.10@12345#1234567890123","consumerDataSet":[{"consumeFromWhere":"CONSUME_FROM_LAST_OFFSET",'
-    b'"consumeType":"CONSUME_PASSIVELY","groupName":"demo_consumer_group","messageModel":"CLUSTERING",'
-    b'"subscriptionDataSet":[{"classFilterMode":false,"codeSet":[],"expressionType":"TAG","subString":"*",'
-    b'"subVersion":1718000000001,"tagsSet":[],"topic":"%RETRY%demo_consumer_group"},{"classFilterMode":false,'
-    b'"codeSet":[2598919,2598920],"expressionType":"TAG","subString":"TagA || TagB","subVersion":1718000000000,'
-    b'"tagsSet":["TagA","TagB"],"topic":"TopicTest"}],"unitMode":false}],"heartbeatFingerprint":0,'
-    b'"producerDataSet":[{"groupName":"CLIENT_INNER_PRODUCER"}],"withoutSub":false}'
-)
 JAVA_HEADER = b'{"code":34,"extFields":{},"flag":0,"language":"JAVA","opaque":7,"serializeTypeCurrentRPC":"JSON","version":479}'
 
 

@@ -20,21 +20,14 @@ from engine.heartbeat import (
     heartbeat_fingerprint,
     java_string_hash,
 )
+from engine.vectors import JAVA_HEARTBEAT_BODY as JAVA_BODY  # shared with the benches
 
 from conftest import SHARED
 
 # ---------------------------------------------------------------------------------------------------------------
-# PROTOCOL.md 4.4 examples (verbatim; test_spec_samples_are_verbatim checks them against the spec)
+# PROTOCOL.md 4.4 examples (verbatim; test_spec_samples_are_verbatim checks them against the spec); the Java one,
+# JAVA_BODY, is engine.vectors.JAVA_HEARTBEAT_BODY
 
-JAVA_BODY = (
-    b'{"clientID":"192.168.1.10@12345#1234567890123","consumerDataSet":[{"consumeFromWhere":"CONSUME_FROM_LAST_OFFSET",'
-    b'"consumeType":"CONSUME_PASSIVELY","groupName":"demo_consumer_group","messageModel":"CLUSTERING",'
-    b'"subscriptionDataSet":[{"classFilterMode":false,"codeSet":[],"expressionType":"TAG","subString":"*",'
-    b'"subVersion":1718000000001,"tagsSet":[],"topic":"%RETRY%demo_consumer_group"},{"classFilterMode":false,'
-    b'"codeSet":[2598919,2598920],"expressionType":"TAG","subString":"TagA || TagB","subVersion":1718000000000,'
-    b'"tagsSet":["TagA","TagB"],"topic":"TopicTest"}],"unitMode":false}],"heartbeatFingerprint":0,'
-    b'"producerDataSet":[{"groupName":"CLIENT_INNER_PRODUCER"}],"withoutSub":false}'
-)
 LIGHT_BODY = (
     b'{"clientID":"192.168.1.10@12345#1234567890123","consumerDataSet":[{"consumeFromWhere":"CONSUME_FROM_LAST_OFFSET",'
     b'"consumeType":"CONSUME_PASSIVELY","groupName":"demo_consumer_group","messageModel":"CLUSTERING",'

@@ -72,7 +72,41 @@ cdef tuple _EMPTY = ()
 # ==============================================================================================================
 # Model: immutable cdef classes, compared and hashed by fields, equal to the twin's classes.
 
-cdef class SubscriptionData:
+cdef class _Model:
+    """What the four model classes share: equality by fields (a typed fast path against the same class, the field
+    tuple ``_key()`` against the twin's class of the same ``_rmq_kind``), hashing, pickling.
+
+    The subclasses define neither __eq__ nor __hash__, so they inherit both slots together (a subclass that
+    defined __eq__ alone would be unhashable)."""
+
+    _rmq_kind = None
+
+    cdef bint _same(self, _Model other) except -1:
+        """Field equality with an instance of the same class (overridden: typed field comparisons)."""
+        return self._key() == other._key()
+
+    def _key(self):
+        raise NotImplementedError
+
+    def __eq__(self, other):
+        if type(other) is type(self):
+            return self._same(<_Model>other)
+        if getattr(other, "_rmq_kind", None) != self._rmq_kind:
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self):
+        return hash((self._rmq_kind,) + self._key())
+
+    def __reduce__(self):
+        return (type(self), self._key())
+
+
+cdef class SubscriptionData(_Model):
     """One subscription: topic, expression (sub_string), its tags and their Java hash codes, version, type."""
 
     cdef readonly object topic
@@ -103,26 +137,11 @@ cdef class SubscriptionData:
         return (self.topic, self.sub_string, self.tags, self.codes, self.sub_version, self.expression_type,
                 self.class_filter_mode)
 
-    def __eq__(self, other):
-        cdef SubscriptionData o
-        if type(other) is SubscriptionData:
-            o = <SubscriptionData>other
-            return (self.sub_version == o.sub_version and self.class_filter_mode == o.class_filter_mode
-                    and self.topic == o.topic and self.sub_string == o.sub_string and self.tags == o.tags
-                    and self.codes == o.codes and self.expression_type == o.expression_type)
-        if getattr(other, "_rmq_kind", None) != "SubscriptionData":
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __ne__(self, other):
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    def __hash__(self):
-        return hash(("SubscriptionData",) + self._key())
-
-    def __reduce__(self):
-        return (SubscriptionData, self._key())
+    cdef bint _same(self, _Model other) except -1:
+        cdef SubscriptionData o = <SubscriptionData>other
+        return (self.sub_version == o.sub_version and self.class_filter_mode == o.class_filter_mode
+                and self.topic == o.topic and self.sub_string == o.sub_string and self.tags == o.tags
+                and self.codes == o.codes and self.expression_type == o.expression_type)
 
     def to_dict(self):
         return {
@@ -141,7 +160,7 @@ cdef class SubscriptionData:
                 f"class_filter_mode={self.class_filter_mode!r})")
 
 
-cdef class ProducerData:
+cdef class ProducerData(_Model):
     """A producer group of the client."""
 
     cdef readonly object group
@@ -154,22 +173,8 @@ cdef class ProducerData:
     def _key(self):
         return (self.group,)
 
-    def __eq__(self, other):
-        if type(other) is ProducerData:
-            return self.group == (<ProducerData>other).group
-        if getattr(other, "_rmq_kind", None) != "ProducerData":
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __ne__(self, other):
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    def __hash__(self):
-        return hash(("ProducerData",) + self._key())
-
-    def __reduce__(self):
-        return (ProducerData, self._key())
+    cdef bint _same(self, _Model other) except -1:
+        return self.group == (<ProducerData>other).group
 
     def to_dict(self):
         return {"group": self.group}
@@ -178,7 +183,7 @@ cdef class ProducerData:
         return f"ProducerData(group={self.group!r})"
 
 
-cdef class ConsumerData:
+cdef class ConsumerData(_Model):
     """A consumer group of the client with its consume settings and subscriptions."""
 
     cdef readonly object group
@@ -203,26 +208,11 @@ cdef class ConsumerData:
         return (self.group, self.consume_type, self.message_model, self.consume_from_where, self.unit_mode,
                 self.subscriptions)
 
-    def __eq__(self, other):
-        cdef ConsumerData o
-        if type(other) is ConsumerData:
-            o = <ConsumerData>other
-            return (self.consume_type is o.consume_type and self.message_model is o.message_model
-                    and self.consume_from_where is o.consume_from_where and self.unit_mode == o.unit_mode
-                    and self.group == o.group and self.subscriptions == o.subscriptions)
-        if getattr(other, "_rmq_kind", None) != "ConsumerData":
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __ne__(self, other):
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    def __hash__(self):
-        return hash(("ConsumerData",) + self._key())
-
-    def __reduce__(self):
-        return (ConsumerData, self._key())
+    cdef bint _same(self, _Model other) except -1:
+        cdef ConsumerData o = <ConsumerData>other
+        return (self.consume_type is o.consume_type and self.message_model is o.message_model
+                and self.consume_from_where is o.consume_from_where and self.unit_mode == o.unit_mode
+                and self.group == o.group and self.subscriptions == o.subscriptions)
 
     def to_dict(self):
         return {
@@ -241,7 +231,7 @@ cdef class ConsumerData:
                 f"subscriptions={self.subscriptions!r})")
 
 
-cdef class HeartbeatData:
+cdef class HeartbeatData(_Model):
     """The body of a HEART_BEAT request: client id, producer and consumer groups, V2 fingerprint and flag."""
 
     cdef readonly object client_id
@@ -262,26 +252,11 @@ cdef class HeartbeatData:
     def _key(self):
         return (self.client_id, self.producers, self.consumers, self.fingerprint, self.without_sub)
 
-    def __eq__(self, other):
-        cdef HeartbeatData o
-        if type(other) is HeartbeatData:
-            o = <HeartbeatData>other
-            return (self.fingerprint == o.fingerprint and self.without_sub == o.without_sub
-                    and self.client_id == o.client_id and self.producers == o.producers
-                    and self.consumers == o.consumers)
-        if getattr(other, "_rmq_kind", None) != "HeartbeatData":
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __ne__(self, other):
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    def __hash__(self):
-        return hash(("HeartbeatData",) + self._key())
-
-    def __reduce__(self):
-        return (HeartbeatData, self._key())
+    cdef bint _same(self, _Model other) except -1:
+        cdef HeartbeatData o = <HeartbeatData>other
+        return (self.fingerprint == o.fingerprint and self.without_sub == o.without_sub
+                and self.client_id == o.client_id and self.producers == o.producers
+                and self.consumers == o.consumers)
 
     def to_dict(self):
         return {

@@ -374,8 +374,11 @@ def _int_text(text, path, lo, hi, what):
     """Digits (optional '-') -> int within [lo, hi]; never converts more than 19 significant digits."""
     negative = text.startswith("-")
     significant = (text[1:] if negative else text).lstrip("0") or "0"
-    value = int(significant) if len(significant) <= 19 else hi + 1
-    value = -value if negative else value
+    # more than 19 digits is beyond int64 either way, and is not converted (a stand-in magnitude of 2**63 here
+    # once negated to INT64_MIN and was accepted: found by fuzzing, tests/regressions/heartbeat/)
+    if len(significant) > 19:
+        raise HeartbeatError(f"{path}: {echo(text)} is out of {what} range")
+    value = -int(significant) if negative else int(significant)
     if not lo <= value <= hi:
         raise HeartbeatError(f"{path}: {echo(text)} is out of {what} range")
     return value

@@ -19,7 +19,7 @@ ROOT=$(pwd)
 PYTHON=${PYTHON:-/work/venv/bin/python}
 [ -x "$PYTHON" ] || PYTHON=$ROOT/.venv/bin/python
 CLANG=${CLANG:-$(command -v clang-14 || command -v clang)}
-TREE=$ROOT/build/fuzz/long-tree
+TREE=${LONG_TREE:-$ROOT/build/fuzz/long-tree}  # another tree for a restart while runs use this one
 OUT=$ROOT/build/fuzz
 
 case "${1:-}" in

@@ -21,6 +21,7 @@ into RMQHB_BENCH_DIR, default /tmp/rmqhb-bench-<records>)::
 Each contender runs once (a Spark scan of millions of rows is its own repetition); heartbeats/s is printed and
 stored in the benchmark's extra_info. Target: ``arrow`` >= 1M heartbeats/s and >= 3x ``from_json``.
 """
+import json
 import os
 import time
 from pathlib import Path
@@ -29,12 +30,13 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from engine.scan_py import FINDING_KEYS  # noqa: E402
 from engine.synth import FleetConfig, compare_with_manifest, generate, load_manifest  # noqa: E402
 
 RECORDS = int(os.environ.get("RMQHB_BENCH_RECORDS", 10_000_000))
 CLIENTS = int(os.environ.get("RMQHB_BENCH_CLIENTS", 3500))
 DIRECTORY = Path(os.environ.get("RMQHB_BENCH_DIR", f"/tmp/rmqhb-bench-{RECORDS}"))
-METHODS = os.environ.get("RMQHB_BENCH_METHODS", "arrow,arrow_every_body,pandas,from_json,json_loads").split(",")
+METHODS = os.environ.get("RMQHB_BENCH_METHODS", "arrow,from_json,json_loads,pandas,arrow_every_body").split(",")
 RESULTS = {}
 pytestmark = pytest.mark.timeout(4 * 3600)  # a 10M-row baseline scan takes minutes, not the suite's 300 s
 
@@ -50,22 +52,49 @@ def recording():
 
 @pytest.fixture(scope="module")
 def spark(recording, tmp_path_factory):
+    from engine.bindings.segments import TIMINGS_ENV
     from engine.bindings.spark import scan, spark_session
 
+    # the Python workers inherit this: every scan task appends its stage timings (see task_timings)
+    os.environ[TIMINGS_ENV] = str(TASK_TIMINGS)
     session = spark_session("local[2]", "rmqhb-bench", driver_memory="4g")
-    # warm up: JVM JIT, Python workers, the data source registration, on a small recording
+    # warm up (part of start-up, not measured): JVM JIT, Python workers, the data source registration, on a
+    # small recording, twice with every contender
     small = tmp_path_factory.mktemp("warm")
     generate(small, FleetConfig(clients=50, groups=5, days=0.1, seed=1))
-    for method in ("arrow", "pandas"):
-        scan(session, small, method=method)
+    for _ in range(2):
+        for method in ("arrow", "pandas", "from_json", "json_loads"):
+            scan(session, small, method=method)
     yield session
     session.stop()
     if RESULTS:
-        print(f"\n{'method':<26}{'seconds':>10}{'heartbeats/s':>16}{'vs from_json':>14}")
+        print(f"\nload average {os.getloadavg()}")
+        print(f"{'method':<26}{'seconds':>10}{'heartbeats/s':>16}{'vs from_json':>14}{'vs json_loads':>15}")
         for name, (secs, rate) in sorted(RESULTS.items()):
-            base = RESULTS.get(("decode " if name.startswith("decode ") else "") + "from_json")
-            ratio = f"{rate / base[1]:.2f}x" if base else ""
-            print(f"{name:<26}{secs:>10.1f}{rate:>16,.0f}{ratio:>14}")
+            prefix = "decode " if name.startswith("decode ") else ""
+            ratios = []
+            for b in ("from_json", "json_loads"):
+                base = RESULTS.get(prefix + b)
+                ratios.append(f"{rate / base[1]:.2f}x" if base else "")
+            print(f"{name:<26}{secs:>10.1f}{rate:>16,.0f}{ratios[0]:>14}{ratios[1]:>15}")
+
+
+TASK_TIMINGS = Path(os.environ.get("RMQHB_BENCH_TIMINGS", f"/tmp/rmqhb-bench-task-timings-{os.getpid()}.jsonl"))
+FINDINGS = {}
+
+
+def task_timings() -> dict:
+    """Sum of the scan tasks' stage timings (task seconds, over both cores) since the last call."""
+    if not TASK_TIMINGS.exists():
+        return {}
+    lines = [json.loads(x) for x in TASK_TIMINGS.read_text().splitlines() if x.strip()]
+    TASK_TIMINGS.write_text("")
+    out = {"tasks": len(lines), "sorted_path_tasks": sum(1 for x in lines if x.get("sorted_path"))}
+    for key in ("total", "read", "decompress", "scan", "decode", "runs", "arrow"):
+        out[key + "_s"] = round(sum(x.get(key, 0.0) for x in lines), 2)
+    out["records"] = sum(x.get("records", 0) for x in lines)
+    out["rows_out"] = sum(x.get("rows", 0) for x in lines)
+    return out
 
 
 DECODERS = os.environ.get("RMQHB_BENCH_DECODERS", "arrow,arrow_every_body,pandas,from_json,json_loads").split(",")
@@ -107,16 +136,26 @@ def test_scan(benchmark, spark, recording, method):
     out = {}
 
     def run():
+        task_timings()  # reset
+        load = os.getloadavg()
         t0 = time.perf_counter()
         out["findings"] = scan(spark, directory, **kwargs)
         out["seconds"] = time.perf_counter() - t0
+        out["load"] = load
 
     benchmark.pedantic(run, rounds=1, iterations=1, warmup_rounds=0)
     findings = out["findings"]
     n = findings["summary"]["records"]
     rate = n / out["seconds"]
     RESULTS[method] = (out["seconds"], rate)
-    benchmark.extra_info.update({"records": n, "heartbeats_per_s": round(rate)})
-    print(f"\n{method}: {n:,} heartbeats in {out['seconds']:.1f} s = {rate:,.0f}/s")
-    # every contender must find exactly what was injected (same data, same answers)
+    stages = {**findings["scan"]["timings"], **({"task": task_timings()} if method.startswith("arrow") else {})}
+    benchmark.extra_info.update({"records": n, "heartbeats_per_s": round(rate), "stages": stages,
+                                 "load_before": out["load"]})
+    print(f"\n{method}: {n:,} heartbeats in {out['seconds']:.1f} s = {rate:,.0f}/s "
+          f"(load average before {out['load'][0]:.2f}); stages: {json.dumps(stages)}")
+    # every contender must find exactly what was injected (same data, same answers), and the same as the others
     assert compare_with_manifest(findings, manifest) == []
+    same = {k: findings[k] for k in FINDING_KEYS}
+    for other, theirs in FINDINGS.items():
+        assert same == theirs, f"{method} and {other} disagree"
+    FINDINGS[method] = same

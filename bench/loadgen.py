@@ -11,7 +11,14 @@ Scenarios (``python bench/loadgen.py --help``):
 * ``steady``: N connections register, then heartbeat for D seconds. ``--rate R`` is an open-loop offered load
   (R heartbeats/s spread over the connections, the way a fleet's 30 s timers are spread); ``--rate 0`` is closed
   loop (each connection sends its next heartbeat when the previous one is answered: the saturation throughput).
-  Reports heartbeats/s answered and latency percentiles.
+  ``--burst B`` (open loop) sends the offered load as bursts: each due connection writes B pipelined heartbeats
+  (consecutive opaques) in one write, as a client sending async requests concurrently does (RocketMQ remoting
+  multiplexes a connection by opaque); at one heartbeat per write every heartbeat costs a socket round trip on
+  each side, which is what bounds the rate on a small machine. Every heartbeat's latency runs from its own send
+  time (the burst's write) to the moment its answer is read; answers are checked against the opaque they answer
+  and every non-SUCCESS answer counts as an error. Reports heartbeats/s answered and latency percentiles, and for
+  open loop how late the sender's 1 ms ticks started (``tick_late_*``: the load generator's own loop stalls,
+  which delay reading answers too) and how long its send work per tick took (``tick_work_*``).
 * ``storm``: N clients connect at once and send their first heartbeat; reports the time until every one of them
   is registered (answered SUCCESS).
 
@@ -301,13 +308,14 @@ def proc_cpu_s(pid: int) -> float | None:
         return None
 
 
-def machine_cpu_s() -> tuple[float, float] | None:
-    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
+def machine_cpu_s() -> tuple[float, float, float] | None:
+    """(busy, total, niced) CPU seconds of the whole machine since boot, from /proc/stat (busy includes niced:
+    background jobs at nice 19 still take cycles and caches, but yield the cores to the measured processes)."""
     try:
         with open("/proc/stat", "rb") as f:
             v = [int(x) for x in f.readline().split()[1:]]
         idle = v[3] + (v[4] if len(v) > 4 else 0)
-        return (sum(v[:8]) - idle) / _CLK_TCK, sum(v[:8]) / _CLK_TCK
+        return (sum(v[:8]) - idle) / _CLK_TCK, sum(v[:8]) / _CLK_TCK, v[1] / _CLK_TCK
     except (OSError, ValueError):
         return None
 
@@ -333,6 +341,7 @@ class Window:
         m1 = machine_cpu_s()
         if self.m0 and m1:
             out["machine_busy_s"], out["machine_total_s"] = m1[0] - self.m0[0], m1[1] - self.m0[1]
+            out["machine_niced_s"] = m1[2] - self.m0[2]
         return out
 
 
@@ -347,7 +356,7 @@ async def _together(barrier) -> None:
 
 
 async def steady(host, port, n, offset, duration, rate, groups, consumer_share, warmup=1.0, depth=1,
-                 server_pid=None, barrier=None) -> dict:
+                 server_pid=None, barrier=None, burst=1) -> dict:
     loop = asyncio.get_running_loop()
     fleet = make_fleet(n, offset, groups, consumer_share)
     addr = f"{host}:{port}"
@@ -377,24 +386,35 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
     if closed_loop:
         await asyncio.sleep(duration)
     else:
-        # open loop: every millisecond send the heartbeats due, round-robin over the connections
+        # open loop: every millisecond send the heartbeats due, round-robin over the connections, ``burst`` per
+        # connection and write (the remainder of a tick waits for the next one, so every write is a full burst)
         i = sent = 0
         nconn = len(conns)
+        burst = max(1, int(burst))
+        late, work = [], []  # per tick: how late it started (the loop's stalls), how long its sends took
         start = time.perf_counter()
+        wake = start
         while True:
             now = time.perf_counter()
+            late.append(now - wake)
             elapsed = now - start
             if elapsed >= duration:
                 break
-            due = int(elapsed * rate) - sent
-            for _ in range(due):
-                conns[i].send(now)
+            bursts = (int(elapsed * rate) - sent) // burst
+            for _ in range(bursts):
+                conns[i].send(now, count=burst)
                 i += 1
                 if i == nconn:
                     i = 0
-            sent += max(0, due)
+            if bursts > 0:
+                sent += bursts * burst
+            wake = time.perf_counter()
+            work.append(wake - now)
+            wake += 0.001
             await asyncio.sleep(0.001)
     res = win.close()
+    if not closed_loop:
+        res["tick_late"], res["tick_work"] = late, work
     for c in conns:
         c.auto = False
     await _together(barrier)  # nobody unregisters while another process is still measuring
@@ -495,7 +515,7 @@ def _worker(args: dict, out, barrier=None):
     if args["scenario"] == "steady":
         res = asyncio.run(steady(args["host"], args["port"], args["n"], args["offset"], args["duration"],
                                  args["rate"], args["groups"], args["consumer_share"], depth=args["depth"],
-                                 server_pid=args["server_pid"], barrier=barrier))
+                                 server_pid=args["server_pid"], barrier=barrier, burst=args["burst"]))
     else:
         res = asyncio.run(storm(args["host"], args["port"], args["n"], args["offset"], args["groups"],
                                 args["consumer_share"], args["max_open"], args["pending"],
@@ -505,7 +525,7 @@ def _worker(args: dict, out, barrier=None):
 
 def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, duration: float = 5.0,
         rate: float = 0.0, groups: int = 100, consumer_share: float = 0.5, depth: int = 1, max_open: int = 0,
-        server_pid: int | None = None, pending: int = 1024) -> dict:
+        server_pid: int | None = None, pending: int = 1024, burst: int = 1) -> dict:
     """Run a scenario over ``procs`` processes and merge their results.
 
     With ``server_pid`` (the broker's process) the result also gives the broker's CPU seconds in the window and
@@ -522,7 +542,7 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
         a = dict(scenario=scenario, host=host, port=port, n=n, offset=off, duration=duration,
                  rate=rate / procs, groups=groups, consumer_share=consumer_share, depth=depth,
                  max_open=max(1, max_open // procs) if max_open else 0, server_pid=server_pid,
-                 pending=max(1, pending // procs))
+                 pending=max(1, pending // procs), burst=burst)
         off += n
         p = ctx.Process(target=_worker, args=(a, q, barrier), daemon=True)
         p.start()
@@ -531,12 +551,14 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
     for p in ps:
         p.join(10)
     lat = [x for r in results for x in r.pop("latencies")]
+    ticks = {k: [x for r in results for x in r.pop(k, ())] for k in ("tick_late", "tick_work")}
     seconds = max(r["seconds"] for r in results)
     total = lambda k: sum(r.get(k) or 0 for r in results)  # noqa: E731
     merged = {"scenario": scenario, "procs": procs}
     if scenario == "steady":
         merged.update(connections=total("connections"), depth=depth, registered_s=max(r["registered_s"] for r in results),
-                      offered_rate=rate or "closed-loop", sent=total("sent"), answered=total("answered"),
+                      offered_rate=rate or "closed-loop", burst=burst if rate else None, sent=total("sent"),
+                      answered=total("answered"),
                       seconds=round(seconds, 3), heartbeats_per_s=round(total("answered") / seconds) if seconds else 0,
                       errors=total("errors"), opaque_mismatch=total("opaque_mismatch"),
                       unanswered_after_drain=total("unanswered_after_drain"),
@@ -550,6 +572,11 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
                       unanswered=total("unanswered"), lost=total("lost"), notifies=total("notifies"),
                       connect_retries=total("connect_retries"), connect_failed=total("connect_failed"))
     merged.update(_percentiles(lat))
+    for k, v in ticks.items():
+        if v:
+            v.sort()
+            merged[f"{k}_p99_ms"] = round(v[int(0.99 * (len(v) - 1))] * 1000, 3)
+            merged[f"{k}_max_ms"] = round(v[-1] * 1000, 3)
     # CPU: the workers' windows overlap; the broker's and the machine's figures come from the longest window
     merged["loadgen_cpu_s"] = round(total("loadgen_cpu_s"), 3)
     longest = max(results, key=lambda r: r["seconds"])
@@ -557,6 +584,7 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
         merged["server_cpu_s"] = round(longest["server_cpu_s"], 3)
     if longest.get("machine_total_s"):
         merged["machine_busy_pct"] = round(100 * longest["machine_busy_s"] / longest["machine_total_s"], 1)
+        merged["machine_niced_pct"] = round(100 * longest["machine_niced_s"] / longest["machine_total_s"], 1)
     work = total("answered") if scenario == "steady" else total("registered")
     if work:
         merged["loadgen_us_per_hb"] = round(1e6 * merged["loadgen_cpu_s"] / work, 2)
@@ -575,6 +603,8 @@ def main(argv=None) -> int:
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--rate", type=float, default=0.0, help="offered heartbeats/s (0 = closed loop)")
     p.add_argument("--depth", type=int, default=1, help="closed loop: heartbeats in flight per connection")
+    p.add_argument("--burst", type=int, default=1,
+                   help="open loop: heartbeats each due connection pipelines in one write (default 1)")
     p.add_argument("--max-open", type=int, default=0,
                    help="storm: churn mode, at most this many clients connected at once (each leaves once registered)")
     p.add_argument("--pending", type=int, default=1024,
@@ -585,7 +615,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     host, _, port = a.broker.rpartition(":")
     res = run(a.scenario, host, int(port), a.clients, a.procs, a.duration, a.rate, a.groups, a.consumer_share,
-              a.depth, a.max_open, a.server_pid, a.pending)
+              a.depth, a.max_open, a.server_pid, a.pending, a.burst)
     print(json.dumps(res))
     return 0
 

@@ -352,7 +352,7 @@ def atomic_write(path: Path, data: bytes, backup: str = "previous") -> None:
     2. ``.bak.tmp`` = a hard link of N (or a copy)    (N, N-1); ``.bak.tmp`` is N again: ignored while ``.tmp``
                                                       exists (and while it is the current file's inode)
     3. rename ``.tmp`` -> file: the commit            (N+1, N-1) with N in ``.bak.tmp``, which loaders read as
-                                                      the backup (it is not the current file any more)
+                                                      the backup (no ``.tmp`` left, not the current inode)
     4. rename ``.bak.tmp`` -> ``.bak``                (N+1, N)
     5. fsync of the directory (the renames survive power loss)
 

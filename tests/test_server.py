@@ -565,3 +565,8 @@ def test_serve_sigterm_persists_state(tmp_path):
             proc.kill()
     offsets = json.loads((tmp_path / "store" / "config" / "consumerOffset.json").read_text())
     assert "1234" in json.dumps(offsets) and "TopicTest@demo_consumer_group" in json.dumps(offsets)
+    # the auto-created group, retry topic and routed topic (deferred writes, engine.store.Store) are on disk too
+    config = tmp_path / "store" / "config"
+    assert "demo_consumer_group" in json.loads((config / "subscriptionGroup.json").read_text())["subscriptionGroupTable"]
+    topics = json.loads((config / "topics.json").read_text())["topicConfigTable"]
+    assert {"%RETRY%demo_consumer_group", "TopicTest"} <= set(topics)

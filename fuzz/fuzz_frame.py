@@ -21,18 +21,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-try:
-    import atheris  # before the instrumented imports below
-except ImportError:  # replaying inputs (--replay, tests/test_fuzz_short.py) works without it
-    atheris = None
-
 import fuzzlib  # noqa: E402
 
-with fuzzlib.python_coverage(atheris, __name__ == "__main__" and fuzzlib.fuzzing(sys.argv)):
-    import engine.errors  # noqa: F401
-    from engine.enums import DEFAULT_MAX_FRAME_SIZE
+NATIVE, TWIN = fuzzlib.load("frame", __name__ == "__main__")
 
-    NATIVE, TWIN = fuzzlib.implementations("frame")
+from engine.enums import DEFAULT_MAX_FRAME_SIZE  # noqa: E402
 
 IMPLS = [m for m in (NATIVE, TWIN) if m is not None]
 

@@ -21,18 +21,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-try:
-    import atheris  # before the instrumented imports below
-except ImportError:  # replaying inputs (--replay, tests/test_fuzz_short.py) works without it
-    atheris = None
-
 import fuzzlib  # noqa: E402
 
-with fuzzlib.python_coverage(atheris, __name__ == "__main__" and fuzzlib.fuzzing(sys.argv)):
-    import engine.errors  # noqa: F401
-    from engine.heartbeat import encode_heartbeat, heartbeat_fingerprint
+NATIVE, TWIN = fuzzlib.load("heartbeat", __name__ == "__main__")
 
-    NATIVE, TWIN = fuzzlib.implementations("heartbeat")
+from engine.heartbeat import encode_heartbeat, heartbeat_fingerprint  # noqa: E402
 
 IMPLS = [m for m in (NATIVE, TWIN) if m is not None]
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1

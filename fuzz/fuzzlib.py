@@ -65,6 +65,19 @@ def python_coverage(atheris, fuzzing):
     return atheris.instrument_imports(include=["engine"])
 
 
+def load(kind, main):
+    """(native, twin) modules of one hot path, the engine imported under atheris' instrumentation of its Python
+    when ``main`` (the harness runs as a fuzzer, not --seeds/--replay, not imported by tests)."""
+    try:
+        import atheris  # before the instrumented imports
+    except ImportError:  # replaying inputs (--replay, tests/test_fuzz_short.py) works without it
+        atheris = None
+    with python_coverage(atheris, main and fuzzing(sys.argv)):
+        import engine  # noqa: F401  (the facade imports the twins and the Python they call: all instrumented)
+
+        return implementations(kind)
+
+
 def check_error(exc):
     """A typed decoding error is an answer; re-raise anything else as the crash it is."""
     from engine.errors import RemotingError

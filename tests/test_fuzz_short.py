@@ -72,6 +72,8 @@ def test_atheris_short_run(name, tmp_path):
     artifacts = [p.name for p in tmp_path.iterdir() if p.name.startswith(("crash-", "timeout-", "oom-", "leak-"))]
     assert proc.returncode == 0 and not artifacts, f"fuzz finding {artifacts}:\n{out[-4000:]}"
     assert f"fuzz_{name}: native " in out, out[:2000]  # the differential ran against the built native module
+    # the twin's branches guide mutation too: atheris instrumented its module
+    assert f"INFO: Instrumenting engine._{name}_py" in out, out[:2000]
     assert "Done " in out, out[-2000:]
     print(f"fuzz_{name}: {runs} runs in {elapsed:.1f} s")
 

@@ -254,17 +254,24 @@ def _resource_perms(entry: dict, key: str, i: int, is_topic: bool) -> tuple:
 
 
 class _AddressPattern:
-    """RocketMQ remote-address patterns: '*', an exact IP, or IPv4 with '*' or 'a-b' segments (10.1.*.1-9)."""
+    """RocketMQ remote-address patterns: '*', an exact IP, IPv4 with '*' or 'a-b' segments (10.1.*.1-9), or a list
+    of last parts in braces (192.168.0.{100,101}: MultipleRemoteAddressStrategy)."""
 
     def __init__(self, pattern: str):
         self.pattern = pattern.strip()
         self._parts = None
-        if self.pattern not in ("*", "*.*.*.*") and "." in self.pattern:
+        self._any_of = None
+        head, brace, rest = self.pattern.partition("{")
+        if brace and rest.endswith("}"):
+            self._any_of = {head + item.strip() for item in rest[:-1].split(",") if item.strip()}
+        elif self.pattern not in ("*", "*.*.*.*") and "." in self.pattern:
             self._parts = self.pattern.split(".")
 
     def matches(self, ip: str) -> bool:
         if self.pattern in ("*", "*.*.*.*"):
             return True
+        if self._any_of is not None:
+            return ip in self._any_of
         if self._parts is None or len(self._parts) != 4:
             return ip == self.pattern
         segs = ip.split(".")

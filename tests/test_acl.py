@@ -223,3 +223,11 @@ def test_malformed_resource_permissions(entry):
     with pytest.raises(AclError, match="must be a list"):
         AclValidator.from_document(parse_acl_yaml(
             "accounts:\n  - accessKey: a\n    secretKey: 12345678\n    groupPerms: g=SUB\n"))
+
+
+def test_white_list_of_several_addresses():
+    v = AclValidator.from_document(parse_acl_yaml(
+        "globalWhiteRemoteAddresses:\n  - 192.168.0.{100,101}\naccounts:\n  - accessKey: a\n    secretKey: 12345678\n"))
+    assert v.check(34, {}, b"", "192.168.0.101") is None
+    assert v.check(34, {}, b"", "192.168.0.102") == "No accessKey is configured"
+    assert v.check(34, {}, b"", "192.168.0.1") == "No accessKey is configured"

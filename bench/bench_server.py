@@ -11,11 +11,33 @@
                                                              the workers: 50k clients connected at once); loopback
                                                              clients from 127.0.0.2-4 (one address has 28k ports)
 
+Issue 4's targets (>= 100k heartbeats/s with p99 <= 10 ms at 1k, 10k and 20k connections) are ``test_target``:
+open loop at 100k/s offered, pipelined (each due connection writes BURST heartbeats in one write, as clients
+sending async requests do; at one heartbeat per write a loopback round trip costs ~13 us of CPU on each side here,
+so 100k/s cannot fit in 2 cores). ``test_saturation`` is the closed-loop figure (1k connections, 8 in flight).
+Each case starts its own broker (and store).
+
+    -k "test_target or test_saturation"                      1k/10k with ioWorkers 0 and 2, 20k with ioWorkers 2
+    BENCH_SERVER_TARGET_CLIENTS=1000,10000,20000  BENCH_SERVER_TARGET_IO_WORKERS=0,2  BENCH_SERVER_BURST=8
+    BENCH_SERVER_TARGET_RATE=100000  BENCH_SERVER_TARGET_SECONDS=10
+    BENCH_SERVER_TARGET_PROCS=0                              load processes (0: 1 for 1k, else 1 per 10k, >= 2)
+    BENCH_SERVER_PRIORITY=-10                                root only: autogroup nice of the broker's and this
+                                                             process's sessions. With autogroup scheduling (on here)
+                                                             nice only orders processes within one session, so
+                                                             background jobs at nice 19 in other sessions still get
+                                                             an equal share of the cores; this gives them back.
+
+20k connections exceed what one broker process holds (RLIMIT_NOFILE hard limit 20,000 minus the broker's reserve
+of 256), so 20k runs with ioWorkers >= 1 only. ``target_met`` in the output says whether a run met both targets;
+the tests assert correctness (every answer SUCCESS to the opaque it answers, every client connected).
+``broker_us_per_hb`` counts the core and its I/O workers.
+
 The broker runs in its own process and session (as a daemon would), the load generator in others. Reported in
 extra_info and printed: heartbeats/s answered, p50/p99 latency as the clients see it, registration time, and CPU
 per heartbeat of the broker (from /proc) and of the load generator, with how busy the whole machine was: on a
 shared machine the broker's throughput is bounded by the CPU share it gets, its CPU per heartbeat is not.
 """
+import contextlib
 import os
 import socket
 import subprocess
@@ -97,3 +119,87 @@ def test_reconnect_storm(benchmark, broker):
     benchmark.extra_info.update(res)
     print("\n", res)
     assert res["registered"] == STORM and res["opaque_mismatch"] == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 4's targets
+
+TARGET_CLIENTS = [int(n) for n in os.environ.get("BENCH_SERVER_TARGET_CLIENTS", "1000,10000,20000").split(",")]
+TARGET_IO_WORKERS = [int(n) for n in os.environ.get("BENCH_SERVER_TARGET_IO_WORKERS", "0,2").split(",")]
+BURST = int(os.environ.get("BENCH_SERVER_BURST", "8"))
+TARGET_RATE = float(os.environ.get("BENCH_SERVER_TARGET_RATE", "100000"))
+TARGET_PROCS = int(os.environ.get("BENCH_SERVER_TARGET_PROCS", "0"))
+TARGET_SECONDS = float(os.environ.get("BENCH_SERVER_TARGET_SECONDS", "10"))
+PRIORITY = os.environ.get("BENCH_SERVER_PRIORITY")
+#: connections one broker process holds: RLIMIT_NOFILE (20,000 hard here) minus its reserve of 256
+ONE_PROCESS_CONNECTIONS = 19_744
+
+
+def _set_priority(pid) -> None:
+    if PRIORITY is not None:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(PRIORITY)
+
+
+@contextlib.contextmanager
+def _own_broker(store, io_workers=0):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--listenPort", str(port), "--listenHost",
+                             "127.0.0.1", "--fastPortEnable", "false", "--storePathRootDir", str(store),
+                             "--ioWorkers", str(io_workers), "--log-level", "WARNING"], cwd=str(ROOT),
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert "boot success" in proc.stdout.readline()
+        _set_priority(proc.pid)
+        _set_priority("self")
+        yield port, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _load_average() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def _measure(benchmark, pid, *args, **kw) -> dict:
+    load0 = _load_average()
+    res = benchmark.pedantic(_run_measured, args=(pid, *args), kwargs=dict(kw, server_pid=pid), rounds=1,
+                             iterations=1)
+    res.update(load_average_before=load0, load_average_after=_load_average())
+    if res.get("answered") and res.get("server_cpu_s") is not None:
+        res["broker_us_per_hb"] = round(1e6 * (res["server_cpu_s"] + res.get("io_workers_cpu_s", 0))
+                                        / res["answered"], 2)
+    return res
+
+
+TARGET_CASES = [(n, w) for n in TARGET_CLIENTS for w in TARGET_IO_WORKERS if n <= ONE_PROCESS_CONNECTIONS or w > 0]
+
+
+@pytest.mark.parametrize("clients,io_workers", TARGET_CASES,
+                         ids=[f"{n / 1000:g}k-ioWorkers{w}" for n, w in TARGET_CASES])
+def test_target(benchmark, tmp_path, clients, io_workers):
+    """Issue 4's target: 100k heartbeats/s offered open loop in pipelined bursts, p99 <= 10 ms."""
+    procs = TARGET_PROCS or (1 if clients <= 1000 else max(2, -(-clients // 10_000)))
+    with _own_broker(tmp_path / "store", io_workers) as (port, pid):
+        res = _measure(benchmark, pid, "steady", "127.0.0.1", port, clients, procs, TARGET_SECONDS, TARGET_RATE,
+                       burst=BURST)
+    res.update(io_workers=io_workers, target_met=res["heartbeats_per_s"] >= 0.995 * 100_000
+               and res.get("p99_ms", float("inf")) <= 10.0)
+    benchmark.extra_info.update(res)
+    print("\n", res)
+    assert res["errors"] == 0 and res["opaque_mismatch"] == 0 and res["connections"] == clients
+
+
+def test_saturation(benchmark, tmp_path):
+    """Closed loop, 1k connections with 8 heartbeats in flight each: the broker's saturation throughput."""
+    with _own_broker(tmp_path / "store") as (port, pid):
+        res = _measure(benchmark, pid, "steady", "127.0.0.1", port, 1000, 1, TARGET_SECONDS, 0, depth=8)
+    benchmark.extra_info.update(res)
+    print("\n", res)
+    assert res["errors"] == 0 and res["opaque_mismatch"] == 0 and res["connections"] == 1000

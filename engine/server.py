@@ -559,7 +559,10 @@ class RemotingServer:
                     conn.send_command(cmd.response(ResponseCode.NO_PERMISSION, remark=remark))
                 return
         handler, executor = entry
-        executor.submit(conn, cmd, handler)
+        if type(executor) is InlineExecutor:  # the heartbeat path: one call less per request
+            self.run(conn, cmd, handler)
+        else:
+            executor.submit(conn, cmd, handler)
 
     def run(self, conn: Connection, cmd, handler) -> None:
         """Call a handler; its response (if any, and if the request is not oneway) goes back to the client."""
@@ -571,7 +574,13 @@ class RemotingServer:
             log.exception("processing request %d from %s failed", cmd.code, conn.remote_addr)
             response = cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"{type(e).__name__}: {e}")
         if response is not None and not (cmd.flag & FLAG_ONEWAY):
-            conn.send(response if type(response) is bytes else response.encode())
+            if type(response) is not bytes:
+                response = response.encode()
+            out = conn._out
+            if out is not None and not conn.closing:
+                out.append(response)  # Connection.send during a read, inlined (pipelined heartbeats)
+            else:
+                conn.send(response)
 
     def send_request(self, conn: Connection, code: int, ext_fields: dict, opaque: int) -> None:
         """A oneway request from the broker to a client (NOTIFY_CONSUMER_IDS_CHANGED)."""

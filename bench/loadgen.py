@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import ipaddress
 import json
 import multiprocessing as mp
@@ -320,6 +321,27 @@ def machine_cpu_s() -> tuple[float, float, float] | None:
         return None
 
 
+class GcWatch:
+    """Garbage-collector passes of this process while it measures (each one pauses its loop)."""
+
+    def __init__(self):
+        self.count = [0, 0, 0]
+        self.max_s = 0.0
+        self._t0 = 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase, info):
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.count[info["generation"]] += 1
+            self.max_s = max(self.max_s, time.perf_counter() - self._t0)
+
+    def close(self) -> dict:
+        gc.callbacks.remove(self._cb)
+        return {"loadgen_gc_passes": self.count, "loadgen_gc_max_s": self.max_s}
+
+
 class Window:
     """Counters at the start of the measured window and their deltas at its end."""
 
@@ -375,6 +397,9 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
         await asyncio.sleep(0.01)
     registered_s = time.perf_counter() - t0
     await _together(barrier)  # every process registered: the windows overlap and see no registration traffic
+    # the fleet, its frames and connections live until the end: frozen, the collector's passes skip them (a full
+    # pass over 10k connections' objects would pause this loop for tens of ms and show up as broker latency)
+    gc.freeze()
     if closed_loop:
         now = time.perf_counter()
         for c in conns:
@@ -383,6 +408,7 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
     await asyncio.sleep(warmup)
     lat.clear()
     win = Window(stats, server_pid)
+    gc_watch = GcWatch()
     if closed_loop:
         await asyncio.sleep(duration)
     else:
@@ -413,6 +439,7 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
             wake += 0.001
             await asyncio.sleep(0.001)
     res = win.close()
+    res.update(gc_watch.close())
     if not closed_loop:
         res["tick_late"], res["tick_work"] = late, work
     for c in conns:
@@ -579,6 +606,9 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
             merged[f"{k}_max_ms"] = round(v[-1] * 1000, 3)
     # CPU: the workers' windows overlap; the broker's and the machine's figures come from the longest window
     merged["loadgen_cpu_s"] = round(total("loadgen_cpu_s"), 3)
+    if scenario == "steady":
+        merged["loadgen_gc_passes"] = [sum(r["loadgen_gc_passes"][g] for r in results) for g in range(3)]
+        merged["loadgen_gc_max_ms"] = round(1000 * max(r["loadgen_gc_max_s"] for r in results), 3)
     longest = max(results, key=lambda r: r["seconds"])
     if longest.get("server_cpu_s") is not None:
         merged["server_cpu_s"] = round(longest["server_cpu_s"], 3)

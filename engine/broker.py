@@ -506,10 +506,10 @@ async def _serve(config: BrokerConfig) -> int:
     except (ConfigError, OSError, ValueError) as e:
         log.error("broker failed to start: %s", e)
         return 1
-    # The start-up heap (modules, config, tables loaded from the store: ~27k objects) lives as long as the process;
-    # frozen, no gen-2 collection walks it again. A full pass over it paused the loop ~10-14 ms (half the 16 ms
-    # p99 seen at 1k connections x 100k heartbeats/s). Only the standalone daemon does this: an embedding
-    # application owns its own heap.
+    # The start-up heap (modules, config, tables loaded from the store: ~26k objects) lives as long as the process;
+    # frozen, no gen-2 collection walks it again: a full pass with 1k connections took 14 ms before, 0.8 ms after
+    # (offline; BENCHMARKS.md, issue 4), and such a pass stalls every connection's answers. Only
+    # the standalone daemon does this: an embedding application owns its own heap.
     import gc
 
     gc.freeze()

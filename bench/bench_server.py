@@ -17,8 +17,12 @@ sending async requests do; at one heartbeat per write a loopback round trip cost
 so 100k/s cannot fit in 2 cores). ``test_saturation`` is the closed-loop figure (1k connections, 8 in flight).
 Each case starts its own broker (and store).
 
-    -k "test_target or test_saturation"                      1k/10k with ioWorkers 0 and 2, 20k with ioWorkers 2
-    BENCH_SERVER_TARGET_CLIENTS=1000,10000,20000  BENCH_SERVER_TARGET_IO_WORKERS=0,2  BENCH_SERVER_BURST=8
+    -k "test_target or test_saturation"                      1k/10k in-process, 1k/10k/20k with ioWorkers=2 and
+                                                             with ioWorkers=1 + the core serving what it can
+    BENCH_SERVER_TARGET_CLIENTS=1000,10000,20000  BENCH_SERVER_TARGET_IO=0,2,1c  BENCH_SERVER_BURST=8
+                                                             I/O modes: N = ioWorkers=N (every socket in a worker),
+                                                             Nc = ioWorkers=N, ioCoreConnections as many as the
+                                                             core's descriptors allow (the workers hold the rest)
     BENCH_SERVER_TARGET_RATE=100000  BENCH_SERVER_TARGET_SECONDS=10
     BENCH_SERVER_TARGET_PROCS=0                              load processes (0: 1 for 1k, else 1 per 10k, >= 2)
     BENCH_SERVER_PRIORITY=-10                                root only: autogroup nice of the broker's and this
@@ -28,7 +32,7 @@ Each case starts its own broker (and store).
                                                              an equal share of the cores; this gives them back.
 
 20k connections exceed what one broker process holds (RLIMIT_NOFILE hard limit 20,000 minus the broker's reserve
-of 256), so 20k runs with ioWorkers >= 1 only. ``target_met`` in the output says whether a run met both targets;
+of 256), so 20k runs with ioWorkers >= 1 only (with ``1c`` the core serves 19,744 of them and one worker 256). ``target_met`` in the output says whether a run met both targets;
 the tests assert correctness (every answer SUCCESS to the opaque it answers, every client connected).
 ``broker_us_per_hb`` counts the core and its I/O workers.
 
@@ -125,7 +129,7 @@ def test_reconnect_storm(benchmark, broker):
 # Issue 4's targets
 
 TARGET_CLIENTS = [int(n) for n in os.environ.get("BENCH_SERVER_TARGET_CLIENTS", "1000,10000,20000").split(",")]
-TARGET_IO_WORKERS = [int(n) for n in os.environ.get("BENCH_SERVER_TARGET_IO_WORKERS", "0,2").split(",")]
+TARGET_IO = os.environ.get("BENCH_SERVER_TARGET_IO", "0,2,1c").split(",")
 BURST = int(os.environ.get("BENCH_SERVER_BURST", "8"))
 TARGET_RATE = float(os.environ.get("BENCH_SERVER_TARGET_RATE", "100000"))
 TARGET_PROCS = int(os.environ.get("BENCH_SERVER_TARGET_PROCS", "0"))
@@ -142,14 +146,15 @@ def _set_priority(pid) -> None:
 
 
 @contextlib.contextmanager
-def _own_broker(store, io_workers=0):
+def _own_broker(store, io_workers=0, core_connections=0):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
     proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--listenPort", str(port), "--listenHost",
                              "127.0.0.1", "--fastPortEnable", "false", "--storePathRootDir", str(store),
-                             "--ioWorkers", str(io_workers), "--log-level", "WARNING"], cwd=str(ROOT),
+                             "--ioWorkers", str(io_workers), "--ioCoreConnections", str(core_connections),
+                             "--log-level", "WARNING"], cwd=str(ROOT),
                             env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -178,18 +183,20 @@ def _measure(benchmark, pid, *args, **kw) -> dict:
     return res
 
 
-TARGET_CASES = [(n, w) for n in TARGET_CLIENTS for w in TARGET_IO_WORKERS if n <= ONE_PROCESS_CONNECTIONS or w > 0]
+TARGET_CASES = [(n, io) for n in TARGET_CLIENTS for io in TARGET_IO if n <= ONE_PROCESS_CONNECTIONS or io != "0"]
 
 
-@pytest.mark.parametrize("clients,io_workers", TARGET_CASES,
-                         ids=[f"{n / 1000:g}k-ioWorkers{w}" for n, w in TARGET_CASES])
-def test_target(benchmark, tmp_path, clients, io_workers):
+@pytest.mark.parametrize("clients,io", TARGET_CASES,
+                         ids=[f"{n / 1000:g}k-ioWorkers{io.replace('c', '-core')}" for n, io in TARGET_CASES])
+def test_target(benchmark, tmp_path, clients, io):
     """Issue 4's target: 100k heartbeats/s offered open loop in pipelined bursts, p99 <= 10 ms."""
     procs = TARGET_PROCS or (1 if clients <= 1000 else max(2, -(-clients // 10_000)))
-    with _own_broker(tmp_path / "store", io_workers) as (port, pid):
+    io_workers = int(io.rstrip("c"))
+    core_connections = ONE_PROCESS_CONNECTIONS if io.endswith("c") else 0
+    with _own_broker(tmp_path / "store", io_workers, core_connections) as (port, pid):
         res = _measure(benchmark, pid, "steady", "127.0.0.1", port, clients, procs, TARGET_SECONDS, TARGET_RATE,
                        burst=BURST)
-    res.update(io_workers=io_workers, target_met=res["heartbeats_per_s"] >= 0.995 * 100_000
+    res.update(io_workers=io_workers, io_core_connections=core_connections, target_met=res["heartbeats_per_s"] >= 0.995 * 100_000
                and res.get("p99_ms", float("inf")) <= 10.0)
     benchmark.extra_info.update(res)
     print("\n", res)

@@ -88,6 +88,10 @@ class BrokerConfig:
     #: I/O worker processes holding the client sockets (engine.ioworker); 0 = socket I/O in the broker process.
     #: With N > 0 the connection limit is min(maxConnections, N x a worker's RLIMIT_NOFILE minus a reserve).
     io_workers: int = 0
+    #: with ioWorkers > 0: connections the broker process serves itself (in-process I/O, the cheapest path: no
+    #: relay) before it hands new ones to the workers; capped by its own RLIMIT_NOFILE. 0 = every connection goes
+    #: to a worker. Workers then hold only what one process cannot (20k connections where RLIMIT_NOFILE is 20,000).
+    io_core_connections: int = 0
     max_frame_size: int = 16 * 1024 * 1024  # com.rocketmq.remoting.frameMaxLength
     #: a partial frame that is not complete after this long closes the connection (slowloris)
     incomplete_frame_timeout_ms: int = 30_000
@@ -177,7 +181,7 @@ class BrokerConfig:
             if getattr(self, PROPERTIES[name].attr) <= 0:
                 raise ConfigError(f"{name} must be > 0")
         for name in ("maxConnectionsPerIp", "notifyCoalesceWindowMs", "waitTimeMillsInPullQueue",
-                     "waitTimeMillsInQueue", "ioWorkers"):
+                     "waitTimeMillsInQueue", "ioWorkers", "ioCoreConnections"):
             if getattr(self, PROPERTIES[name].attr) < 0:
                 raise ConfigError(f"{name} must be >= 0")
         if not 16 <= self.max_frame_size <= 0x7FFFFFFF:

@@ -430,9 +430,12 @@ class IOWorkerPool:
     #: seconds a worker has to start and say HELLO
     START_TIMEOUT = 30.0
 
-    def __init__(self, server, n: int):
+    def __init__(self, server, n: int, core_connections: int = 0):
         self.server = server
         self.n = n
+        #: connections the core serves in-process before handing off (``ioCoreConnections``)
+        self.core_connections = core_connections
+        self._core_accepting = 0  # accepted for the core, not yet made
         self.loop: asyncio.AbstractEventLoop | None = None
         self.workers: list[IOWorker] = []
         self.listeners: list[tuple[socket.socket, str]] = []
@@ -519,14 +522,19 @@ class IOWorkerPool:
     def _hand_off(self, sock: socket.socket, peer, port_name: str) -> None:
         from .server import Connection
 
-        best = None
-        for w in self.workers:
-            if w.has_room and (best is None or len(w.conns) < len(best.conns)):
-                best = w
         server = self.server
+        best = None
+        if self.core_connections and self.core_count() < self.core_connections:
+            pass  # the core serves it: in-process I/O costs about half the CPU of the relay
+        else:
+            for w in self.workers:
+                if w.has_room and (best is None or len(w.conns) < len(best.conns)):
+                    best = w
         if best is None:
-            # every worker is full (or being replaced): serve it in-process; the connection limit answers it
+            # the core's share, or every worker is full (or being replaced): serve it in-process; past the
+            # connection limit the server answers it with the reason
             sock.setblocking(False)
+            self._core_accepting += 1
             self.loop.create_task(self._serve_here(sock, port_name))
             return
         sockname = sock.getsockname()
@@ -544,6 +552,12 @@ class IOWorkerPool:
             await self.loop.connect_accepted_socket(lambda: Connection(self.server, port_name), sock)
         except OSError:
             sock.close()
+        finally:
+            self._core_accepting -= 1
+
+    def core_count(self) -> int:
+        """Client connections served in-process by the core (being accepted included)."""
+        return len(self.server.connections) - sum(len(w.conns) for w in self.workers) + self._core_accepting
 
     def _worker_gone(self, w: IOWorker) -> None:
         if self.stopping or self.loop is None or self.loop.is_closed():
@@ -575,6 +589,8 @@ class IOWorkerPool:
         lines = [f"# HELP {p}connections Client connections held by each I/O worker process.",
                  f"# TYPE {p}connections gauge"]
         lines += [f'{p}connections{{worker="{w.index}"}} {len(w.conns)}' for w in self.workers]
+        lines += [f"# HELP {p}core_connections Client connections the core serves in-process (ioCoreConnections).",
+                  f"# TYPE {p}core_connections gauge", f"{p}core_connections {self.core_count()}"]
         lines += [f"# HELP {p}capacity Connections an I/O worker may hold (its RLIMIT_NOFILE minus a reserve).",
                   f"# TYPE {p}capacity gauge"]
         lines += [f'{p}capacity{{worker="{w.index}"}} {w.capacity}' for w in self.workers]

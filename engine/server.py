@@ -402,7 +402,9 @@ class RemotingServer:
         if getattr(cfg, "io_workers", 0):
             from .ioworker import IOWorkerPool
 
-            self.io_pool = IOWorkerPool(self, cfg.io_workers)  # started once the ports are bound
+            # started once the ports are bound; the core keeps at most what its own descriptors allow
+            self.io_pool = IOWorkerPool(self, cfg.io_workers,
+                                        min(cfg.io_core_connections, connection_capacity(cfg.max_connections)))
         pooled = self.io_pool is not None  # then the pool accepts on the bound sockets and hands them off
         host = cfg.listen_host or None
         main = await self.loop.create_server(lambda: Connection(self, "main"), host, cfg.listen_port,
@@ -424,8 +426,9 @@ class RemotingServer:
                 self.servers.clear()
                 raise
             # client sockets are held by the workers: the limit is what their descriptors allow together
-            self.max_connections = min(cfg.max_connections, self.io_pool.capacity)
-            log.info("ioWorkers=%d: at most %d connections", cfg.io_workers, self.max_connections)
+            self.max_connections = min(cfg.max_connections, self.io_pool.capacity + self.io_pool.core_connections)
+            log.info("ioWorkers=%d, ioCoreConnections=%d: at most %d connections", cfg.io_workers,
+                     self.io_pool.core_connections, self.max_connections)
             for s, name in zip(self.servers, ("main", "fast")):
                 self.io_pool.listen(s, name)
         self._sweeper = self.loop.call_later(1.0, self._sweep)

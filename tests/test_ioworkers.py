@@ -295,6 +295,43 @@ def test_connections_beyond_one_workers_descriptor_limit(broker_factory, monkeyp
     assert wait_until(lambda: sum(s["connections"] for s in b.call(pool.stats)) == 0)
 
 
+def test_core_serves_its_share_in_process_and_workers_the_rest(broker_factory):
+    """ioCoreConnections=3: the first three connections are served by the core itself (no relay), the rest by
+    the worker; a group spread over both is one group (NOTIFY reaches every member), and a slot the core frees
+    is taken by the next connection."""
+    b = broker_factory(io_workers=1, io_core_connections=3, fast_port_enable=False)
+    pool = b.server.io_pool
+    port = b.ports["main"]
+    clients = []
+    for i in range(5):
+        clients.append(Client(port))
+        assert clients[-1].heartbeat(client_id=f"c{i}@1").code == 0
+    assert b.call(pool.core_count) == 3 and b.call(lambda: len(pool.workers[0].conns)) == 2
+    assert b.server.max_connections == pool.workers[0].capacity + 3
+    assert sorted(consumer_ids(b, GROUP)) == [f"c{i}@1" for i in range(5)]
+    # the last join notified every earlier member, in-process and relayed alike
+    for c in clients[:4]:
+        n = c.read(pred=lambda x: x.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED)
+        assert n.ext_fields == {"consumerGroup": GROUP}
+    metrics = b.call(b.render_metrics)
+    assert "rocketmq_broker_io_worker_core_connections 3" in metrics
+    clients[0].close()  # a core connection
+    assert wait_until(lambda: b.call(pool.core_count) == 2)
+    late = Client(port)
+    assert late.heartbeat(client_id="late@1").code == 0
+    assert b.call(pool.core_count) == 3 and b.call(lambda: len(pool.workers[0].conns)) == 2
+    for c in clients[1:] + [late]:
+        c.close()
+    assert wait_until(lambda: consumer_ids(b, GROUP) == [] and b.call(pool.core_count) == 0)
+
+
+def test_core_connections_are_capped_by_the_core_descriptor_limit(broker_factory):
+    from engine.server import connection_capacity
+
+    b = broker_factory(io_workers=1, io_core_connections=10**9, fast_port_enable=False)
+    assert b.server.io_pool.core_connections == connection_capacity(10**9) < 10**9
+
+
 # ---- lifecycle --------------------------------------------------------------------------------------------------
 
 
@@ -379,6 +416,9 @@ def test_io_workers_config_is_validated_and_printed(tmp_path):
         BrokerConfig.load(overrides={"ioWorkers": "-1"})
     assert BrokerConfig.load(overrides={"ioWorkers": "3"}).io_workers == 3
     assert ("ioWorkers", "0") in BrokerConfig().to_properties()
+    with pytest.raises(ConfigError, match="ioCoreConnections must be >= 0"):
+        BrokerConfig.load(overrides={"ioCoreConnections": "-1"})
+    assert BrokerConfig.load(overrides={"ioCoreConnections": "19000"}).io_core_connections == 19000
 
 
 # ---- the link protocol -----------------------------------------------------------------------------------------

@@ -420,7 +420,8 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
         nconn = len(conns)
         burst = max(1, int(burst))
         late, work = [], []  # per tick: how late it started (the loop's stalls), how long its sends took
-        start = time.perf_counter()
+        clock = time.perf_counter
+        start = clock()
         wake = start
         while True:
             now = time.perf_counter()
@@ -430,7 +431,8 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
                 break
             bursts = (int(elapsed * rate) - sent) // burst
             for _ in range(bursts):
-                conns[i].send(now, count=burst)
+                # stamped at its own write: a tick's later writes are not charged the earlier ones' syscalls
+                conns[i].send(clock(), count=burst)
                 i += 1
                 if i == nconn:
                     i = 0

@@ -4,6 +4,9 @@ Why: one process may hold at most RLIMIT_NOFILE descriptors (20,000 here, not ra
 all socket I/O on one core. With ``ioWorkers=N`` the broker (core) process keeps its listening sockets and accepts
 connections itself; each accepted socket is handed to the least-loaded worker with SCM_RIGHTS and the core closes
 its copy, so the core holds no client descriptors and the connection count scales with N x a worker's limit.
+With ``ioCoreConnections=M`` the core first serves up to M connections itself (in-process I/O; the relay costs
+about as much CPU per heartbeat again as the broker's own work) and hands only the rest to the workers: on a host
+whose RLIMIT_NOFILE is 20,000, ``ioWorkers=1 ioCoreConnections=19744`` holds 20k clients at in-process cost.
 
 A worker relays bytes only, nothing is decoded there. Core and worker talk over one stream socketpair of
 length-prefixed records (:data:`HEADER`: payload length, kind, connection id), and each side writes what one loop

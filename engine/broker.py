@@ -31,6 +31,7 @@ import zlib
 from . import RemotingCommand
 from .config import PROPERTIES, BrokerConfig, ConfigError, parse_overrides
 from .enums import BROKER_VERSION, RequestCode, ResponseCode
+from .ioworker import new_event_loop
 from .metrics import Metrics, MetricsEndpoint, render
 from .processors import NAMESRV_TABLE, PROCESSOR_TABLE, Processors
 from .server import RemotingServer
@@ -322,20 +323,6 @@ class Broker:
 
 async def _as_coro(fn, *args):
     return fn(*args)
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop when it is installed (ENGINE_NO_UVLOOP=1 turns it off), else asyncio's."""
-    import os
-
-    if not os.environ.get("ENGINE_NO_UVLOOP"):
-        try:
-            import uvloop
-
-            return uvloop.new_event_loop()
-        except ImportError:
-            pass
-    return asyncio.new_event_loop()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -794,7 +794,9 @@ def _set_nofile() -> None:
         log.warning("could not set RLIMIT_NOFILE: %s", e)
 
 
-def _new_loop():
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when it is installed (ENGINE_NO_UVLOOP=1 turns it off), else asyncio's. The broker uses it
+    too; it lives here because a worker must not import the broker's modules (it relays bytes only)."""
     if not os.environ.get("ENGINE_NO_UVLOOP"):
         try:
             import uvloop
@@ -816,7 +818,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _set_nofile()
     sock = socket.socket(fileno=args.link_fd)
-    loop = _new_loop()
+    loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
         w = Worker(loop, sock, args.index, worker_capacity())

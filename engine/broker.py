@@ -104,7 +104,8 @@ class Broker:
             enable_property_filter=cfg.enable_property_filter,
             notify_coalesce_window_ms=cfg.notify_coalesce_window_ms,
         )
-        store = Store(cfg.store_path_root_dir)
+        # timed writes (auto-created config, offsets) go to the store's writer thread: no fsync on the loop
+        store = Store(cfg.store_path_root_dir, background_writes=True)
         # only CHANGE matters here: leaving REGISTER out keeps the heartbeat path free of event objects
         return ClientRegistry(config=rc, listener=self._on_registry_event, store=store,
                               events={ConsumerGroupEvent.CHANGE})
@@ -255,6 +256,9 @@ class Broker:
                 persist()
             except Exception:
                 log.exception("persisting broker state failed")
+        store = getattr(self.registry, "store", None)
+        if store is not None:
+            store.close()
 
     # ------------------------------------------------------------------ metrics
     def render_metrics(self) -> str:

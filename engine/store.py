@@ -18,7 +18,9 @@ JSON (``{"0":12}``, which fastjson also reads) and read both.
 Explicit config changes are written at once, as Java persists them in the request that made them; changes a
 heartbeat makes (an auto-created group, a retry topic) are written at most once a second (:class:`Store`); offsets
 are written by :meth:`Store.persist_offsets`, which the server calls on a timer
-(``flushConsumerOffsetInterval``, 5 s) and at shutdown. Not thread-safe: one event loop owns a store.
+(``flushConsumerOffsetInterval``, 5 s) and at shutdown. One event loop owns a store; with
+``background_writes=True`` (the broker) the timed writes are encoded on it and written (fsyncs included, 10-20 ms
+here) by one writer thread, so a new group does not stall every connection for a disk write.
 """
 from __future__ import annotations
 
@@ -26,7 +28,9 @@ import json
 import logging
 import os
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -406,6 +410,11 @@ class _JsonFile:
         # what load() found: "main" (the file is a valid document, safe to keep as .bak), the backup Path it
         # fell back to, or None (nothing usable: the next write is a first write)
         self._loaded = None
+        # writes may come from the loop (explicit changes) and the writer thread (timed ones): one at a time, and a
+        # document encoded earlier never replaces one encoded later
+        self._lock = threading.Lock()
+        self._encoded = 0  # sequence number of the last document encoded
+        self._written = 0  # ... and of the last one on disk
 
     def load(self, parse):
         """``parse(obj)`` validates a decoded document; returns its result, or None when nothing could be loaded.
@@ -443,10 +452,24 @@ class _JsonFile:
         log.error("%s and its backup are unusable (%s); starting with an empty table", self.path, "; ".join(errors))
         return None
 
+    def encode(self, document: dict) -> tuple[int, bytes]:
+        """The document's text and its sequence number (on the owner's thread: the snapshot is consistent)."""
+        self._encoded += 1
+        return self._encoded, json.dumps(document, indent=1, ensure_ascii=False).encode("utf-8")
+
     def write(self, document: dict) -> None:
+        self.write_encoded(*self.encode(document))
+
+    def write_encoded(self, seq: int, data: bytes) -> None:
+        """Write an encoded document unless a later one is already on disk (any thread)."""
         if self.path is None:
             return
-        data = json.dumps(document, indent=1, ensure_ascii=False).encode("utf-8")
+        with self._lock:
+            if seq > self._written:
+                self._write_locked(data)
+                self._written = seq
+
+    def _write_locked(self, data: bytes) -> None:
         if self._loaded == "main":
             backup = "previous"
         elif self._loaded is None:
@@ -687,6 +710,9 @@ class ConsumerOffsetManager(_Table):
         self.file.write(self.to_document())
         self.dirty = False
 
+    def write_failed(self) -> None:
+        self.dirty = True  # the next flush retries
+
 
 class Store:
     """The three persisted tables of a broker under ``store_dir/config`` (``None``: in memory only).
@@ -706,10 +732,15 @@ class Store:
 
     ``sync_config_writes=False`` defers every config write to :meth:`persist`. Consumer offsets are written by
     :meth:`persist_offsets` (the broker's ``flushConsumerOffsetInterval`` timer, 5 s, as ConsumerOffsetManager).
+
+    ``background_writes=True``: the timed writes (derivable config, offsets) are encoded in the caller's thread and
+    written by one writer thread in order; explicit changes stay synchronous (their caller is answered after the
+    write). A failed background write is logged and leaves the file dirty for the next write; :meth:`persist`
+    waits for the writer and then writes what is left; :meth:`close` stops the thread.
     """
 
     def __init__(self, store_dir=None, *, sync_config_writes: bool = True, derivable_write_delay_s: float = 1.0,
-                 clock=time.monotonic):
+                 clock=time.monotonic, background_writes: bool = False):
         self.store_dir = Path(store_dir) if store_dir is not None else None
         self.config_dir = self.store_dir / "config" if self.store_dir is not None else None
         self.sync_config_writes = sync_config_writes
@@ -717,6 +748,9 @@ class Store:
         self._clock = clock
         self._dirty_configs: set = set()
         self._due: dict = {}  # manager -> clock time its unwritten derivable changes are to be written
+        self.background_writes = background_writes
+        self._writer: ThreadPoolExecutor | None = None
+        self._queued: list = []  # a manager per background write not finished yet (list ops are atomic)
         self.topics = TopicConfigManager(self)
         self.groups = SubscriptionGroupManager(self)
         self.offsets = ConsumerOffsetManager(self)
@@ -738,19 +772,35 @@ class Store:
             if due is None:
                 self._due[manager] = now + self.derivable_write_delay_s
             elif now >= due:
-                self._write(manager)
+                self._write(manager, background=True)
         else:
             self._write(manager)  # also takes the file's unwritten derivable changes
 
-    def _write(self, manager) -> None:
+    def _write(self, manager, background: bool = False) -> None:
         self._due.pop(manager, None)
+        self._dirty_configs.discard(manager)
+        encoded = manager.file.encode(manager.to_document())
+        if background and self.background_writes:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="store-writer")
+            self._queued.append(manager)
+            self._writer.submit(self._write_encoded, manager, *encoded, True)
+        else:
+            self._write_encoded(manager, *encoded)
+
+    def _write_encoded(self, manager, seq: int, data: bytes, background: bool = False) -> None:
         try:
-            manager.file.write(manager.to_document())
-            self._dirty_configs.discard(manager)
+            manager.file.write_encoded(seq, data)
         except OSError:
-            # keep serving from memory; the next persist() retries (Java logs and carries on the same way)
-            self._dirty_configs.add(manager)
+            # keep serving from memory; the next write retries (Java logs and carries on the same way)
+            if manager is self.offsets:
+                manager.write_failed()
+            else:
+                self._dirty_configs.add(manager)
             log.exception("persisting %s failed", manager.file.path)
+        finally:
+            if background:
+                self._queued.remove(manager)
 
     def persist_due(self) -> int:
         """Write the config files whose derivable changes have waited ``derivable_write_delay_s``; returns how many
@@ -760,24 +810,42 @@ class Store:
         now = self._clock()
         due = [m for m, t in self._due.items() if now >= t]
         for manager in due:
-            self._write(manager)
+            self._write(manager, background=True)
         return len(due)
 
     @property
     def pending_config_writes(self) -> int:
         """Config files with changes not yet on disk (deferred derivable changes, failed or deferred writes)."""
-        return len(self._dirty_configs | set(self._due))
+        return len(self._dirty_configs | set(self._due) | (set(self._queued) - {self.offsets}))
 
     def persist_offsets(self) -> None:
-        """Write consumerOffset.json if an offset changed since the last write."""
+        """Write consumerOffset.json if an offset changed since the last write (in the writer thread when
+        ``background_writes``)."""
         if self.config_dir is not None and self.offsets.dirty:
-            self.offsets.persist()
+            self.offsets.data_version.next_version()
+            self.offsets.dirty = False
+            self._write(self.offsets, background=True)
+
+    def flush(self) -> None:
+        """Wait until the background writes queued so far are on disk (or have failed)."""
+        if self._writer is not None:
+            self._writer.submit(lambda: None).result()
 
     def persist(self) -> None:
-        """Write every changed table (shutdown, or the timer when ``sync_config_writes`` is off)."""
+        """Write every changed table, synchronously, after the queued background writes (shutdown, or the timer
+        when ``sync_config_writes`` is off)."""
         if self.config_dir is None:
             return
+        self.flush()
         for manager in list(self._dirty_configs | set(self._due)):
             self._write(manager)
-        self.persist_offsets()
+        if self.offsets.dirty:
+            self.offsets.persist()
+
+    def close(self) -> None:
+        """Finish the queued background writes and stop the writer thread (the store stays usable, synchronously
+        until the next background write starts a new thread)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.shutdown(wait=True)
 

@@ -418,3 +418,108 @@ def test_offsets_table_operations(tmp_path):
     assert store.offsets.remove("G", "T") == 1
     assert store.offsets.remove("G") == 1
     assert store.offsets.query_offset("H", "T", 0) == 9 and store.offsets.query_offset("G", "U", 0) == -1
+
+
+# ------------------------------------------------------------------------------------- background writes (broker)
+
+
+def _block_writer(store):
+    """Occupy the store's writer thread until the returned event is set."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    gate = threading.Event()
+    if store._writer is None:
+        store._writer = ThreadPoolExecutor(1, thread_name_prefix="store-writer")
+    store._writer.submit(gate.wait, 10)
+    return gate
+
+
+def test_background_writes_land_in_order_and_never_replace_a_later_version(tmp_path):
+    clock = FakeClock()
+    store = Store(tmp_path, clock=clock, background_writes=True)
+    reg = ClientRegistry(store=store)
+    gate = _block_writer(store)
+    reg.heartbeat(0, hb(client_id="10.0.0.1@0", consumers=[("AUTO", ["T"])]))  # derivable: auto-created
+    clock.now += 1.0
+    assert reg.persist_due() == 2  # encoded now, queued behind the blocked writer
+    assert not config_file(tmp_path, "subscriptionGroup.json").exists() and store.pending_config_writes == 2
+    reg.update_subscription_group_config(SubscriptionGroupConfig("ADMIN"))  # explicit: written in the call
+    assert set(table(tmp_path, "subscriptionGroup.json", "subscriptionGroupTable")) >= {"AUTO", "ADMIN"}
+    gate.set()
+    store.flush()
+    # the queued (older) document was skipped: ADMIN is still there, and the file is the newer version
+    assert set(table(tmp_path, "subscriptionGroup.json", "subscriptionGroupTable")) >= {"AUTO", "ADMIN"}
+    assert "%RETRY%AUTO" in table(tmp_path, "topics.json", "topicConfigTable")
+    assert store.pending_config_writes == 0
+    store.close()
+
+
+def test_a_failed_background_write_is_retried_and_shutdown_drains(tmp_path, monkeypatch, caplog):
+    import engine.store
+
+    clock = FakeClock()
+    store = Store(tmp_path, clock=clock, background_writes=True)
+    reg = ClientRegistry(store=store)
+    reg.update_topic_config(TopicConfig("T"))  # offsets are kept for existing topics only
+    real, failing = engine.store.atomic_write, [True]
+
+    def flaky(path, data, **kw):
+        if failing[0]:
+            raise OSError(28, "No space left on device")
+        real(path, data, **kw)
+
+    monkeypatch.setattr(engine.store, "atomic_write", flaky)
+    reg.heartbeat(0, hb(client_id="10.0.0.1@0", consumers=[("AUTO", ["T"])]))
+    assert reg.update_consumer_offset("h", "AUTO", "T", 0, 7)[0] == 0
+    clock.now += 1.0
+    with caplog.at_level(logging.ERROR, logger="engine.store"):
+        reg.persist_due()
+        reg.persist_offsets()
+        store.flush()
+    assert "No space left on device" in caplog.text
+    assert store.pending_config_writes == 2 and store.offsets.dirty  # still owed, nothing raised into the loop
+    failing[0] = False
+    gate = _block_writer(store)
+    reg.persist_offsets()  # queued behind the gate
+    gate.set()
+    store.persist()  # shutdown: waits for the queue, then writes what is left
+    store.close()
+    restarted = Store(tmp_path)
+    assert restarted.groups.contains("AUTO") and restarted.offsets.query_offset("AUTO", "T", 0) == 7
+    assert store.pending_config_writes == 0 and not store.offsets.dirty
+
+
+def test_the_event_loop_is_not_blocked_by_a_slow_disk(tmp_path, monkeypatch):
+    """The broker's tick with a write due: fsync takes 0.3 s in the writer thread, a 10 ms loop timer still fires
+    on time."""
+    import asyncio
+    import time
+
+    import engine.store
+
+    real_fsync = os.fsync
+
+    def slow_fsync(fd):
+        time.sleep(0.3)
+        real_fsync(fd)
+
+    monkeypatch.setattr(engine.store.os, "fsync", slow_fsync)
+    clock = FakeClock()
+    store = Store(tmp_path, clock=clock, background_writes=True)
+    reg = ClientRegistry(store=store)
+    reg.heartbeat(0, hb(client_id="10.0.0.1@0", consumers=[("AUTO", ["T"])]))
+    clock.now += 1.0
+
+    async def main():
+        t0 = time.monotonic()
+        assert reg.persist_due() == 2
+        returned = time.monotonic() - t0
+        t1 = time.monotonic()
+        await asyncio.sleep(0.01)
+        return returned, time.monotonic() - t1
+
+    returned, timer = asyncio.run(main())
+    assert returned < 0.1 and timer < 0.1, (returned, timer)
+    store.close()  # waits for the slow writes
+    assert Store(tmp_path).groups.contains("AUTO")

@@ -405,8 +405,8 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
         for c in conns:
             c.auto = True
             c.send(now, count=depth)
-    # warm-up: 2 s, so the consequences of the registration round (the broker writes the groups it auto-created
-    # at its next 1 s tick, fsync included, 10-20 ms on the loop here) stay out of the steady-state window
+    # warm-up: 2 s, so the consequences of the registration round (NOTIFY fan-out, the broker encoding the groups
+    # it auto-created at its next 1 s tick; the write itself is off its loop) stay out of the steady-state window
     await asyncio.sleep(warmup)
     lat.clear()
     win = Window(stats, server_pid)

@@ -331,6 +331,29 @@ cdef class BlockScanner:
         return recv, conn, ids
 
 
+cdef struct _Runs:
+    int64_t* o64     # per run: conn, first, last, n
+    int32_t* o32     # per run: member, key
+    Py_ssize_t n, cap
+
+
+cdef int _emit_run(_Runs* out, Py_ssize_t m, int32_t key, int64_t conn, int64_t first, int64_t last,
+                   int64_t count) except -1:
+    """Append a closed run, growing the buffers (a failed realloc raises and leaves them valid for free)."""
+    if out.n == out.cap:
+        out.cap = max(1024, 2 * out.cap)
+        out.o64 = <int64_t*>_grow(out.o64, 4 * out.cap, sizeof(int64_t))
+        out.o32 = <int32_t*>_grow(out.o32, 2 * out.cap, sizeof(int32_t))
+    out.o32[2 * out.n] = <int32_t>m
+    out.o32[2 * out.n + 1] = key
+    out.o64[4 * out.n] = conn
+    out.o64[4 * out.n + 1] = first
+    out.o64[4 * out.n + 2] = last
+    out.o64[4 * out.n + 3] = count
+    out.n += 1
+    return 0
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def member_runs(const int64_t[::1] recv, const int64_t[::1] conn, const int32_t[::1] ids,
@@ -380,9 +403,10 @@ def member_runs(const int64_t[::1] recv, const int64_t[::1] conn, const int32_t[
     cdef int64_t* m_last = NULL
     cdef int64_t* m_n = NULL
     cdef int32_t* m_key = NULL
-    cdef int64_t* o64 = NULL   # runs: conn, first, last, n (4 per run)
-    cdef int32_t* o32 = NULL   # runs: member, key (2 per run)
-    cdef Py_ssize_t n_out = 0, cap_out = 0
+    cdef _Runs out
+    out.o64 = NULL
+    out.o32 = NULL
+    out.n = out.cap = 0
     cdef int64_t t, c, lo = 0, hi = 0, n_bad = 0
     cdef int32_t b, cl, key
     cdef bint ordered = True
@@ -430,17 +454,7 @@ def member_runs(const int64_t[::1] recv, const int64_t[::1] conn, const int32_t[
                     m_n[m] += 1
                     continue
                 if m_n[m]:
-                    if n_out == cap_out:
-                        cap_out = max(1024, 2 * cap_out)
-                        o64 = <int64_t*>_grow(o64, 4 * cap_out, sizeof(int64_t))
-                        o32 = <int32_t*>_grow(o32, 2 * cap_out, sizeof(int32_t))
-                    o32[2 * n_out] = <int32_t>m
-                    o32[2 * n_out + 1] = m_key[m]
-                    o64[4 * n_out] = m_conn[m]
-                    o64[4 * n_out + 1] = m_first[m]
-                    o64[4 * n_out + 2] = m_last[m]
-                    o64[4 * n_out + 3] = m_n[m]
-                    n_out += 1
+                    _emit_run(&out, m, m_key[m], m_conn[m], m_first[m], m_last[m], m_n[m])
                 m_conn[m] = c
                 m_key[m] = key
                 m_first[m] = t
@@ -450,24 +464,14 @@ def member_runs(const int64_t[::1] recv, const int64_t[::1] conn, const int32_t[
             return None
         for m in range(n_members):  # close the open runs
             if m_n[m]:
-                if n_out == cap_out:
-                    cap_out = max(1024, 2 * cap_out)
-                    o64 = <int64_t*>_grow(o64, 4 * cap_out, sizeof(int64_t))
-                    o32 = <int32_t*>_grow(o32, 2 * cap_out, sizeof(int32_t))
-                o32[2 * n_out] = <int32_t>m
-                o32[2 * n_out + 1] = m_key[m]
-                o64[4 * n_out] = m_conn[m]
-                o64[4 * n_out + 1] = m_first[m]
-                o64[4 * n_out + 2] = m_last[m]
-                o64[4 * n_out + 3] = m_n[m]
-                n_out += 1
-        wide = np.empty((n_out, 4), dtype=np.int64)
-        narrow = np.empty((n_out, 2), dtype=np.int32)
+                _emit_run(&out, m, m_key[m], m_conn[m], m_first[m], m_last[m], m_n[m])
+        wide = np.empty((out.n, 4), dtype=np.int64)
+        narrow = np.empty((out.n, 2), dtype=np.int32)
         wv = wide
         nv = narrow
-        if n_out:
-            memcpy(&wv[0, 0], o64, n_out * 4 * sizeof(int64_t))
-            memcpy(&nv[0, 0], o32, n_out * 2 * sizeof(int32_t))
+        if out.n:
+            memcpy(&wv[0, 0], out.o64, out.n * 4 * sizeof(int64_t))
+            memcpy(&nv[0, 0], out.o32, out.n * 2 * sizeof(int32_t))
         runs = (narrow[:, 0].copy(), wide[:, 0].copy(), narrow[:, 1].copy(), wide[:, 1].copy(), wide[:, 2].copy(),
                 wide[:, 3].copy())
         return runs, (int(n_bad), int(lo) if n else None, int(hi) if n else None)
@@ -480,5 +484,5 @@ def member_runs(const int64_t[::1] recv, const int64_t[::1] conn, const int32_t[
         free(m_last)
         free(m_n)
         free(m_key)
-        free(o64)
-        free(o32)
+        free(out.o64)
+        free(out.o32)

@@ -50,3 +50,10 @@ def vectors():
     v = load_vectors()
     assert v, f"no vectors found under {VECTORS}"
     return v
+
+
+@pytest.fixture
+def broker_defaults():
+    """Config every broker of test_server's ``broker_factory`` starts with; a module overrides it (test_ioworkers:
+    the same tests against ioWorkers=2)."""
+    return {}

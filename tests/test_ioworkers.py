@@ -2,8 +2,8 @@
 the core. Everything a client sees must be the same as with in-process I/O.
 
 Part of the coverage re-runs tests of test_server.py and test_faults.py unchanged: they are imported below and
-pick up this module's ``broker_factory``, which starts every broker with ioWorkers=2 (pytest resolves fixtures
-from the module that collects the test). The rest is what only workers have: which worker holds which
+pick up this module's ``broker_defaults``: test_server's ``broker_factory`` starts every broker with ioWorkers=2
+(pytest resolves fixtures from the module that collects the test). The rest is what only workers have: which worker holds which
 connection, kill -9 of a worker, more connections than one worker's descriptor limit, the link protocol.
 """
 import json
@@ -25,30 +25,19 @@ from engine.ioworker import HEADER, IOWorkerPool, VirtualTransport
 
 import test_faults
 import test_server
-from test_server import Client, consumer_ids, hb_body, make_config, wait_until
+from test_server import Client, broker, broker_factory, consumer_ids, hb_body, make_config, wait_until  # noqa: F401  (fixtures)
 
 GROUP = "demo_consumer_group"
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def broker_factory(tmp_path):
-    started = []
-
-    def make(**kw):
-        kw.setdefault("io_workers", 2)
-        b = Broker(make_config(tmp_path, **kw)).start()
-        started.append(b)
-        return b
-
-    yield make
-    for b in started:
-        b.stop()
+def broker_defaults():
+    return {"io_workers": 2}
 
 
-@pytest.fixture
-def broker(broker_factory):
-    return broker_factory()
+def test_the_reused_tests_run_against_workers(broker):
+    assert broker.server.io_pool is not None and len(broker.server.io_pool.workers) == 2
 
 
 # ---- the in-process tests, unchanged, against ioWorkers=2 ----------------------------------------------------

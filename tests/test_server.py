@@ -40,11 +40,11 @@ def make_config(tmp_path, **kw):
 
 
 @pytest.fixture
-def broker_factory(tmp_path):
+def broker_factory(tmp_path, broker_defaults):
     started = []
 
     def make(**kw):
-        b = Broker(make_config(tmp_path, **kw)).start()
+        b = Broker(make_config(tmp_path, **{**broker_defaults, **kw})).start()
         started.append(b)
         return b
 

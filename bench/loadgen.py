@@ -309,14 +309,16 @@ def proc_cpu_s(pid: int) -> float | None:
         return None
 
 
-def machine_cpu_s() -> tuple[float, float, float] | None:
-    """(busy, total, niced) CPU seconds of the whole machine since boot, from /proc/stat (busy includes niced:
-    background jobs at nice 19 still take cycles and caches, but yield the cores to the measured processes)."""
+def machine_cpu_s() -> tuple[float, float, float, float] | None:
+    """(busy, total, niced, steal) CPU seconds of the whole machine since boot, from /proc/stat (busy includes
+    niced: background jobs at nice 19 still take cycles and caches, but yield the cores to the measured processes;
+    steal: time the hypervisor ran something else on our virtual CPUs, invisible to every process here)."""
     try:
         with open("/proc/stat", "rb") as f:
             v = [int(x) for x in f.readline().split()[1:]]
         idle = v[3] + (v[4] if len(v) > 4 else 0)
-        return (sum(v[:8]) - idle) / _CLK_TCK, sum(v[:8]) / _CLK_TCK, v[1] / _CLK_TCK
+        steal = v[7] if len(v) > 7 else 0
+        return (sum(v[:8]) - idle) / _CLK_TCK, sum(v[:8]) / _CLK_TCK, v[1] / _CLK_TCK, steal / _CLK_TCK
     except (OSError, ValueError):
         return None
 
@@ -364,6 +366,7 @@ class Window:
         if self.m0 and m1:
             out["machine_busy_s"], out["machine_total_s"] = m1[0] - self.m0[0], m1[1] - self.m0[1]
             out["machine_niced_s"] = m1[2] - self.m0[2]
+            out["machine_steal_s"] = m1[3] - self.m0[3]
         return out
 
 
@@ -619,6 +622,7 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
     if longest.get("machine_total_s"):
         merged["machine_busy_pct"] = round(100 * longest["machine_busy_s"] / longest["machine_total_s"], 1)
         merged["machine_niced_pct"] = round(100 * longest["machine_niced_s"] / longest["machine_total_s"], 1)
+        merged["machine_steal_pct"] = round(100 * longest["machine_steal_s"] / longest["machine_total_s"], 2)
     work = total("answered") if scenario == "steady" else total("registered")
     if work:
         merged["loadgen_us_per_hb"] = round(1e6 * merged["loadgen_cpu_s"] / work, 2)

@@ -33,6 +33,9 @@ Each case starts its own broker (and store).
                                                              nice only orders processes within one session, so
                                                              background jobs at nice 19 in other sessions still get
                                                              an equal share of the cores; this gives them back.
+    BENCH_SERVER_LOADGEN_PRIORITY=0                          the load generator's session (default: the broker's):
+                                                             above the broker's, the broker preempts its simulated
+                                                             clients, as a broker on its own machine would not wait
 
 20k connections exceed what one broker process holds (RLIMIT_NOFILE hard limit 20,000 minus the broker's reserve
 of 256), so 20k runs with ioWorkers >= 1 only (with ``1c`` the core serves 19,744 of them and one worker 256). ``target_met`` in the output says whether a run met both targets;
@@ -138,6 +141,7 @@ TARGET_RATE = float(os.environ.get("BENCH_SERVER_TARGET_RATE", "100000"))
 TARGET_PROCS = int(os.environ.get("BENCH_SERVER_TARGET_PROCS", "0"))
 TARGET_SECONDS = float(os.environ.get("BENCH_SERVER_TARGET_SECONDS", "10"))
 PRIORITY = os.environ.get("BENCH_SERVER_PRIORITY")
+LOADGEN_PRIORITY = os.environ.get("BENCH_SERVER_LOADGEN_PRIORITY", PRIORITY)
 PIN = os.environ.get("BENCH_SERVER_PIN")  # "BROKER_CPUS:LOADGEN_CPUS", e.g. "0:1"
 
 
@@ -147,10 +151,10 @@ def _cpus(spec: str) -> set[int]:
 ONE_PROCESS_CONNECTIONS = 19_744
 
 
-def _set_priority(pid) -> None:
-    if PRIORITY is not None:
+def _set_priority(pid, nice) -> None:
+    if nice is not None:
         with open(f"/proc/{pid}/autogroup", "w") as f:
-            f.write(PRIORITY)
+            f.write(nice)
 
 
 @contextlib.contextmanager
@@ -170,8 +174,8 @@ def _own_broker(store, io_workers=0, core_connections=0):
                             start_new_session=True)
     try:
         assert "boot success" in proc.stdout.readline()
-        _set_priority(proc.pid)
-        _set_priority("self")
+        _set_priority(proc.pid, PRIORITY)
+        _set_priority("self", LOADGEN_PRIORITY)
         mine = os.sched_getaffinity(0)
         if pin:
             os.sched_setaffinity(0, _cpus(pin[1]))  # the load processes fork from this one

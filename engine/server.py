@@ -425,7 +425,7 @@ class RemotingServer:
                     s.close()
                 self.servers.clear()
                 raise
-            # client sockets are held by the workers: the limit is what their descriptors allow together
+            # client sockets are held by the workers and the core's share: the limit is what their descriptors allow
             self.max_connections = min(cfg.max_connections, self.io_pool.capacity + self.io_pool.core_connections)
             log.info("ioWorkers=%d, ioCoreConnections=%d: at most %d connections", cfg.io_workers,
                      self.io_pool.core_connections, self.max_connections)

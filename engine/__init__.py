@@ -21,7 +21,7 @@ from .errors import FrameError, HeartbeatError, RemotingError
 NATIVE = False
 if not _os.environ.get("ENGINE_NO_EXTENSIONS"):
     try:
-        from ._frame import FrameDecoder, RemotingCommand, decode_frame
+        from ._frame import AnswerTemplate, FrameDecoder, RemotingCommand, decode_frame
         from ._heartbeat import (
             ConsumerData,
             HeartbeatData,
@@ -35,7 +35,7 @@ if not _os.environ.get("ENGINE_NO_EXTENSIONS"):
     except ImportError:  # not built: fall back to the twins below
         pass
 if not NATIVE:
-    from ._frame_py import FrameDecoder, RemotingCommand, decode_frame
+    from ._frame_py import AnswerTemplate, FrameDecoder, RemotingCommand, decode_frame
     from ._heartbeat_py import (
         ConsumerData,
         HeartbeatData,
@@ -49,6 +49,7 @@ from .heartbeat import HeartbeatBatch, build_subscription, encode_heartbeat, hea
 
 __all__ = [
     "NATIVE",
+    "AnswerTemplate",
     "BROKER_VERSION",
     "ConsumeFromWhere",
     "ConsumeType",

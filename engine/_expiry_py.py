@@ -5,10 +5,20 @@
 6.6.6 and pitfall 9: strictly greater). The difference is exact for any int64 values: a slot whose timestamp is
 not older than ``now`` never expires, and an older one is compared as the unsigned distance, so no subtraction
 overflows (the native module computes the same thing in C).
+
+``monotonic_ms()`` is the registry's default clock (the scan's ``now``): CLOCK_MONOTONIC in whole milliseconds,
+read once per heartbeat, so the native module reads it without the interpreter's float round trip.
 """
+import time
+
 import numpy as np
 
-__all__ = ["scan_expired", "check_columns"]
+__all__ = ["scan_expired", "check_columns", "monotonic_ms"]
+
+
+def monotonic_ms() -> int:
+    """CLOCK_MONOTONIC in whole milliseconds (``time.monotonic_ns() // 1_000_000``)."""
+    return time.monotonic_ns() // 1_000_000
 
 
 def check_columns(last_update, live, timeout):

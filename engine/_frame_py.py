@@ -34,7 +34,7 @@ from .enums import (
 )
 from .errors import MAX_ECHO, FrameError, echo
 
-__all__ = ["RemotingCommand", "FrameDecoder", "decode_frame"]
+__all__ = ["RemotingCommand", "FrameDecoder", "decode_frame", "AnswerTemplate"]
 
 #: Deepest JSON nesting a header may have (the header object itself is depth 1).
 MAX_JSON_DEPTH = 64
@@ -835,3 +835,41 @@ class FrameDecoder:
         finally:
             self._feeding = False
         return commands
+
+
+class AnswerTemplate:
+    """An encoded answer frame in which only the opaque changes from one request to the next.
+
+    ``h1`` is the frame up to the opaque (its 8-byte length prefix included), ``h2`` the rest. ``kind`` None: the
+    opaque is a big-endian int32 (ROCKETMQ header); else the opaque is decimal text in a JSON header and ``kind`` is
+    the serialize-type byte, so the two length words are rebuilt for its digit count.
+    :func:`engine.processors.answer_template` builds one from the frame encoder and checks it before use.
+    """
+
+    __slots__ = ("_h1", "_h2", "_kind", "_fixed", "_heads")
+
+    def __init__(self, h1: bytes, h2: bytes, kind):
+        if type(h1) is not bytes or type(h2) is not bytes:
+            raise TypeError("h1 and h2 must be bytes")
+        if kind is not None and not (type(kind) is int and 0 <= kind <= 255):
+            raise ValueError(f"kind must be None or a byte value, not {echo(repr(kind))}")
+        if len(h1) < 8 or len(h1) + len(h2) + 11 - 8 > MAX_HEADER_LENGTH:
+            raise ValueError(f"h1 must hold the 8-byte prefix and the header fit 24 bits ({len(h1)}+{len(h2)} bytes)")
+        self._h1, self._h2 = h1, h2
+        self._kind = kind
+        self._fixed = len(h1) + len(h2) - 8  # header bytes besides the digits (h1 includes the 8-byte prefix)
+        self._heads: dict[int, bytes] = {}  # digit count -> length words + header up to the opaque
+
+    def frame(self, opaque) -> bytes:
+        """The answer frame carrying ``opaque`` (an int32; OverflowError otherwise)."""
+        if not _INT32_MIN <= operator.index(opaque) <= _INT32_MAX:
+            raise OverflowError(f"opaque {opaque} does not fit an int32")
+        if self._kind is None:
+            return self._h1 + opaque.to_bytes(4, "big", signed=True) + self._h2
+        digits = b"%d" % opaque
+        head = self._heads.get(len(digits))
+        if head is None:
+            n = self._fixed + len(digits)
+            head = self._heads[len(digits)] = (
+                (n + 4).to_bytes(4, "big") + bytes((self._kind,)) + n.to_bytes(3, "big") + self._h1[8:])
+        return head + digits + self._h2

@@ -98,9 +98,10 @@ __all__ = [
 # Native hot paths or their twins, chosen as engine/__init__.py does (ENGINE_NO_EXTENSIONS=1 forces the twins).
 
 IMPLEMENTATION = {"expiry": "twin", "digest": "twin"}
-_scan_expired = _heartbeat_digest = None
+_scan_expired = _heartbeat_digest = _monotonic_ms = None
 if not os.environ.get("ENGINE_NO_EXTENSIONS"):
     try:
+        from ._expiry import monotonic_ms as _monotonic_ms
         from ._expiry import scan_expired as _scan_expired
 
         IMPLEMENTATION["expiry"] = "native"
@@ -113,6 +114,7 @@ if not os.environ.get("ENGINE_NO_EXTENSIONS"):
     except ImportError:
         pass
 if _scan_expired is None:
+    from ._expiry_py import monotonic_ms as _monotonic_ms
     from ._expiry_py import scan_expired as _scan_expired
 if _heartbeat_digest is None:
     from ._digest_py import heartbeat_digest as _heartbeat_digest
@@ -244,6 +246,7 @@ class HeartbeatResult:
 
 _RESULT_V1 = HeartbeatResult(is_sub_change=True)  # V1: always IS_SUB_CHANGE=true (5.4)
 _RESULT_V2_SAME = HeartbeatResult(is_sub_change=False)
+_RESULT_V2_CHANGED = HeartbeatResult(is_sub_change=True)
 
 
 class ClientChannelInfo:
@@ -438,10 +441,6 @@ class _ProducerGroup:
         self.members = _Members()
 
 
-def _monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-
-
 def _language_code(language) -> int:
     if language is None:
         return _NO_LANGUAGE
@@ -508,6 +507,9 @@ class ClientRegistry:
         self._pool = StringPool(max(64, cfg.initial_capacity))  # client ids and non-IPv4 addresses
         self._slot_of: dict = {}
         self._channels: list = []
+        # fast path: (hb, language, version) whose digest is in _fkey. A connection reuses its decoded body when
+        # the bytes repeat, so an identical request is recognised by identity without hashing it again
+        self._armed_by: list = []
         self._free_slots: list[int] = []
         self._top = 0  # slots handed out so far
         self._cap = 0
@@ -562,6 +564,7 @@ class ClientRegistry:
             setattr(self, name, arr)
             setattr(self, "_mv" + name, memoryview(arr))
         self._channels.extend([None] * (cap - self._cap))
+        self._armed_by.extend([None] * (cap - self._cap))
         self._cap = cap
 
     def _new_slot(self, channel, remote_addr) -> int:
@@ -601,6 +604,7 @@ class ClientRegistry:
         self._mv_live[slot] = 0
         self._mv_armed[slot] = 0
         self._channels[slot] = None
+        self._armed_by[slot] = None
         self._free_slots.append(slot)
 
     def _encode_addr(self, addr) -> int:
@@ -906,7 +910,9 @@ class ClientRegistry:
         slot = self._slot_of.get(channel)
         if slot is not None:
             armed = self._mv_armed[slot]
-            if armed and self._config_epoch < armed and _heartbeat_digest(hb, language, version) == self._mv_fkey[slot]:
+            if armed and self._config_epoch < armed and (
+                    ((by := self._armed_by[slot])[0] is hb and by[1] == language and by[2] == version)
+                    or _heartbeat_digest(hb, language, version) == self._mv_fkey[slot]):
                 consumers = self._consumers
                 reject = self._reject_pull
                 for cd in hb.consumers:
@@ -995,10 +1001,11 @@ class ClientRegistry:
             refreshed.append(self._register_producer(pd.group, slot, req))
         pool.release(cid)
         covered_all = self._refresh(slot, refreshed, now) if refreshed else False
-        result = _RESULT_V1 if not v2 else (HeartbeatResult(is_sub_change=True) if sub_change else _RESULT_V2_SAME)
+        result = _RESULT_V1 if not v2 else (_RESULT_V2_CHANGED if sub_change else _RESULT_V2_SAME)
         if covered_all and not self._dirty:
             # this run changed nothing: the same heartbeat may be answered by the fast path until a change
             self._mv_fkey[slot] = _heartbeat_digest(hb, language, version)
+            self._armed_by[slot] = (hb, language, version)
             self._mv_armed[slot] = self._tick + 1
         return result
 

@@ -31,7 +31,7 @@ except ImportError:  # not POSIX
 from collections import Counter, deque
 
 from . import FrameDecoder, FrameError, RemotingCommand
-from .enums import FLAG_ONEWAY, ResponseCode
+from .enums import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
 from .errors import RemotingError
 
 log = logging.getLogger("engine.server")
@@ -536,7 +536,7 @@ class RemotingServer:
 
     # ---- requests ----
     def dispatch(self, conn: Connection, cmd) -> None:
-        if cmd.is_response:
+        if cmd.flag & FLAG_RESPONSE:
             log.debug("%s sent an unexpected response (code %d, opaque %d)", conn.remote_addr, cmd.code, cmd.opaque)
             return
         conn.serialize_type = cmd.serialize_type

@@ -11,10 +11,19 @@ import numpy as np
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from engine._expiry_py import check_columns
 
-__all__ = ["scan_expired"]
+__all__ = ["scan_expired", "monotonic_ms"]
+
+
+def monotonic_ms():
+    """CLOCK_MONOTONIC in whole milliseconds: the clock ``time.monotonic_ns()`` reads, without the Python float or
+    the big-int division (the registry reads it once per heartbeat)."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000 + ts.tv_nsec // 1000000
 
 
 def scan_expired(last_update, live, now, timeout):

@@ -31,7 +31,7 @@ from engine.enums import (
 )
 from engine.errors import MAX_ECHO, FrameError, echo
 
-__all__ = ["RemotingCommand", "FrameDecoder", "decode_frame"]
+__all__ = ["RemotingCommand", "FrameDecoder", "decode_frame", "AnswerTemplate"]
 
 
 cdef extern from "Python.h":
@@ -1537,3 +1537,81 @@ cdef class FrameDecoder:
             self._feeding = False
             PyBuffer_Release(&view)
         return commands
+
+
+@cython.final
+cdef class AnswerTemplate:
+    """An encoded answer frame in which only the opaque changes (twin: engine._frame_py.AnswerTemplate).
+
+    ``frame`` writes the whole answer into one new bytes object: the length words, the header up to the opaque,
+    the opaque (int32 or decimal text) and the rest. Bounds: the constructor checks ``h1`` holds the 8-byte prefix,
+    and the output is allocated at exactly the size the copies fill.
+    """
+
+    cdef bytes _h1
+    cdef bytes _h2
+    cdef int _kind  # -1: int32 slot; else the serialize-type byte of a decimal-text slot
+
+    def __init__(self, h1, h2, kind):
+        if type(h1) is not bytes or type(h2) is not bytes:
+            raise TypeError("h1 and h2 must be bytes")
+        if kind is not None and not (type(kind) is int and 0 <= kind <= 255):
+            raise ValueError(f"kind must be None or a byte value, not {echo(repr(kind))}")
+        if len(h1) < 8 or len(h1) + len(h2) + 11 - 8 > 0xFFFFFF:
+            raise ValueError(f"h1 must hold the 8-byte prefix and the header fit 24 bits ({len(h1)}+{len(h2)} bytes)")
+        self._h1 = h1
+        self._h2 = h2
+        self._kind = -1 if kind is None else kind
+
+    def frame(self, opaque):
+        """The answer frame carrying ``opaque`` (an int32; OverflowError otherwise)."""
+        cdef int64_t v = opaque  # OverflowError past int64, TypeError for a non-integer
+        if v < -0x80000000 or v > 0x7FFFFFFF:
+            raise OverflowError(f"opaque {opaque} does not fit an int32")
+        cdef char digits[12]
+        cdef Py_ssize_t nd = 0, i
+        cdef uint64_t u
+        cdef Py_ssize_t n1 = PyBytes_GET_SIZE(self._h1), n2 = PyBytes_GET_SIZE(self._h2)
+        cdef const char* h1 = PyBytes_AS_STRING(self._h1)
+        cdef uint32_t word = <uint32_t>v
+        cdef Py_ssize_t total
+        cdef uint32_t hlen, flen
+        cdef char* p
+        if self._kind < 0:
+            out = PyBytes_FromStringAndSize(NULL, n1 + 4 + n2)
+            p = PyBytes_AS_STRING(out)
+            memcpy(p, h1, n1)
+            p[n1] = <char>(word >> 24)
+            p[n1 + 1] = <char>(word >> 16)
+            p[n1 + 2] = <char>(word >> 8)
+            p[n1 + 3] = <char>word
+            memcpy(p + n1 + 4, PyBytes_AS_STRING(self._h2), n2)
+            return out
+        # decimal text, written backwards into digits[] (at most "-2147483648": 11 characters)
+        u = <uint64_t>(-v) if v < 0 else <uint64_t>v
+        while True:
+            digits[11 - nd] = <char>(48 + u % 10)
+            nd += 1
+            u //= 10
+            if u == 0:
+                break
+        if v < 0:
+            digits[11 - nd] = 45  # '-'
+            nd += 1
+        total = n1 + nd + n2
+        hlen = <uint32_t>(total - 8)
+        flen = <uint32_t>(total - 4)
+        out = PyBytes_FromStringAndSize(NULL, total)
+        p = PyBytes_AS_STRING(out)
+        p[0] = <char>(flen >> 24)
+        p[1] = <char>(flen >> 16)
+        p[2] = <char>(flen >> 8)
+        p[3] = <char>flen
+        p[4] = <char>self._kind
+        p[5] = <char>(hlen >> 16)
+        p[6] = <char>(hlen >> 8)
+        p[7] = <char>hlen
+        memcpy(p + 8, h1 + 8, n1 - 8)
+        memcpy(p + n1, &digits[12 - nd], nd)
+        memcpy(p + n1 + nd, PyBytes_AS_STRING(self._h2), n2)
+        return out

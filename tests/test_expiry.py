@@ -115,3 +115,13 @@ def test_native_and_twin_agree_with_the_rule(impl, data, n, wide):
     out = impl.expiry.scan_expired(lu, lv, now, timeout)
     assert out.tolist() == reference(lu, lv, now, timeout)
     assert out.tolist() == twin.scan_expired(lu, lv, now, timeout).tolist()
+
+
+def test_monotonic_ms_is_the_monotonic_clock_in_whole_ms(impl):
+    import time
+
+    clock = impl.expiry.monotonic_ms
+    before = time.monotonic_ns() // 1_000_000
+    got = clock()
+    after = time.monotonic_ns() // 1_000_000
+    assert type(got) is int and before <= got <= after

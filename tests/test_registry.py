@@ -595,6 +595,32 @@ def test_repeated_heartbeat_takes_the_fast_path_with_the_same_answers(h):
     h.reg.check_invariants()
 
 
+def test_the_same_decoded_heartbeat_with_another_language_or_version_is_not_a_repeat(h):
+    # the fast path recognises a repeat by the decoded object's identity; the request header still counts
+    data = hb(A, producers=["P"])
+    h.reg.heartbeat(1, data, LanguageCode.JAVA, 400)
+    h.reg.heartbeat(1, data, LanguageCode.JAVA, 400)
+    assert h.reg._mv_armed[h.reg._slot_of[1]]
+    h.reg.heartbeat(1, data, LanguageCode.JAVA, 401)
+    c = h.reg.producer_channels("P")[0]
+    assert (c.language, c.version) == (LanguageCode.JAVA, 401)
+    h.reg.heartbeat(1, data, LanguageCode.JAVA, 401)
+    h.reg.heartbeat(1, data, LanguageCode.CPP, 401)
+    c = h.reg.producer_channels("P")[0]
+    assert (c.language, c.version) == (LanguageCode.CPP, 401)
+    h.reg.check_invariants()
+
+
+def test_an_equal_heartbeat_decoded_anew_still_takes_the_fast_path(h):
+    h.reg.heartbeat(1, hb(A, producers=["P"]))
+    h.reg.heartbeat(1, hb(A, producers=["P"]))
+    slot = h.reg._slot_of[1]
+    armed = h.reg._mv_armed[slot]
+    h.now += 5_000
+    h.reg.heartbeat(1, hb(A, producers=["P"]))  # another object, equal content: matched by its digest
+    assert h.reg._mv_armed[slot] == armed and h.reg.producer_channels("P")[0].last_update_timestamp == h.now
+
+
 def test_fast_path_is_invalidated_by_another_members_change(h):
     h.reg.heartbeat(1, hb(A, consumers=[("G", ["T1"])]))
     h.reg.heartbeat(1, hb(A, consumers=[("G", ["T1"])]))

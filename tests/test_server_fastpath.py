@@ -16,7 +16,7 @@ from engine import processors as processors_mod
 from engine.broker import Broker
 from engine.config import BrokerConfig
 from engine.enums import RequestCode, ResponseCode
-from engine.processors import AnswerTemplate, answer_template
+from engine.processors import answer_template
 from engine.server import Connection
 
 INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
@@ -52,8 +52,8 @@ def encoder(impl, serialize_type, code=0, remark=None, ext=None):
 @pytest.mark.parametrize("sub_change", ["true", "false"])
 def test_template_is_byte_identical_to_the_encoder(impl, serialize_type, sub_change):
     encode = encoder(impl, serialize_type, ext={V2_EXT: "true", SUB_EXT: sub_change})
-    tpl = answer_template(encode)
-    assert isinstance(tpl, AnswerTemplate)
+    tpl = answer_template(encode, impl.frame.AnswerTemplate)
+    assert isinstance(tpl, impl.frame.AnswerTemplate)
     for opaque in (0, 1, 9, 10, 99, 100, 123456789, 2**31 - 1, -1, -9, -10, -(2**31)):
         assert tpl.frame(opaque) == encode(opaque), opaque
 
@@ -68,10 +68,56 @@ def test_template_is_byte_identical_to_the_encoder(impl, serialize_type, sub_cha
 @pytest.mark.parametrize("serialize_type", ["JSON", "ROCKETMQ"])
 def test_template_with_remark_and_error_code(impl, serialize_type):
     encode = encoder(impl, serialize_type, code=ResponseCode.SYSTEM_ERROR, remark="r\u00e9mark \"quoted\"")
-    tpl = answer_template(encode)
+    tpl = answer_template(encode, impl.frame.AnswerTemplate)
     assert tpl is not None
     for opaque in (0, -5, 2**31 - 1, 4242):
         assert tpl.frame(opaque) == encode(opaque)
+
+
+@pytest.mark.parametrize("kind", [None, 0, 1])
+def test_template_implementations_agree_on_any_opaque(kind):
+    if not engine.NATIVE:
+        pytest.skip("native extensions not built")
+    import engine._frame as native
+    import engine._frame_py as twin
+
+    h1, h2 = b"\x00\x00\x00\x00\x00\x00\x00\x00{\"opaque\":", b',"flag":1}'
+    a, b = native.AnswerTemplate(h1, h2, kind), twin.AnswerTemplate(h1, h2, kind)
+
+    @settings(max_examples=500, deadline=None)
+    @given(st.integers(min_value=-(2**70), max_value=2**70))
+    def prop(opaque):
+        outcome = []
+        for tpl in (a, b):
+            try:
+                outcome.append(tpl.frame(opaque))
+            except OverflowError:
+                outcome.append(OverflowError)
+        assert outcome[0] == outcome[1]
+        if -(2**31) <= opaque < 2**31:
+            frame = outcome[0]
+            if kind is not None:  # the length words follow the digit count
+                assert int.from_bytes(frame[:4], "big") == len(frame) - 4
+                assert frame[4] == kind and int.from_bytes(frame[5:8], "big") == len(frame) - 8
+                assert frame[8:] == h1[8:] + b"%d" % opaque + h2
+            else:  # a fixed-size slot: the prefix is the encoder's, as given
+                assert frame == h1 + opaque.to_bytes(4, "big", signed=True) + h2
+        else:
+            assert outcome[0] is OverflowError
+
+    prop()
+
+
+def test_template_constructor_refuses_what_it_cannot_frame(impl):
+    cls = impl.frame.AnswerTemplate
+    with pytest.raises(ValueError):
+        cls(b"short", b"", 0)  # no room for the 8-byte prefix
+    with pytest.raises(ValueError):
+        cls(b"\x00" * 8, b"", 256)
+    with pytest.raises(TypeError):
+        cls(bytearray(8), b"", None)
+    with pytest.raises(TypeError):
+        cls(b"\x00" * 8, b"", None).frame("1")
 
 
 def test_template_refuses_layouts_it_cannot_patch():
@@ -164,7 +210,7 @@ def test_every_heartbeat_answer_equals_the_encoded_response(offline, monkeypatch
         answers = [f for f in split_frames(conn.transport.chunks[-1]) if engine.decode_frame(f).is_response]
         assert answers == [want]
     assert len(results) == len(sends)
-    assert {(k[0], k[3]) for k, v in offline.processors._hb_answers.items() if v} >= {("JSON", True), ("ROCKETMQ", True)}
+    assert {k for k, v in offline.processors._hb_answers.items() if v} >= {("JSON", True), ("ROCKETMQ", True)}
 
 
 def test_identical_body_is_decoded_once_and_a_changed_body_again(offline, monkeypatch):

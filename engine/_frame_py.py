@@ -36,6 +36,8 @@ from .errors import MAX_ECHO, FrameError, echo
 
 __all__ = ["RemotingCommand", "FrameDecoder", "decode_frame", "AnswerTemplate"]
 
+_CANONICAL_INT = re.compile(rb"-?(?:0|[1-9][0-9]{0,9})")
+
 #: Deepest JSON nesting a header may have (the header object itself is depth 1).
 MAX_JSON_DEPTH = 64
 #: Largest header the 24-bit length of the header word can describe.
@@ -772,6 +774,89 @@ def _decode_rocketmq_header(frame, end):
 # Streaming
 
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Repeats: a request whose frame equals an earlier one's but for the opaque (a client's heartbeat, sent again)
+
+#: opaques a derived pattern is checked with: the shortest and the longest text forms, of both signs
+_REPEAT_CHECKS = (0, 2147483647, -2147483648)
+_REPEAT_FIELDS = ("code", "language", "version", "flag", "remark", "ext_fields", "body", "serialize_type")
+
+
+def repeat_pattern(frame, decode):
+    """``(serialize byte, text, header prefix, header suffix, body)`` of one whole request frame: the frame with
+    its opaque cut out (decimal text in a JSON header, an int32 in a ROCKETMQ one), or None when the opaque cannot
+    be located unambiguously. ``decode`` is the implementation's decode_frame: the pattern is used only if frames
+    filled in from it with a set of other opaques decode to the same command but for the opaque. Shared by both
+    decoders (arming is rare; matching is the hot part)."""
+    frame = bytes(frame)
+    try:
+        cmd = decode(frame)
+    except FrameError:
+        return None
+    word = int.from_bytes(frame[4:8], "big")
+    kind, hlen = word >> 24, word & 0xFFFFFF
+    header, body = frame[8:8 + hlen], frame[8 + hlen:]
+    if kind == 0:
+        key = b'"opaque":'
+        i = header.find(key)
+        if i < 0 or header.find(key, i + 1) >= 0:
+            return None
+        j = i + len(key)
+        digits = b"%d" % cmd.opaque
+        if header[j:j + len(digits)] != digits or header[j + len(digits):j + len(digits) + 1].isdigit():
+            return None
+        pattern = (kind, True, header[:j], header[j + len(digits):], body)
+    else:
+        if hlen < 9 or header[5:9] != cmd.opaque.to_bytes(4, "big", signed=True):
+            return None
+        pattern = (kind, False, header[:5], header[9:], body)
+    want = [getattr(cmd, name) for name in _REPEAT_FIELDS]
+    for opaque in _REPEAT_CHECKS:
+        try:
+            other = decode(repeat_frame(pattern, opaque))
+        except FrameError:
+            return None
+        if other.opaque != opaque or [getattr(other, name) for name in _REPEAT_FIELDS] != want:
+            return None
+    return pattern
+
+
+def repeat_frame(pattern, opaque) -> bytes:
+    """The frame of ``pattern`` carrying ``opaque``."""
+    kind, text, prefix, suffix, body = pattern
+    slot = b"%d" % opaque if text else opaque.to_bytes(4, "big", signed=True)
+    hlen = len(prefix) + len(slot) + len(suffix)
+    return ((4 + hlen + len(body)).to_bytes(4, "big") + ((kind << 24) | hlen).to_bytes(4, "big") + prefix + slot
+            + suffix + body)
+
+
+def _repeat_opaque(pattern, frame, word):
+    """The opaque of ``frame`` (a whole frame, length and header word checked) if it repeats ``pattern``, else None.
+
+    Text opaques are taken only in canonical form (no sign on 0, no leading zeros) and within int32: exactly the
+    inputs on which the JSON decoder yields that number, so a repeat decodes to the pattern's command."""
+    kind, text, prefix, suffix, body = pattern
+    if word >> 24 != kind:
+        return None
+    hlen = word & 0xFFFFFF
+    if len(frame) - 8 - hlen != len(body):
+        return None
+    np_, ns = len(prefix), len(suffix)
+    nd = hlen - np_ - ns
+    if (text and not 1 <= nd <= 11) or (not text and nd != 4):
+        return None
+    if frame[8:8 + np_] != prefix or frame[8 + np_ + nd:8 + hlen] != suffix or frame[8 + hlen:] != body:
+        return None
+    slot = frame[8 + np_:8 + np_ + nd]
+    if not text:
+        return int.from_bytes(slot, "big", signed=True)
+    if not _CANONICAL_INT.fullmatch(slot) or slot == b"-0":
+        return None
+    value = int(slot)
+    return value if _INT32_MIN <= value <= _INT32_MAX else None
+
+
 class FrameDecoder:
     """Incremental decoder for one connection: feed() bytes as they arrive, get every complete command back.
 
@@ -779,15 +864,46 @@ class FrameDecoder:
     length is refused before its frame is buffered. After an error the decoder stays failed: every later
     feed() raises FrameError (the connection is to be closed). The error raised by feed() carries in
     ``commands`` the commands completed earlier in that same call.
+
+    Repeats: with a pattern armed (:meth:`arm_repeat`), a frame equal to the armed one but for its opaque is
+    returned as that opaque (an int) instead of a command: the caller already knows the command. With
+    ``watch_code`` set, :attr:`watched` is the last frame of that code which the latest feed() decoded in full
+    (the one to arm from).
     """
 
-    __slots__ = ("_buf", "_max", "_error", "_feeding")
+    __slots__ = ("_buf", "_max", "_error", "_feeding", "_repeat", "watch_code", "_watched")
 
     def __init__(self, max_frame_size=DEFAULT_MAX_FRAME_SIZE):
         self._max = _max_frame_size(max_frame_size)
         self._buf = bytearray()
         self._error = None
         self._feeding = False
+        self._repeat = None
+        self.watch_code = None
+        self._watched = None
+
+    @property
+    def watched(self):
+        """The last frame (bytes) with code ``watch_code`` that the latest feed() decoded into a command, or None."""
+        return self._watched
+
+    @property
+    def repeating(self) -> bool:
+        return self._repeat is not None
+
+    def arm_repeat(self, frame) -> bool:
+        """Return later frames equal to ``frame`` but for the opaque as their opaque; False if it cannot be."""
+        self._repeat = repeat_pattern(frame, decode_frame)
+        return self._repeat is not None
+
+    def disarm_repeat(self) -> None:
+        self._repeat = None
+
+    def repeat_command(self, opaque):
+        """The command a repeat with ``opaque`` stands for (the armed frame decoded with that opaque)."""
+        if self._repeat is None:
+            raise ValueError("no repeat is armed")
+        return decode_frame(repeat_frame(self._repeat, opaque), self._max)
 
     @property
     def buffered(self):
@@ -806,6 +922,8 @@ class FrameDecoder:
             raise RuntimeError("FrameDecoder.feed() is not re-entrant")
         view = _as_buffer(chunk)
         commands = []
+        self._watched = None
+        repeat, watch = self._repeat, self.watch_code
         self._feeding = True
         try:
             buf = self._buf
@@ -820,8 +938,17 @@ class FrameDecoder:
                 _check_header_word(word, total)
                 if size - off < total + 4:
                     break
-                commands.append(_decode_command(bytes(buf[off : off + total + 4]), word))
+                frame = bytes(buf[off : off + total + 4])
                 off += total + 4
+                if repeat is not None:
+                    opaque = _repeat_opaque(repeat, frame, word)
+                    if opaque is not None:
+                        commands.append(opaque)
+                        continue
+                cmd = _decode_command(frame, word)
+                if cmd.code == watch:
+                    self._watched = frame
+                commands.append(cmd)
             # Drop consumed bytes once per feed: deleting a bytearray's head is O(1) in CPython (it moves a
             # start offset), so a stream of small frames is never re-copied.
             if off:

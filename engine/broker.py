@@ -74,6 +74,9 @@ class Broker:
         # the name-server role does no ACL (as a RocketMQ name server), so a refused client still finds the broker
         self.server = RemotingServer(self.config, self.metrics, on_close=self._on_connection_closed, acl=self.acl,
                                      acl_exempt=namesrv_codes)
+        # repeated heartbeats skip the full path's per-request work: only when it has none to do (no recording,
+        # no ACL signature to check on every request)
+        self.server.repeats = self.acl is None and self.recorder is None
         self.processors = Processors(self)
         caps = _executor_capacities(self.config)
         table = PROCESSOR_TABLE + (NAMESRV_TABLE if not self.config.namesrv_addr.strip() else ())

@@ -934,6 +934,44 @@ class ClientRegistry:
                     return _RESULT_V1 if hb.fingerprint == 0 else _RESULT_V2_SAME
         return self._heartbeat(channel, slot, hb, language, version)
 
+    def repeat_token(self, channel, hb, language=LanguageCode.JAVA, version: int = 0):
+        """A token for :meth:`heartbeat_repeat`, when the heartbeat just handled on ``channel`` (``hb`` with this
+        request header) armed the fast path; else None. Also None while REGISTER events are wanted: a repeat
+        served on a token emits nothing."""
+        slot = self._slot_of.get(channel)
+        if slot is None or self._want_register:
+            return None
+        armed = self._mv_armed[slot]
+        by = self._armed_by[slot]
+        if (not armed or self._config_epoch >= armed or by is None or by[0] is not hb or by[1] != language
+                or by[2] != version):
+            return None
+        groups = []
+        for cd in hb.consumers:
+            if self._reject_pull and cd.consume_type is _CONSUME_ACTIVELY:
+                continue
+            g = self._consumers.get(cd.group)
+            if g is None or g.epoch >= armed:
+                return None
+            groups.append((cd.group, g))
+        return (slot, by, armed, tuple(groups), _RESULT_V1 if hb.fingerprint == 0 else _RESULT_V2_SAME)
+
+    def heartbeat_repeat(self, token) -> HeartbeatResult | None:
+        """:meth:`heartbeat` once more for the request ``token`` stands for, on the fast path's own conditions
+        (the same arming of the slot, no config or group change since). None when they no longer hold: then
+        nothing was done and the request is to go through :meth:`heartbeat`."""
+        slot, by, armed, groups, result = token
+        if self._armed_by[slot] is not by or self._mv_armed[slot] != armed or self._config_epoch >= armed:
+            return None
+        consumers = self._consumers
+        for name, g in groups:
+            if consumers.get(name) is not g or g.epoch >= armed:
+                return None
+        now = self._clock()
+        self._mv_last[slot] = now
+        self._mv_oldest[slot] = now + self._fresh_off[self._mv_kinds[slot]]
+        return result
+
     def _request_info(self) -> ClientChannelInfo:
         """The ClientChannelInfo Java builds for the request being handled (events carry it)."""
         channel, client_id, language, version, now, slot = self._request

@@ -31,7 +31,7 @@ except ImportError:  # not POSIX
 from collections import Counter, deque
 
 from . import FrameDecoder, FrameError, RemotingCommand
-from .enums import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
+from .enums import FLAG_ONEWAY, FLAG_RESPONSE, RequestCode, ResponseCode
 from .errors import RemotingError
 
 log = logging.getLogger("engine.server")
@@ -50,7 +50,7 @@ class Connection(asyncio.Protocol):
     __slots__ = ("server", "port_name", "id", "transport", "decoder", "remote_ip", "remote_port", "remote_addr",
                  "local_ip", "closing", "close_reason", "rejected", "partial_since", "last_io", "inflight",
                  "reading_paused", "write_paused_since", "serialize_type", "held_pulls", "hb_body", "hb", "_out",
-                 "_soon", "__weakref__")
+                 "_soon", "repeat", "repeat_candidate", "hb_norepeat", "__weakref__")
 
     def __init__(self, server: "RemotingServer", port_name: str):
         self.server = server
@@ -74,6 +74,13 @@ class Connection(asyncio.Protocol):
         self.held_pulls: dict = {}  # opaque -> TimerHandle of a held PULL_MESSAGE
         self.hb_body: bytes | None = None  # body of the last heartbeat decoded on this connection, and its result
         self.hb = None
+        # a heartbeat the client repeats: the decoder returns each repeat's opaque, answered by this
+        # (processors.HeartbeatRepeat); the candidate is armed once the read that produced it is done
+        self.repeat = None
+        self.repeat_candidate = None
+        self.hb_norepeat: bytes | None = None  # a body whose frames could not be armed (not tried again)
+        if server.repeats:
+            self.decoder.watch_code = RequestCode.HEART_BEAT
         self._out: list | None = None  # responses batched during one data_received
         self._soon: list | None = None  # frames from send_soon, written once this loop iteration's reads are done
 
@@ -111,15 +118,44 @@ class Connection(asyncio.Protocol):
         if not commands:
             return
         self._out = out = []
+        replayed = False
         try:
             for cmd in commands:
                 if self.closing:
                     break
+                if type(cmd) is int:  # a repeat of the armed heartbeat: only its opaque
+                    if self.repeat is not None:
+                        answer = self.repeat.answer(self, cmd)
+                        if answer is not None:
+                            out.append(answer)
+                            continue
+                        self.repeat = None
+                    replayed = True  # the full path from here on; the read's later repeats too
+                    cmd = self.decoder.repeat_command(cmd)
                 server.dispatch(self, cmd)
         finally:
             self._out = None
+            if replayed:
+                self.decoder.disarm_repeat()
+            if self.repeat_candidate is not None:
+                self._arm_repeat()
             if out and not self.closing:
                 self._write(b"".join(out) if len(out) > 1 else out[0])
+
+    def _arm_repeat(self) -> None:
+        """Arm the decoder on this read's last heartbeat frame, if it is the candidate's request."""
+        repeat, cmd = self.repeat_candidate
+        self.repeat_candidate = None
+        decoder = self.decoder
+        frame = decoder.watched
+        if frame is None or self.closing:
+            return
+        if decoder.arm_repeat(frame):
+            if decoder.repeat_command(cmd.opaque) == cmd:
+                self.repeat = repeat
+                return
+            decoder.disarm_repeat()
+        self.hb_norepeat = cmd.body
 
     def connection_lost(self, exc) -> None:
         self.closing = True
@@ -350,6 +386,8 @@ class RemotingServer:
         self._idle_pass: list[Connection] = []
         self.max_connections = config.max_connections  # maxConnections, capped by the descriptor limit at start
         self.io_pool = None  # engine.ioworker.IOWorkerPool when ioWorkers > 0: sockets live in worker processes
+        #: repeated heartbeats take the short route (Connection.repeat); off when each request must be seen whole
+        self.repeats = acl is None
 
     def _queue_soon(self, conn: Connection) -> None:
         if not self._soon:

@@ -1444,6 +1444,15 @@ cdef class FrameDecoder:
     cdef object _max_obj
     cdef object _error
     cdef bint _feeding
+    # the armed repeat (engine._frame_py.repeat_pattern's tuple, and its parts for the matcher)
+    cdef object _repeat
+    cdef uint32_t _r_kind
+    cdef bint _r_text
+    cdef bytes _r_prefix
+    cdef bytes _r_suffix
+    cdef bytes _r_body
+    cdef public object watch_code
+    cdef object _watched
 
     def __init__(self, max_frame_size=DEFAULT_MAX_FRAME_SIZE):
         self._max_obj = _twin._max_frame_size(max_frame_size)
@@ -1452,6 +1461,77 @@ cdef class FrameDecoder:
         self._off = 0
         self._error = None
         self._feeding = False
+        self._repeat = None
+        self.watch_code = None
+        self._watched = None
+
+    @property
+    def watched(self):
+        """The last frame (bytes) with code ``watch_code`` that the latest feed() decoded into a command, or None."""
+        return self._watched
+
+    @property
+    def repeating(self):
+        return self._repeat is not None
+
+    def arm_repeat(self, frame):
+        """Return later frames equal to ``frame`` but for the opaque as their opaque; False if it cannot be."""
+        pattern = _twin.repeat_pattern(frame, decode_frame)
+        self._repeat = pattern
+        if pattern is None:
+            return False
+        self._r_kind, self._r_text, self._r_prefix, self._r_suffix, self._r_body = pattern
+        return True
+
+    def disarm_repeat(self):
+        self._repeat = None
+
+    def repeat_command(self, opaque):
+        """The command a repeat with ``opaque`` stands for (the armed frame decoded with that opaque)."""
+        if self._repeat is None:
+            raise ValueError("no repeat is armed")
+        return decode_frame(_twin.repeat_frame(self._repeat, opaque), self._max_obj)
+
+    cdef object _repeat_opaque(self, const unsigned char* f, Py_ssize_t size, uint32_t word):
+        """The opaque of frame f[0:size] if it repeats the armed pattern, else None (twin: _repeat_opaque).
+
+        Bounds: the caller checked the header word (8 + hlen <= size). The size checks below make prefix, slot,
+        suffix and body partition f[8:size] exactly, so every memcmp and the slot reads stay inside the frame."""
+        cdef Py_ssize_t hlen = word & 0xFFFFFF
+        cdef Py_ssize_t np_ = PyBytes_GET_SIZE(self._r_prefix)
+        cdef Py_ssize_t ns = PyBytes_GET_SIZE(self._r_suffix)
+        cdef Py_ssize_t nb = PyBytes_GET_SIZE(self._r_body)
+        cdef Py_ssize_t nd, i
+        cdef const unsigned char* slot
+        cdef int64_t v = 0
+        cdef bint neg
+        if (word >> 24) != self._r_kind or size - 8 - hlen != nb:
+            return None
+        nd = hlen - np_ - ns
+        if (self._r_text and (nd < 1 or nd > 11)) or (not self._r_text and nd != 4):
+            return None
+        if (memcmp(f + 8, PyBytes_AS_STRING(self._r_prefix), np_) != 0
+                or memcmp(f + 8 + np_ + nd, PyBytes_AS_STRING(self._r_suffix), ns) != 0
+                or memcmp(f + 8 + hlen, PyBytes_AS_STRING(self._r_body), nb) != 0):
+            return None
+        slot = f + 8 + np_
+        if not self._r_text:
+            return <int32_t>_be32(slot)
+        # canonical decimal only: "0", or an optional "-" and 1-10 digits without a leading zero
+        neg = slot[0] == 45
+        i = 1 if neg else 0
+        if i >= nd or nd - i > 10 or (slot[i] == 48 and (neg or nd - i != 1)):
+            return None
+        while i < nd:
+            if slot[i] < 48 or slot[i] > 57:
+                return None
+            v = v * 10 + (slot[i] - 48)
+            i += 1
+        if neg:
+            v = -v
+        if v < -0x80000000 or v > 0x7FFFFFFF:
+            return None
+        return v
 
     @property
     def buffered(self):
@@ -1476,7 +1556,16 @@ cdef class FrameDecoder:
             _check_header_word(word, total)
             if n - pos < <Py_ssize_t>total + 4:
                 break
-            PyList_Append(out, _decode_command(p + pos, <Py_ssize_t>total + 4, word))
+            if self._repeat is not None:
+                opaque = self._repeat_opaque(p + pos, <Py_ssize_t>total + 4, word)
+                if opaque is not None:
+                    PyList_Append(out, opaque)
+                    pos += <Py_ssize_t>total + 4
+                    continue
+            cmd = _decode_command(p + pos, <Py_ssize_t>total + 4, word)
+            if self.watch_code is not None and cmd.code == self.watch_code:
+                self._watched = PyBytes_FromStringAndSize(<const char*>p + pos, <Py_ssize_t>total + 4)
+            PyList_Append(out, cmd)
             pos += <Py_ssize_t>total + 4
         return pos
 
@@ -1510,6 +1599,7 @@ cdef class FrameDecoder:
         if self._feeding:  # e.g. from a finalizer run by the GC mid-feed: the buffer must not move under us
             raise RuntimeError("FrameDecoder.feed() is not re-entrant")
         _get_buffer(chunk, &view)
+        self._watched = None
         self._feeding = True
         try:
             p = <const unsigned char*>view.buf

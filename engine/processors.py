@@ -156,7 +156,7 @@ class Processors:
         result = self.registry.heartbeat(conn, hb, cmd.language, cmd.version)
         tpl = self._template(cmd, result)
         if tpl:
-            if self._repeats and conn.repeat is None and body != conn.hb_norepeat:
+            if self._repeats and body != conn.hb_norepeat:
                 token = self.registry.repeat_token(conn, hb, cmd.language, cmd.version)
                 if token is not None:
                     repeat_tpl = self._template(cmd, token[-1])

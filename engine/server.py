@@ -135,20 +135,27 @@ class Connection(asyncio.Protocol):
                 server.dispatch(self, cmd)
         finally:
             self._out = None
-            if replayed:
-                self.decoder.disarm_repeat()
             if self.repeat_candidate is not None:
                 self._arm_repeat()
+            if replayed and self.repeat is None:
+                self.decoder.disarm_repeat()
             if out and not self.closing:
                 self._write(b"".join(out) if len(out) > 1 else out[0])
 
     def _arm_repeat(self) -> None:
-        """Arm the decoder on this read's last heartbeat frame, if it is the candidate's request."""
+        """Take the candidate: on the decoder's armed frame if that is the candidate's request (the registry
+        re-armed after a change), else by arming the decoder on this read's last heartbeat frame if it is."""
         repeat, cmd = self.repeat_candidate
         self.repeat_candidate = None
+        if self.closing:
+            return
         decoder = self.decoder
+        if decoder.repeating and decoder.repeat_command(cmd.opaque) == cmd:
+            self.repeat = repeat
+            return
+        self.repeat = None
         frame = decoder.watched
-        if frame is None or self.closing:
+        if frame is None:
             return
         if decoder.arm_repeat(frame):
             if decoder.repeat_command(cmd.opaque) == cmd:

@@ -303,3 +303,23 @@ def test_no_tokens_while_register_events_are_wanted(tmp_path):
     reg.heartbeat("ch", hb)
     reg.heartbeat("ch", hb)
     assert reg.repeat_token("ch", hb) is None
+
+
+def test_every_captured_client_heartbeat_can_be_armed_and_repeated(impl, vectors):
+    seen = set()
+    for client, _, raw in vectors:
+        try:
+            cmd = impl.frame.decode_frame(raw)
+        except engine.FrameError:
+            continue
+        if cmd.code != RequestCode.HEART_BEAT or cmd.is_response:
+            continue
+        d = impl.frame.FrameDecoder()
+        assert d.arm_repeat(raw), client
+        again = cmd.opaque + 1 if cmd.opaque < 2**31 - 1 else 0
+        frame = with_opaque_text(raw, b"%d" % again) if cmd.serialize_type == "JSON" else None
+        if frame is not None:
+            assert d.feed(raw + frame) == [cmd.opaque, again]
+            assert d.repeat_command(again) == impl.frame.decode_frame(frame)
+        seen.add(client)
+    assert len(seen) >= 2  # both real clients' heartbeats

@@ -144,3 +144,34 @@ def test_response_encode(benchmark, impl):
     ext = {"IS_SUPPORT_HEART_BEAT_V2": "true", "IS_SUB_CHANGE": "true"}
     out = benchmark(lambda: request.response(0, ext_fields=ext).encode())
     assert out[:4] == b"\x00\x00\x00\xaa"
+
+
+def _burst(mod, frame, n=8):
+    """n copies of ``frame`` with consecutive opaques (a client's pipelined heartbeats), re-encoded by ``mod``."""
+    cmd = mod.decode_frame(frame)
+    out = []
+    for i in range(n):
+        cmd.opaque = 1_000_000_000 + i
+        out.append(cmd.encode())
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("impl", ["native", "native-armed", "twin", "twin-armed", "msgspec"])
+@pytest.mark.parametrize("name,frame", SAMPLES, ids=IDS)
+def test_repeated_heartbeat_stream(benchmark, impl, name, frame):
+    """A read of 8 heartbeats that repeat the connection's last one: decoded in full, or (armed) each handed back
+    as its opaque (FrameDecoder.arm_repeat, the broker's route for repeats). Figures are per read of 8; msgspec
+    decodes each frame's header (it cannot skip a repeat)."""
+    benchmark.group = f"read of 8 repeated heartbeats {name}"
+    mod = _frame_py if impl.startswith("twin") else _frame
+    data = _burst(mod, frame)
+    if impl == "msgspec":
+        frames = [data[i:i + len(data) // 8] for i in range(0, len(data), len(data) // 8)]
+        out = benchmark(lambda: [msgspec_frame(f) for f in frames])
+        assert len(out) == 8
+        return
+    decoder = mod.FrameDecoder()
+    if impl.endswith("armed"):
+        assert decoder.arm_repeat(data[:len(data) // 8])
+    out = benchmark(decoder.feed, data)
+    assert len(out) == 8 and (type(out[0]) is int) == impl.endswith("armed")

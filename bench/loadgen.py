@@ -18,7 +18,10 @@ Scenarios (``python bench/loadgen.py --help``):
   time (the burst's write) to the moment its answer is read; answers are checked against the opaque they answer
   and every non-SUCCESS answer counts as an error. Reports heartbeats/s answered and latency percentiles, and for
   open loop how late the sender's 1 ms ticks started (``tick_late_*``: the load generator's own loop stalls,
-  which delay reading answers too) and how long its send work per tick took (``tick_work_*``).
+  which delay reading answers too) and how long its send work per tick took (``tick_work_*``). The window opens
+  after a warm-up (``warmup_s``): open loop, the offered load is sent through it, at least 3 passes over the
+  connections and until the answers have caught up, so the window measures the steady state and not the wave of
+  every client's first heartbeats after registering.
 * ``storm``: N clients connect at once and send their first heartbeat; reports the time until every one of them
   is registered (answered SUCCESS).
 

@@ -159,7 +159,7 @@ class Processors:
             if self._repeats and body != conn.hb_norepeat:
                 token = self.registry.repeat_token(conn, hb, cmd.language, cmd.version)
                 if token is not None:
-                    repeat_tpl = self._template(cmd, token[-1])
+                    repeat_tpl = self._template(cmd, token[-1])  # token[-1]: the result a repeat gets
                     if repeat_tpl:  # the connection arms its decoder once the read is done
                         conn.repeat_candidate = (HeartbeatRepeat(self, token, repeat_tpl, cmd.serialize_type), cmd)
             return tpl.frame(cmd.opaque)

@@ -233,3 +233,60 @@ def test_saturation(benchmark, tmp_path):
     benchmark.extra_info.update(res)
     print("\n", res)
     assert res["errors"] == 0 and res["opaque_mismatch"] == 0 and res["connections"] == 1000
+
+
+class _NullTransport:
+    """What Connection needs of a transport, doing nothing: the in-process cost without sockets."""
+
+    def __init__(self, port):
+        self.port = port
+
+    def write(self, data):
+        pass
+
+    def get_write_buffer_size(self):
+        return 0
+
+    def get_extra_info(self, name):
+        return ("10.0.0.9", self.port) if name == "peername" else ("127.0.0.1", 10911)
+
+
+@pytest.mark.parametrize("route", ["repeats", "full path"])
+def test_inprocess_heartbeat_path(benchmark, tmp_path, route):
+    """Connection.data_received over 1,000 connections, each read 8 pipelined heartbeats that repeat the
+    connection's last one: the broker's Python and native work per heartbeat without the socket syscalls, with the
+    repeat route and with it turned off (every heartbeat decoded and dispatched)."""
+    import asyncio
+
+    from engine.broker import Broker
+    from engine.config import BrokerConfig
+    from engine.server import Connection
+
+    benchmark.group = "in-process heartbeat path (per read of 8, 1,000 connections per round)"
+    b = Broker(BrokerConfig(listen_port=0, store_path_root_dir=str(tmp_path / "store")))
+    loop = asyncio.new_event_loop()
+    b.loop = b.server.loop = loop
+    if route != "repeats":
+        b.server.repeats = b.processors._repeats = False
+    fleet = loadgen.make_fleet(1000, 0, 100, 0.5)
+    conns, reads = [], []
+    for i, c in enumerate(fleet):
+        conn = Connection(b.server, "main")
+        conn.connection_made(_NullTransport(1000 + i))
+        conns.append(conn)
+        reads.append(b"".join(c.heartbeat_frame(loadgen.OPAQUE_BASE + k) for k in range(8)))
+    pairs = list(zip(conns, reads))
+
+    def round_():
+        for conn, data in pairs:
+            conn.data_received(data)
+
+    round_()
+    round_()  # registered, fast path armed (and the route, when on)
+    benchmark.pedantic(round_, rounds=20, iterations=1)
+    per_hb_us = benchmark.stats.stats.min / 8000 * 1e6
+    benchmark.extra_info["us_per_heartbeat_min"] = round(per_hb_us, 3)
+    print(f"\n{route}: {per_hb_us:.2f} us per heartbeat (min round)")
+    assert all((c.repeat is not None) == (route == "repeats") for c in conns)
+    assert b.metrics.heartbeats == 22 * 8000
+    loop.close()

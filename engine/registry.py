@@ -64,7 +64,6 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import time
 from dataclasses import dataclass
 
 import numpy as np

@@ -5,7 +5,8 @@ Every input goes through both implementations (engine._frame, engine._frame_py) 
 
 * ``decode_frame(data)``, and again with a small max frame size taken from the input (the oversize branch);
 * a FrameDecoder fed the input in chunks chosen from the input's CRC (whole, 1-byte, small and larger chunks),
-  then one more feed after a failure (a failed decoder must stay failed);
+  then one more feed after a failure (a failed decoder must stay failed); and the same again with the decoder
+  armed on the input's first frame (``arm_repeat``: later copies of it come back as their opaques);
 * for every decoded command: ``encode()`` (byte-identical across implementations) and decoding that encoding
   again (what we write must be readable by us).
 
@@ -45,16 +46,22 @@ def decode_verdict(mod, data, limit):
     return ("ok", command_view(cmd)), cmd
 
 
-def stream_verdict(mod, data, cuts, limit):
-    """What a FrameDecoder makes of the stream: per feed, the commands or the error (with its partial commands)."""
+def item_view(item):
+    """A feed() result: a command, or the opaque of a repeat of the armed frame."""
+    return item if type(item) is int else command_view(item)
+
+
+def stream_verdict(mod, data, cuts, limit, arm=None):
+    """What a FrameDecoder makes of the stream: per feed, the commands or the error (with its partial commands).
+    With ``arm``, the decoder is first armed on that frame: repeats of it come back as their opaques."""
     decoder = mod.FrameDecoder(limit)
-    out = []
+    out = [] if arm is None else [("armed", decoder.arm_repeat(arm))]
     for chunk in fuzzlib.chunks(data, cuts):
         try:
             commands = decoder.feed(chunk)
         except Exception as exc:  # noqa: BLE001
             verdict = fuzzlib.check_error(exc)
-            partial = [command_view(c) for c in getattr(exc, "commands", [])]
+            partial = [item_view(c) for c in getattr(exc, "commands", [])]
             out.append((verdict, partial, decoder.buffered))
             try:  # a failed decoder stays failed: the connection is to be closed
                 decoder.feed(b"\x00\x00\x00\x08")
@@ -63,7 +70,7 @@ def stream_verdict(mod, data, cuts, limit):
             else:
                 raise fuzzlib.Divergence(f"{mod.__name__}: FrameDecoder accepted input after failing")
             return out
-        out.append(([command_view(c) for c in commands], decoder.buffered))
+        out.append(([item_view(c) for c in commands], decoder.buffered))
     return out
 
 
@@ -103,13 +110,23 @@ def test_one_input(data):
     cuts = fuzzlib.cuts_for(data)
     limit = DEFAULT_MAX_FRAME_SIZE if fuzzlib.zlib.crc32(data, 7) % 4 else small
     same("FrameDecoder", [stream_verdict(mod, data, cuts, limit) for mod in IMPLS], data)
+    # armed on the input's first frame (when its length says it is whole), so later copies are repeats
+    first = 4 + int.from_bytes(data[:4], "big") if len(data) >= 8 else 0
+    if 8 <= first <= len(data):
+        same("FrameDecoder armed", [stream_verdict(mod, data, cuts, limit, data[:first]) for mod in IMPLS], data)
 
 
 def seeds():
-    """The real frames, each alone and a few back to back (streams), so mutations start from real bytes."""
+    """The real frames, each alone and a few back to back (streams), so mutations start from real bytes; and real
+    frames followed by copies with other opaques (repeats, for the armed decoder)."""
     frames = fuzzlib.vector_frames()
     streams = [b"".join(frames[i : i + 3]) for i in range(0, len(frames), 17)]
-    return frames + streams
+    repeats = []
+    for frame in frames[::7]:
+        pattern = TWIN.repeat_pattern(frame, TWIN.decode_frame)
+        if pattern is not None:
+            repeats.append(frame + b"".join(TWIN.repeat_frame(pattern, o) for o in (0, -5, 2**31 - 1)))
+    return frames + streams + repeats
 
 
 if __name__ == "__main__":

@@ -393,8 +393,21 @@ class GcWatch:
         return {"loadgen_gc_passes": self.count, "loadgen_gc_max_s": self.max_s}
 
 
+def child_pids(pid: int) -> list[int]:
+    """The direct children of a process (a broker's I/O workers), from /proc; [] when they cannot be read."""
+    out = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
 class Window:
-    """Counters at the start of the measured window and their deltas at its end."""
+    """Counters at the start of the measured window and their deltas at its end (the broker's CPU, and its child
+    processes' - I/O workers - apart)."""
 
     def __init__(self, stats: dict, server_pid: int | None):
         self.stats, self.server_pid = stats, server_pid
@@ -402,6 +415,7 @@ class Window:
         self.s0 = dict(stats)
         self.cpu0 = time.process_time()
         self.srv0 = proc_cpu_s(server_pid) if server_pid else None
+        self.children0 = {c: proc_cpu_s(c) for c in child_pids(server_pid)} if server_pid else {}
         self.m0 = machine_cpu_s()
 
     def close(self) -> dict:
@@ -411,6 +425,9 @@ class Window:
         if self.srv0 is not None:
             srv1 = proc_cpu_s(self.server_pid)
             out["server_cpu_s"] = None if srv1 is None else srv1 - self.srv0
+            if self.children0:
+                out["server_children_cpu_s"] = sum((proc_cpu_s(c) or c0) - c0
+                                                   for c, c0 in self.children0.items() if c0 is not None)
         m1 = machine_cpu_s()
         if self.m0 and m1:
             out["machine_busy_s"], out["machine_total_s"] = m1[0] - self.m0[0], m1[1] - self.m0[1]
@@ -692,6 +709,8 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
     longest = max(results, key=lambda r: r["seconds"])
     if longest.get("server_cpu_s") is not None:
         merged["server_cpu_s"] = round(longest["server_cpu_s"], 3)
+    if longest.get("server_children_cpu_s") is not None:
+        merged["io_workers_cpu_s"] = round(longest["server_children_cpu_s"], 3)
     if longest.get("machine_total_s"):
         merged["machine_busy_pct"] = round(100 * longest["machine_busy_s"] / longest["machine_total_s"], 1)
         merged["machine_niced_pct"] = round(100 * longest["machine_niced_s"] / longest["machine_total_s"], 1)

@@ -642,7 +642,7 @@ class SubscriptionGroupManager(_ConfigTable):
 
 class ConsumerOffsetManager(_Table):
     """Committed consumer offsets: ``"topic@group" -> {queueId: offset}`` (ConsumerOffsetManager):
-    ``consumerOffset.json``, written by :meth:`persist` (the broker's timer), not on every commit."""
+    ``consumerOffset.json``, written by :meth:`Store.persist_offsets` (the broker's timer), not on every commit."""
 
     FILE_NAME, TABLE_KEY = "consumerOffset.json", "offsetTable"
     SEPARATOR = "@"
@@ -704,11 +704,6 @@ class ConsumerOffsetManager(_Table):
                 raise StoreError(f"{path}[{q!r}]: expected an int64 offset")
             out[qid] = o
         return out
-
-    def persist(self) -> None:
-        self.data_version.next_version()
-        self.file.write(self.to_document())
-        self.dirty = False
 
     def write_failed(self) -> None:
         self.dirty = True  # the next flush retries
@@ -818,13 +813,13 @@ class Store:
         """Config files with changes not yet on disk (deferred derivable changes, failed or deferred writes)."""
         return len(self._dirty_configs | set(self._due) | (set(self._queued) - {self.offsets}))
 
-    def persist_offsets(self) -> None:
+    def persist_offsets(self, background: bool = True) -> None:
         """Write consumerOffset.json if an offset changed since the last write (in the writer thread when
-        ``background_writes``)."""
+        ``background_writes`` and ``background``)."""
         if self.config_dir is not None and self.offsets.dirty:
             self.offsets.data_version.next_version()
             self.offsets.dirty = False
-            self._write(self.offsets, background=True)
+            self._write(self.offsets, background=background)
 
     def flush(self) -> None:
         """Wait until the background writes queued so far are on disk (or have failed)."""
@@ -839,8 +834,7 @@ class Store:
         self.flush()
         for manager in list(self._dirty_configs | set(self._due)):
             self._write(manager)
-        if self.offsets.dirty:
-            self.offsets.persist()
+        self.persist_offsets(background=False)
 
     def close(self) -> None:
         """Finish the queued background writes and stop the writer thread (the store stays usable, synchronously

@@ -490,6 +490,28 @@ def test_a_failed_background_write_is_retried_and_shutdown_drains(tmp_path, monk
     assert store.pending_config_writes == 0 and not store.offsets.dirty
 
 
+def test_a_failed_offsets_write_at_shutdown_is_logged_and_stays_owed(tmp_path, monkeypatch, caplog):
+    # the synchronous write (persist at shutdown) takes the same path as the timer's: logged, not raised
+    import engine.store
+
+    store = Store(tmp_path)
+    reg = ClientRegistry(store=store)
+    reg.update_topic_config(TopicConfig("T"))
+    reg.heartbeat(0, hb(client_id="10.0.0.1@0", consumers=[("AUTO", ["T"])]))
+    reg.update_consumer_offset("h", "AUTO", "T", 0, 9)
+
+    def full(path, data, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(engine.store, "atomic_write", full)
+    with caplog.at_level(logging.ERROR, logger="engine.store"):
+        store.persist()
+    assert "consumerOffset.json" in caplog.text and store.offsets.dirty
+    monkeypatch.undo()
+    store.persist()
+    assert Store(tmp_path).offsets.query_offset("AUTO", "T", 0) == 9 and not store.offsets.dirty
+
+
 def test_the_event_loop_is_not_blocked_by_a_slow_disk(tmp_path, monkeypatch):
     """The broker's tick with a write due: fsync takes 0.3 s in the writer thread, a 10 ms loop timer still fires
     on time."""

@@ -891,6 +891,11 @@ class FrameDecoder:
     def repeating(self) -> bool:
         return self._repeat is not None
 
+    @property
+    def repeat_body(self):
+        """The armed frame's body (bytes), or None: a caller that keeps the same body can share this object."""
+        return None if self._repeat is None else self._repeat[4]
+
     def arm_repeat(self, frame) -> bool:
         """Return later frames equal to ``frame`` but for the opaque as their opaque; False if it cannot be."""
         self._repeat = repeat_pattern(frame, decode_frame)

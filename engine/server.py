@@ -160,6 +160,8 @@ class Connection(asyncio.Protocol):
         if decoder.arm_repeat(frame):
             if decoder.repeat_command(cmd.opaque) == cmd:
                 self.repeat = repeat
+                if self.hb_body == cmd.body:
+                    self.hb_body = decoder.repeat_body  # one copy of the body per connection, not two
                 return
             decoder.disarm_repeat()
         self.hb_norepeat = cmd.body

@@ -1474,6 +1474,11 @@ cdef class FrameDecoder:
     def repeating(self):
         return self._repeat is not None
 
+    @property
+    def repeat_body(self):
+        """The armed frame's body (bytes), or None: a caller that keeps the same body can share this object."""
+        return None if self._repeat is None else self._r_body
+
     def arm_repeat(self, frame):
         """Return later frames equal to ``frame`` but for the opaque as their opaque; False if it cannot be."""
         pattern = _twin.repeat_pattern(frame, decode_frame)

@@ -53,7 +53,7 @@ def test_a_repeat_comes_back_as_its_opaque_and_anything_else_in_full(impl, seria
     d.watch_code = RequestCode.HEART_BEAT
     first = request(5, serialize_type=serialize_type)
     assert [c.opaque for c in d.feed(first)] == [5] and d.watched == first and not d.repeating
-    assert d.arm_repeat(d.watched) and d.repeating
+    assert d.arm_repeat(d.watched) and d.repeating and d.repeat_body == b"hb-body"
     other_body = request(8, data=b"hb-bodY", serialize_type=serialize_type)
     other_code = request(9, code=RequestCode.UNREGISTER_CLIENT, serialize_type=serialize_type)
     out = d.feed(request(-77, serialize_type=serialize_type) + other_body + other_code
@@ -65,7 +65,8 @@ def test_a_repeat_comes_back_as_its_opaque_and_anything_else_in_full(impl, seria
         assert d.repeat_command(opaque) == impl.frame.decode_frame(request(opaque, serialize_type=serialize_type))
     assert d.feed(b"") == [] and d.watched is None  # each feed says what it saw
     d.disarm_repeat()
-    assert not d.repeating and d.feed(request(3, serialize_type=serialize_type))[0].opaque == 3
+    assert not d.repeating and d.repeat_body is None
+    assert d.feed(request(3, serialize_type=serialize_type))[0].opaque == 3
     with pytest.raises(ValueError):
         d.repeat_command(3)
 
@@ -208,6 +209,7 @@ def test_repeats_are_answered_as_the_full_path_answers_them(make_broker, seriali
     for opaques in ([1], [2, 3], [4, 5, 6], [-(2**31), 2**31 - 1, 0, 10]):
         assert beat(a, opaques, data, serialize_type) == beat(b, opaques, data, serialize_type)
     assert a.repeat is not None and a.decoder.repeating and b.repeat is None and not b.decoder.repeating
+    assert a.hb_body is a.decoder.repeat_body  # the connection keeps one copy of the body
     # the route did the registry's work: the slot's time is the clock's, as on the full path
     slot = fast.registry._slot_of[a]
     assert fast.registry._mv_last[slot] > 0

@@ -88,17 +88,6 @@ def fd_kinds(pids) -> dict:
     return kinds
 
 
-def children(pid: int) -> list[int]:
-    out = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(x) for x in f.read().split()]
-    except OSError:
-        pass
-    return out
-
-
 def scrape(port: int) -> dict:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     out = {"group_channels": 0}
@@ -128,7 +117,7 @@ class Sampler(threading.Thread):
         self.stop = threading.Event()
 
     def sample(self) -> dict:
-        pids = [self.pid] + children(self.pid)  # the broker and its I/O workers, if any
+        pids = [self.pid] + loadgen.child_pids(self.pid)  # the broker and its I/O workers, if any
         per = {}
         for pid in pids:
             try:
@@ -237,7 +226,7 @@ def main(argv=None) -> int:
         threading.Thread(target=lambda: [None for _ in broker.stdout], daemon=True).start()  # keep the pipe drained
         sampler = Sampler(broker.pid, mport)
         base = sampler.sample()
-        kinds_before = fd_kinds([broker.pid] + children(broker.pid))
+        kinds_before = fd_kinds([broker.pid] + loadgen.child_pids(broker.pid))
         sampler.start()
         probe = Probe(port)
         probe.start()
@@ -253,12 +242,12 @@ def main(argv=None) -> int:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             s = sampler.sample()
-            if s.get("connections") == 0 and s["fds"] <= base["fds"] + 1 + len(children(broker.pid)):
+            if s.get("connections") == 0 and s["fds"] <= base["fds"] + 1 + len(loadgen.child_pids(broker.pid)):
                 break
             time.sleep(1)
         sampler.stop.set()
         after = sampler.samples[-1]
-        procs_after = [broker.pid] + children(broker.pid)
+        procs_after = [broker.pid] + loadgen.child_pids(broker.pid)
         kinds_after = fd_kinds(procs_after)
         n_procs = len(procs_after)
     finally:

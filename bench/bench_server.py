@@ -243,7 +243,7 @@ def test_inprocess_heartbeat_path(benchmark, tmp_path, route):
     loop = asyncio.new_event_loop()
     b.loop = b.server.loop = loop
     if route != "repeats":
-        b.server.repeats = b.processors._repeats = False
+        b.server.repeats = False
     fleet = loadgen.make_fleet(1000, 0, 100, 0.5)
     conns, reads = [], []
     for i, c in enumerate(fleet):

@@ -131,7 +131,6 @@ class Processors:
         self.metrics = broker.metrics
         #: (serialize type, IS_SUB_CHANGE) of a SUCCESS heartbeat answer -> AnswerTemplate or False
         self._hb_answers: dict = {}
-        self._repeats = broker.server.repeats
 
     # ------------------------------------------------------------------ ClientManageProcessor
     def heart_beat(self, conn, cmd):
@@ -156,7 +155,8 @@ class Processors:
         result = self.registry.heartbeat(conn, hb, cmd.language, cmd.version)
         tpl = self._template(cmd, result)
         if tpl:
-            if self._repeats and body != conn.hb_norepeat:
+            # a candidate only where the route is on: there the connection's decoder watches heartbeats
+            if conn.decoder.watch_code is not None and body != conn.hb_norepeat:
                 token = self.registry.repeat_token(conn, hb, cmd.language, cmd.version)
                 if token is not None:
                     repeat_tpl = self._template(cmd, token[-1])  # token[-1]: the result a repeat gets

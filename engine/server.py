@@ -395,8 +395,9 @@ class RemotingServer:
         self._idle_pass: list[Connection] = []
         self.max_connections = config.max_connections  # maxConnections, capped by the descriptor limit at start
         self.io_pool = None  # engine.ioworker.IOWorkerPool when ioWorkers > 0: sockets live in worker processes
-        #: repeated heartbeats take the short route (Connection.repeat); off when each request must be seen whole
-        self.repeats = acl is None
+        #: repeated heartbeats take the short route (Connection.repeat): the Broker turns it on when no request
+        #: must be seen whole (no ACL, no recording); a connection's decoder watches heartbeats only then
+        self.repeats = False
 
     def _queue_soon(self, conn: Connection) -> None:
         if not self._soon:

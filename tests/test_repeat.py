@@ -203,7 +203,7 @@ def beat(conn, opaques, data, serialize_type="JSON"):
 @pytest.mark.parametrize("serialize_type", ["JSON", "ROCKETMQ"])
 def test_repeats_are_answered_as_the_full_path_answers_them(make_broker, serialize_type):
     fast, full = make_broker(), make_broker()
-    full.server.repeats = full.processors._repeats = False
+    full.server.repeats = False  # before its connections exist: they do not watch heartbeats
     a, b = connect(fast), connect(full)
     data = body(fingerprint=0)
     for opaques in ([1], [2, 3], [4, 5, 6], [-(2**31), 2**31 - 1, 0, 10]):

@@ -272,12 +272,13 @@ class LoadConn(asyncio.Protocol):
                 stats["notifies"] += 1
                 continue
             i = data.find(b'"opaque":', h0, h1) + 9
+            success = data.startswith(b'{"code":0,', h0)
             if i < 9 or data[i:i + 10] != b"%d" % (OPAQUE_BASE + self.acked % _OPAQUE_SPAN):
                 stats["opaque_mismatch"] += 1
-            elif data.startswith(b'{"code":0,', h0) and self.answer is None:
+            elif success and self.answer is None:
                 self.answer = AnswerPattern(data[start:end], i - start)
             self.acked += 1
-            if data.startswith(b'{"code":0,', h0):
+            if success:
                 ok += 1
             answered += 1
             if pending:

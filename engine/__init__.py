@@ -1,10 +1,14 @@
 """RocketMQ broker client management: frame codec, heartbeat decoding, client registry, server.
 
-Every hot path has a Cython module (``engine._frame``, ``engine._heartbeat``, ``engine._expiry``, built from
-``pyx/``) and a pure-Python twin (``engine._frame_py``, ...) with the same inputs, outputs and errors.
-The compiled modules are used when they are built; ``ENGINE_NO_EXTENSIONS=1`` forces the twins.
+Every hot path has a Cython module (``engine._frame``, ``engine._heartbeat``, ``engine._expiry``,
+``engine._digest``, ``engine._segment``, built from ``pyx/``) and a pure-Python twin with the same inputs, outputs
+and errors. The compiled modules are used when they are built; ``ENGINE_NO_EXTENSIONS=1`` forces the twins.
+``engine.native_modules()`` says, per module, which one is in use; ``engine.NATIVE`` is true only when every
+compiled module is.
 """
+import importlib as _importlib
 import os as _os
+import sys as _sys
 
 from .enums import (
     BROKER_VERSION,
@@ -18,7 +22,7 @@ from .enums import (
 )
 from .errors import FrameError, HeartbeatError, RemotingError
 
-NATIVE = False
+_NATIVE_CODEC = False
 if not _os.environ.get("ENGINE_NO_EXTENSIONS"):
     try:
         from ._frame import AnswerTemplate, FrameDecoder, RemotingCommand, decode_frame
@@ -31,10 +35,10 @@ if not _os.environ.get("ENGINE_NO_EXTENSIONS"):
             decode_heartbeats,
         )
 
-        NATIVE = True
+        _NATIVE_CODEC = True
     except ImportError:  # not built: fall back to the twins below
         pass
-if not NATIVE:
+if not _NATIVE_CODEC:
     from ._frame_py import AnswerTemplate, FrameDecoder, RemotingCommand, decode_frame
     from ._heartbeat_py import (
         ConsumerData,
@@ -77,11 +81,47 @@ __all__ = [
     "HeartbeatBatch",
 ]
 
-__all__ += ["Broker", "BrokerConfig"]
+__all__ += ["Broker", "BrokerConfig", "native_modules"]
+
+
+#: every compiled module, with where its twin lives
+COMPILED_MODULES = {
+    "_frame": "engine._frame_py",
+    "_heartbeat": "engine._heartbeat_py",
+    "_expiry": "engine._expiry_py",
+    "_digest": "engine._digest_py",
+    "_segment": "engine.bindings.segments",
+}
+_native_modules: dict | None = None
+
+
+def native_modules() -> dict:
+    """``{module: True if its compiled build is in use, False if its pure-Python twin is}`` for every compiled
+    module. The rule is the one each user of a module applies (registry, Spark binding): the build is used unless
+    ``ENGINE_NO_EXTENSIONS`` is set or it cannot be imported; ``_segment`` also needs a little-endian machine."""
+    global _native_modules
+    if _native_modules is None:
+        out = {}
+        for name in COMPILED_MODULES:
+            if name in ("_frame", "_heartbeat"):
+                out[name] = _NATIVE_CODEC
+                continue
+            ok = not _os.environ.get("ENGINE_NO_EXTENSIONS") and (name != "_segment" or _sys.byteorder == "little")
+            if ok:
+                try:
+                    _importlib.import_module(f"engine.{name}")
+                except ImportError:
+                    ok = False
+            out[name] = ok
+        _native_modules = out
+    return dict(_native_modules)
 
 
 def __getattr__(name):
-    # the broker front end loads on first use, so `import engine` stays light for codec-only users
+    # NATIVE imports every compiled module, so it is computed on first use; the broker front end also loads on
+    # first use, so `import engine` stays light for codec-only users
+    if name == "NATIVE":
+        return all(native_modules().values())
     if name == "Broker":
         from .broker import Broker
 

@@ -42,3 +42,60 @@ def test_twin_facade_decodes_a_real_frame(vectors):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, input=frame, capture_output=True,
                          env={**os.environ, "ENGINE_NO_EXTENSIONS": "1"}, check=True).stdout.decode().split()
     assert out == ["False", "34", entry["body_json"]["clientID"]]
+
+
+# Every compiled module counts: a build where one module fell back to its twin is not "native".
+MODULES_PROBE = (
+    "import json, engine, engine.registry as r, engine.bindings.segments as s; "
+    "print(json.dumps({'native': engine.NATIVE, 'modules': engine.native_modules(), "
+    "'registry': r.IMPLEMENTATION, 'scanner': s.BlockScanner.__module__, 'deduper': s.BodyDeduper.__module__}))"
+)
+BLOCK_DIGEST = (
+    # a meta-path finder that refuses engine._digest, as a build that did not compile it would
+    "import sys\n"
+    "class Refuse:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name == 'engine._digest':\n"
+    "            raise ImportError('not built')\n"
+    "sys.meta_path.insert(0, Refuse())\n"
+)
+
+
+def _modules_probe(prelude="", **env):
+    import json
+
+    full_env = {k: v for k, v in os.environ.items() if k != "ENGINE_NO_EXTENSIONS"}
+    full_env.update(env)
+    out = subprocess.run([sys.executable, "-c", prelude + MODULES_PROBE], cwd=ROOT, env=full_env,
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def test_native_modules_report_what_each_user_loads():
+    if not native_available():
+        if os.environ.get("ENGINE_REQUIRE_NATIVE"):
+            pytest.fail("native extensions are required (ENGINE_REQUIRE_NATIVE=1) but not built")
+        pytest.skip("native extensions not built")
+    got = _modules_probe()
+    assert got["modules"] == {m: True for m in ("_frame", "_heartbeat", "_expiry", "_digest", "_segment")}
+    assert got["native"] is True
+    assert got["registry"] == {"expiry": "native", "digest": "native"}
+    assert (got["scanner"], got["deduper"]) == ("engine._segment", "engine._segment")
+
+
+def test_one_missing_module_makes_native_false():
+    if not native_available():
+        if os.environ.get("ENGINE_REQUIRE_NATIVE"):
+            pytest.fail("native extensions are required (ENGINE_REQUIRE_NATIVE=1) but not built")
+        pytest.skip("native extensions not built")
+    got = _modules_probe(BLOCK_DIGEST)
+    assert got["modules"]["_digest"] is False and got["registry"]["digest"] == "twin"
+    assert got["modules"]["_frame"] is True and got["modules"]["_expiry"] is True
+    assert got["native"] is False
+
+
+def test_no_extensions_reports_every_module_as_twin():
+    got = _modules_probe(ENGINE_NO_EXTENSIONS="1")
+    assert got["native"] is False and not any(got["modules"].values())
+    assert got["registry"] == {"expiry": "twin", "digest": "twin"}
+    assert got["scanner"] == got["deduper"] == "engine.bindings.segments"

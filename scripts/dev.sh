@@ -30,6 +30,8 @@ case "${1:-test}" in
     setup
     shift || true
     export ENGINE_REQUIRE_NATIVE=1
+    # the real clients (tests/interop) are pinned and required: an install failure fails the run, never a skip
+    export ENGINE_REQUIRE_PEERS=${ENGINE_REQUIRE_PEERS:-1}
     # Slow tests (long fuzz/kill loops, soak) are for `-m slow` runs, not CI.
     set +e
     "$VENV/bin/python" -m pytest -m "not slow" "$@"

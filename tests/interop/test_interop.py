@@ -1,7 +1,9 @@
 """Real RocketMQ clients against the broker: npm ali-ons 3.12.0 and the C++ client (PyPI rocketmq 0.4.4).
 
-The test setup installs both itself (npm into tests/interop/.node, pip --target into tests/interop/.cpp; both
-gitignored) and skips only when the package registry cannot be reached. Each client runs in its own process,
+The test setup installs both itself, pinned: ali-ons and every package it depends on from the lockfile in
+tests/interop/node (`npm ci` into tests/interop/.node) and rocketmq==0.4.4 (pip --target into tests/interop/.cpp);
+both folders are gitignored. Outside CI a registry that cannot be reached skips the tests; under ``CI=true`` (or
+``ENGINE_REQUIRE_PEERS=1``, which `scripts/dev.sh test` sets) any install failure fails them: the real-client evidence is never silently missing. Each client runs in its own process,
 uses the broker as its name server (127.0.0.1), and is checked over the wire with the admin commands.
 """
 import json
@@ -32,33 +34,74 @@ _NETWORK_ERRORS = re.compile(
 )
 
 
-def _install(cmd, what, timeout=300):
+LOCK_DIR = HERE / "node"  # package.json + package-lock.json: ali-ons 3.12.0 and its dependency tree, pinned
+ONS_VERSION = "3.12.0"
+CPP_VERSION = "0.4.4"
+
+
+def peers_required() -> bool:
+    """Under CI (or ENGINE_REQUIRE_PEERS=1) a real client that cannot be installed fails the run."""
+    return (os.environ.get("CI", "").lower() == "true"
+            or os.environ.get("ENGINE_REQUIRE_PEERS", "") not in ("", "0"))
+
+
+def _unavailable(message):
+    if peers_required():
+        pytest.fail(f"{message} (CI=true: the real clients are required)")
+    pytest.skip(message)
+
+
+def _install(cmd, what, timeout=300, cwd=None):
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
     except subprocess.TimeoutExpired:
-        pytest.skip(f"{what}: package registry did not answer within {timeout} s")
+        _unavailable(f"{what}: package registry did not answer within {timeout} s")
+    except OSError as e:  # npm or node not installed
+        _unavailable(f"{what}: {e}")
     if p.returncode != 0:
         out = p.stdout + p.stderr
         if _NETWORK_ERRORS.search(out):
-            pytest.skip(f"{what}: package registry unreachable ({_NETWORK_ERRORS.search(out).group(0)})")
+            _unavailable(f"{what}: package registry unreachable ({_NETWORK_ERRORS.search(out).group(0)})")
         pytest.fail(f"{what} failed to install:\n{out[-2000:]}")
+
+
+def _installed_ons_version():
+    try:
+        return json.loads((NODE_DIR / "node_modules" / "ali-ons" / "package.json").read_text())["version"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 @pytest.fixture(scope="session")
 def ons_dir():
-    if not (NODE_DIR / "node_modules" / "ali-ons" / "package.json").is_file():
+    lock = (LOCK_DIR / "package-lock.json").read_bytes()
+    stamp = NODE_DIR / ".lock-installed"
+    if _installed_ons_version() != ONS_VERSION or not stamp.is_file() or stamp.read_bytes() != lock:
         NODE_DIR.mkdir(parents=True, exist_ok=True)
-        _install(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(NODE_DIR), "ali-ons@3.12.0"],
-                 "npm ali-ons@3.12.0")
+        for name in ("package.json", "package-lock.json"):
+            (NODE_DIR / name).write_bytes((LOCK_DIR / name).read_bytes())
+        # npm ci installs exactly the lockfile's tree (versions and integrity hashes), or fails
+        _install(["npm", "ci", "--no-audit", "--no-fund"], f"npm ci (ali-ons {ONS_VERSION}, lockfile)", cwd=NODE_DIR)
+        stamp.write_bytes(lock)
+    assert _installed_ons_version() == ONS_VERSION
     return NODE_DIR
 
 
 @pytest.fixture(scope="session")
 def cpp_dir():
-    if not (CPP_DIR / "rocketmq" / "librocketmq.so").is_file():
-        _install([sys.executable, "-m", "pip", "install", "-q", "--target", str(CPP_DIR), "rocketmq==0.4.4"],
-                 "pip rocketmq==0.4.4")
+    if not (CPP_DIR / "rocketmq" / "librocketmq.so").is_file() or _installed_cpp_version() != CPP_VERSION:
+        _install([sys.executable, "-m", "pip", "install", "-q", "--upgrade", "--no-deps", "--target", str(CPP_DIR),
+                  f"rocketmq=={CPP_VERSION}"], f"pip rocketmq=={CPP_VERSION}")
+    assert _installed_cpp_version() == CPP_VERSION
     return CPP_DIR
+
+
+def _installed_cpp_version():
+    for meta in CPP_DIR.glob("rocketmq-*.dist-info/METADATA"):
+        for line in meta.read_text(errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return None
 
 
 class Driver:

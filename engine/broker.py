@@ -34,6 +34,7 @@ from .enums import BROKER_VERSION, RequestCode, ResponseCode
 from .ioworker import new_event_loop
 from .metrics import Metrics, MetricsEndpoint, render
 from .processors import NAMESRV_TABLE, PROCESSOR_TABLE, Processors
+from .rebalance import RebalanceLockManager
 from .server import RemotingServer
 
 log = logging.getLogger("engine.broker")
@@ -77,6 +78,8 @@ class Broker:
         # repeated heartbeats skip the full path's per-request work: only when it has none to do (no recording,
         # no ACL signature to check on every request)
         self.server.repeats = self.acl is None and self.recorder is None
+        self.rebalance_lock_manager = RebalanceLockManager(self.config.rebalance_lock_max_live_time,
+                                                           self.config.rebalance_lock_max_entries)
         self.processors = Processors(self)
         caps = _executor_capacities(self.config)
         table = PROCESSOR_TABLE + (NAMESRV_TABLE if not self.config.namesrv_addr.strip() else ())
@@ -225,8 +228,13 @@ class Broker:
             await asyncio.sleep(max(0.0, period - (time.monotonic() - t0)))
 
     async def _housekeeping(self) -> None:
-        """ClientHousekeepingService: scanNotActiveChannel every 10 s, first after 10 s; close what expired."""
-        await self._periodic(10.0, self.scan_expired)
+        """ClientHousekeepingService: scanNotActiveChannel every 10 s, first after 10 s; close what expired.
+        Expired rebalance locks are dropped on the same beat (the lock table stays bounded)."""
+        await self._periodic(10.0, self._housekeeping_pass)
+
+    def _housekeeping_pass(self) -> None:
+        self.scan_expired()
+        self.rebalance_lock_manager.purge_expired()
 
     def scan_expired(self) -> int:
         channels = self.registry.scan_expired()

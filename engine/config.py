@@ -79,6 +79,12 @@ class BrokerConfig:
     long_polling_enable: bool = True
     #: engine: longest a PULL_MESSAGE is held (the client's suspendTimeoutMillis is capped at this)
     pull_max_suspend_millis: int = 30_000
+    # -- rebalance locks (RebalanceLockManager) --
+    #: engine: how long a queue lock of an orderly consumer lives without renewal (Java's system property
+    #: -Drocketmq.broker.rebalance.lockMaxLiveTime, 60 s)
+    rebalance_lock_max_live_time: int = 60_000
+    #: engine: queue locks held at once across groups; a lock past it is not granted (the client retries)
+    rebalance_lock_max_entries: int = 1_000_000
     # -- ACL --
     acl_enable: bool = False
     acl_file: str = ""

@@ -57,6 +57,42 @@ def _int_field(cmd, name: str, required: bool = True, default=None) -> int | Non
         raise RequestError(f"the custom field <{name}> is not a number: {echo(text)}") from None
 
 
+def _lock_batch_body(body, what: str):
+    """(consumerGroup, clientId, [(topic, brokerName, queueId), ...]) of a Lock/UnlockBatchRequestBody."""
+    try:
+        req = json.loads(body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise RequestError(f"{what} is not JSON") from None
+    if not isinstance(req, dict):
+        raise RequestError(f"{what} is not a JSON object")
+    group, client_id, mq_set = req.get("consumerGroup"), req.get("clientId"), req.get("mqSet")
+    if mq_set is None:
+        mq_set = []
+    if not isinstance(group, str) or not isinstance(client_id, str):
+        raise RequestError(f"{what}: consumerGroup and clientId must be strings")
+    if not isinstance(mq_set, list):
+        raise RequestError(f"{what}: mqSet is not a list")
+    mqs = []
+    for i, mq in enumerate(mq_set):
+        if not isinstance(mq, dict):
+            raise RequestError(f"{what}: mqSet[{i}] is not an object")
+        topic, broker_name, queue_id = mq.get("topic"), mq.get("brokerName"), mq.get("queueId")
+        # fastjson turns a numeric string into the int field as well
+        if isinstance(queue_id, str) and queue_id.strip().lstrip("-").isdigit() and queue_id.isascii():
+            queue_id = int(queue_id)
+        if (not isinstance(topic, str) or not isinstance(broker_name, str) or type(queue_id) is not int
+                or not -2**31 <= queue_id < 2**31):
+            raise RequestError(f"{what}: mqSet[{i}] needs a topic, a brokerName and an int queueId")
+        mqs.append((topic, broker_name, queue_id))
+    return group, client_id, mqs
+
+
+def _mq_json(mq) -> dict:
+    """A MessageQueue as fastjson writes it (keys sorted)."""
+    topic, broker_name, queue_id = mq
+    return {"brokerName": broker_name, "queueId": queue_id, "topic": topic}
+
+
 def _json_body(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
@@ -256,17 +292,15 @@ class Processors:
     get_min_offset = get_max_offset
 
     def lock_batch_mq(self, conn, cmd):
-        # an orderly consumer asks to own its queues; with no store there is nothing to contend for: grant all
-        try:
-            req = json.loads(cmd.body or b"{}")
-            mqs = req.get("mqSet") or []
-            if not isinstance(mqs, list):
-                raise ValueError("mqSet is not a list")
-        except (ValueError, AttributeError, UnicodeDecodeError) as e:
-            raise RequestError(f"LockBatchRequestBody: {e}") from None
-        return cmd.response(ResponseCode.SUCCESS, body=_json_body({"lockOKMQSet": mqs}))
+        """AdminBrokerProcessor.lockBatchMQ: the queues of mqSet this client now owns (RebalanceLockManager)."""
+        group, client_id, mqs = _lock_batch_body(cmd.body, "LockBatchRequestBody")
+        locked = self.broker.rebalance_lock_manager.try_lock_batch(group, mqs, client_id)
+        return cmd.response(ResponseCode.SUCCESS, body=_json_body({"lockOKMQSet": [_mq_json(mq) for mq in locked]}))
 
     def unlock_batch_mq(self, conn, cmd):
+        """AdminBrokerProcessor.unlockBatchMQ: release the caller's locks of mqSet (others' locks stay)."""
+        group, client_id, mqs = _lock_batch_body(cmd.body, "UnlockBatchRequestBody")
+        self.broker.rebalance_lock_manager.unlock_batch(group, mqs, client_id)
         return cmd.response(ResponseCode.SUCCESS)
 
     # ------------------------------------------------------------------ PullMessageProcessor (no store)

@@ -1,0 +1,508 @@
+"""RocketMQ broker logs on Spark: the reader (``read_broker_logs``), the analyses over the event stream, the
+``rmqhb scan`` entry for logs, and a generator of realistic broker logs with injected anomalies.
+
+Data frames::
+
+    events   broker, file, seq, ts_ms (UTC), line, kind, role, group, client_id, addr, language, version,
+             consume_type, message_model, topic, sub_string, expression_type, sub_version, old_*, sub_key,
+             last_update_ms                                                           read_broker_logs (mapInArrow)
+
+One task per log file: it opens the file (``.gz`` too), cuts it into Arrow batches of ``BATCH_LINES`` lines and
+parses each with the compiled line parser (``engine._brokerlog``; twin ``engine._brokerlog_py``), then turns the
+wall-clock times into UTC with the log's zone. ``seq`` orders the lines of one broker (older rolled files first).
+
+The analyses (``analyze_events``) run per broker (``groupBy("broker").applyInArrow``) with the definitions of
+``engine.scan_py`` where a log supports them:
+
+* ``group_sizes``: a member is live from its ``register`` until its ``unregister``, ``closed`` (NETTY EVENT),
+  ``expired`` (SCAN) or its group's removal; members still live at the end of the log stay counted (no drop).
+* ``inconsistent_subscriptions``: a consumer member's subscription set is the one of its last ``consumer_data``
+  line (ClientManageProcessor logs the member's whole ConsumerData, with its address, whenever the group's
+  table changed for it); spans where live members hold two or more sets (``source: members``), plus groups whose
+  table flips a topic's expression back to one it had before (``source: group_table``, from the
+  ``subscription changed ... OLD: ... NEW:`` lines; the clients behind a flip are not in the line).
+* ``flapping_clients``: a reconnect is a ``register`` of a client on another address than its previous one.
+* ``expired_clients`` (new): the broker's SCAN removed a client's channel because it sent no heartbeat for
+  ``expiry`` (120 s) while the connection stayed open; one row per client and scan.
+* ``retry_topic_churn``: adds / subVersion changes / removals of a group's ``%RETRY%`` subscription, flagged like
+  flapping (``flap_min_reconnects`` in one ``flap_window``).
+* ``heartbeat_gaps``: not supported by logs (a heartbeat is not logged; only the 120 s expiry is) -- reported
+  under ``unsupported`` with the reason, and the list stays empty.
+"""
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import os
+import re
+from collections import defaultdict
+from dataclasses import asdict
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+
+from engine.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, _inconsistent, parse_key
+
+try:
+    from engine._brokerlog import parse_lines as _parse_native
+except ImportError:  # not built
+    _parse_native = None
+from engine import _brokerlog_py as twin
+
+#: Findings of a log scan: the recording scan's keys plus the log-only ones.
+LOG_FINDING_KEYS = FINDING_KEYS + ("expired_clients", "retry_topic_churn")
+#: Analyses a broker log cannot support, and why (shown in the report).
+UNSUPPORTED = {
+    "heartbeat_gaps": "a broker logs no line per heartbeat: silences shorter than the channel expiry (120 s) are "
+                      "invisible; longer ones appear as expired_clients",
+}
+#: Lines per Arrow batch handed to the parser (Spark's default maxRecordsPerBatch; SPARK.md).
+BATCH_LINES = 10_000
+#: The log file names a broker writes (4.x and 5.x logback configurations), rolled copies included.
+LOG_NAME = re.compile(r"^(broker(_default)?)(\.(\d+))?\.log(\.(\d+))?(\.gz)?$")
+EXPIRY_GROUPING_MS = 10_000  # SCAN lines of one client within the housekeeping period belong to one scan
+
+
+def parser(native: Optional[bool] = None):
+    """The line parser in use: the compiled one unless ENGINE_NO_EXTENSIONS is set or it is not built."""
+    if native is None:
+        native = _parse_native is not None and not os.environ.get("ENGINE_NO_EXTENSIONS")
+    return _parse_native if native else twin.parse_lines
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# files, brokers and zones
+
+
+def _rank(path: Path) -> Tuple[int, int]:
+    """Age order of one broker's files: higher roll index = older; broker.log (no index) is the newest."""
+    m = LOG_NAME.match(path.name)
+    idx = None
+    if m:
+        idx = m.group(4) or m.group(6)
+    return (-(int(idx)) if idx else 0, 0 if m and m.group(2) else 1)
+
+
+def is_log_file(path: Path) -> bool:
+    return bool(LOG_NAME.match(path.name)) or path.name.endswith((".log", ".log.gz"))
+
+
+def plan_files(paths: Iterable, brokers: Optional[Dict[str, str]] = None) -> List[Tuple[str, str, int]]:
+    """[(broker, file, rank)] of the inputs: files, or directories holding broker logs (``otherdays/`` too).
+    A file's broker is the ``--broker NAME=PATH`` whose path holds it, else its directory's name."""
+    named = [(n, Path(p).resolve()) for n, p in (brokers or {}).items()]
+    files: List[Path] = []
+    for p in list(paths) + [p for _, p in named]:
+        p = Path(p)
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*") if f.is_file() and is_log_file(f))
+        elif p.exists():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"no such log file or directory: {p}")
+    out, seen = [], set()
+    for f in files:
+        r = f.resolve()
+        if r in seen:
+            continue
+        seen.add(r)
+        broker = None
+        for name, base in named:
+            if r == base or base in r.parents:
+                broker = name
+                break
+        if broker is None:
+            parent = r.parent.name if r.parent.name != "otherdays" else r.parent.parent.name
+            broker = parent or "broker"
+        out.append((broker, str(r)))
+    out.sort(key=lambda bf: (bf[0], _rank(Path(bf[1])), bf[1]))
+    ranked, per = [], defaultdict(int)
+    for broker, f in out:
+        ranked.append((broker, f, per[broker]))
+        per[broker] += 1
+    return ranked
+
+
+def resolve_tz(name: Optional[str] = None):
+    """(tzinfo, label, source) of the log's zone: ``name`` (an IANA name, ``UTC``, or ``+08:00``), else the
+    machine's zone (TZ, /etc/localtime), as the broker's JVM would have used on this machine."""
+    from zoneinfo import ZoneInfo
+
+    if name:
+        m = re.fullmatch(r"(?:UTC|GMT)?([+-])(\d{1,2}):?(\d{2})?", name)
+        if m:
+            sign = 1 if m.group(1) == "+" else -1
+            off = timedelta(hours=int(m.group(2)), minutes=int(m.group(3) or 0)) * sign
+            return timezone(off), name, "--log-tz"
+        return ZoneInfo(name), name, "--log-tz"
+    tzname = os.environ.get("TZ")
+    if tzname:
+        try:
+            return ZoneInfo(tzname.lstrip(":")), tzname.lstrip(":"), "machine (TZ)"
+        except Exception:
+            pass
+    try:
+        link = os.path.realpath("/etc/localtime")
+        key = link.split("/zoneinfo/", 1)[1]
+        return ZoneInfo(key), key, "machine (/etc/localtime)"
+    except Exception:
+        local = datetime.now().astimezone().tzinfo
+        return local, str(local), "machine"
+
+
+def to_utc_ms(local_ms, tz) -> np.ndarray:
+    """UTC epoch ms of wall-clock times (ms since 1970-01-01 00:00 read as UTC) in zone ``tz``; one zone
+    lookup per distinct hour. An ambiguous hour (DST fall-back) takes its first occurrence (fold=0)."""
+    local = np.asarray(local_ms, dtype=np.int64)
+    if local.size == 0:
+        return local.copy()
+    hours, inv = np.unique(local // 3_600_000, return_inverse=True)
+    offs = np.empty(len(hours), dtype=np.int64)
+    for i, h in enumerate(hours.tolist()):
+        wall = datetime(1970, 1, 1) + timedelta(hours=h)
+        offs[i] = int(wall.replace(tzinfo=tz).utcoffset().total_seconds() * 1000)
+    return local - offs[inv]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reading files into event batches (no Spark: used by the tasks and by the tests)
+
+
+def _open(path: str):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def line_batches(path: str, batch_lines: int = BATCH_LINES):
+    """Arrow binary arrays of ``batch_lines`` lines of a log file (line ends kept; the parser drops them)."""
+    import pyarrow as pa
+
+    with _open(path) as f:
+        while True:
+            lines = f.readlines(batch_lines * 200) if batch_lines else f.readlines()
+            if not lines:
+                return
+            yield pa.array(lines, pa.binary())
+
+
+def file_events(broker: str, path: str, rank: int, tz, *, native: Optional[bool] = None,
+                batch_lines: int = BATCH_LINES):
+    """(events RecordBatch with broker/file/seq and UTC times, stats) per batch of one file."""
+    import pyarrow as pa
+
+    parse = parser(native)
+    base = 0
+    for arr in line_batches(path, batch_lines):
+        batch, stats = parse(arr, base)
+        base += len(arr)
+        n = batch.num_rows
+        ts = to_utc_ms(batch.column("ts_ms").to_numpy(zero_copy_only=False), tz)
+        seq = (np.int64(rank) << 40) + batch.column("line").to_numpy(zero_copy_only=False).astype(np.int64)
+        cols = [pa.array([broker] * n, pa.string()), pa.array([path] * n, pa.string()), pa.array(seq, pa.int64()),
+                pa.array(ts, pa.int64())] + [batch.column(i) for i in range(1, batch.num_columns)]
+        names = ["broker", "file", "seq", "ts_ms"] + batch.schema.names[1:]
+        yield pa.RecordBatch.from_arrays(cols, names=names), stats, _zone_samples(batch)
+
+
+def _zone_samples(batch) -> List[Tuple[int, int]]:
+    """(lastUpdateTimestamp, wall clock - lastUpdateTimestamp) of a few lines that carry both: the broker's own
+    epoch ms against the line's wall clock gives the log's UTC offset, give or take the second resolution."""
+    import pyarrow.compute as pc
+
+    sel = batch.filter(pc.is_valid(batch.column("last_update_ms"))).slice(0, 64)
+    lut = sel.column("last_update_ms").to_numpy(zero_copy_only=False).astype(np.int64)
+    ts = sel.column("ts_ms").to_numpy(zero_copy_only=False).astype(np.int64)
+    return list(zip(lut.tolist(), (ts - lut).tolist()))
+
+
+def events_schema():
+    import pyarrow as pa
+
+    sch = twin.event_schema()
+    return pa.schema([("broker", pa.string()), ("file", pa.string()), ("seq", pa.int64())] + list(sch))
+
+
+def read_local(paths, *, log_tz: Optional[str] = None, brokers: Optional[Dict[str, str]] = None,
+               native: Optional[bool] = None):
+    """(events pyarrow Table, log info) of log files read in this process (the reference for the Spark reader)."""
+    import pyarrow as pa
+
+    tz, label, source = resolve_tz(log_tz)
+    plan = plan_files(paths, brokers)
+    batches, stats, samples = [], {}, []
+    for broker, path, rank in plan:
+        for b, s, z in file_events(broker, path, rank, tz, native=native):
+            batches.append(b)
+            stats = twin.merge_stats(stats, s)
+            samples += z
+    table = pa.Table.from_batches(batches, schema=events_schema()) if batches else events_schema().empty_table()
+    return table, _log_info(plan, stats, samples, tz, label, source)
+
+
+def _log_info(plan, stats, samples, tz, label, source) -> dict:
+    counts = stats.get("counts", {})
+    bad = {k: v for k, v in counts.items() if k.startswith("malformed_") or k in ("unknown_format", "invalid_utf8")}
+    info = {"files": [f for _, f, _ in plan], "brokers": sorted({b for b, _, _ in plan}),
+            "log_tz": label, "log_tz_source": source, "lines": stats.get("lines", 0),
+            "events": stats.get("events", 0), "counts": counts, "unparseable": sum(bad.values()),
+            "unparseable_by_kind": bad, "examples": stats.get("examples", {})}
+    if samples:
+        # the zone check: the offset the lines' own epoch timestamps imply, against the zone in use
+        lut = int(np.median([x for x, _ in samples]))
+        inferred = int(round(float(np.median([d for _, d in samples])) / 900_000)) * 15
+        used = int(datetime.fromtimestamp(lut / 1000, tz).utcoffset().total_seconds() // 60)
+        info["zone_check"] = {"inferred_utc_offset_min": inferred, "log_tz_offset_min": used, "agrees": inferred == used}
+    return info
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the analyses (pure Python, per broker; the Spark scan runs this per broker)
+
+
+def _window_counts(times: List[int], w: int, need: int):
+    per = defaultdict(int)
+    for t in times:
+        per[t // w] += 1
+    return sorted([k * w, n] for k, n in per.items() if n >= need)
+
+
+def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_end_ms: Optional[int] = None) -> dict:
+    """Findings of one broker's events (dicts with the event columns), in (ts_ms, seq) order."""
+    events = sorted(events, key=lambda e: (e["ts_ms"], e["seq"]))
+    broker = events[0]["broker"] if events else ""
+    end_of_log = log_end_ms if log_end_ms is not None else (events[-1]["ts_ms"] if events else 0)
+    live: Dict[Tuple[str, str], Dict[str, list]] = defaultdict(dict)   # (role, group) -> client -> [start, addr, key]
+    intervals: Dict[Tuple[str, str], list] = defaultdict(list)       # (role, group) -> [(s, e|None, client, key)]
+    addr_client: Dict[str, str] = {}
+    last_addr: Dict[str, str] = {}
+    reconnects: Dict[str, List[int]] = defaultdict(list)
+    registers: Dict[str, List[int]] = defaultdict(list)
+    groups_of: Dict[str, set] = defaultdict(set)
+    expiries: list = []
+    unattributed = defaultdict(int)
+    table: Dict[Tuple[str, str], Tuple[str, str]] = {}
+    seen_expr: Dict[Tuple[str, str], list] = defaultdict(list)
+    flips: Dict[Tuple[str, str], list] = defaultdict(list)
+    retry: Dict[str, dict] = {}
+
+    def end(role, group, client, t):
+        st = live[(role, group)].pop(client, None)
+        if st is not None:
+            intervals[(role, group)].append((st[0], t, client, st[2]))
+        return st
+
+    for ev in events:
+        kind, role, group, t = ev["kind"], ev["role"], ev["group"], ev["ts_ms"]
+        client, addr = ev.get("client_id"), ev.get("addr")
+        if kind == "register":
+            if not (role == "producer" and group == CLIENT_INNER_PRODUCER):
+                groups_of[client].add(group)
+            registers[client].append(t)
+            prev = last_addr.get(client)
+            if prev is not None and prev != addr:
+                reconnects[client].append(t)
+            last_addr[client] = addr
+            if addr:
+                addr_client[addr] = client
+            cur = live[(role, group)].get(client)
+            if cur is not None and cur[1] == addr:
+                continue
+            key = None
+            if cur is not None:
+                key = cur[2]
+                end(role, group, client, t)
+            live[(role, group)][client] = [t, addr, None if role == "producer" else key]
+        elif kind == "consumer_data":
+            c = addr_client.get(addr)
+            st = live[("consumer", group)].get(c) if c else None
+            if st is None:
+                unattributed["consumer_data"] += 1
+                continue
+            if st[2] != ev["sub_key"]:
+                if t > st[0]:
+                    intervals[("consumer", group)].append((st[0], t, c, st[2]))
+                    st[0] = t
+                st[2] = ev["sub_key"]
+        elif kind in ("unregister", "closed"):
+            c = client
+            if c is None or c not in live[(role, group)]:
+                c = next((k for k, v in live[(role, group)].items() if v[1] == addr), None)
+            if c is None or end(role, group, c, t) is None:
+                unattributed[kind] += 1
+        elif kind == "expired":
+            c = next((k for k, v in live[(role, group)].items() if v[1] == addr), None) or addr_client.get(addr)
+            st = end(role, group, c, t) if c else None
+            expiries.append((addr, t, c, role, group, None if st is None else st[0]))
+        elif kind in ("group_removed", "group_cleared"):
+            for c in list(live[(role, group)]):
+                end(role, group, c, t)
+        elif kind in ("sub_add", "sub_change", "sub_remove"):
+            topic = ev["topic"]
+            expr = (ev["expression_type"], ev["sub_string"])
+            if kind == "sub_remove":
+                table.pop((group, topic), None)
+            else:
+                old = table.get((group, topic))
+                if kind == "sub_change" and old is None:
+                    old = (ev["old_expression_type"], ev["old_sub_string"])
+                if old is not None and old != expr:
+                    hist = seen_expr[(group, topic)]
+                    if not hist:
+                        hist.append(old)
+                    if expr in hist:
+                        flips[(group, topic)].append((t, old, expr))
+                    hist.append(expr)
+                table[(group, topic)] = expr
+            if topic.startswith("%RETRY%"):
+                r = retry.setdefault(group, {"retry_topic": topic, "adds": 0, "changes": 0, "removes": 0, "ms": []})
+                r[{"sub_add": "adds", "sub_change": "changes", "sub_remove": "removes"}[kind]] += 1
+                r["ms"].append(t)
+    for (role, group), members in live.items():
+        for c, st in members.items():
+            intervals[(role, group)].append((st[0], None, c, st[2]))
+
+    findings = {
+        "group_sizes": _sizes(intervals, broker),
+        "inconsistent_subscriptions": _inconsistent_log(intervals, flips, end_of_log, params, broker),
+        "flapping_clients": _flapping_log(reconnects, groups_of, params, broker),
+        "heartbeat_gaps": [],
+        "expired_clients": _expired(expiries, registers, groups_of, params, broker),
+        "retry_topic_churn": _retry(retry, params, broker),
+    }
+    findings["_clients"] = sorted(registers)
+    findings["_unattributed"] = dict(unattributed)
+    return findings
+
+
+def _sizes(intervals, broker) -> list:
+    out = []
+    for (role, group), ivs in sorted(intervals.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        acc: Dict[int, int] = defaultdict(int)
+        for s, e, _, _ in ivs:
+            if e is not None and e <= s:
+                continue
+            acc[s] += 1
+            if e is not None:
+                acc[e] -= 1
+        series, total = [], 0
+        for t in sorted(acc):
+            if acc[t]:
+                total += acc[t]
+                series.append([t, total])
+        out.append({"broker": broker, "group": group, "role": role, "max_members": max((n for _, n in series), default=0),
+                    "members": len({c for _, _, c, _ in ivs}), "series": series})
+    return out
+
+
+def _inconsistent_log(intervals, flips, end_of_log, params, broker) -> list:
+    closed = {k: [(s, end_of_log if e is None else e, c, key) for s, e, c, key in v] for k, v in intervals.items()}
+    out = [{"broker": broker, "source": "members", **r} for r in _inconsistent(closed, params)]
+    for (group, topic), fl in sorted(flips.items()):
+        exprs = []
+        for _, old, new in fl:
+            for x in (old, new):
+                if x not in exprs:
+                    exprs.append(x)
+        out.append({"broker": broker, "source": "group_table", "group": group, "topic": topic,
+                    "start_ms": fl[0][0], "end_ms": fl[-1][0], "duration_s": (fl[-1][0] - fl[0][0]) / 1000,
+                    "flips": len(fl),
+                    "variants": [{"subscriptions": [[topic, et, sub]], "clients": []} for et, sub in exprs]})
+    return sorted(out, key=lambda r: (r["group"], r["start_ms"], r["source"]))
+
+
+def _flapping_log(reconnects, groups_of, params, broker) -> list:
+    out = []
+    for client in sorted(reconnects):
+        rc = sorted(reconnects[client])
+        flagged = _window_counts(rc, params.window_ms, params.flap_min_reconnects)
+        if flagged:
+            out.append({"broker": broker, "client_id": client, "groups": sorted(groups_of[client]),
+                        "reconnects": len(rc), "max_reconnects_per_window": max(n for _, n in flagged),
+                        "first_reconnect_ms": rc[0], "last_reconnect_ms": rc[-1], "windows": flagged,
+                        "reconnect_ms": rc})
+    return out
+
+
+def _expired(expiries, registers, groups_of, params, broker) -> list:
+    rows: list = []
+    open_rows: Dict[str, dict] = {}
+    for addr, t, client, role, group, since in expiries:
+        r = open_rows.get(addr)
+        if r is None or t - r["expired_ms"] > EXPIRY_GROUPING_MS:
+            r = {"broker": broker, "client_id": client, "addr": addr, "expired_ms": t, "groups": set(),
+                 "roles": set(), "connected_ms": since}
+            open_rows[addr] = r
+            rows.append(r)
+        if r["client_id"] is None:
+            r["client_id"] = client
+        if not (role == "producer" and group == CLIENT_INNER_PRODUCER):
+            r["groups"].add(group)
+        r["roles"].add(role)
+        if since is not None and (r["connected_ms"] is None or since < r["connected_ms"]):
+            r["connected_ms"] = since
+    out = []
+    for r in rows:
+        regs = registers.get(r["client_id"], []) if r["client_id"] else []
+        i = bisect.bisect_right(regs, r["expired_ms"])
+        out.append({**r, "groups": sorted(r["groups"]), "roles": sorted(r["roles"]),
+                    "silent_since_before_ms": r["expired_ms"] - params.expiry_ms,
+                    "returned_ms": regs[i] if i < len(regs) else None})
+    return sorted(out, key=lambda r: (r["expired_ms"], r["addr"]))
+
+
+def _retry(retry, params, broker) -> list:
+    out = []
+    for group, r in sorted(retry.items()):
+        ms = sorted(r["ms"])
+        flagged = _window_counts(ms, params.window_ms, params.flap_min_reconnects)
+        if flagged:
+            out.append({"broker": broker, "group": group, "retry_topic": r["retry_topic"], "adds": r["adds"],
+                        "changes": r["changes"], "removes": r["removes"], "first_ms": ms[0], "last_ms": ms[-1],
+                        "max_per_window": max(n for _, n in flagged), "windows": flagged})
+    return out
+
+
+def combine(per_broker: List[dict], info: dict, params: ScanParams) -> dict:
+    """One findings dict (recording-scan format + log keys) from per-broker findings and the log info."""
+    findings = {k: [] for k in LOG_FINDING_KEYS}
+    clients, unattributed = set(), defaultdict(int)
+    for f in per_broker:
+        for k in LOG_FINDING_KEYS:
+            findings[k] += f[k]
+        clients.update(f["_clients"])
+        for k, v in f["_unattributed"].items():
+            unattributed[k] += v
+    order = {"group_sizes": ("group", "role", "broker"), "flapping_clients": ("client_id", "broker"),
+             "expired_clients": ("expired_ms", "addr", "broker"), "retry_topic_churn": ("group", "broker"),
+             "inconsistent_subscriptions": ("group", "start_ms", "source", "broker")}
+    for k, fields in order.items():
+        findings[k].sort(key=lambda r: tuple(r[x] for x in fields))
+    findings["summary"] = {"records": info.get("events", 0), "bad_bodies": info.get("unparseable", 0),
+                           "clients": len(clients), "first_ms": info.get("first_ms"), "last_ms": info.get("last_ms"),
+                           **{k: len(findings[k]) for k in LOG_FINDING_KEYS}}
+    findings["parameters"] = asdict(params)
+    findings["unsupported"] = dict(UNSUPPORTED)
+    findings["log"] = {**info, "unattributed_events": dict(unattributed)}
+    return findings
+
+
+def analyze_events(events: Iterable[dict], info: Optional[dict] = None, params: ScanParams = ScanParams()) -> dict:
+    """Findings over events of any number of brokers (the reference the Spark scan reproduces)."""
+    params.validate()
+    per: Dict[str, list] = defaultdict(list)
+    for e in events:
+        per[e["broker"]].append(e)
+    info = dict(info or {})
+    all_ts = [e["ts_ms"] for evs in per.values() for e in evs]
+    info.setdefault("first_ms", min(all_ts) if all_ts else None)
+    info.setdefault("last_ms", max(all_ts) if all_ts else None)
+    info.setdefault("events", len(all_ts))
+    return combine([analyze_broker(per[b], params) for b in sorted(per)], info, params)
+
+
+def scan_local(paths, *, log_tz=None, brokers=None, params: ScanParams = ScanParams(), native=None) -> dict:
+    """Read and analyse logs in this process (no Spark)."""
+    table, info = read_local(paths, log_tz=log_tz, brokers=brokers, native=native)
+    return analyze_events(table.to_pylist(), info, params)

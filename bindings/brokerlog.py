@@ -506,3 +506,231 @@ def scan_local(paths, *, log_tz=None, brokers=None, params: ScanParams = ScanPar
     """Read and analyse logs in this process (no Spark)."""
     table, info = read_local(paths, log_tz=log_tz, brokers=brokers, native=native)
     return analyze_events(table.to_pylist(), info, params)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# generated logs with injected anomalies (tests and bench/bench_brokerlog.py)
+
+_CCI = ("ClientChannelInfo [channel=[id: 0x{cid:08x}, L:/10.0.0.1:10911 {st} R:/{addr}], clientId={client}, "
+        "language=JAVA, version=409, lastUpdateTimestamp={lut}]")
+_SD = ("SubscriptionData [classFilterMode=false, topic={topic}, subString={sub}, tagsSet=[{tags}], codeSet=[], "
+       "subVersion={ver}, expressionType=TAG]")
+
+
+def _fmt_ts(ms: int, off_min: int) -> str:
+    return (datetime(1970, 1, 1) + timedelta(milliseconds=ms + off_min * 60_000)).strftime("%Y-%m-%d %H:%M:%S")
+
+
+class _LogWriter:
+    def __init__(self, off_min: int):
+        self.off = off_min
+        self.lines: List[Tuple[int, int, str]] = []
+        self.n = 0
+
+    def add(self, ms: int, level: str, thread: str, msg: str):
+        self.lines.append((ms, self.n, f"{_fmt_ts(ms, self.off)} {level} {thread} - {msg}"))
+        self.n += 1
+
+    def raw(self, ms: int, text: str):
+        self.lines.append((ms, self.n, text))
+        self.n += 1
+
+
+def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: int = 0, duration_s: int = 3600,
+                        start_ms: int = 1_795_400_000_000, tz_offset_min: int = 480, noise: int = 1,
+                        inject: bool = True, seed: int = 0) -> dict:
+    """Write a 4.9.8-style broker.log of a fleet (``groups`` consumer groups of ``members`` clients, each also a
+    producer; every client restarts cleanly ``restarts`` times) and return its manifest: the injected anomalies
+    with the exact findings they must give, and the line counts per category.
+
+    Injected (``inject``): a client of group 0 that reconnects 4 times in 4 minutes (NETTY EVENT closes, new
+    address each time), a client of group 1 that freezes and is expired by SCAN, then comes back; an extra member
+    of group 2 (if any) with another tag for 10 minutes (its heartbeats and the others' flip the group's table),
+    and damaged lines (a truncated register, an unknown format, a stack trace)."""
+    import random
+
+    rnd = random.Random(seed)
+    w = _LogWriter(tz_offset_min)
+    end_ms = start_ms + duration_s * 1000
+    state = {"port": 20000, "cid": 1}
+    manifest = {"flapping": [], "expired": [], "inconsistent": [], "flips": [], "counts": defaultdict(int),
+                "tz_offset_min": tz_offset_min}
+    group_live = defaultdict(int)
+
+    def conn(client):
+        state["port"] += 1
+        state["cid"] += 1
+        return {"client": client, "addr": f"10.1.{state['port'] // 250}.{state['port'] % 250}:{state['port']}",
+                "cid": state["cid"]}
+
+    def cci(c, ms, st="-"):
+        return _CCI.format(cid=c["cid"], st=st, addr=c["addr"], client=c["client"], lut=ms)
+
+    def sd(topic, sub, ver):
+        tags = ", ".join(x.strip() for x in sub.split("||")) if sub != "*" else ""
+        return _SD.format(topic=topic, sub=sub, tags=tags, ver=ver)
+
+    def register(c, g, ms, sub="TagA || TagB", first_ever=False):
+        cg, pg, topic = f"CID_G{g}", f"PID_G{g}", f"Topic_G{g}"
+        th = f"HeartbeatThread_{rnd.randint(1, 8)}"
+        if first_ever:
+            w.add(ms, "INFO", th, f"auto create a subscription group, SubscriptionGroupConfig [groupName={cg}, "
+                                  "consumeEnable=true, consumeFromMinEnable=true, retryQueueNums=1]")
+        w.add(ms, "INFO", th, f"new consumer connected, group: {cg} CONSUME_PASSIVELY CLUSTERING channel: {cci(c, ms)}")
+        retry = sd(f"%RETRY%{cg}", "*", ms - 100)
+        main = sd(topic, sub, ms - 101)
+        if group_live[g] == 0:
+            w.add(ms, "INFO", th, f"subscription changed, add new topic, group: {cg} {retry}")
+            w.add(ms, "INFO", th, f"subscription changed, add new topic, group: {cg} {main}")
+            manifest["counts"]["event_sub_add"] += 2
+        w.add(ms, "INFO", th, f"registerConsumer info changed ConsumerData [groupName={cg}, consumeType="
+                              f"CONSUME_PASSIVELY, messageModel=CLUSTERING, consumeFromWhere=CONSUME_FROM_LAST_OFFSET, "
+                              f"unitMode=false, subscriptionDataSet=[{retry}, {main}]] {c['addr']}")
+        w.add(ms, "INFO", th, f"new producer connected, group: CLIENT_INNER_PRODUCER channel: {cci(c, ms)}")
+        w.add(ms, "INFO", th, f"new producer connected, group: {pg} channel: {cci(c, ms)}")
+        manifest["counts"]["event_register"] += 3
+        manifest["counts"]["event_consumer_data"] += 1
+        manifest["counts"]["event_group_created"] += int(first_ever)
+        group_live[g] += 1
+        for _ in range(noise):
+            w.add(ms + 500, "WARN", "PullMessageThread_3", f"the consumer's group info not exist, group: {cg}")
+            manifest["counts"]["other"] += 1
+
+    def unregister(c, g, ms):
+        cg, pg = f"CID_G{g}", f"PID_G{g}"
+        th = f"ClientManageThread_{rnd.randint(1, 8)}"
+        w.add(ms, "INFO", th, f"unregister a consumer[{cg}] from consumerGroupInfo {cci(c, ms)}")
+        group_live[g] -= 1
+        manifest["counts"]["event_unregister"] += 3
+        if group_live[g] == 0:
+            w.add(ms, "INFO", th, f"unregister consumer ok, no any connection, and remove consumer group, {cg}")
+            manifest["counts"]["event_group_removed"] += 1
+        w.add(ms, "INFO", th, f"unregister a producer[{pg}] from groupChannelTable {cci(c, ms)}")
+        w.add(ms, "INFO", th, f"unregister a producer[CLIENT_INNER_PRODUCER] from groupChannelTable {cci(c, ms)}")
+
+    def closed(c, g, ms):
+        cg, pg = f"CID_G{g}", f"PID_G{g}"
+        x = cci(c, ms, "!")
+        w.add(ms, "INFO", "NettyEventExecutor", f"NETTY EVENT: remove channel[{x}][{c['addr']}] from ProducerManager "
+                                                "groupChannelTable, producer group: CLIENT_INNER_PRODUCER")
+        w.add(ms, "INFO", "NettyEventExecutor", f"NETTY EVENT: remove channel[{x}][{c['addr']}] from ProducerManager "
+                                                f"groupChannelTable, producer group: {pg}")
+        w.add(ms, "WARN", "NettyEventExecutor", f"NETTY EVENT: remove not active channel[{x}] from ConsumerGroupInfo "
+                                                f"groupChannelTable, consumer group: {cg}")
+        manifest["counts"]["event_closed"] += 3
+        group_live[g] -= 1
+        if group_live[g] == 0:
+            w.add(ms, "INFO", "NettyEventExecutor",
+                  f"unregister consumer ok, no any connection, and remove consumer group, {cg}")
+            manifest["counts"]["event_group_removed"] += 1
+
+    created = set()
+    # steady fleet: every client starts in the first minute, restarts cleanly `restarts` times
+    fleet = []
+    for g in range(groups):
+        for m in range(members):
+            client = f"10.2.{g}.{m}@{1000 + g * members + m}"
+            t = start_ms + rnd.randint(0, 60_000)
+            c = conn(client)
+            fleet.append((g, c))
+            register(c, g, t, first_ever=g not in created)
+            created.add(g)
+            if restarts:
+                step = (duration_s * 1000 - 120_000) // (restarts + 1)
+                for r in range(restarts):
+                    t_down = t + step * (r + 1) + rnd.randint(0, 1000)
+                    unregister(c, g, t_down)
+                    c = conn(client)
+                    register(c, g, t_down + 2000)
+    if inject:
+        # a flapping client in group 0: 4 reconnects, 60 s apart
+        g = 0
+        client = "10.9.0.1@flapper"
+        t = start_ms + 600_000
+        c = conn(client)
+        register(c, g, t)
+        rc = []
+        for k in range(4):
+            closed(c, g, t + 55_000)
+            c = conn(client)
+            t += 60_000
+            register(c, g, t)
+            rc.append(t)
+            # the restarted client rebuilds its retry subscription with a newer subVersion (as in the sample log)
+            w.add(t + 1000, "INFO", "HeartbeatThread_2", f"subscription changed, group: CID_G{g} OLD: "
+                  f"{sd(f'%RETRY%CID_G{g}', '*', t - 60_000)} NEW: {sd(f'%RETRY%CID_G{g}', '*', t)}")
+            manifest["counts"]["event_sub_change"] += 1
+        manifest["flapping"].append({"client_id": client, "groups": ["CID_G0", "PID_G0"], "reconnect_ms": rc})
+        manifest["retry_churn"] = [{"group": "CID_G0", "changes": 4, "ms": [x + 1000 for x in rc]}]
+        # a frozen client in group 1 (or 0): expired by SCAN, back 20 s later on a new connection
+        g = 1 % groups
+        client = "10.9.0.2@frozen"
+        t0 = start_ms + 1_200_000
+        c = conn(client)
+        register(c, g, t0)
+        t = t0 + 130_000
+        th = "ClientHousekeepingScheduledThread1"
+        w.add(t, "WARN", th, f"SCAN: remove expired channel[{c['addr']}] from ProducerManager groupChannelTable, "
+                             "producer group name: CLIENT_INNER_PRODUCER")
+        w.add(t, "WARN", th, f"SCAN: remove expired channel[{c['addr']}] from ProducerManager groupChannelTable, "
+                             f"producer group name: PID_G{g}")
+        w.add(t, "WARN", th, f"SCAN: remove expired channel from ConsumerManager consumerTable. channel={c['addr']}, "
+                             f"consumerGroup=CID_G{g}")
+        manifest["counts"]["event_expired"] += 3
+        group_live[g] -= 1
+        addr = c["addr"]
+        c = conn(client)
+        register(c, g, t + 20_000)
+        manifest["expired"].append({"client_id": client, "addr": addr, "expired_ms": t,
+                                    "groups": [f"CID_G{g}", f"PID_G{g}"], "connected_ms": t0,
+                                    "returned_ms": t + 20_000})
+        if groups >= 3:
+            # an extra member of group 2 subscribing with another tag for 10 minutes
+            g = 2
+            client = "10.9.0.3@odd"
+            t1 = start_ms + 1_800_000
+            c = conn(client)
+            register(c, g, t1, sub="TagC")
+            cg = f"CID_G{g}"
+            ab, cc = sd(f"Topic_G{g}", "TagA || TagB", 1), sd(f"Topic_G{g}", "TagC", 2)
+            flips = []
+            for k in range(4):  # the table follows whichever member heartbeated last
+                old, new = (ab, cc) if k % 2 == 0 else (cc, ab)
+                w.add(t1 + k * 30_000, "INFO", "HeartbeatThread_2",
+                      f"subscription changed, group: {cg} OLD: {old} NEW: {new}")
+                manifest["counts"]["event_sub_change"] += 1
+                if k:
+                    flips.append(t1 + k * 30_000)
+            t2 = t1 + 600_000
+            unregister(c, g, t2)
+            others = sorted(c2["client"] for g2, c2 in fleet if g2 == g)
+            manifest["inconsistent"].append({
+                "group": cg, "start_ms": t1, "end_ms": t2,
+                "variants": [{"subscriptions": [[f"%RETRY%{cg}", "TAG", "*"], [f"Topic_G{g}", "TAG", "TagA || TagB"]],
+                              "clients": others},
+                             {"subscriptions": [[f"%RETRY%{cg}", "TAG", "*"], [f"Topic_G{g}", "TAG", "TagC"]],
+                              "clients": [client]}]})
+            manifest["flips"].append({"group": cg, "topic": f"Topic_G{g}", "flips": len(flips),
+                                      "start_ms": flips[0], "end_ms": flips[-1]})
+        # damage: never fatal, counted
+        t = start_ms + 900_000
+        w.add(t, "INFO", "HeartbeatThread_1", "new consumer connected, group: CID_G0 CONSUME_PASSIVELY CLUSTERING "
+                                              "channel: ClientChannelInfo [channel=[id: 0x1, L:/10.0.0.1:10911 - R:/10.")
+        manifest["counts"]["malformed_register"] += 1
+        w.raw(t, "Nov 24, 2026 8:48:06 AM org.apache.rocketmq.broker.BrokerStartup main")
+        manifest["counts"]["unknown_format"] += 1
+        w.add(t, "ERROR", "NettyServerNIOSelector_3_2", "processRequestWrapper response to /10.1.1.1:1 failed")
+        w.raw(t, "\tat io.netty.channel.AbstractChannel.write(AbstractChannel.java:304)")
+        manifest["counts"]["other"] += 1
+        manifest["counts"]["continuation"] += 1
+    w.lines.sort()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with (gzip.open(path, "wt") if path.name.endswith(".gz") else open(path, "w")) as f:
+        for _, _, line in w.lines:
+            f.write(line)
+            f.write("\n")
+    manifest["counts"] = dict(sorted(manifest["counts"].items()))
+    manifest["lines"] = len(w.lines)
+    manifest["end_ms"] = end_ms
+    return manifest

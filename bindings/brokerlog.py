@@ -734,3 +734,204 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
     manifest["lines"] = len(w.lines)
     manifest["end_ms"] = end_ms
     return manifest
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Spark: reader, scan, `rmqhb scan --input broker-log`
+
+STATS_KIND = "_stats"  # one row per file task carrying its line counts (sub_key = JSON), filtered out of events
+
+
+def _stats_batch(broker: str, path: str, payload: dict):
+    import pyarrow as pa
+
+    sch = events_schema()
+    values = {"broker": broker, "file": path, "kind": STATS_KIND, "role": "", "seq": 0, "ts_ms": 0, "line": 0,
+              "sub_key": json.dumps(payload)}
+    return pa.RecordBatch.from_arrays([pa.array([values.get(f.name)], f.type) for f in sch], schema=sch)
+
+
+def _read_task(plan, tz_label, native, batches):
+    tz = resolve_tz(tz_label)[0]
+    for batch in batches:
+        for i in batch.column(0).to_pylist():
+            broker, path, rank = plan[i]
+            stats, samples = {}, []
+            for b, s, z in file_events(broker, path, rank, tz, native=native):
+                stats = twin.merge_stats(stats, s)
+                samples += z[: max(0, 64 - len(samples))]
+                yield b
+            yield _stats_batch(broker, path, {"stats": stats, "samples": samples})
+
+
+def _raw_frame(spark, plan, tz_label: str, native: Optional[bool]):
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    import functools
+
+    n = len(plan)
+    ids = spark.range(0, n, 1, numPartitions=max(1, n))
+    return ids.mapInArrow(functools.partial(_read_task, plan, tz_label, native), from_arrow_schema(events_schema()))
+
+
+def read_broker_logs(spark, paths, *, log_tz: Optional[str] = None, brokers: Optional[Dict[str, str]] = None,
+                     native: Optional[bool] = None):
+    """The client-management events of broker logs as a DataFrame (one task per file; see the module doc).
+    ``paths``: log files or directories (one per broker, rolled and ``.gz`` files included); ``log_tz``: the
+    logs' zone (default: this machine's); ``brokers``: {name: path} (default: a file's directory name)."""
+    from pyspark.sql import functions as F
+
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    _, label, _ = resolve_tz(log_tz)
+    plan = plan_files(paths, brokers)
+    return _raw_frame(spark, plan, label, native).where(F.col("kind") != STATS_KIND)
+
+
+def _analyze_task(params: ScanParams, table):
+    import pyarrow as pa
+
+    rows = table.to_pylist()
+    f = analyze_broker(rows, params) if rows else None
+    return pa.table({"broker": [rows[0]["broker"] if rows else ""], "findings": [json.dumps(f)]})
+
+
+def scan(spark, paths, params: ScanParams = ScanParams(), *, log_tz: Optional[str] = None,
+         brokers: Optional[Dict[str, str]] = None, native: Optional[bool] = None) -> dict:
+    """Every analysis over broker logs on Spark: the recording scan's findings format plus ``expired_clients``,
+    ``retry_topic_churn``, ``unsupported`` and ``log`` (files, zone, line counts by kind, examples)."""
+    import functools
+    import time
+
+    from pyspark.sql import functions as F
+
+    params.validate()
+    t0 = time.perf_counter()
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    tz, label, source = resolve_tz(log_tz)
+    plan = plan_files(paths, brokers)
+    raw = _raw_frame(spark, plan, label, native).persist()
+    try:
+        stats, samples = {}, []
+        for r in raw.where(F.col("kind") == STATS_KIND).select("sub_key").collect():
+            p = json.loads(r["sub_key"])
+            stats = twin.merge_stats(stats, p["stats"])
+            samples += [tuple(x) for x in p["samples"]]
+        events = raw.where(F.col("kind") != STATS_KIND)
+        span = events.agg(F.min("ts_ms").alias("lo"), F.max("ts_ms").alias("hi")).collect()[0]
+        per = events.groupBy("broker").applyInArrow(functools.partial(_analyze_task, params),
+                                                    "broker string, findings string").collect()
+    finally:
+        raw.unpersist()
+    info = _log_info(plan, stats, samples[:256], tz, label, source)
+    info["first_ms"], info["last_ms"] = span["lo"], span["hi"]
+    found = [json.loads(r["findings"]) for r in per if r["findings"] != "null"]
+    findings = combine(found, info, params)
+    findings["scan"] = {"method": "broker-log", "files": len(plan), "seconds": round(time.perf_counter() - t0, 3),
+                        "parser": "native" if parser(native) is _parse_native else "twin"}
+    return findings
+
+
+def looks_like_logs(paths) -> bool:
+    """True when every input is a broker-log file or a directory holding some and no recording segments."""
+    for p in map(Path, paths):
+        if p.is_dir():
+            if any(p.glob("*.seg*")) or not any(is_log_file(f) for f in p.rglob("*") if f.is_file()):
+                return False
+        elif not (p.exists() and is_log_file(p)):
+            return False
+    return bool(paths)
+
+
+def wants_broker_logs(argv) -> bool:
+    """Whether an ``rmqhb scan`` command line is for broker logs (``--input broker-log``, ``--log-tz``,
+    ``--broker`` or log-file inputs)."""
+    argv = list(argv or [])
+    if any(a in ("--log-tz", "--broker") or a.startswith(("--log-tz=", "--broker=")) for a in argv):
+        return True
+    for i, a in enumerate(argv):
+        if a == "--input" and i + 1 < len(argv):
+            return argv[i + 1] == "broker-log"
+        if a.startswith("--input="):
+            return a.split("=", 1)[1] == "broker-log"
+    pos, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a.startswith("--"):
+            skip = "=" not in a and a not in ("--no-plots", "--no-dedupe", "--strict")
+        else:
+            pos.append(a)
+    return bool(pos) and looks_like_logs(pos)
+
+
+def scan_main(argv=None) -> int:
+    """`rmqhb scan PATH... --out REPORT_DIR --input broker-log [--log-tz ZONE] [--broker NAME=PATH]`: the
+    analyses over RocketMQ broker logs on Spark, written as the recording scan's report."""
+    import argparse
+    import sys
+
+    d = ScanParams()
+    p = argparse.ArgumentParser(prog="rmqhb scan", description=scan_main.__doc__)
+    p.add_argument("paths", nargs="*", type=Path, help="broker.log files or directories (one per broker)")
+    p.add_argument("--out", type=Path, required=True, help="report directory (created)")
+    p.add_argument("--input", default="broker-log", choices=["broker-log"], help="input kind")
+    p.add_argument("--log-tz", default=None,
+                   help="zone of the logs' wall-clock times: IANA name or +HH:MM (default: this machine's zone; "
+                        "5.x brokers' stock logback config writes GMT+8)")
+    p.add_argument("--broker", action="append", default=[], metavar="NAME=PATH",
+                   help="name the broker whose logs are under PATH (default: the directory name)")
+    p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    p.add_argument("--min-duration", type=float, default=d.min_duration_s)
+    p.add_argument("--expiry", type=float, default=d.expiry_s, help="the brokers' channel expiry (s)")
+    p.add_argument("--flap-window", type=float, default=d.flap_window_s)
+    p.add_argument("--flap-min", type=int, default=d.flap_min_reconnects)
+    p.add_argument("--twin", action="store_true", help="use the pure-Python line parser")
+    p.add_argument("--driver-memory", default="2g")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    brokers = {}
+    for spec in args.broker:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            print(f"rmqhb scan: --broker wants NAME=PATH, not {spec!r}", file=sys.stderr)
+            return 2
+        brokers[name] = path
+    if not args.paths and not brokers:
+        print("rmqhb scan: no log files given", file=sys.stderr)
+        return 2
+    try:
+        params = ScanParams(args.expiry, args.expiry, args.min_duration, args.flap_window, args.flap_min).validate()
+        resolve_tz(args.log_tz)
+        plan_files(args.paths, brokers)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"rmqhb scan: {e}", file=sys.stderr)
+        return 2
+    from pyspark.sql import SparkSession
+
+    from .report import print_summary, write_report
+    from .spark import spark_session
+
+    running = SparkSession.getActiveSession()
+    spark = running or spark_session(args.master, "rmqhb-scan-logs", driver_memory=args.driver_memory)
+    try:
+        findings = scan(spark, args.paths, params, log_tz=args.log_tz, brokers=brokers,
+                        native=False if args.twin else None)
+    finally:
+        if running is None:
+            spark.stop()
+    index = write_report(findings, args.out, plots=not args.no_plots)
+    print_summary(findings, sys.stdout)
+    log = findings["log"]
+    print(f"broker logs: {log['lines']:,} lines in {len(log['files'])} files of {len(log['brokers'])} broker(s), "
+          f"zone {log['log_tz']} ({log['log_tz_source']}); {log['unparseable']:,} unparseable lines "
+          f"{log['unparseable_by_kind'] or ''}", file=sys.stdout)
+    zc = log.get("zone_check")
+    if zc and not zc["agrees"]:
+        print(f"warning: the lines' own timestamps imply UTC{zc['inferred_utc_offset_min'] / 60:+g}, not the "
+              f"--log-tz in use (UTC{zc['log_tz_offset_min'] / 60:+g})", file=sys.stdout)
+    for r in findings["expired_clients"][:5]:
+        print(f"  expired: {r['client_id']} ({', '.join(r['groups'])}) at {r['expired_ms']}", file=sys.stdout)
+    print(f"report: {index}")
+    return 0

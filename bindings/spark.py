@@ -735,7 +735,14 @@ def _size_records(rows, members) -> list:
 
 def scan_main(argv=None) -> int:
     """`rmqhb scan DIR --out REPORT_DIR`: every analysis over a recording on Spark (local[*] unless --master),
-    written as findings.json, CSV, PNG plots and index.html; prints a short summary."""
+    written as findings.json, CSV, PNG plots and index.html; prints a short summary. Broker logs
+    (``--input broker-log``, ``--log-tz``, ``--broker NAME=PATH`` or log files given): engine.bindings.brokerlog."""
+    from .brokerlog import wants_broker_logs
+
+    if wants_broker_logs(sys.argv[2:] if argv is None else argv):
+        from .brokerlog import scan_main as broker_log_scan_main
+
+        return broker_log_scan_main(argv)
     d = ScanParams()
     p = argparse.ArgumentParser(prog="rmqhb scan", description=scan_main.__doc__)
     p.add_argument("directory", type=Path, help="recording directory (segments)")

@@ -91,6 +91,7 @@ COMPILED_MODULES = {
     "_expiry": "engine._expiry_py",
     "_digest": "engine._digest_py",
     "_segment": "engine.bindings.segments",
+    "_brokerlog": "engine._brokerlog_py",
 }
 _native_modules: dict | None = None
 

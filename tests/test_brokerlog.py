@@ -424,3 +424,22 @@ def test_generated_log_without_anomalies_has_no_findings(tmp_path):
     f = bl.scan_local([tmp_path / "b"], log_tz="+08:00")
     assert all(f[k] == [] for k in bl.LOG_FINDING_KEYS if k != "group_sizes")
     assert f["log"]["unparseable"] == 0
+
+
+def test_scan_command_line_routing(tmp_path):
+    from engine.recorder import HeartbeatRecorder
+
+    rec_dir = tmp_path / "rec"
+    with HeartbeatRecorder(rec_dir) as rec:
+        rec.record(1, 1, "10.0.0.1:1", "JAVA", 1, b"{}")
+    logs = tmp_path / "broker-a"
+    bl.generate_broker_log(logs / "broker.log", inject=False)
+    assert not bl.wants_broker_logs([str(rec_dir), "--out", "x", "--master", "local[2]"])
+    assert not bl.wants_broker_logs([str(tmp_path / "missing"), "--out", "x"])
+    assert bl.wants_broker_logs([str(logs), "--out", "x"])
+    assert bl.wants_broker_logs([str(logs / "broker.log"), "--out", "x", "--no-plots"])
+    assert bl.wants_broker_logs([str(rec_dir), "--out", "x", "--input", "broker-log"])
+    assert bl.wants_broker_logs(["--broker", f"a={logs}", "--out", "x"])
+    assert bl.scan_main([str(logs), "--out", str(tmp_path / "o"), "--broker", "nameonly"]) == 2
+    assert bl.scan_main([str(tmp_path / "missing.log"), "--out", str(tmp_path / "o")]) == 2
+    assert bl.scan_main([str(logs), "--out", str(tmp_path / "o"), "--log-tz", "Mars/Olympus"]) == 2

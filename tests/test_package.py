@@ -77,7 +77,7 @@ def test_native_modules_report_what_each_user_loads():
             pytest.fail("native extensions are required (ENGINE_REQUIRE_NATIVE=1) but not built")
         pytest.skip("native extensions not built")
     got = _modules_probe()
-    assert got["modules"] == {m: True for m in ("_frame", "_heartbeat", "_expiry", "_digest", "_segment")}
+    assert got["modules"] == {m: True for m in ("_frame", "_heartbeat", "_expiry", "_digest", "_segment", "_brokerlog")}
     assert got["native"] is True
     assert got["registry"] == {"expiry": "native", "digest": "native"}
     assert (got["scanner"], got["deduper"]) == ("engine._segment", "engine._segment")

@@ -159,9 +159,14 @@ def to_utc_ms(local_ms, tz) -> np.ndarray:
     local = np.asarray(local_ms, dtype=np.int64)
     if local.size == 0:
         return local.copy()
-    hours, inv = np.unique(local // 3_600_000, return_inverse=True)
-    offs = np.empty(len(hours), dtype=np.int64)
-    for i, h in enumerate(hours.tolist()):
+    hours = local // 3_600_000
+    h0, h1 = int(hours.min()), int(hours.max())
+    if h1 - h0 < 4096:  # a batch spans a few hours: index a small table instead of sorting
+        span, inv = np.arange(h0, h1 + 1), hours - h0
+    else:
+        span, inv = np.unique(hours, return_inverse=True)
+    offs = np.empty(len(span), dtype=np.int64)
+    for i, h in enumerate(span.tolist()):
         wall = datetime(1970, 1, 1) + timedelta(hours=h)
         offs[i] = int(wall.replace(tzinfo=tz).utcoffset().total_seconds() * 1000)
     return local - offs[inv]
@@ -175,16 +180,33 @@ def _open(path: str):
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
-def line_batches(path: str, batch_lines: int = BATCH_LINES):
-    """Arrow binary arrays of ``batch_lines`` lines of a log file (line ends kept; the parser drops them)."""
+def line_batches(path: str, batch_lines: int = BATCH_LINES, chunk_bytes: int = 8 << 20):
+    """Arrow binary arrays of up to ``batch_lines`` lines of a log file, cut from large reads with numpy (no
+    Python object per line); line ends are kept (the parser drops them), a last line without one is kept."""
     import pyarrow as pa
 
+    carry = b""
     with _open(path) as f:
         while True:
-            lines = f.readlines(batch_lines * 200) if batch_lines else f.readlines()
-            if not lines:
+            chunk = f.read(chunk_bytes)
+            data = carry + chunk if carry else chunk
+            if not chunk:
+                if data:
+                    yield pa.array([data], pa.binary())
                 return
-            yield pa.array(lines, pa.binary())
+            ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10) + 1
+            if not len(ends):
+                carry = data
+                continue
+            carry = data[ends[-1]:]
+            buf = pa.py_buffer(data)
+            offs = np.concatenate(([0], ends)).astype(np.int32 if ends[-1] < 2**31 else np.int64)
+            typ = pa.binary() if offs.dtype == np.int32 else pa.large_binary()
+            for i in range(0, len(ends), batch_lines):
+                o = offs[i:i + batch_lines + 1]
+                arr = pa.Array.from_buffers(typ, len(o) - 1, [None, pa.py_buffer(o - o[0]),
+                                                              buf.slice(int(o[0]), int(o[-1] - o[0]))])
+                yield arr
 
 
 def file_events(broker: str, path: str, rank: int, tz, *, native: Optional[bool] = None,
@@ -200,10 +222,11 @@ def file_events(broker: str, path: str, rank: int, tz, *, native: Optional[bool]
         n = batch.num_rows
         ts = to_utc_ms(batch.column("ts_ms").to_numpy(zero_copy_only=False), tz)
         seq = (np.int64(rank) << 40) + batch.column("line").to_numpy(zero_copy_only=False).astype(np.int64)
-        cols = [pa.array([broker] * n, pa.string()), pa.array([path] * n, pa.string()), pa.array(seq, pa.int64()),
+        cols = [pa.repeat(pa.scalar(broker, pa.string()), n), pa.repeat(pa.scalar(path, pa.string()), n), pa.array(seq, pa.int64()),
                 pa.array(ts, pa.int64())] + [batch.column(i) for i in range(1, batch.num_columns)]
         names = ["broker", "file", "seq", "ts_ms"] + batch.schema.names[1:]
-        yield pa.RecordBatch.from_arrays(cols, names=names), stats, _zone_samples(batch)
+        samples = _zone_samples(batch) if base == len(arr) else []  # the first batch of a file is enough
+        yield pa.RecordBatch.from_arrays(cols, names=names), stats, samples
 
 
 def _zone_samples(batch) -> List[Tuple[int, int]]:

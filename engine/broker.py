@@ -50,6 +50,14 @@ def _executor_capacities(cfg: BrokerConfig) -> dict:
     }
 
 
+_TOPIC_CHARS = frozenset("%|_-abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+
+
+def valid_topic_name(topic: str) -> bool:
+    """TopicValidator: 1-127 characters of ``[%|a-zA-Z0-9_-]``."""
+    return 0 < len(topic) <= 127 and _TOPIC_CHARS.issuperset(topic)
+
+
 class Broker:
     """The broker front end: registry + remoting server + housekeeping, started and stopped as one."""
 
@@ -154,18 +162,20 @@ class Broker:
             ip = f"[{ip}]"
         return f"{ip}:{self.ports.get('main', self.config.listen_port)}"
 
-    def ensure_topic(self, topic: str) -> int:
+    def ensure_topic(self, topic: str) -> int | None:
         """Queue count of a topic a standalone broker routes; an unknown topic is created as autoCreateTopicEnable
-        would on first use (so offsets can be committed for it). Returns its read queue count."""
+        would on first use (so offsets can be committed for it). Returns its read queue count, or None for a
+        name TopicValidator refuses (no such topic can exist, so there is no route for it)."""
         tc = self.registry.topic_config(topic)
         if tc is None:
             from .store import TopicConfig
 
+            if not valid_topic_name(topic):
+                return None
             n = self.config.default_topic_queue_nums
-            if len(topic) <= 127 and all(c.isalnum() or c in "%|_-" for c in topic):  # TopicValidator's charset
-                # derivable: the next route query creates it again, so its write may be deferred (Store)
-                self.registry.update_topic_config(TopicConfig(topic, read_queue_nums=n, write_queue_nums=n),
-                                                  derivable=True)
+            # derivable: the next route query creates it again, so its write may be deferred (Store)
+            self.registry.update_topic_config(TopicConfig(topic, read_queue_nums=n, write_queue_nums=n),
+                                              derivable=True)
             return n
         return int(tc.read_queue_nums) or self.config.default_topic_queue_nums
 

@@ -99,6 +99,9 @@ class BrokerConfig:
     #: to a worker. Workers then hold only what one process cannot (20k connections where RLIMIT_NOFILE is 20,000).
     io_core_connections: int = 0
     max_frame_size: int = 16 * 1024 * 1024  # com.rocketmq.remoting.frameMaxLength
+    #: engine: bytes of partial (incomplete) frames buffered across all connections; the connection whose read
+    #: passes it is closed (16 connections each sending a whole 16 MiB frame slowly fit in the default)
+    max_partial_frame_bytes_total: int = 256 * 1024 * 1024
     #: a partial frame that is not complete after this long closes the connection (slowloris)
     incomplete_frame_timeout_ms: int = 30_000
     #: responses queued for a client that does not read them; over this the connection is closed

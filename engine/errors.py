@@ -23,3 +23,8 @@ def echo(data) -> str:
         return repr(data) + ("..." if len(data) == MAX_ECHO else "")
     text = str(data)
     return repr(text[:MAX_ECHO]) + ("..." if len(text) > MAX_ECHO else "")
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters ("..." marks a cut): untrusted names echoed in answers."""
+    return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."

@@ -21,7 +21,9 @@ class Metrics:
         self.clock = clock
         self.window_s = window_s
         self.heartbeats = 0
-        self.requests = Counter()  # request code -> count
+        #: request code -> count; codes the broker has no processor for are counted under "other", so a client
+        #: sending every int32 cannot grow this table or the /metrics page
+        self.requests = Counter()
         self.frame_errors = 0
         self.heartbeat_errors = 0
         self.acl_denied = 0
@@ -32,6 +34,9 @@ class Metrics:
         self.connections_rejected = Counter()  # limit name -> count
         self.overloaded = Counter()  # executor -> requests refused with SYSTEM_BUSY
         self.queue_timeouts = Counter()  # executor -> requests answered SYSTEM_BUSY after waiting too long
+        #: kind -> requests answered SYSTEM_ERROR because they could not be served (bad_request, internal_error,
+        #: answer_too_large, encode_failed)
+        self.request_errors = Counter()
         self.register_broker_ok = 0
         self.register_broker_failed = 0
         self._samples: deque = deque()  # (time, heartbeats) once per sample() call
@@ -79,6 +84,14 @@ def _num(v) -> str:
     return str(int(v))
 
 
+def _code_samples(metrics: Metrics):
+    codes = sorted(c for c in metrics.requests if c != "other")
+    samples = [({"code": c}, metrics.requests[c]) for c in codes]
+    if metrics.requests.get("other"):
+        samples.append(({"code": "other"}, metrics.requests["other"]))
+    return samples
+
+
 def render(metrics: Metrics, connections: int, group_stats=None) -> str:
     """The exposition text. ``group_stats`` yields (role, group, clients, channels) for the per-group gauges."""
     w = _Writer()
@@ -92,8 +105,10 @@ def render(metrics: Metrics, connections: int, group_stats=None) -> str:
     w.metric(p + "heartbeats_total", "counter", "HEART_BEAT requests processed.", [({}, metrics.heartbeats)])
     w.metric(p + "heartbeats_per_second", "gauge", f"HEART_BEAT rate over the last {metrics.window_s:g} s.",
              [({}, float(metrics.heartbeats_per_second))])
-    w.metric(p + "requests_total", "counter", "Requests by request code.",
-             [({"code": c}, n) for c, n in sorted(metrics.requests.items())])
+    w.metric(p + "requests_total", "counter", "Requests by request code (codes the broker does not serve: other).",
+             _code_samples(metrics))
+    w.metric(p + "request_errors_total", "counter", "Requests answered SYSTEM_ERROR because they could not be served.",
+             [({"kind": k}, n) for k, n in sorted(metrics.request_errors.items())])
     w.metric(p + "decode_errors_total", "counter", "Undecodable frames and heartbeat bodies.",
              [({"kind": "frame"}, metrics.frame_errors), ({"kind": "heartbeat"}, metrics.heartbeat_errors)])
     w.metric(p + "acl_denied_total", "counter", "Requests refused with NO_PERMISSION.", [({}, metrics.acl_denied)])

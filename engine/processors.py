@@ -16,11 +16,13 @@ import time
 
 from . import AnswerTemplate, RemotingCommand, decode_heartbeat
 from .enums import RequestCode, ResponseCode
-from .errors import HeartbeatError, RemotingError, echo
+from .errors import HeartbeatError, RemotingError, clip, echo
 
 log = logging.getLogger("engine.processors")
 
 QUERY_NOT_FOUND = 22  # ResponseCode.QUERY_NOT_FOUND
+#: longest client-supplied name a remark echoes (RocketMQ names are at most 255 characters)
+MAX_ECHOED_NAME = 255
 PERM_READ_WRITE = 6
 # an Enum member lookup costs ~0.2 us: too much per heartbeat
 _SUCCESS = int(ResponseCode.SUCCESS)
@@ -32,39 +34,91 @@ class RequestError(RemotingError, ValueError):
 
 
 def _required(cmd, name: str) -> str:
-    """A @CFNotNull custom-header field. As in Java, a request with no extFields at all skips the check."""
+    """A @CFNotNull custom-header field. Java skips the check when a request has no extFields at all and its
+    handler then fails on the null field (SYSTEM_ERROR with an exception text); here both cases are the same
+    SYSTEM_ERROR with the field's name."""
     ext = cmd.ext_fields
-    if ext is None:
-        return None
-    value = ext.get(name)
+    value = None if ext is None else ext.get(name)
     if value is None:
         raise RequestError(f"the custom field <{name}> is null")
-    return value
+    return value if type(value) is str else str(value)
 
 
 def _optional(cmd, name: str):
     ext = cmd.ext_fields
-    return None if ext is None else ext.get(name)
+    value = None if ext is None else ext.get(name)
+    return value if value is None or type(value) is str else str(value)
 
 
-def _int_field(cmd, name: str, required: bool = True, default=None) -> int | None:
+_INT_BOUNDS = {32: (-(1 << 31), (1 << 31) - 1), 64: (-(1 << 63), (1 << 63) - 1)}
+
+
+def _int_field(cmd, name: str, required: bool = True, default=None, bits: int = 32) -> int | None:
+    """An int (bits=32) or long (bits=64) header field, parsed as Integer.parseInt / Long.parseLong do: an
+    optional sign and ASCII digits, in range (no spaces, underscores or other scripts' digits)."""
     text = _required(cmd, name) if required else _optional(cmd, name)
     if text is None:
         return default
+    digits = text[1:] if text[:1] in ("-", "+") else text
+    if not (digits.isascii() and digits.isdigit()):
+        raise RequestError(f"the custom field <{name}> is not a number: {echo(text)}")
+    value = int(text)
+    lo, hi = _INT_BOUNDS[bits]
+    if not lo <= value <= hi:
+        raise RequestError(f"the custom field <{name}> is out of range: {echo(text)}")
+    return value
+
+
+def _name(value) -> str:
+    """A client's group or topic name echoed in a remark, clipped (the answer must stay small)."""
+    return clip(str(value), MAX_ECHOED_NAME)
+
+
+#: deepest JSON nesting a request body may have (json.loads would otherwise recurse until RecursionError)
+MAX_JSON_DEPTH = 64
+
+
+def _json_object(body: bytes, what: str) -> dict:
+    """A request body that must be a JSON object; anything else is a RequestError naming the body."""
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and _json_depth(body) > MAX_JSON_DEPTH:
+        raise RequestError(f"{what} is nested deeper than {MAX_JSON_DEPTH}")
     try:
-        return int(text.strip())
-    except ValueError:
-        raise RequestError(f"the custom field <{name}> is not a number: {echo(text)}") from None
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise RequestError(f"{what} is not JSON") from None
+    if not isinstance(doc, dict):
+        raise RequestError(f"{what} is not a JSON object")
+    return doc
+
+
+def _json_depth(body: bytes) -> int:
+    """Deepest bracket nesting outside strings (a linear scan, before the recursive parser sees the body)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for b in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif b == 0x5C:
+                escaped = True
+            elif b == 0x22:
+                in_string = False
+        elif b == 0x22:
+            in_string = True
+        elif b in (0x5B, 0x7B):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_JSON_DEPTH:
+                    return deepest
+        elif b in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
 
 
 def _lock_batch_body(body, what: str):
     """(consumerGroup, clientId, [(topic, brokerName, queueId), ...]) of a Lock/UnlockBatchRequestBody."""
-    try:
-        req = json.loads(body or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        raise RequestError(f"{what} is not JSON") from None
-    if not isinstance(req, dict):
-        raise RequestError(f"{what} is not a JSON object")
+    req = _json_object(body or b"{}", what)
     group, client_id, mq_set = req.get("consumerGroup"), req.get("clientId"), req.get("mqSet")
     if mq_set is None:
         mq_set = []
@@ -228,31 +282,24 @@ class Processors:
         return cmd.response(code, remark=remark, ext_fields={} if code == ResponseCode.SUCCESS else None)
 
     def check_client_config(self, conn, cmd):
-        body = None
-        if cmd.body:
-            try:
-                body = json.loads(cmd.body)
-            except (ValueError, UnicodeDecodeError) as e:
-                raise RequestError(f"CheckClientRequestBody is not JSON: {e}") from None
-            if not isinstance(body, dict):
-                raise RequestError("CheckClientRequestBody is not a JSON object")
+        body = _json_object(cmd.body, "CheckClientRequestBody") if cmd.body else None
         code, remark = self.registry.check_client_config(body)
         return cmd.response(code, remark=remark)
 
     # ------------------------------------------------------------------ ConsumerManageProcessor
     def get_consumer_list_by_group(self, conn, cmd):
         group = _required(cmd, "consumerGroup")
-        ids = self.registry.consumer_ids(group) if group is not None else []
+        ids = self.registry.consumer_ids(group)
         if ids:
             return cmd.response(ResponseCode.SUCCESS, ext_fields={}, body=_json_body({"consumerIdList": list(ids)}))
         log.debug("getConsumerGroupInfo failed, %s %s", group, conn.remote_addr)
-        return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"no consumer for this group, {group}")
+        return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"no consumer for this group, {_name(group)}")
 
     def update_consumer_offset(self, conn, cmd):
         group = _required(cmd, "consumerGroup")
         topic = _required(cmd, "topic")
         queue_id = _int_field(cmd, "queueId")
-        offset = _int_field(cmd, "commitOffset")
+        offset = _int_field(cmd, "commitOffset", bits=64)
         code, remark = self.registry.update_consumer_offset(conn.remote_addr, group, topic, queue_id, offset)
         return cmd.response(code, remark=remark, ext_fields={})
 
@@ -271,16 +318,16 @@ class Processors:
     # ------------------------------------------------------------------ AdminBrokerProcessor (the parts clients use)
     def get_consumer_connection_list(self, conn, cmd):
         group = _required(cmd, "consumerGroup")
-        info = self.registry.consumer_connection(group) if group is not None else None
+        info = self.registry.consumer_connection(group)
         if info is None:
-            return cmd.response(ResponseCode.CONSUMER_NOT_ONLINE, remark=f"the consumer group[{group}] not online")
+            return cmd.response(ResponseCode.CONSUMER_NOT_ONLINE, remark=f"the consumer group[{_name(group)}] not online")
         return cmd.response(ResponseCode.SUCCESS, body=_json_body(info.to_dict()))
 
     def get_producer_connection_list(self, conn, cmd):
         group = _required(cmd, "producerGroup")
-        info = self.registry.producer_connection(group) if group is not None else None
+        info = self.registry.producer_connection(group)
         if info is None:
-            return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"the producer group[{group}] not exist")
+            return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"the producer group[{_name(group)}] not exist")
         return cmd.response(ResponseCode.SUCCESS, body=_json_body(info.to_dict()))
 
     def get_max_offset(self, conn, cmd):
@@ -306,8 +353,10 @@ class Processors:
     # ------------------------------------------------------------------ PullMessageProcessor (no store)
     def pull_message(self, conn, cmd):
         """Hold the pull like long polling does, then answer PULL_NOT_FOUND: clients wait instead of spinning."""
-        queue_offset = _int_field(cmd, "queueOffset", required=False, default=0)
-        suspend = _int_field(cmd, "suspendTimeoutMillis", required=False, default=0)
+        if conn.closing:  # queued before its connection closed: nothing to hold, no one to answer
+            return None
+        queue_offset = _int_field(cmd, "queueOffset", required=False, default=0, bits=64)
+        suspend = _int_field(cmd, "suspendTimeoutMillis", required=False, default=0, bits=64)
         sys_flag = _int_field(cmd, "sysFlag", required=False, default=0)
         response = cmd.response(
             ResponseCode.PULL_NOT_FOUND,
@@ -335,10 +384,12 @@ class Processors:
 
     # ------------------------------------------------------------------ name server (standalone broker)
     def get_route_info_by_topic(self, conn, cmd):
-        topic = _required(cmd, "topic")
-        if topic is None or not topic:
-            return cmd.response(ResponseCode.TOPIC_NOT_EXIST, remark="No topic route info in name server for the topic: ")
-        queue_nums = self.broker.ensure_topic(topic)
+        # no extFields: the name server finds no route for a null topic (TOPIC_NOT_EXIST, not an error)
+        topic = _required(cmd, "topic") if cmd.ext_fields is not None else None
+        queue_nums = self.broker.ensure_topic(topic) if topic else None
+        if queue_nums is None:
+            return cmd.response(ResponseCode.TOPIC_NOT_EXIST,
+                                remark=f"No topic route info in name server for the topic: {_name(topic or '')}")
         addr = self.broker.advertised_addr(conn)
         name = self.config.broker_name
         route = {

@@ -32,13 +32,24 @@ from collections import Counter, deque
 
 from . import FrameDecoder, FrameError, RemotingCommand
 from .enums import FLAG_ONEWAY, FLAG_RESPONSE, RequestCode, ResponseCode
-from .errors import RemotingError
+from .errors import RemotingError, clip
+from .logutil import RateLimitedLog
 
 log = logging.getLogger("engine.server")
 
 OVERLOAD_REMARK = "[OVERLOAD]system busy, start flow control for a while"
 #: descriptors kept free below RLIMIT_NOFILE for the store, metrics, name-server links and refused connections
 FD_RESERVE = 256
+#: refused connections held open at once to answer their first request; the rest are closed at once. Part of
+#: FD_RESERVE, so the broker's own files keep at least FD_RESERVE - REFUSED_HELD descriptors.
+REFUSED_HELD = 64
+#: longest remark an answer carries (a longer one, e.g. echoing a client's huge group name, is clipped)
+MAX_REMARK = 512
+_FAILURE_TEXT = {
+    "internal_error": "internal error",
+    "answer_too_large": "the answer is larger than the frame limit",
+    "encode_failed": "the answer could not be encoded",
+}
 #: BrokerFastFailure.cleanExpiredRequestInQueue: the answer to a request that waited in its queue too long.
 TIMEOUT_CLEAN_QUEUE_REMARK = ("[TIMEOUT_CLEAN_QUEUE]broker busy, start flow control for a while, period in queue: "
                               "%dms, size of queue: %d")
@@ -48,7 +59,7 @@ class Connection(asyncio.Protocol):
     """One client connection; also the registry's channel key (hashable by identity)."""
 
     __slots__ = ("server", "port_name", "id", "transport", "decoder", "remote_ip", "remote_port", "remote_addr",
-                 "local_ip", "closing", "close_reason", "rejected", "partial_since", "last_io", "inflight",
+                 "local_ip", "closing", "close_reason", "rejected", "partial_since", "buffered", "last_io", "inflight",
                  "reading_paused", "write_paused_since", "serialize_type", "held_pulls", "hb_body", "hb", "_out",
                  "_soon", "repeat", "repeat_candidate", "hb_norepeat", "__weakref__")
 
@@ -66,6 +77,7 @@ class Connection(asyncio.Protocol):
         self.close_reason: str | None = None
         self.rejected: str | None = None  # limit that refused this connection, answered on its first request
         self.partial_since: float | None = None  # tick when the buffered partial frame started
+        self.buffered = 0  # bytes of a partial frame held by the decoder, as counted in server.partial_bytes
         self.last_io = server.tick
         self.inflight = 0
         self.reading_paused = False
@@ -106,17 +118,46 @@ class Connection(asyncio.Protocol):
             commands = self.decoder.feed(data)
         except FrameError as e:
             server.metrics.frame_errors += 1
-            self.close(f"undecodable frame: {e}")
+            # as Netty, the requests completed before the bad frame are processed (an offset commit sent just
+            # before it is not lost), and their answers flushed before the close
+            done = getattr(e, "commands", None)
+            if done:
+                self._dispatch_all(done)
+            self.close(f"undecodable frame: {e}", abort=False)
             return
-        if self.decoder.buffered:
+        if commands:
+            self._dispatch_all(commands)
+        buffered = self.decoder.buffered
+        if buffered != self.buffered and not self.closing:
+            self._track_partial(buffered)
+
+    def _track_partial(self, buffered: int) -> None:
+        """Account the bytes this connection holds in a partial frame against the server-wide budget
+        (maxPartialFrameBytesTotal); the connection that would pass it is closed."""
+        server = self.server
+        server.partial_bytes += buffered - self.buffered
+        self.buffered = buffered
+        if buffered:
             if self.partial_since is None:
                 self.partial_since = server.tick
                 server.partial.add(self)
+            if server.partial_bytes > server.config.max_partial_frame_bytes_total:
+                limit = server.config.max_partial_frame_bytes_total
+                self.close(f"partial frames over budget ({buffered} bytes buffered here, "
+                           f"maxPartialFrameBytesTotal={limit})")
         elif self.partial_since is not None:
             self.partial_since = None
             server.partial.discard(self)
-        if not commands:
-            return
+
+    def _untrack_partial(self) -> None:
+        server = self.server
+        server.partial_bytes -= self.buffered
+        self.buffered = 0
+        self.partial_since = None
+        server.partial.discard(self)
+
+    def _dispatch_all(self, commands) -> None:
+        server = self.server
         self._out = out = []
         replayed = False
         try:
@@ -168,6 +209,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closing = True
+        if self.buffered:
+            self._untrack_partial()
         for handle in self.held_pulls.values():
             handle.cancel()
         self.held_pulls.clear()
@@ -239,6 +282,8 @@ class Connection(asyncio.Protocol):
         self._soon = None
         self.closing = True
         self.close_reason = reason
+        if self.buffered:  # a closing connection reads no more: its partial frame leaves the budget now
+            self._untrack_partial()
         log.log(level, "closing %s (%s): %s", self.remote_addr, self.port_name, reason)
         self.server.metrics.connections_closed[_reason_kind(reason)] += 1
         if self.transport is not None:
@@ -272,7 +317,8 @@ def connection_capacity(max_connections: int) -> int:
 def _reason_kind(reason: str) -> str:
     for prefix, kind in (("undecodable", "frame_error"), ("incomplete frame", "incomplete_frame"),
                          ("idle", "idle"), ("client does not read", "write_buffer"), ("channel expired", "expired"),
-                         ("too many", "limit"), ("broker shutting down", "shutdown")):
+                         ("too many", "limit"), ("broker shutting down", "shutdown"),
+                         ("partial frames over budget", "partial_budget")):
         if reason.startswith(prefix):
             return kind
     return "other"
@@ -336,29 +382,37 @@ class QueueExecutor:
         limit = server.config.max_inflight_per_connection // 2
         n = expired = 0
         max_wait, now = self.max_wait, time.monotonic()
-        while q and n < self.budget and expired < self.EXPIRE_BUDGET:
-            conn, cmd, handler, queued_at = q.popleft()
-            conn.inflight -= 1
-            if conn.reading_paused and conn.inflight <= limit:
-                conn._resume_reading()
-            if conn.closing:
-                continue
-            if max_wait and now - queued_at > max_wait:
-                expired += 1
-                self._expire(conn, cmd, now - queued_at)
-                continue
-            server.run(conn, cmd, handler)
-            n += 1
-            if max_wait and n % 8 == 0:
-                now = time.monotonic()  # handlers take time: keep the clock of the wait check fresh
-        if q:
-            server.loop.call_soon(self._drain)
-        else:
-            self._scheduled = False
+        try:
+            while q and n < self.budget and expired < self.EXPIRE_BUDGET:
+                conn, cmd, handler, queued_at = q.popleft()
+                conn.inflight -= 1
+                if conn.reading_paused and conn.inflight <= limit:
+                    conn._resume_reading()
+                if max_wait and now - queued_at > max_wait:
+                    expired += 1
+                    self._expire(conn, cmd, now - queued_at)
+                    continue
+                # a request decoded before its connection closed still runs (an offset commit is not lost, as
+                # in Java's executors); its answer is dropped
+                try:
+                    server.run(conn, cmd, handler)
+                except Exception:  # run() answers every failure itself: this is a last line of defence
+                    server.metrics.request_errors["internal_error"] += 1
+                    server.errors_log.log(logging.ERROR, ("drain", self.name), "executor %s: request %d failed",
+                                          self.name, cmd.code, exc_info=True)
+                n += 1
+                if max_wait and n % 8 == 0:
+                    now = time.monotonic()  # handlers take time: keep the clock of the wait check fresh
+        finally:
+            # whatever happened above, the queue keeps draining
+            if q:
+                server.loop.call_soon(self._drain)
+            else:
+                self._scheduled = False
 
     def _expire(self, conn: Connection, cmd, waited_s: float) -> None:
         self.server.metrics.queue_timeouts[self.name] += 1
-        if not cmd.is_oneway:
+        if not cmd.is_oneway and not conn.closing:
             remark = TIMEOUT_CLEAN_QUEUE_REMARK % (int(waited_s * 1000), len(self.queue))
             conn.send_command(cmd.response(ResponseCode.SYSTEM_BUSY, remark=remark))
 
@@ -391,6 +445,8 @@ class RemotingServer:
         # what the once-a-second sweep looks at: the few connections holding a partial frame or stalled on
         # writes, and a slice of the idle-check pass (so 20k connections never block the loop for a whole pass)
         self.partial: set[Connection] = set()
+        self.partial_bytes = 0  # bytes held in partial frames across connections (maxPartialFrameBytesTotal)
+        self.refused: set[Connection] = set()  # refused connections held open to answer their first request
         self.stalled: set[Connection] = set()
         self._idle_pass: list[Connection] = []
         self.max_connections = config.max_connections  # maxConnections, capped by the descriptor limit at start
@@ -398,6 +454,7 @@ class RemotingServer:
         #: repeated heartbeats take the short route (Connection.repeat): the Broker turns it on when no request
         #: must be seen whole (no ACL, no recording); a connection's decoder watches heartbeats only then
         self.repeats = False
+        self.errors_log = RateLimitedLog(log)
 
     def _queue_soon(self, conn: Connection) -> None:
         if not self._soon:
@@ -521,14 +578,22 @@ class RemotingServer:
                       f"({self.per_ip[conn.remote_ip]}, maxConnectionsPerIp={cfg.max_connections_per_ip})")
             self.metrics.connections_rejected["max_connections_per_ip"] += 1
         if reason is not None:
-            # keep it just long enough to answer its first request with the reason, then close
+            # a few refused connections are kept just long enough to answer their first request with the reason
+            # (the client then backs off instead of reconnecting at once); past REFUSED_HELD they are closed at
+            # once, so a flood cannot take the descriptors kept for the broker's own files
+            if len(self.refused) >= REFUSED_HELD:
+                self.metrics.connections_rejected["closed_at_once"] += 1
+                conn.close(reason, level=logging.DEBUG)
+                return
             conn.rejected = reason
-            self.loop.call_later(2.0, lambda: conn.close(reason))
+            self.refused.add(conn)
+            self.loop.call_later(2.0, lambda: conn.close(reason, level=logging.DEBUG))
             return
         self.connections.add(conn)
         self.per_ip[conn.remote_ip] += 1
 
     def _on_connection_lost(self, conn: Connection, exc) -> None:
+        self.refused.discard(conn)
         self.partial.discard(conn)
         self.stalled.discard(conn)
         if conn in self.connections:
@@ -594,8 +659,12 @@ class RemotingServer:
             conn.close(conn.rejected, abort=False)
             return
         code = cmd.code
-        self.metrics.requests[code] += 1
-        entry = self.table.get(code) or self.default
+        entry = self.table.get(code)
+        if entry is not None:
+            self.metrics.requests[code] += 1
+        else:
+            self.metrics.requests["other"] += 1  # one label for every code without a processor
+            entry = self.default
         if entry is None:
             if not cmd.is_oneway:
                 conn.send_command(cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
@@ -616,22 +685,49 @@ class RemotingServer:
             executor.submit(conn, cmd, handler)
 
     def run(self, conn: Connection, cmd, handler) -> None:
-        """Call a handler; its response (if any, and if the request is not oneway) goes back to the client."""
+        """Call a handler; its response (if any, and if the request is not oneway) goes back to the client.
+
+        Nothing a handler or an answer's encoding raises leaves this method: a bad request (RemotingError) is
+        answered SYSTEM_ERROR with the error's short message, anything else (a bug, an answer too large to
+        encode) with a remark that names the request and no exception text. Both are counted by kind and logged
+        at most once a minute per kind, so a client cannot flood the log or stop an executor's queue."""
         try:
             response = handler(conn, cmd)
         except RemotingError as e:
-            response = cmd.response(ResponseCode.SYSTEM_ERROR, remark=str(e))
-        except Exception as e:  # a processor bug must not take the connection down; Java answers SYSTEM_ERROR
-            log.exception("processing request %d from %s failed", cmd.code, conn.remote_addr)
-            response = cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"{type(e).__name__}: {e}")
-        if response is not None and not (cmd.flag & FLAG_ONEWAY):
-            if type(response) is not bytes:
+            response = self._failed(conn, cmd, "bad_request", clip(str(e), MAX_REMARK))
+        except Exception:
+            response = self._failed(conn, cmd, "internal_error", None, exc_info=True)
+        if response is None or cmd.flag & FLAG_ONEWAY:
+            return
+        if type(response) is not bytes:
+            remark = response.remark
+            if remark is not None and len(remark) > MAX_REMARK:
+                response.remark = clip(remark, MAX_REMARK)
+            try:
                 response = response.encode()
-            out = conn._out
-            if out is not None and not conn.closing:
-                out.append(response)  # Connection.send during a read, inlined (pipelined heartbeats)
-            else:
-                conn.send(response)
+                if len(response) > self.config.max_frame_size:  # the client's decoder would refuse it
+                    response = self._failed(conn, cmd, "answer_too_large", None).encode()
+            except Exception as e:  # a header over its limit, or a handler's value that does not encode
+                kind = "answer_too_large" if "exceeds" in str(e) else "encode_failed"
+                response = self._failed(conn, cmd, kind, None).encode()
+        out = conn._out
+        if out is not None and not conn.closing:
+            out.append(response)  # Connection.send during a read, inlined (pipelined heartbeats)
+        else:
+            conn.send(response)
+
+    def _failed(self, conn: Connection, cmd, kind: str, remark, exc_info=None):
+        """The SYSTEM_ERROR answer to a request that could not be served: ``remark`` (already short) or one
+        that names the request; counted and logged (rate-limited) by kind."""
+        self.metrics.request_errors[kind] += 1
+        code = cmd.code
+        level = logging.ERROR if kind == "internal_error" else logging.INFO
+        self.errors_log.log(level, (kind, code if code in self.table else None),
+                            "request %d from %s failed (%s)%s", code, conn.remote_addr, kind,
+                            f": {remark}" if remark else "", exc_info=exc_info)
+        if remark is None:
+            remark = f"request code {code} failed: {_FAILURE_TEXT[kind]}"
+        return cmd.response(ResponseCode.SYSTEM_ERROR, remark=remark)
 
     def send_request(self, conn: Connection, code: int, ext_fields: dict, opaque: int) -> None:
         """A oneway request from the broker to a client (NOTIFY_CONSUMER_IDS_CHANGED)."""

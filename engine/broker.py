@@ -119,7 +119,9 @@ class Broker:
             notify_coalesce_window_ms=cfg.notify_coalesce_window_ms,
         )
         # timed writes (auto-created config, offsets) go to the store's writer thread: no fsync on the loop
-        store = Store(cfg.store_path_root_dir, background_writes=True)
+        store = Store(cfg.store_path_root_dir, background_writes=True,
+                      auto_create_max_groups=cfg.auto_create_max_subscription_groups,
+                      auto_create_max_topics=cfg.auto_create_max_topics)
         # only CHANGE matters here: leaving REGISTER out keeps the heartbeat path free of event objects
         return ClientRegistry(config=rc, listener=self._on_registry_event, store=store,
                               events={ConsumerGroupEvent.CHANGE})
@@ -170,7 +172,8 @@ class Broker:
         if tc is None:
             from .store import TopicConfig
 
-            if not valid_topic_name(topic):
+            if not valid_topic_name(topic) or not self.registry.store.may_auto_create(self.registry.store.topics,
+                                                                                        topic):
                 return None
             n = self.config.default_topic_queue_nums
             # derivable: the next route query creates it again, so its write may be deferred (Store)
@@ -284,7 +287,10 @@ class Broker:
     # ------------------------------------------------------------------ metrics
     def render_metrics(self) -> str:
         stats = getattr(self.registry, "group_stats", None)
-        text = render(self.metrics, len(self.server.connections), stats() if stats is not None else ())
+        store = getattr(self.registry, "store", None)
+        text = render(self.metrics, len(self.server.connections), stats() if stats is not None else (),
+                      max_group_series=self.config.metrics_max_group_series,
+                      auto_create_refused=store.auto_create_refused if store is not None else None)
         if self.server.io_pool is not None:  # ioWorkers > 0: connections held by each worker process
             text += self.server.io_pool.render_metrics()
         return text

@@ -61,6 +61,12 @@ class BrokerConfig:
     enable_property_filter: bool = False
     #: engine: coalesce CHANGE notifications of one group within this window (0 = RocketMQ's real-time notify)
     notify_coalesce_window_ms: int = 0
+    #: engine: auto-creation of subscription groups (by heartbeats) stops once the table holds this many groups;
+    #: a consumer of a group that cannot be created is treated as one whose group has no config (0 = no limit)
+    auto_create_max_subscription_groups: int = 10_000
+    #: engine: auto-creation of topics (retry topics, route queries) stops once the table holds this many topics;
+    #: a route query for a topic that cannot be created answers TOPIC_NOT_EXIST (0 = no limit)
+    auto_create_max_topics: int = 20_000
     default_topic_queue_nums: int = 4  # RocketMQ defaults to 8; 4 halves the idle long polls of real clients
     flush_consumer_offset_interval: int = 5_000
     # -- executor queues (BrokerConfig *ThreadPoolQueueCapacity) --
@@ -113,6 +119,9 @@ class BrokerConfig:
     # -- observability (engine) --
     metrics_port: int = 0  # 0 = off
     metrics_host: str = "127.0.0.1"
+    #: engine: per-group series (group_clients / group_channels) on /metrics at most: the groups with the most
+    #: clients are kept, the number left out is the group_series_dropped gauge
+    metrics_max_group_series: int = 1000
     record_dir: str = ""  # "" = no heartbeat recording
     #: names of the properties set explicitly (file or command line), for `-p` and for defaults that depend on them
     explicit: set = field(default_factory=set, repr=False, compare=False)

@@ -7,6 +7,7 @@ time, so the heartbeat path pays nothing for them.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 from collections import Counter, deque
@@ -92,8 +93,10 @@ def _code_samples(metrics: Metrics):
     return samples
 
 
-def render(metrics: Metrics, connections: int, group_stats=None) -> str:
-    """The exposition text. ``group_stats`` yields (role, group, clients, channels) for the per-group gauges."""
+def render(metrics: Metrics, connections: int, group_stats=None, *, max_group_series: int = 1000,
+           auto_create_refused=None) -> str:
+    """The exposition text. ``group_stats`` yields (role, group, clients, channels) for the per-group gauges, of
+    which at most ``max_group_series`` are written (the most clients first; 0 = none)."""
     w = _Writer()
     p = "rocketmq_broker_"
     w.metric(p + "connections", "gauge", "Open client connections.", [({}, connections)])
@@ -122,12 +125,21 @@ def render(metrics: Metrics, connections: int, group_stats=None) -> str:
              [({}, metrics.notifications_sent)])
     w.metric(p + "register_broker_total", "counter", "REGISTER_BROKER calls to name servers, by outcome.",
              [({"result": "ok"}, metrics.register_broker_ok), ({"result": "failed"}, metrics.register_broker_failed)])
+    if auto_create_refused is not None:
+        w.metric(p + "auto_create_refused_total", "counter",
+                 "Groups and topics not auto-created because their table is at its limit.",
+                 [({"kind": k}, n) for k, n in sorted(auto_create_refused.items())])
+    stats = list(group_stats or ())
+    kept = heapq.nsmallest(max_group_series, stats, key=lambda s: (-s[2], s[0], s[1])) if max_group_series > 0 else []
     clients, channels = [], []
-    for role, group, n_clients, n_channels in group_stats or ():
+    for role, group, n_clients, n_channels in sorted(kept, key=lambda s: (s[0], s[1])):
         clients.append(({"role": role, "group": group}, n_clients))
         channels.append(({"role": role, "group": group}, n_channels))
     w.metric(p + "group_clients", "gauge", "Distinct client ids registered in a group.", clients)
     w.metric(p + "group_channels", "gauge", "Connections registered in a group.", channels)
+    w.metric(p + "group_series_dropped", "gauge",
+             f"Groups left out of the per-group series (metricsMaxGroupSeries={max_group_series}).",
+             [({}, len(stats) - len(kept))])
     return w.text()
 
 

@@ -1087,7 +1087,7 @@ class ClientRegistry:
         existed = topics.contains(topic)
         tc, changed = topics.create_topic_in_send_message_back_method(topic, queue_nums, PERM_READ | PERM_WRITE,
                                                                       is_order, sys_flag)
-        if changed:
+        if changed:  # tc is None (not changed) when the topic table is at its auto-create limit
             self._dirty = True
             if existed or tc.order:
                 # isOrderTopic(topic) changed: it feeds hasOrderTopicSub of the groups subscribing to it

@@ -239,7 +239,8 @@ class Processors:
                 hb = decode_heartbeat(body)
             except HeartbeatError as e:
                 self.metrics.heartbeat_errors += 1
-                log.info("bad heartbeat from %s: %s", conn.remote_addr, e)
+                self.broker.server.client_log.log(logging.INFO, "bad_heartbeat", "bad heartbeat from %s: %s",
+                                                 conn.remote_addr, e)
                 return cmd.response(ResponseCode.SYSTEM_ERROR, remark=str(e))
             conn.hb_body, conn.hb = body, hb
         result = self.registry.heartbeat(conn, hb, cmd.language, cmd.version)

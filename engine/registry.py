@@ -69,10 +69,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from .enums import ConsumeType, LanguageCode, MessageModel, ResponseCode
+from .errors import clip
 from .intern import StringPool
+from .logutil import RateLimitedLog
 from .store import FLAG_UNIT_SUB, PERM_READ, PERM_WRITE, Store, SubscriptionGroupConfig, TopicConfig
 
 log = logging.getLogger("engine.registry")
+#: lines a client can cause on every heartbeat (Java logs them each time) are written at most once a minute per kind
+_client_log = RateLimitedLog(log)
 
 __all__ = [
     "ClientChannelInfo",
@@ -1111,8 +1115,10 @@ class ClientRegistry:
         cur = self._member_info(slot, g.key)
         if cur[0] != req[0]:
             # same channel, another client id: Java logs an error and replaces the entry (not a change)
-            log.error("consumer channel exists in broker, but clientId is not the same one, group=%s, old=%s, "
-                      "new=%s", g.name, self._pool.get(cur[0]) if cur[0] >= 0 else None, self._pool.get(req[0]))
+            _client_log.log(logging.ERROR, "client_id_changed",
+                            "consumer channel exists in broker, but clientId is not the same one, group=%s, old=%s, "
+                            "new=%s", clip(g.name, 255), clip(str(self._pool.get(cur[0]) if cur[0] >= 0 else None),
+                                                               255), clip(self._pool.get(req[0]), 255))
             self._set_member_info(slot, g.key, req)
             self._mv_armed[slot] = 0
             self._dirty = True

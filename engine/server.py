@@ -284,8 +284,10 @@ class Connection(asyncio.Protocol):
         self.close_reason = reason
         if self.buffered:  # a closing connection reads no more: its partial frame leaves the budget now
             self._untrack_partial()
-        log.log(level, "closing %s (%s): %s", self.remote_addr, self.port_name, reason)
-        self.server.metrics.connections_closed[_reason_kind(reason)] += 1
+        kind = _reason_kind(reason)
+        # one line per closed connection, but a client opening and breaking connections cannot flood the log
+        self.server.client_log.log(level, kind, "closing %s (%s): %s", self.remote_addr, self.port_name, reason)
+        self.server.metrics.connections_closed[kind] += 1
         if self.transport is not None:
             if abort:
                 self.transport.abort()
@@ -454,7 +456,8 @@ class RemotingServer:
         #: repeated heartbeats take the short route (Connection.repeat): the Broker turns it on when no request
         #: must be seen whole (no ACL, no recording); a connection's decoder watches heartbeats only then
         self.repeats = False
-        self.errors_log = RateLimitedLog(log)
+        self.errors_log = RateLimitedLog(log)  # failed requests: one line per kind a minute
+        self.client_log = RateLimitedLog(log, burst=20)  # what clients cause (closes, bad heartbeats, ACL refusals): 20 lines a kind a minute
 
     def _queue_soon(self, conn: Connection) -> None:
         if not self._soon:
@@ -674,7 +677,8 @@ class RemotingServer:
             remark = self.acl.check(code, cmd.ext_fields, cmd.body, conn.remote_ip)
             if remark is not None:
                 self.metrics.acl_denied += 1
-                log.info("NO_PERMISSION for request %d from %s: %s", code, conn.remote_addr, remark)
+                self.client_log.log(logging.INFO, "acl_denied", "NO_PERMISSION for request %d from %s: %s", code,
+                                   conn.remote_addr, remark)
                 if not cmd.is_oneway:
                     conn.send_command(cmd.response(ResponseCode.NO_PERMISSION, remark=remark))
                 return

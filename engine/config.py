@@ -37,27 +37,41 @@ class BrokerConfig:
     """Every setting of the broker front end. Attribute names are the property names in snake_case."""
 
     # -- identity (BrokerConfig) --
+    #: cluster name in routes and REGISTER_BROKER
     broker_cluster_name: str = "DefaultCluster"
+    #: broker name in routes (default: the host name)
     broker_name: str = field(default_factory=_default_broker_name)
+    #: 0 = master (a master's brokerId is forced to 0)
     broker_id: int = 0
     broker_role: str = "ASYNC_MASTER"  # MessageStoreConfig: ASYNC_MASTER, SYNC_MASTER or SLAVE
     #: address put in routes and REGISTER_BROKER; empty = the local address each client connected to
     broker_ip1: str = ""
+    #: name servers, `host:port;host:port`; empty = this broker answers route queries itself
     namesrv_addr: str = ""
+    #: ms between REGISTER_BROKER calls to the name servers
     register_name_server_period: int = 30_000
+    #: directory of the persisted state (`config/topics.json`, `subscriptionGroup.json`, `consumerOffset.json`); default `~/store`
     store_path_root_dir: str = field(default_factory=lambda: str(Path.home() / "store"))
     # -- network (NettyServerConfig) --
+    #: the main remoting port
     listen_port: int = 10911
     listen_host: str = "0.0.0.0"  # engine: bind address (Netty binds every interface)
     #: engine: also serve the fast/VIP port (listenPort - 2), as BrokerController.initializeRemotingServer does
     fast_port_enable: bool = True
+    #: a connection with no traffic this long is closed
     server_channel_max_idle_time_seconds: int = 120
     # -- client management (BrokerConfig) --
+    #: a client silent this long (ms) is removed by the expiry scan (every 10 s)
     channel_expired_timeout: int = 120_000
+    #: create a consumer's missing subscription group on its first heartbeat
     auto_create_subscription_group: bool = True
+    #: create missing `CID_RMQ_SYS_*` groups even with auto-create off
     enable_create_sys_group: bool = True
+    #: broker-wide switch of NOTIFY_CONSUMER_IDS_CHANGED
     notify_consumer_ids_changed_enable: bool = True
+    #: ignore pull (CONSUME_ACTIVELY) consumers in heartbeats
     reject_pull_consumer_enable: bool = False
+    #: accept SQL92 subscriptions (CHECK_CLIENT_CONFIG)
     enable_property_filter: bool = False
     #: engine: coalesce CHANGE notifications of one group within this window (0 = RocketMQ's real-time notify)
     notify_coalesce_window_ms: int = 0
@@ -68,20 +82,28 @@ class BrokerConfig:
     #: a route query for a topic that cannot be created answers TOPIC_NOT_EXIST (0 = no limit)
     auto_create_max_topics: int = 20_000
     default_topic_queue_nums: int = 4  # RocketMQ defaults to 8; 4 halves the idle long polls of real clients
+    #: ms between writes of `consumerOffset.json`
     flush_consumer_offset_interval: int = 5_000
     # -- executor queues (BrokerConfig *ThreadPoolQueueCapacity) --
+    #: queue of UNREGISTER_CLIENT / CHECK_CLIENT_CONFIG
     client_manager_thread_pool_queue_capacity: int = 1_000_000
+    #: queue of consumer list and offset requests
     consumer_manager_thread_pool_queue_capacity: int = 1_000_000
+    #: queue of admin requests (connection lists, locks, route queries)
     admin_broker_thread_pool_queue_capacity: int = 10_000
+    #: queue of PULL_MESSAGE
     pull_thread_pool_queue_capacity: int = 100_000
     # -- fast failure (BrokerFastFailure): a queued request that waited longer than its limit is answered
     #    SYSTEM_BUSY "[TIMEOUT_CLEAN_QUEUE]..." instead of late; 0 = no limit --
+    #: answer requests that waited too long in a queue with SYSTEM_BUSY instead of late
     broker_fast_failure_enable: bool = True
+    #: longest wait of a pull in its queue (ms)
     wait_time_mills_in_pull_queue: int = 5_000
     #: engine: the limit of the client-manage, consumer-manage and admin queues (Java has none; its clients give
     #: up after their 3 s invoke timeout, so a later answer is wasted). Heartbeats never queue.
     wait_time_mills_in_queue: int = 3_000
     # -- long polling --
+    #: hold pulls that ask for it (PullSysFlag suspend) instead of answering at once
     long_polling_enable: bool = True
     #: engine: longest a PULL_MESSAGE is held (the client's suspendTimeoutMillis is capped at this)
     pull_max_suspend_millis: int = 30_000
@@ -92,9 +114,12 @@ class BrokerConfig:
     #: engine: queue locks held at once across groups; a lock past it is not granted (the client retries)
     rebalance_lock_max_entries: int = 1_000_000
     # -- ACL --
+    #: check every request's signature against `aclFile` (plain_acl.yml)
     acl_enable: bool = False
+    #: the plain_acl.yml of `aclEnable`
     acl_file: str = ""
     # -- limits (engine) --
+    #: engine: connections at most (lowered to RLIMIT_NOFILE - 256 without ioWorkers)
     max_connections: int = 100_000
     max_connections_per_ip: int = 0  # 0 = no per-IP limit
     #: I/O worker processes holding the client sockets (engine.ioworker); 0 = socket I/O in the broker process.
@@ -117,12 +142,15 @@ class BrokerConfig:
     #: requests of one connection waiting in executors; over this the server stops reading that connection
     max_inflight_per_connection: int = 1024
     # -- observability (engine) --
-    metrics_port: int = 0  # 0 = off
+    #: engine: port of the Prometheus endpoint (GET /metrics); 0 = off
+    metrics_port: int = 0
+    #: engine: address of the Prometheus endpoint
     metrics_host: str = "127.0.0.1"
     #: engine: per-group series (group_clients / group_channels) on /metrics at most: the groups with the most
     #: clients are kept, the number left out is the group_series_dropped gauge
     metrics_max_group_series: int = 1000
-    record_dir: str = ""  # "" = no heartbeat recording
+    #: engine: directory of the heartbeat recording (zstd segments); "" = no recording
+    record_dir: str = ""
     #: names of the properties set explicitly (file or command line), for `-p` and for defaults that depend on them
     explicit: set = field(default_factory=set, repr=False, compare=False)
     #: properties this engine does not use (kept, as Java keeps them, so -p can show them)

@@ -242,7 +242,14 @@ class Processors:
                 self.broker.server.client_log.log(logging.INFO, "bad_heartbeat", "bad heartbeat from %s: %s",
                                                  conn.remote_addr, e)
                 return cmd.response(ResponseCode.SYSTEM_ERROR, remark=str(e))
-            conn.hb_body, conn.hb = body, hb
+            if hb.consumers and body.count(b'"subVersion"') < sum(len(cd.subscriptions) for cd in hb.consumers):
+                # a subscription without subVersion: Java stamps the decode time on it at every heartbeat (a
+                # newer subVersion replaces the subscription), so such a body is decoded every time: no cached
+                # decode, no repeat route
+                conn.hb_body = conn.hb = None
+                conn.hb_norepeat = body
+            else:
+                conn.hb_body, conn.hb = body, hb
         result = self.registry.heartbeat(conn, hb, cmd.language, cmd.version)
         tpl = self._template(cmd, result)
         if tpl:

@@ -32,17 +32,50 @@ def native_available() -> bool:
         return False
 
 
+def strict() -> bool:
+    """Under CI (CI=true), ENGINE_REQUIRE_NATIVE=1 or ENGINE_STRICT=1 (scripts/dev.sh test sets it for both runs) a
+    missing build or dependency fails a test instead of skipping it: no skip may hide what CI must prove."""
+    return (bool(os.environ.get("ENGINE_REQUIRE_NATIVE")) or bool(os.environ.get("ENGINE_STRICT"))
+            or os.environ.get("CI", "").lower() == "true")
+
+
+def require_native(what: str = "native extensions") -> None:
+    """Skip when the compiled modules are not built -- or fail, when strict()."""
+    if not native_available():
+        if strict():
+            pytest.fail(f"{what}: not built (required under CI=true / ENGINE_REQUIRE_NATIVE=1)")
+        pytest.skip(f"{what}: not built", allow_module_level=True)
+
+
+def require_module(name: str):
+    """The imported module, or a skip -- a failure when strict() -- if it is not installed."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        if strict():
+            pytest.fail(f"{name} is not installed (required under CI=true / ENGINE_REQUIRE_NATIVE=1): {e}")
+        pytest.skip(f"{name} is not installed", allow_module_level=True)
+
+
 @pytest.fixture(params=["native", "twin"])
 def impl(request):
-    """A namespace with `.frame` and `.heartbeat` modules of one implementation."""
-    if request.param == "native" and not native_available():
-        if os.environ.get("ENGINE_REQUIRE_NATIVE"):
-            pytest.fail("native extensions are required (ENGINE_REQUIRE_NATIVE=1) but not built")
-        pytest.skip("native extensions not built")
+    """A namespace with `.frame`, `.heartbeat`, `.expiry` and `.digest` modules of one implementation."""
+    if request.param == "native":
+        require_native()
     which = 0 if request.param == "native" else 1
     return types.SimpleNamespace(
         name=request.param, **{k: importlib.import_module(v[which]) for k, v in HOT_PATHS.items()}
     )
+
+
+@pytest.fixture
+def pair():
+    """(native, twin): namespaces of both implementations, for parity tests (which need two different ones)."""
+    require_native()
+    native, twin = (types.SimpleNamespace(**{k: importlib.import_module(v[i]) for k, v in HOT_PATHS.items()})
+                    for i in (0, 1))
+    assert native.frame is not twin.frame
+    return native, twin
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from conftest import strict
 
 from engine import _brokerlog_py as twin
 from engine.bindings import brokerlog as bl
@@ -25,8 +26,8 @@ except ImportError:  # pragma: no cover - not built
     native = None
 
 IMPLS = ["twin"] + (["native"] if native is not None else [])
-if native is None and os.environ.get("ENGINE_REQUIRE_NATIVE"):
-    raise RuntimeError("engine._brokerlog is not built (ENGINE_REQUIRE_NATIVE=1)")
+if native is None and strict():
+    raise RuntimeError("engine._brokerlog is not built (required under CI=true / ENGINE_REQUIRE_NATIVE=1)")
 
 
 def _parse(impl):

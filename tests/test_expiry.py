@@ -5,7 +5,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-import engine._expiry_py as twin
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -106,15 +105,15 @@ small_times = st.integers(-1000, 1000)
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), n=st.integers(0, 64), wide=st.booleans())
-def test_native_and_twin_agree_with_the_rule(impl, data, n, wide):
+def test_native_and_twin_agree_with_the_rule(pair, data, n, wide):
     values = int64s if wide else small_times
     lu = data.draw(hnp.arrays(np.int64, n, elements=values))
     lv = data.draw(hnp.arrays(np.uint8, n, elements=st.integers(0, 255)))
     now = data.draw(values)
     timeout = data.draw(st.integers(0, INT64_MAX) if wide else st.integers(0, 500))
-    out = impl.expiry.scan_expired(lu, lv, now, timeout)
+    out = pair[0].expiry.scan_expired(lu, lv, now, timeout)
     assert out.tolist() == reference(lu, lv, now, timeout)
-    assert out.tolist() == twin.scan_expired(lu, lv, now, timeout).tolist()
+    assert out.tolist() == pair[1].expiry.scan_expired(lu, lv, now, timeout).tolist()
 
 
 def test_monotonic_ms_is_the_monotonic_clock_in_whole_ms(impl):

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import load_vectors
+from conftest import load_vectors, require_native
 from engine import FrameError, LanguageCode
 from engine import _frame_py as twin
 from engine.enums import LANGUAGE_BY_NAME, MAX_EXT_FIELDS
@@ -26,12 +26,8 @@ FUZZ = settings(max_examples=500, deadline=None)
 
 @pytest.fixture(scope="module")
 def native():
-    try:
-        return importlib.import_module("engine._frame")
-    except ImportError:
-        if os.environ.get("ENGINE_REQUIRE_NATIVE"):
-            pytest.fail("engine._frame is not built (ENGINE_REQUIRE_NATIVE=1)")
-        pytest.skip("engine._frame is not built")
+    require_native("engine._frame")
+    return importlib.import_module("engine._frame")
 
 
 def frame(header, body=b"", serialize_type=0):

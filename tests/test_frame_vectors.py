@@ -54,9 +54,13 @@ def chunked(data, rng, max_size):
         pos += size
 
 
-def test_vectors_cover_both_clients_and_the_quirks(vectors):
+def test_vectors_cover_every_client_and_the_quirks(vectors):
     clients = {client for client, _, _ in vectors}
-    assert clients == {"ali-ons", "cpp-rocketmq-0.4.4"}
+    assert clients == {"ali-ons", "cpp-rocketmq-0.4.4", "java-rocketmq-4.9.8"}
+    # the Java client: a plain heartbeat has no extFields at all, opaques start at 0
+    java = [e for c, e, _ in vectors if c == "java-rocketmq-4.9.8"]
+    assert any(e["code"] == 34 and "extFields" not in e["header"] for e in java)
+    assert min(e["header"]["opaque"] for e in java) == 0
     ext_values = [v for _, e, _ in vectors for v in (e["header"].get("extFields") or {}).values()]
     assert any(isinstance(v, bool) for v in ext_values) and any(type(v) is int for v in ext_values)
     assert any(data[8 + e["header_len"] - 1 : 8 + e["header_len"]] == b"\n" for _, e, data in vectors)

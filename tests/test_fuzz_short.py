@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import load_vectors, native_available
+from conftest import load_vectors, native_available, require_module, require_native
 from engine import FrameError, HeartbeatError
 from engine import _frame_py, _heartbeat_py
 
@@ -36,11 +36,6 @@ HARNESSES = {"frame": fuzz_frame, "heartbeat": fuzz_heartbeat}
 CI_RUNS = {"frame": 8000, "heartbeat": 12000}
 
 
-def require_native():
-    if not native_available():
-        if os.environ.get("ENGINE_REQUIRE_NATIVE"):
-            pytest.fail("native extensions are required (ENGINE_REQUIRE_NATIVE=1) but not built")
-        pytest.skip("native extensions not built: nothing to differ against")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -50,7 +45,7 @@ def require_native():
 @pytest.mark.parametrize("name", list(HARNESSES))
 def test_atheris_short_run(name, tmp_path):
     require_native()
-    pytest.importorskip("atheris", reason='atheris not installed (pip install -e ".[fuzz]")')
+    require_module("atheris")  # the fuzz extra: pip install -e ".[fuzz]"
     script = str(FUZZ / f"fuzz_{name}.py")
     seeds, corpus = tmp_path / "seeds", tmp_path / "corpus"
     corpus.mkdir()

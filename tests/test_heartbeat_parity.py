@@ -13,7 +13,7 @@ from engine import ConsumeFromWhere, ConsumeType, HeartbeatError, MessageModel
 from engine import _heartbeat_py as twin
 from engine.heartbeat import encode_heartbeat
 
-from conftest import load_vectors
+from conftest import load_vectors, strict
 from test_heartbeat import CPP_BODY, DIALECTS, SPEC_SAMPLES, expected_dict, heartbeat_bodies
 
 
@@ -21,7 +21,7 @@ def _native():
     try:
         return importlib.import_module("engine._heartbeat")
     except ImportError:
-        if os.environ.get("ENGINE_REQUIRE_NATIVE"):
+        if strict():
             raise
         return None
 

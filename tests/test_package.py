@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, native_available
+from conftest import ROOT, require_native
 
 PROBE = ("import engine; print(engine.NATIVE, engine.RemotingCommand.__module__, "
          "engine.HeartbeatData.__module__, engine.decode_frame.__module__)")
@@ -24,10 +24,7 @@ def test_no_extensions_forces_the_twins():
 
 
 def test_native_in_use_when_built():
-    if not native_available():
-        if os.environ.get("ENGINE_REQUIRE_NATIVE"):
-            pytest.fail("native extensions are required (ENGINE_REQUIRE_NATIVE=1) but not built")
-        pytest.skip("native extensions not built")
+    require_native()
     env = {k: v for k, v in os.environ.items() if k != "ENGINE_NO_EXTENSIONS"}
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
                          check=True).stdout.split()
@@ -72,10 +69,7 @@ def _modules_probe(prelude="", **env):
 
 
 def test_native_modules_report_what_each_user_loads():
-    if not native_available():
-        if os.environ.get("ENGINE_REQUIRE_NATIVE"):
-            pytest.fail("native extensions are required (ENGINE_REQUIRE_NATIVE=1) but not built")
-        pytest.skip("native extensions not built")
+    require_native()
     got = _modules_probe()
     assert got["modules"] == {m: True for m in ("_frame", "_heartbeat", "_expiry", "_digest", "_segment", "_brokerlog")}
     assert got["native"] is True
@@ -84,10 +78,7 @@ def test_native_modules_report_what_each_user_loads():
 
 
 def test_one_missing_module_makes_native_false():
-    if not native_available():
-        if os.environ.get("ENGINE_REQUIRE_NATIVE"):
-            pytest.fail("native extensions are required (ENGINE_REQUIRE_NATIVE=1) but not built")
-        pytest.skip("native extensions not built")
+    require_native()
     got = _modules_probe(BLOCK_DIGEST)
     assert got["modules"]["_digest"] is False and got["registry"]["digest"] == "twin"
     assert got["modules"]["_frame"] is True and got["modules"]["_expiry"] is True

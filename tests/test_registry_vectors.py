@@ -2,6 +2,8 @@
 captured connection: the registry ends with the groups, channels and subscriptions those clients had, then is
 empty after their unregisters and connection closes (ali-ons never unregisters CLIENT_INNER_PRODUCER: only the
 close removes it)."""
+import json
+
 import pytest
 
 import engine
@@ -115,3 +117,51 @@ def test_repeated_capture_heartbeats_use_the_fast_path(vectors, client):
             assert reg.heartbeat(channel, engine.decode_heartbeat(cmd.body), cmd.language, cmd.version).code == 0
         assert reg._mv_armed[reg._slot_of[channel]], "a repeated capture heartbeat must arm the fast path"
     check_registered(reg, frames)
+
+
+def _canonical(body_json):
+    """A heartbeat body with its sets sorted: what the Java client means, whatever HashSet order it sent."""
+    def subs(cd):
+        return sorted(json.dumps(s, sort_keys=True) for s in cd.get("subscriptionDataSet") or [])
+    return (body_json.get("clientID"),
+            sorted((cd["groupName"], json.dumps({k: v for k, v in cd.items() if k != "subscriptionDataSet"},
+                                                sort_keys=True), subs(cd)) for cd in body_json.get("consumerDataSet") or []),
+            sorted(pd["groupName"] for pd in body_json.get("producerDataSet") or []))
+
+
+def test_java_reordered_sets_change_nothing(tmp_path, vectors):
+    """The Java client sends the same registration with its sets in another HashSet order: no CHANGE (no NOTIFY),
+    no config write, the same registry state."""
+    from engine.store import Store
+
+    java = [(c, e, raw) for c, e, raw in in_order(vectors) if c == "java-rocketmq-4.9.8" and e["code"] == 34]
+    pairs = []
+    for conn in {e["conn"] for _, e, _ in java}:
+        beats = [(e, raw) for _, e, raw in java if e["conn"] == conn]
+        for (e1, r1), (e2, r2) in zip(beats, beats[1:]):
+            b1, b2 = engine.decode_frame(r1).body, engine.decode_frame(r2).body
+            if b1 != b2 and _canonical(e1["body_json"]) == _canonical(e2["body_json"]):
+                pairs.append((conn, r1, r2))
+    assert pairs, "the Java capture has heartbeats whose sets are only reordered"
+    for conn, r1, r2 in pairs:
+        events = []
+        store = Store(tmp_path / f"store{conn}-{len(events)}", derivable_write_delay_s=0)
+        reg = ClientRegistry(listener=events.append, store=store, events={ConsumerGroupEvent.CHANGE})
+        writes = []
+        original = store._write
+        store._write = lambda manager, background=False: (writes.append(manager), original(manager, background))
+        c1, c2 = engine.decode_frame(r1), engine.decode_frame(r2)
+        reg.heartbeat(("java", conn), engine.decode_heartbeat(c1.body), c1.language, c1.version)
+        state = {g: sorted(reg.consumer_group_info(g).subscriptions) for g in reg.consumer_groups()}
+        events.clear()
+        writes.clear()
+        reg.heartbeat(("java", conn), engine.decode_heartbeat(c2.body), c2.language, c2.version)
+        assert events == [] and writes == []
+        # the scan's view: members listing the same subscriptions in another order are consistent
+        from engine.scan_py import subscription_key
+
+        keys = [{cd.group: subscription_key(cd.subscriptions) for cd in engine.decode_heartbeat(c.body).consumers}
+                for c in (c1, c2)]
+        assert keys[0] == keys[1]
+        assert {g: sorted(reg.consumer_group_info(g).subscriptions) for g in reg.consumer_groups()} == state
+        reg.check_invariants()

@@ -20,7 +20,7 @@ from engine.enums import RequestCode, ResponseCode
 from engine.registry import ConsumerGroupEvent
 from engine.server import Connection
 
-from conftest import native_available
+from conftest import require_native
 from test_server_fastpath import FakeTransport, body, split_frames
 
 INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
@@ -131,11 +131,11 @@ FIELDS = st.fixed_dictionaries({
 })
 
 
-@pytest.mark.skipif(not native_available(), reason="native extensions not built")
 @settings(max_examples=300, deadline=None)
 @given(FIELDS, st.lists(st.tuples(st.sampled_from(["repeat", "body", "text", "other"]), INT32, st.binary(max_size=3)),
                         max_size=8), st.integers(min_value=1, max_value=97))
 def test_native_and_twin_agree_and_every_repeat_is_exact(fields, stream, chunk):
+    require_native()
     native, twin = importlib.import_module("engine._frame"), importlib.import_module("engine._frame_py")
     base = request(1, fields["data"], fields["serialize_type"], fields["ext"], remark=fields["remark"])
     frames = []

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import engine
+from conftest import require_native
 from engine import processors as processors_mod
 from engine.broker import Broker
 from engine.config import BrokerConfig
@@ -76,8 +77,7 @@ def test_template_with_remark_and_error_code(impl, serialize_type):
 
 @pytest.mark.parametrize("kind", [None, 0, 1])
 def test_template_implementations_agree_on_any_opaque(kind):
-    if not engine.NATIVE:
-        pytest.skip("native extensions not built")
+    require_native()  # not engine.NATIVE: the twin run (ENGINE_NO_EXTENSIONS=1) still has both to compare
     import engine._frame as native
     import engine._frame_py as twin
 

@@ -4,8 +4,10 @@ import json
 
 import pytest
 
-pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
+from conftest import require_module  # noqa: E402
+
+require_module("pyspark")
+require_module("pyarrow")
 
 from engine import scan_py  # noqa: E402
 from engine.recorder import HeartbeatRecorder, list_segments  # noqa: E402

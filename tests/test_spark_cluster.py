@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-pyspark = pytest.importorskip("pyspark")
+from conftest import ROOT, require_module  # noqa: E402
 
-from conftest import ROOT  # noqa: E402
+pyspark = require_module("pyspark")
 from engine.scan_py import FINDING_KEYS  # noqa: E402
 from engine.synth import FleetConfig, compare_with_manifest, generate  # noqa: E402
 

@@ -4,7 +4,9 @@ import json
 import numpy as np
 import pytest
 
-pa = pytest.importorskip("pyarrow")
+from conftest import require_module, strict  # noqa: E402
+
+pa = require_module("pyarrow")
 
 import engine  # noqa: E402
 from engine.recorder import HeartbeatRecorder, iter_records, list_segments  # noqa: E402
@@ -202,9 +204,7 @@ def _dedupers():
     try:
         from engine._segment import BodyDeduper
     except ImportError:
-        import os
-
-        if os.environ.get("ENGINE_REQUIRE_NATIVE"):
+        if strict():
             raise
     else:
         out.append(BodyDeduper)
@@ -297,9 +297,7 @@ def _scanners():
     try:
         from engine._segment import BlockScanner
     except ImportError:
-        import os
-
-        if os.environ.get("ENGINE_REQUIRE_NATIVE"):
+        if strict():
             raise
     else:
         out.append(BlockScanner)

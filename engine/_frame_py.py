@@ -787,8 +787,8 @@ def repeat_pattern(frame, decode):
     """``(serialize byte, text, header prefix, header suffix, body)`` of one whole request frame: the frame with
     its opaque cut out (decimal text in a JSON header, an int32 in a ROCKETMQ one), or None when the opaque cannot
     be located unambiguously. ``decode`` is the implementation's decode_frame: the pattern is used only if frames
-    filled in from it with a set of other opaques decode to the same command but for the opaque. Shared by both
-    decoders (arming is rare; matching is the hot part)."""
+    filled in from it with a set of other opaques decode to the same command but for the opaque. The native
+    decoder has its own (engine._frame._repeat_pattern); the parity tests compare the two."""
     frame = bytes(frame)
     try:
         cmd = decode(frame)

@@ -1420,6 +1420,58 @@ cdef class RemotingCommand:
 
 cdef tuple _COMMAND_TYPES = (RemotingCommand, _twin.RemotingCommand)
 
+# ---- the repeat pattern (native twin of engine._frame_py.repeat_pattern / repeat_frame: same results)
+
+cdef tuple _REPEAT_CHECKS = (0, 2147483647, -2147483648)
+cdef tuple _REPEAT_FIELDS = ("code", "language", "version", "flag", "remark", "ext_fields", "body", "serialize_type")
+
+
+cdef object _repeat_pattern(object frame):
+    """``(serialize byte, text, header prefix, header suffix, body)`` of one whole request frame with its opaque
+    cut out, or None when the opaque cannot be located unambiguously; verified by decoding frames filled in with
+    other opaques (they must decode to the same command but for the opaque)."""
+    cdef bytes f = bytes(frame)
+    cdef Py_ssize_t i, j, hlen
+    cdef unsigned int word
+    try:
+        cmd = decode_frame(f)
+    except FrameError:
+        return None
+    word = int.from_bytes(f[4:8], "big")
+    kind, hlen = word >> 24, word & 0xFFFFFF
+    header, body = f[8:8 + hlen], f[8 + hlen:]
+    if kind == 0:
+        i = header.find(b'"opaque":')
+        if i < 0 or header.find(b'"opaque":', i + 1) >= 0:
+            return None
+        j = i + 9
+        digits = b"%d" % cmd.opaque
+        if header[j:j + len(digits)] != digits or header[j + len(digits):j + len(digits) + 1].isdigit():
+            return None
+        pattern = (kind, True, header[:j], header[j + len(digits):], body)
+    else:
+        if hlen < 9 or header[5:9] != (<int>cmd.opaque).to_bytes(4, "big", signed=True):
+            return None
+        pattern = (kind, False, header[:5], header[9:], body)
+    want = [getattr(cmd, name) for name in _REPEAT_FIELDS]
+    for opaque in _REPEAT_CHECKS:
+        try:
+            other = decode_frame(_repeat_frame(pattern, opaque))
+        except FrameError:
+            return None
+        if other.opaque != opaque or [getattr(other, name) for name in _REPEAT_FIELDS] != want:
+            return None
+    return pattern
+
+
+cdef bytes _repeat_frame(tuple pattern, object opaque):
+    """The frame of ``pattern`` carrying ``opaque``."""
+    kind, text, prefix, suffix, body = pattern
+    slot = b"%d" % opaque if text else opaque.to_bytes(4, "big", signed=True)
+    cdef Py_ssize_t hlen = len(prefix) + len(slot) + len(suffix)
+    return ((4 + hlen + len(body)).to_bytes(4, "big") + ((kind << 24) | hlen).to_bytes(4, "big") + prefix + slot
+            + suffix + body)
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # Streaming
@@ -1481,7 +1533,7 @@ cdef class FrameDecoder:
 
     def arm_repeat(self, frame):
         """Return later frames equal to ``frame`` but for the opaque as their opaque; False if it cannot be."""
-        pattern = _twin.repeat_pattern(frame, decode_frame)
+        pattern = _repeat_pattern(frame)
         self._repeat = pattern
         if pattern is None:
             return False
@@ -1495,7 +1547,7 @@ cdef class FrameDecoder:
         """The command a repeat with ``opaque`` stands for (the armed frame decoded with that opaque)."""
         if self._repeat is None:
             raise ValueError("no repeat is armed")
-        return decode_frame(_twin.repeat_frame(self._repeat, opaque), self._max_obj)
+        return decode_frame(_repeat_frame(self._repeat, opaque), self._max_obj)
 
     cdef object _repeat_opaque(self, const unsigned char* f, Py_ssize_t size, uint32_t word):
         """The opaque of frame f[0:size] if it repeats the armed pattern, else None (twin: _repeat_opaque).

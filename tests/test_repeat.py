@@ -325,3 +325,21 @@ def test_every_captured_client_heartbeat_can_be_armed_and_repeated(impl, vectors
             assert d.repeat_command(again) == impl.frame.decode_frame(frame)
         seen.add(client)
     assert len(seen) >= 2  # both real clients' heartbeats
+
+
+def test_native_arm_repeat_has_its_own_derivation(monkeypatch):
+    """The parity test compares two implementations: the native decoder does not call the twin's derivation."""
+    require_native()
+    native = importlib.import_module("engine._frame")
+    twin = importlib.import_module("engine._frame_py")
+
+    def refuse(*a, **kw):
+        raise AssertionError("the twin's repeat_pattern was called")
+
+    monkeypatch.setattr(twin, "repeat_pattern", refuse)
+    monkeypatch.setattr(twin, "repeat_frame", refuse)
+    frame = request(7, b"hb-body")
+    dec = native.FrameDecoder()
+    assert dec.arm_repeat(frame)
+    assert dec.feed(request(99, b"hb-body")) == [99]
+    assert dec.repeat_command(99).opaque == 99

@@ -481,16 +481,18 @@ def serve_main(argv=None) -> int:
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (metricsPort)")
     p.add_argument("--record", metavar="DIR", help="record every heartbeat into zstd segments in DIR (recordDir)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.add_argument("--lenient-config", action="store_true",
+                   help="keep unknown property names (listed at start-up) instead of refusing to start")
     args, rest = p.parse_known_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        overrides = parse_overrides(rest)
+        overrides = parse_overrides(rest, lenient=args.lenient_config)
         if args.metrics_port is not None:
             overrides["metricsPort"] = str(args.metrics_port)
         if args.record:
             overrides["recordDir"] = args.record
-        config = BrokerConfig.load(args.configFile, overrides)
+        config = BrokerConfig.load(args.configFile, overrides, lenient=args.lenient_config)
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 3
@@ -500,6 +502,9 @@ def serve_main(argv=None) -> int:
                 continue
             print(f"{name}={value}")
         return 0
+    unused = config.unused_properties()
+    if unused:
+        log.info("accepted, not used by this broker: %s", ", ".join(unused))
     _raise_nofile()
     return asyncio_run(_serve(config))
 

@@ -11,13 +11,16 @@ not parse as its type is an error here (Java silently keeps the default).
 """
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
+import re
 import socket
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .errors import RemotingError, echo
+from .java_properties import JAVA_PROPERTIES
 
 
 class ConfigError(RemotingError, ValueError):
@@ -176,21 +179,33 @@ class BrokerConfig:
 
     # ---- loading ----
     @classmethod
-    def load(cls, path: str | os.PathLike | None = None, overrides: dict | None = None) -> "BrokerConfig":
-        """Defaults, then the properties file, then the overrides (property name -> text); validated."""
+    def load(cls, path: str | os.PathLike | None = None, overrides: dict | None = None,
+             lenient: bool = False) -> "BrokerConfig":
+        """Defaults, then the properties file, then the overrides (property name -> text); validated.
+        ``lenient`` (``rmqhb serve --lenient-config``) keeps unknown property names instead of refusing them."""
         cfg = cls()
         if path:
-            cfg.apply(read_properties(path))
+            cfg.apply(read_properties(path), lenient)
         if overrides:
-            cfg.apply(overrides)
+            cfg.apply(overrides, lenient)
         cfg.validate()
         return cfg
 
-    def apply(self, props: dict) -> "BrokerConfig":
-        """Set fields from a {propertyName: text} mapping; text is parsed by the field's type."""
+    def unused_properties(self) -> list[str]:
+        """Properties that were set but that this broker does not use (Java's, or unknown ones when lenient)."""
+        return sorted(self.extra)
+
+    def apply(self, props: dict, lenient: bool = False) -> "BrokerConfig":
+        """Set fields from a {propertyName: text} mapping; text is parsed by the field's type.
+
+        A name that is neither this broker's nor one of Java's broker properties (JAVA_PROPERTIES) is an error
+        naming the closest known property (a typo must not silently leave the default in force), unless
+        ``lenient``; Java's properties this broker does not use are kept in ``extra`` (see unused_properties)."""
         for name, text in props.items():
             spec = PROPERTIES.get(name)
             if spec is None:
+                if not lenient and name not in JAVA_PROPERTIES:
+                    raise ConfigError(unknown_property_message(name))
                 self.extra[name] = text
                 continue
             setattr(self, spec.attr, spec.parse(name, text))
@@ -276,16 +291,33 @@ class _Spec:
                 raise ConfigError(f"{name} must be true or false, not {echo(text)}")
             return t == "true"
         if self.kind is int:
-            try:
-                return int(text.strip(), 10)
-            except ValueError:
-                raise ConfigError(f"{name} must be an integer, not {echo(text)}") from None
-        return text.strip()  # MixAll.properties2Object trims strings
+            return _java_int(name, text, LONG_PROPERTIES.get(name, False))
+        return text.strip()  # MixAll.properties2Object trims strings (and only strings)
 
     def format(self, value) -> str:
         if self.kind is bool:
             return "true" if value else "false"
         return str(value)
+
+
+#: properties that are a Java ``long`` (Long.parseLong); every other int property is an ``int`` (Integer.parseInt)
+LONG_PROPERTIES = {"channelExpiredTimeout": True, "waitTimeMillsInPullQueue": True, "brokerId": True,
+                   "maxPartialFrameBytesTotal": True, "rebalanceLockMaxLiveTime": True}
+
+
+def _java_int(name: str, text: str, long: bool) -> int:
+    """Integer.parseInt / Long.parseLong: an optional sign, then ASCII digits only (no spaces, underscores or
+    other scripts' digits), in range. Java's broker silently keeps the default for a value it cannot parse; here
+    it is an error."""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not digits or not (digits.isascii() and digits.isdigit()):
+        kind = "a long (Long.parseLong)" if long else "an integer (Integer.parseInt)"
+        raise ConfigError(f"{name} must be {kind}, not {echo(text)}")
+    value = int(text)
+    bits = 63 if long else 31
+    if not -(1 << bits) <= value < (1 << bits):
+        raise ConfigError(f"{name} is out of range for a Java {'long' if long else 'int'}: {echo(text)}")
+    return value
 
 
 def _camel(attr: str) -> str:
@@ -305,6 +337,12 @@ PROPERTIES: dict[str, _Spec] = {
 
 #: Short RocketMQ command-line options (ServerUtil / BrokerStartup): -n namesrvAddr.
 SHORT_OPTIONS = {"-n": "namesrvAddr"}
+
+
+def unknown_property_message(name: str, prefix: str = "property ") -> str:
+    close = difflib.get_close_matches(name, list(PROPERTIES) + sorted(JAVA_PROPERTIES), n=1, cutoff=0.75)
+    hint = f": did you mean {close[0]}?" if close else " (not a property of this broker or of RocketMQ's)"
+    return f"unknown {prefix}{echo(name)[1:-1] if len(name) <= 64 else echo(name)}{hint}"
 
 
 def _split_addr(addr: str) -> tuple[str, int]:
@@ -338,7 +376,7 @@ _ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
 def parse_properties(text: str) -> dict[str, str]:
     """Comments (# !), separators (= : whitespace), continuation lines, backslash and \\uXXXX escapes."""
     out: dict[str, str] = {}
-    lines = text.splitlines()
+    lines = _LINE_BREAK.split(text)  # Java's LineReader ends lines at \n, \r and \r\n only (not \u2028, \x85, ...)
     i = 0
     while i < len(lines):
         line = lines[i].lstrip(" \t\f")
@@ -354,6 +392,10 @@ def parse_properties(text: str) -> dict[str, str]:
         key, value = _split_entry(line)
         out[_unescape(key)] = _unescape(value)
     return out
+
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_HEX = frozenset("0123456789abcdefABCDEF")
 
 
 def _continues(line: str) -> bool:
@@ -382,6 +424,9 @@ def _split_entry(line: str) -> tuple[str, str]:
 
 
 def _unescape(s: str) -> str:
+    """Properties.loadConvert: ``\\uXXXX`` (exactly four hex digits, else "Malformed \\uxxxx encoding." as Java
+    throws), ``\\t \\n \\r \\f``, and a backslash before any other character stands for that character. Escaped
+    UTF-16 surrogate pairs join into one character."""
     if "\\" not in s:
         return s
     out = []
@@ -393,19 +438,21 @@ def _unescape(s: str) -> str:
             i += 1
             continue
         n = s[i + 1]
-        if n == "u" and i + 6 <= len(s):
-            try:
-                out.append(chr(int(s[i + 2 : i + 6], 16)))
-                i += 6
-                continue
-            except ValueError:
-                raise ConfigError(f"malformed \\uxxxx escape in {echo(s)}") from None
+        if n == "u":
+            hex4 = s[i + 2 : i + 6]
+            if len(hex4) < 4 or not _HEX.issuperset(hex4):
+                raise ConfigError(f"Malformed \\uxxxx encoding in {echo(s)}")
+            out.append(chr(int(hex4, 16)))
+            i += 6
+            continue
         out.append(_ESCAPES.get(n, n))
         i += 2
-    return "".join(out)
+    text = "".join(out)
+    # (char) code units as Java builds them: a pair of escaped surrogates is one character
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
-def parse_overrides(argv: list[str]) -> dict[str, str]:
+def parse_overrides(argv: list[str], lenient: bool = False) -> dict[str, str]:
     """``--listenPort 10911`` / ``--listenPort=10911`` / ``-n ADDR`` pairs into {propertyName: text}."""
     out: dict[str, str] = {}
     i = 0
@@ -419,8 +466,8 @@ def parse_overrides(argv: list[str]) -> dict[str, str]:
                 value = None
         else:
             raise ConfigError(f"unexpected argument {echo(arg)}")
-        if name not in PROPERTIES:
-            raise ConfigError(f"unknown option --{name} (not a broker property)")
+        if name not in PROPERTIES and name not in JAVA_PROPERTIES and not lenient:
+            raise ConfigError(unknown_property_message(name, "option --"))
         if value is None:
             if i + 1 >= len(argv):
                 raise ConfigError(f"option --{name} needs a value")

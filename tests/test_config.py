@@ -116,3 +116,85 @@ def test_serve_reports_validation_errors(capsys):
 
     assert serve_main(["--namesrvAddr", "nonsense"]) == 3
     assert "The Name Server Address[nonsense] illegal" in capsys.readouterr().err
+
+
+# ---- strictness (issue 12 item 8): names, numbers and escapes as the Java broker reads them
+
+
+def test_unknown_property_is_an_error_with_the_closest_name(tmp_path):
+    f = tmp_path / "broker.properties"
+    f.write_text("listenPrt=10912\n")
+    with pytest.raises(ConfigError, match="unknown property listenPrt: did you mean listenPort\\?"):
+        BrokerConfig.load(f)
+    with pytest.raises(ConfigError, match="did you mean listenPort"):
+        BrokerConfig.load(overrides={"listenPrt": "1"})
+    with pytest.raises(ConfigError, match="unknown option --listenPrt: did you mean listenPort"):
+        parse_overrides(["--listenPrt", "10912"])
+    with pytest.raises(ConfigError, match="not a property of this broker or of RocketMQ's"):
+        BrokerConfig.load(overrides={"zzzqqq": "1"})
+
+
+def test_lenient_switch_keeps_unknown_names(tmp_path):
+    f = tmp_path / "broker.properties"
+    f.write_text("listenPrt=10912\n")
+    cfg = BrokerConfig.load(f, lenient=True)
+    assert cfg.listen_port == 10911 and cfg.unused_properties() == ["listenPrt"]
+    assert parse_overrides(["--whatever", "1"], lenient=True) == {"whatever": "1"}
+
+
+def test_java_broker_properties_are_accepted_and_listed(tmp_path):
+    f = tmp_path / "broker.properties"
+    f.write_text("brokerClusterName=C\ndeleteWhen=04\nfileReservedTime=48\nflushDiskType=ASYNC_FLUSH\n"
+                 "sendMessageThreadPoolNums=16\nstorePathCommitLog=/data/commitlog\n")
+    cfg = BrokerConfig.load(f)
+    assert cfg.broker_cluster_name == "C"
+    assert cfg.unused_properties() == ["deleteWhen", "fileReservedTime", "flushDiskType",
+                                       "sendMessageThreadPoolNums", "storePathCommitLog"]
+
+
+def test_serve_lists_unused_properties_once_and_refuses_typos(tmp_path, capsys, caplog):
+    import logging
+
+    from engine.broker import serve_main
+
+    f = tmp_path / "broker.properties"
+    f.write_text("listenPrt=10912\n")
+    assert serve_main(["-c", str(f), "-p"]) == 3
+    assert "did you mean listenPort?" in capsys.readouterr().err
+    f.write_text("deleteWhen=04\n")
+    caplog.set_level(logging.INFO)
+    assert serve_main(["-c", str(f), "-p"]) == 0
+
+
+@pytest.mark.parametrize("text", ["10_911", "\u0661\u0660\u0669\u0661\u0661", " 10911", "10911 ", "0x10", "1e3",
+                                  "", "+", "-", "2147483648", "-2147483649", "10911.0", "+-1"])
+def test_int_properties_parse_as_integer_parse_int(text):
+    with pytest.raises(ConfigError, match="listenPort"):
+        BrokerConfig().apply({"listenPort": text})
+
+
+def test_int_properties_accept_what_java_accepts():
+    cfg = BrokerConfig().apply({"listenPort": "+10911", "serverChannelMaxIdleTimeSeconds": "0120",
+                                "channelExpiredTimeout": "9223372036854775807"})
+    assert cfg.listen_port == 10911 and cfg.server_channel_max_idle_time_seconds == 120
+    assert cfg.channel_expired_timeout == 2**63 - 1  # a Java long
+    with pytest.raises(ConfigError, match="out of range for a Java long"):
+        BrokerConfig().apply({"channelExpiredTimeout": "9223372036854775808"})
+
+
+@pytest.mark.parametrize("text", ["k=\\u12", "k=\\u12g4", "k=\\u+123", "k=\\u0x12", "k=abc\\u"])
+def test_malformed_unicode_escape_is_an_error_as_in_java(text):
+    with pytest.raises(ConfigError, match="Malformed \\\\uxxxx encoding"):
+        parse_properties(text)
+
+
+def test_properties_escapes_and_lines_as_java_reads_them():
+    text = ("a=\\u0041\\u00e9\\tx\n"       # escapes
+            "b=\\ud83d\\ude00\n"            # an escaped surrogate pair is one character
+            "c=one\\\n   two\n"             # continuation: the next line's leading whitespace is skipped
+            "# comment \\\n"                # a comment line is never continued
+            "d=\\q\\=\\:\n"                 # a backslash before another character is that character
+            "e=x\u2028y\n"                  # U+2028 is not a line break for Properties.load
+            "f=last\\")                     # a trailing backslash at the end of the file is dropped
+    assert parse_properties(text) == {"a": "A\u00e9\tx", "b": "\U0001F600", "c": "onetwo", "d": "q=:",
+                                      "e": "x\u2028y", "f": "last"}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 import time
@@ -166,9 +167,40 @@ def _common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-b", "--brokerAddr", help="broker address HOST:PORT")
     p.add_argument("-n", "--namesrvAddr", help="name server address HOST:PORT (route lookup when no -b)")
     p.add_argument("--json", action="store_true", help="print the response body as JSON")
-    p.add_argument("--access-key", help="ACL access key (with --secret-key)")
-    p.add_argument("--secret-key", help="ACL secret key")
+    p.add_argument("--access-key", help="ACL access key; its secret key comes from $RMQHB_SECRET_KEY or "
+                                        "--secret-key-file, never from the command line")
+    p.add_argument("--secret-key-file", metavar="PATH",
+                   help="file holding the ACL secret key (its first line); else $RMQHB_SECRET_KEY")
+    # a secret in argv is visible in ps and kept in shell history: the option is refused with the alternatives
+    p.add_argument("--secret-key", dest="secret_key_argv", help=argparse.SUPPRESS)
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
+
+
+SECRET_KEY_ENV = "RMQHB_SECRET_KEY"
+
+
+def _secret_key(args) -> str | None:
+    """The ACL secret key: from --secret-key-file, else $RMQHB_SECRET_KEY; never from argv."""
+    if args.secret_key_argv is not None:
+        raise AdminError(f"--secret-key is not accepted: a secret on the command line shows in ps and in shell "
+                         f"history; put it in a file (--secret-key-file PATH) or in ${SECRET_KEY_ENV}")
+    if args.secret_key_file:
+        try:
+            with open(args.secret_key_file, encoding="utf-8") as f:
+                secret = f.readline().strip()
+        except OSError as e:
+            raise AdminError(f"cannot read --secret-key-file: {e.strerror}") from None
+        if not secret:
+            raise AdminError("--secret-key-file is empty")
+        return secret
+    secret = os.environ.get(SECRET_KEY_ENV)
+    if args.access_key and not secret:
+        raise AdminError(f"--access-key needs its secret key in --secret-key-file PATH or ${SECRET_KEY_ENV}")
+    return secret or None
+
+
+def _client(args, host: str, port: int) -> "AdminClient":
+    return AdminClient(host, port, args.timeout, args.access_key, args.secret_key)
 
 
 def _brokers(args, topic: str | None) -> list[tuple[str, int]]:
@@ -179,7 +211,7 @@ def _brokers(args, topic: str | None) -> list[tuple[str, int]]:
     if not topic:
         raise AdminError("a name-server lookup needs a topic (-t)")
     host, port = split_addr(args.namesrvAddr.split(";")[0])
-    with AdminClient(host, port, args.timeout, args.access_key, args.secret_key) as c:
+    with _client(args, host, port) as c:
         route = c.route(topic)
     out = []
     for bd in route.get("brokerDatas") or []:
@@ -200,10 +232,11 @@ def consumer_connection_main(argv=None) -> int:
     _common_args(p)
     args = p.parse_args(argv)
     try:
+        args.secret_key = _secret_key(args)
         brokers = _brokers(args, args.topic)
         results = []
         for host, port in brokers:
-            with AdminClient(host, port, args.timeout, args.access_key, args.secret_key) as c:
+            with _client(args, host, port) as c:
                 results.append(c.consumer_connection(args.consumerGroup.strip()))
     except (AdminError, OSError) as e:
         print(f"ConsumerConnectionSubCommand command failed: {e}", file=sys.stderr)
@@ -225,10 +258,11 @@ def producer_connection_main(argv=None) -> int:
     _common_args(p)
     args = p.parse_args(argv)
     try:
+        args.secret_key = _secret_key(args)
         brokers = _brokers(args, args.topic.strip())
         merged = {"connectionSet": []}
         for host, port in brokers:
-            with AdminClient(host, port, args.timeout, args.access_key, args.secret_key) as c:
+            with _client(args, host, port) as c:
                 merged["connectionSet"].extend(c.producer_connection(args.producerGroup.strip()).get("connectionSet") or [])
     except (AdminError, OSError) as e:
         print(f"ProducerConnectionSubCommand command failed: {e}", file=sys.stderr)

@@ -22,10 +22,19 @@ from __future__ import annotations
 
 import re
 
+from .errors import RemotingError, clip
+
 __all__ = ["FilterError", "compile_filter", "parse_sql92"]
 
+#: budgets for a client's expression: its length, and how deep parentheses / NOT / sign chains may nest (Java's
+#: recursive-descent parser has only its thread stack; here a deep nest is a parse failure, not a RecursionError)
+MAX_EXPRESSION_LENGTH = 64 * 1024
+MAX_DEPTH = 100
+#: longest part of the expression a message quotes
+MAX_QUOTE = 64
 
-class FilterError(ValueError):
+
+class FilterError(RemotingError, ValueError):
     """The expression does not compile; ``str(e)`` is the remark of the SUBSCRIPTION_PARSE_FAILED answer."""
 
 
@@ -75,6 +84,12 @@ class _Parser:
     def __init__(self, text: str):
         self.tokens = _tokenize(text)
         self.i = 0
+        self.depth = 0
+
+    def nest(self):
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise FilterError(f"Invalid MessageSelector. Nested deeper than {MAX_DEPTH} at offset {self.peek()[2]}")
 
     # ------------------------------------------------------------------------------------------ token helpers
     def peek(self, k: int = 0):
@@ -96,7 +111,7 @@ class _Parser:
 
     def fail(self, what: str):
         kind, v, pos = self.peek()
-        found = "end of input" if kind == "EOF" else repr(v)
+        found = "end of input" if kind == "EOF" else repr(clip(v, MAX_QUOTE))
         raise FilterError(f"Invalid MessageSelector. {what}, found {found} at offset {pos}")
 
     # ------------------------------------------------------------------------------------------ checks
@@ -104,20 +119,22 @@ class _Parser:
     def boolean(e):
         if e[0] in (_BOOL, _BOOL_CONST, _NULL, _PROP):
             return e
-        raise FilterError(f"Invalid MessageSelector. Expression will not result in a boolean value: {e[1]}")
+        raise FilterError("Invalid MessageSelector. Expression will not result in a boolean value: "
+                          f"{clip(e[1], MAX_QUOTE)}")
 
     @staticmethod
     def less_than_operand(e):
         if e[0] in _CONST and e[0] != _NUM or e[0] == _BOOL:
-            raise FilterError(f"Invalid MessageSelector. Value '{e[1]}' cannot be compared.")
+            raise FilterError(f"Invalid MessageSelector. Value '{clip(e[1], MAX_QUOTE)}' cannot be compared.")
 
     @staticmethod
     def equal_operands(left, right):
         for e in (left, right):
             if e[0] == _NULL:
-                raise FilterError(f"Invalid MessageSelector. '{e[1]}' cannot be compared.")
+                raise FilterError(f"Invalid MessageSelector. '{clip(e[1], MAX_QUOTE)}' cannot be compared.")
         if left[0] in _CONST and right[0] in _CONST and left[0] == _BOOL_CONST and right[0] != _BOOL_CONST:
-            raise FilterError(f"Invalid MessageSelector. '{left[1]}' cannot be compared with '{right[1]}'")
+            raise FilterError(f"Invalid MessageSelector. '{clip(left[1], MAX_QUOTE)}' cannot be compared with "
+                              f"'{clip(right[1], MAX_QUOTE)}'")
 
     # ------------------------------------------------------------------------------------------ grammar
     def selector(self):
@@ -205,8 +222,9 @@ class _Parser:
                     if low[0] == _NULL or high[0] == _NULL:
                         raise FilterError("Invalid MessageSelector. Illegal values of between, values can not be null!")
                     if low[0] == high[0] and low[2] is not None and high[2] < low[2]:
-                        raise FilterError(f"Invalid MessageSelector. Illegal values of between, left value({low[1]}) "
-                                          f"must less than or equal to right value({high[1]})")
+                        raise FilterError("Invalid MessageSelector. Illegal values of between, left value("
+                                          f"{clip(low[1], MAX_QUOTE)}) must less than or equal to right value("
+                                          f"{clip(high[1], MAX_QUOTE)})")
                 for e in (left, low, high):
                     self.less_than_operand(e)
                 left = (_BOOL, f"{left[1]} BETWEEN {low[1]} AND {high[1]}")
@@ -214,21 +232,26 @@ class _Parser:
                 self.i += 1
                 self.in_list()
                 if left[0] != _PROP:
-                    raise FilterError(f"Invalid MessageSelector. Expected a property for In expression, got: {left[1]}")
+                    raise FilterError("Invalid MessageSelector. Expected a property for In expression, got: "
+                                      f"{clip(left[1], MAX_QUOTE)}")
                 left = (_BOOL, f"{left[1]} IN (...)")
             else:
                 return left
 
     def unary(self):
-        if self.take("+"):
-            return self.unary()
-        if self.take("-"):
-            e = self.unary()
-            return (_NEG, f"-{e[1]}")
-        if self.take("NOT"):
-            e = self.boolean(self.unary())
-            return (_BOOL, f"NOT {e[1]}")
-        return self.primary()
+        self.nest()
+        try:
+            if self.take("+"):
+                return self.unary()
+            if self.take("-"):
+                e = self.unary()
+                return (_NEG, f"-{clip(e[1], MAX_QUOTE)}")
+            if self.take("NOT"):
+                e = self.boolean(self.unary())
+                return (_BOOL, f"NOT {clip(e[1], MAX_QUOTE)}")
+            return self.primary()
+        finally:
+            self.depth -= 1
 
     def primary(self):
         kind, v, _ = self.peek()
@@ -237,17 +260,21 @@ class _Parser:
             return (_STR, f"'{s}'", s)
         if kind == "DECIMAL":
             self.i += 1
-            n = int(v.rstrip("lL"))
-            if not -(1 << 63) <= n < (1 << 63):
-                raise FilterError(f"Invalid MessageSelector. For input string: \"{v.rstrip('lL')}\"")
+            digits = v.rstrip("lL")
+            # a Java long has at most 19 digits; longer text is out of range before any conversion (Python's int()
+            # refuses more than 4,300 digits with a ValueError of its own)
+            n = int(digits) if len(digits) <= 19 else None
+            if n is None or not -(1 << 63) <= n < (1 << 63):
+                raise FilterError(f"Invalid MessageSelector. For input string: \"{clip(digits, MAX_QUOTE)}\"")
             return (_NUM, v, n)
         if kind == "FLOAT":
             self.i += 1
             x = float(v)
             if x == float("inf"):
-                raise FilterError(f"Invalid MessageSelector. {v} is greater than 1.7976931348623157E308")
+                raise FilterError(f"Invalid MessageSelector. {clip(v, MAX_QUOTE)} is greater than "
+                                  "1.7976931348623157E308")
             if x < 4.9e-324:
-                raise FilterError(f"Invalid MessageSelector. {v} is less than 4.9E-324")
+                raise FilterError(f"Invalid MessageSelector. {clip(v, MAX_QUOTE)} is less than 4.9E-324")
             return (_NUM, v, x)
         if kind == "KW" and v in ("TRUE", "FALSE"):
             self.i += 1
@@ -269,6 +296,8 @@ def parse_sql92(text: str) -> None:
     """Raise FilterError unless ``text`` compiles as RocketMQ's SelectorParser would compile it."""
     if text is None:
         raise FilterError(None)  # Java: NullPointerException, remark null
+    if len(text) > MAX_EXPRESSION_LENGTH:
+        raise FilterError(f"Invalid MessageSelector. The expression is longer than {MAX_EXPRESSION_LENGTH} characters")
     _Parser(text).selector()
 
 

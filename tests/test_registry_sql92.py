@@ -75,3 +75,42 @@ def test_error_says_where():
         parse_sql92("a > ")
     with pytest.raises(FilterError, match="offset 2"):
         parse_sql92("a ! b")
+
+
+# ---- budgets (issue 12 item 3): every failure is the typed error, never Python's own
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from engine.errors import RemotingError  # noqa: E402
+from engine.sql92 import MAX_DEPTH, MAX_EXPRESSION_LENGTH, FilterError, parse_sql92  # noqa: E402
+
+_PIECES = st.sampled_from(["(", ")", "a", "b_1", "NOT", "AND", "OR", "=", "<>", ">", "<=", "'x'", "''", "1",
+                           "1.5e3", "-", "+", "IS", "NULL", "BETWEEN", "IN", ",", "TRUE", "CONTAINS", " ", "/*",
+                           "*/", "--", "\n", "99999999999999999999", "1e999", "$"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.text(max_size=200), st.lists(_PIECES, max_size=60).map(" ".join)))
+def test_any_text_is_accepted_or_a_typed_error(text):
+    try:
+        parse_sql92(text)
+    except FilterError as e:
+        assert isinstance(e, RemotingError) and isinstance(e, ValueError)
+        assert len(str(e)) < 400
+
+
+@pytest.mark.parametrize("text", ["(" * 100_000 + "a", "NOT " * 10_000 + "a", "-" * 5_000 + "1 > a",
+                                  "a = " + "9" * 5_000, "a > " + "1" * 400 + ".5e999999",
+                                  "a = 'x'" + " OR a = 'x'" * 20_000, "(" * (MAX_DEPTH + 1) + "a" + ")" * (MAX_DEPTH + 1)])
+def test_deep_nesting_huge_literals_and_long_text_are_parse_failures(text):
+    with pytest.raises(FilterError) as e:
+        parse_sql92(text)
+    assert len(str(e.value)) < 400
+
+
+def test_nesting_within_the_budget_compiles():
+    parse_sql92("(" * (MAX_DEPTH - 2) + "a = 1" + ")" * (MAX_DEPTH - 2))
+    parse_sql92("a = 'x'" + " OR a = 'x'" * 100)
+    assert MAX_EXPRESSION_LENGTH >= 64 * 1024

@@ -87,6 +87,7 @@ class Plan:
     segments: int = 0
     torn_tails: List[Tuple[str, Damage]] = field(default_factory=list)
     corrupt: List[Tuple[str, Damage]] = field(default_factory=list)
+    data_loss: List[dict] = field(default_factory=list)  # the segments' gap markers (Gap.to_dict)
 
     @property
     def n_records(self) -> int:
@@ -112,6 +113,7 @@ def plan_splits(directory, target_records: int = DEFAULT_SPLIT_RECORDS) -> Plan:
         if scan.torn_tail is not None:
             plan.torn_tails.append((str(path), scan.torn_tail))
         plan.corrupt.extend((str(path), d) for d in scan.corrupt)
+        plan.data_loss.extend(g.to_dict(path.name) for g in scan.gaps)
         cur: List[BlockInfo] = []
         n = raw = 0
         for b in scan.blocks:

@@ -41,7 +41,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
-from engine.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, parse_key
+from engine.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, parse_key, separate_data_loss
 
 from . import segments as seg
 
@@ -697,6 +697,7 @@ def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, m
                         "timings": {"plan_s": round(t_plan - t0, 3), "runs_s": round(t_runs - t_plan, 3),
                                     "analyses_s": round(t_analyses - t_runs, 3)},
                         **plan.damage_summary()}
+    separate_data_loss(findings, plan.data_loss)
     return findings
 
 

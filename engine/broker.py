@@ -78,7 +78,9 @@ class Broker:
         if self.config.record_dir:
             from .recorder import HeartbeatRecorder
 
-            self.recorder = HeartbeatRecorder(self.config.record_dir)
+            # its own thread compresses and writes: recording never blocks the loop or fails a heartbeat
+            self.recorder = HeartbeatRecorder(self.config.record_dir, background=True,
+                                              queue_blocks=self.config.record_queue_blocks)
         namesrv_codes = frozenset(int(c) for c, _, _ in NAMESRV_TABLE)
         # the name-server role does no ACL (as a RocketMQ name server), so a refused client still finds the broker
         self.server = RemotingServer(self.config, self.metrics, on_close=self._on_connection_closed, acl=self.acl,
@@ -290,7 +292,8 @@ class Broker:
         store = getattr(self.registry, "store", None)
         text = render(self.metrics, len(self.server.connections), stats() if stats is not None else (),
                       max_group_series=self.config.metrics_max_group_series,
-                      auto_create_refused=store.auto_create_refused if store is not None else None)
+                      auto_create_refused=store.auto_create_refused if store is not None else None,
+                      recorder=self.recorder)
         if self.server.io_pool is not None:  # ioWorkers > 0: connections held by each worker process
             text += self.server.io_pool.render_metrics()
         return text

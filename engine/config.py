@@ -154,6 +154,9 @@ class BrokerConfig:
     metrics_max_group_series: int = 1000
     #: engine: directory of the heartbeat recording (zstd segments); "" = no recording
     record_dir: str = ""
+    #: engine: blocks (of up to 4096 heartbeats) waiting for the recorder's writer thread; a block that finds the
+    #: queue full is dropped and marked as lost in the recording (the heartbeats are still served)
+    record_queue_blocks: int = 64
     #: names of the properties set explicitly (file or command line), for `-p` and for defaults that depend on them
     explicit: set = field(default_factory=set, repr=False, compare=False)
     #: properties this engine does not use (kept, as Java keeps them, so -p can show them)

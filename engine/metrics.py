@@ -94,7 +94,7 @@ def _code_samples(metrics: Metrics):
 
 
 def render(metrics: Metrics, connections: int, group_stats=None, *, max_group_series: int = 1000,
-           auto_create_refused=None) -> str:
+           auto_create_refused=None, recorder=None) -> str:
     """The exposition text. ``group_stats`` yields (role, group, clients, channels) for the per-group gauges, of
     which at most ``max_group_series`` are written (the most clients first; 0 = none)."""
     w = _Writer()
@@ -125,6 +125,14 @@ def render(metrics: Metrics, connections: int, group_stats=None, *, max_group_se
              [({}, metrics.notifications_sent)])
     w.metric(p + "register_broker_total", "counter", "REGISTER_BROKER calls to name servers, by outcome.",
              [({"result": "ok"}, metrics.register_broker_ok), ({"result": "failed"}, metrics.register_broker_failed)])
+    if recorder is not None:
+        w.metric(p + "recorder_records_written_total", "counter", "Heartbeats written to the recording.",
+                 [({}, recorder.records_written)])
+        w.metric(p + "recorder_records_dropped_total", "counter",
+                 "Heartbeats not recorded (served all the same), by reason; the loss is marked in the recording.",
+                 [({"reason": r}, n) for r, n in sorted(recorder.dropped.items())])
+        w.metric(p + "recorder_queue_blocks", "gauge", "Blocks waiting for the recorder's writer thread.",
+                 [({}, recorder.queued_blocks)])
     if auto_create_refused is not None:
         w.metric(p + "auto_create_refused_total", "counter",
                  "Groups and topics not auto-created because their table is at its limit.",

@@ -11,6 +11,15 @@ Segment file layout (all integers little-endian)::
                   | u32 crc32(payload) | u32 crc32(the 36 header bytes before it)
     payload       exactly one zstd frame of raw_len bytes once decompressed
 
+    gap marker    magic b"HBG1" | u32 records lost | u32 reason (1 write failed, 2 queue full) | u32 0
+                  | i64 first_ms | i64 last_ms | u32 0 | u32 crc32(the 36 header bytes before it)   (no payload)
+
+A gap marker says that the recorder lost records (receive times first_ms..last_ms) because its writes failed or
+its queue was full; it is written before the next block once the disk takes writes again. Readers report it as
+data loss, never as silence of the clients (added in format version 1 without a version bump: a reader from before
+the marker sees 40 bytes it cannot parse, i.e. damage, which is what the loss is; every segment without a marker
+reads as before).
+
 The decompressed block is columnar, so a reader turns it into numpy / Arrow columns without a per-record loop::
 
     recv_ms i64[n] | conn_id i64[n] | version i32[n] | addr_off i32[n+1] | body_off i32[n+1] | language u8[n]
@@ -22,6 +31,11 @@ a process killed at any point leaves every completed block intact; what a crash 
 (a short header, a short payload, or garbage after the last good block), which readers report and skip. Damage
 followed by a good block is *corruption in the middle*: `verify` flags it, readers raise or skip it on request.
 Both header and payload carry CRC32s, and a reader resynchronises on the next block magic whose header CRC holds.
+
+With ``background=True`` (the broker's recorder) compression and writes run on the recorder's own thread behind a
+bounded queue: recording never blocks the event loop and never fails a heartbeat. A failed write or a full queue
+drops that block's records (counted in ``dropped``, logged at most once a minute per reason), the recorder backs
+off (1 s doubling to 30 s) and resumes when writes succeed again, writing a gap marker for what was lost.
 """
 from __future__ import annotations
 
@@ -29,11 +43,14 @@ import argparse
 import logging
 import mmap
 import os
+import queue
 import re
 import struct
 import sys
+import threading
 import time
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, List, NamedTuple, Optional, Sequence
@@ -43,6 +60,7 @@ import zstandard
 
 from .enums import LanguageCode
 from .errors import RemotingError, echo
+from .logutil import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +69,8 @@ FORMAT_VERSION = 1
 FILE_HEADER = struct.Struct("<8sHHI")
 FILE_HEADER_SIZE = FILE_HEADER.size  # 16
 BLOCK_MAGIC = b"HBK1"
+GAP_MAGIC = b"HBG1"
+GAP_REASONS = {1: "write_failed", 2: "queue_full"}
 BLOCK_HEADER = struct.Struct("<4sIIIqqII")
 BLOCK_HEADER_SIZE = BLOCK_HEADER.size  # 40
 _HEADER_CRC_SPAN = BLOCK_HEADER_SIZE - 4
@@ -107,6 +127,21 @@ class Damage:
     reason: str
 
 
+@dataclass(frozen=True)
+class Gap:
+    """A gap marker: the recorder lost ``records_lost`` records received between first_ms and last_ms."""
+
+    offset: int
+    records_lost: int
+    first_ms: int
+    last_ms: int
+    reason: str
+
+    def to_dict(self, segment: str) -> dict:
+        return {"segment": segment, "offset": self.offset, "records_lost": self.records_lost,
+                "first_ms": self.first_ms, "last_ms": self.last_ms, "reason": self.reason}
+
+
 @dataclass
 class SegmentScan:
     """The result of walking one segment: its good blocks, a torn tail (if any) and corruption in the middle."""
@@ -116,6 +151,7 @@ class SegmentScan:
     blocks: List[BlockInfo] = field(default_factory=list)
     torn_tail: Optional[Damage] = None
     corrupt: List[Damage] = field(default_factory=list)
+    gaps: List[Gap] = field(default_factory=list)
 
     @property
     def n_records(self) -> int:
@@ -175,6 +211,20 @@ def encode_block(raw: bytes, n_records: int, first_ms: int, last_ms: int, compre
     head = struct.pack("<4sIIIqq", BLOCK_MAGIC, n_records, len(raw), len(payload), first_ms, last_ms)
     head += struct.pack("<I", zlib.crc32(payload))
     return head + struct.pack("<I", zlib.crc32(head)) + payload
+
+
+def encode_gap(records_lost: int, first_ms: int, last_ms: int, reason: str) -> bytes:
+    """A gap marker (see the module docstring)."""
+    code = next(c for c, r in GAP_REASONS.items() if r == reason)
+    head = struct.pack("<4sIIIqqI", GAP_MAGIC, min(records_lost, 0xFFFFFFFF), code, 0, first_ms, last_ms, 0)
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
+def _parse_gap(buf, offset: int) -> Optional[Gap]:
+    magic, n, code, zero, first_ms, last_ms, zero2, header_crc = BLOCK_HEADER.unpack_from(buf, offset)
+    if magic != GAP_MAGIC or zlib.crc32(buf[offset : offset + _HEADER_CRC_SPAN]) != header_crc:
+        return None
+    return Gap(offset, n, first_ms, last_ms, GAP_REASONS.get(code, f"reason {code}"))
 
 
 def _parse_block_header(buf, offset: int) -> Optional[BlockInfo]:
@@ -347,6 +397,10 @@ def scan_segment(path, *, check_payload: bool = False) -> SegmentScan:
                 reason = None
                 if size - pos < BLOCK_HEADER_SIZE:
                     reason = "block header truncated"
+                elif buf[pos : pos + 4] == GAP_MAGIC and (gap := _parse_gap(buf, pos)) is not None:
+                    scan.gaps.append(gap)
+                    pos += BLOCK_HEADER_SIZE
+                    continue
                 else:
                     info = _parse_block_header(buf, pos)
                     if info is None:
@@ -465,7 +519,11 @@ class HeartbeatRecorder:
     A segment rolls before a block that would take it past ``max_segment_bytes``, or when the block's newest
     receive time is ``max_segment_age_s`` or more after the segment's first (record time, so a synthetic
     recording rolls like a live one). ``fsync=True`` makes each written block durable against power loss; a
-    killed process never loses a completed block either way. Not thread-safe: call it from one thread.
+    killed process never loses a completed block either way. Call it from one thread.
+
+    ``background=True``: blocks are compressed and written by the recorder's own thread, through a queue of at
+    most ``queue_blocks`` blocks; nothing the disk does reaches the caller (see the module docstring). ``flush()``
+    then waits until what was queued is written (or dropped); ``close()`` waits at most ``close_timeout_s``.
     """
 
     def __init__(
@@ -480,6 +538,9 @@ class HeartbeatRecorder:
         level: int = 3,
         fsync: bool = False,
         prefix: str = "hb",
+        background: bool = False,
+        queue_blocks: int = 64,
+        close_timeout_s: float = 30.0,
     ):
         if max_segment_bytes < FILE_HEADER_SIZE + BLOCK_HEADER_SIZE:
             raise ValueError("max_segment_bytes too small")
@@ -512,6 +573,23 @@ class HeartbeatRecorder:
         self.blocks_written = 0
         self.segments_opened = 0
         self.bytes_written = 0
+        #: reason -> records dropped (write_failed, queue_full, closed)
+        self.dropped: Counter = Counter()
+        self.gaps_written = 0
+        self._loss: Optional[list] = None  # [records, first_ms, last_ms, reason] lost since the last good write
+        self._loss_lock = threading.Lock()
+        self._retry_at = 0.0
+        self._backoff_s = 0.0
+        self._log = RateLimitedLog(log)
+        self.close_timeout_s = close_timeout_s
+        self._queue: Optional[queue.Queue] = None
+        self._thread: Optional[threading.Thread] = None
+        if background:
+            if queue_blocks < 1:
+                raise ValueError("queue_blocks must be positive")
+            self._queue = queue.Queue(maxsize=queue_blocks)
+            self._thread = threading.Thread(target=self._run, name="recorder", daemon=True)
+            self._thread.start()
 
     # -- pending block --
     def _reset_pending(self):
@@ -528,6 +606,9 @@ class HeartbeatRecorder:
         """Buffer one heartbeat (receive time in ms, connection id, 'ip:port', LanguageCode/ordinal/name/None,
         MQVersion ordinal, raw body bytes)."""
         if self.closed:
+            if self._queue is not None:  # the broker's recorder: a late heartbeat is dropped, never an error
+                self.dropped["closed"] += 1
+                return
             raise ValueError("recorder is closed")
         if not self._p_body:
             self._p_since = time.monotonic()
@@ -575,10 +656,10 @@ class HeartbeatRecorder:
                 if nbytes >= self.block_bytes:
                     stop = i + 1
                     break
-            self._write_block(
+            self._submit((
                 recv_ms[start:stop], conn_id[start:stop], version[start:stop], language[start:stop],
                 remote_addrs[start:stop], bodies[start:stop],
-            )
+            ))
             start = stop
 
     def flush_if_due(self) -> bool:
@@ -589,8 +670,11 @@ class HeartbeatRecorder:
         return False
 
     def flush(self) -> None:
-        """Write the pending block (if any) to the operating system (and to disk with fsync=True)."""
+        """Write the pending block (if any) to the operating system (and to disk with fsync=True); in background
+        mode, wait until every queued block is written or dropped."""
         self._write_pending()
+        if self._queue is not None:
+            self._queue.join()
 
     def close(self) -> None:
         if self.closed:
@@ -598,8 +682,22 @@ class HeartbeatRecorder:
         try:
             self._write_pending()
         finally:
-            self._close_segment()
             self.closed = True
+            if self._thread is not None:
+                # the writer drains the queue, then stops; a disk that hangs cannot hold shutdown forever
+                try:
+                    self._queue.put(None, timeout=self.close_timeout_s)
+                except queue.Full:
+                    pass
+                self._thread.join(self.close_timeout_s)
+                if self._thread.is_alive():
+                    log.error("recorder: writes still pending after %.0f s at close; leaving them", self.close_timeout_s)
+                    return
+            self._close_segment()
+
+    @property
+    def queued_blocks(self) -> int:
+        return self._queue.qsize() if self._queue is not None else 0
 
     def __enter__(self):
         return self
@@ -616,13 +714,89 @@ class HeartbeatRecorder:
         if not self._p_body:
             return
         try:
-            self._write_block(
+            self._submit((
                 np.array(self._p_recv, dtype=np.int64), np.array(self._p_conn, dtype=np.int64),
                 np.array(self._p_ver, dtype=np.int32), np.array(self._p_lang, dtype=np.uint8),
                 self._p_addr, self._p_body,
-            )
+            ))
         finally:
             self._reset_pending()
+
+    def _submit(self, cols) -> None:
+        """Write a block now (foreground) or hand it to the writer thread; a full queue drops it."""
+        if self._queue is None:
+            self._write_block(*cols)
+            return
+        try:
+            self._queue.put_nowait(cols)
+        except queue.Full:
+            self._lost(cols, "queue_full")
+
+    # -- the writer thread (background mode) --
+    def _run(self) -> None:
+        q = self._queue
+        while True:
+            cols = q.get()
+            try:
+                if cols is None:
+                    return
+                if time.monotonic() < self._retry_at:
+                    self._lost(cols, "write_failed")  # backing off after a failure
+                    continue
+                try:
+                    if self._loss is not None:
+                        self._write_gap()
+                    self._write_block(*cols)
+                    self._backoff_s = 0.0
+                except OSError as e:
+                    self._lost(cols, "write_failed", e)
+                    self._backoff_s = min(30.0, max(1.0, self._backoff_s * 2))
+                    self._retry_at = time.monotonic() + self._backoff_s
+                    try:  # the next attempt starts a new segment: this one may end in a torn block
+                        self._close_segment()
+                    except OSError:
+                        self._file = None
+                        self._segment_path = None
+                except Exception:  # a bug must not stop the writer: the block is lost, said once a minute
+                    self._lost(cols, "write_failed")
+                    self._log.log(logging.ERROR, "bug", "recorder: writing a block failed", exc_info=True)
+            finally:
+                q.task_done()
+
+    def _lost(self, cols, reason: str, error: Optional[BaseException] = None) -> None:
+        recv_ms, bodies = cols[0], cols[5]
+        n, first, last = len(bodies), int(np.min(recv_ms)), int(np.max(recv_ms))
+        with self._loss_lock:  # the loop (queue full) and the writer (write failed) both record losses
+            self.dropped[reason] += n
+            self._merge_loss([n, first, last, reason])
+        self._log.log(logging.WARNING, reason, "recorder: %d records dropped (%s%s); %d dropped so far",
+                      n, reason, f": {error}" if error else "", sum(self.dropped.values()))
+
+    def _merge_loss(self, loss: list) -> None:
+        if self._loss is None:
+            self._loss = loss
+        else:
+            cur = self._loss
+            cur[0] += loss[0]
+            cur[1], cur[2] = min(cur[1], loss[1]), max(cur[2], loss[2])
+
+    def _write_gap(self) -> None:
+        with self._loss_lock:
+            loss, self._loss = self._loss, None
+        n, first, last, reason = loss
+        try:
+            data = encode_gap(n, first, last, reason)
+            if self._file is None:
+                self._open_segment(first)
+            self._write_all(data)
+        except OSError:
+            with self._loss_lock:
+                self._merge_loss(loss)
+            raise
+        self._segment_size += len(data)
+        self.gaps_written += 1
+        log.warning("recorder: writing again; %d records lost between %d and %d ms (%s), marked in %s",
+                    n, first, last, reason, self._segment_path)
 
     def _write_block(self, recv_ms, conn_id, version, language, addrs, bodies):
         first_ms = int(recv_ms.min())
@@ -714,8 +888,14 @@ class VerifyReport:
         return [s for s in self.segments if s.corrupt]
 
     @property
+    def data_loss(self) -> List[tuple]:
+        """(segment, Gap) for every gap marker: records the recorder lost (failed writes, a full queue)."""
+        return [(s, g) for s in self.segments for g in s.gaps]
+
+    @property
     def ok(self) -> bool:
-        """True unless some segment is damaged in the middle (torn tails are expected after a crash)."""
+        """True unless some segment is damaged in the middle (torn tails are expected after a crash; gap
+        markers are recorded losses, reported apart)."""
         return not self.corrupt
 
     def to_dict(self) -> dict:
@@ -734,6 +914,7 @@ class VerifyReport:
                 for s in self.corrupt
                 for d in s.corrupt
             ],
+            "data_loss": [g.to_dict(s.path.name) for s, g in self.data_loss],
         }
 
     def format(self, verbose: bool = False) -> str:
@@ -750,10 +931,15 @@ class VerifyReport:
         for s in self.corrupt:
             for d in s.corrupt:
                 lines.append(f"CORRUPT {s.path.name} at byte {d.offset}: {d.length} bytes ({d.reason})")
+        for s, g in self.data_loss:
+            lines.append(f"DATA LOSS {s.path.name} at byte {g.offset}: {g.records_lost} records received between "
+                         f"{g.first_ms} and {g.last_ms} ms were not recorded ({g.reason})")
         status = "OK" if self.ok else "CORRUPT"
+        lost = sum(g.records_lost for _, g in self.data_loss)
         lines.append(
             f"{status}: {len(self.segments)} segments, {self.blocks} blocks, {self.records} records, "
-            f"{len(self.torn_tails)} torn tails, {sum(len(s.corrupt) for s in self.segments)} corrupt ranges"
+            f"{len(self.torn_tails)} torn tails, {sum(len(s.corrupt) for s in self.segments)} corrupt ranges, "
+            f"{len(self.data_loss)} data-loss markers ({lost} records lost)"
         )
         return "\n".join(lines)
 

@@ -255,7 +255,29 @@ def _flapping(client_obs, groups_of, params: ScanParams) -> list:
 
 
 def scan(directory, params: Optional[ScanParams] = None, **kw) -> dict:
-    """Reference findings for a recording directory (every readable record; torn tails skipped)."""
-    from .recorder import iter_records
+    """Reference findings for a recording directory (every readable record; torn tails skipped; gaps over a
+    range the recorder lost are reported apart, see :func:`separate_data_loss`)."""
+    from .recorder import iter_records, list_segments, scan_segment
 
-    return scan_records(iter_records(directory), params or ScanParams(**kw))
+    findings = scan_records(iter_records(directory), params or ScanParams(**kw))
+    losses = [g.to_dict(p.name) for p in list_segments(directory) for g in scan_segment(p).gaps]
+    separate_data_loss(findings, losses)
+    return findings
+
+
+def separate_data_loss(findings: dict, losses: list) -> None:
+    """Records the recorder lost (gap markers: failed writes, a full queue) are not silence of the clients: a
+    heartbeat gap that overlaps a lost range moves from ``heartbeat_gaps`` to ``gaps_over_data_loss``, and the
+    ranges are listed under ``scan.data_loss``."""
+    over, kept = [], []
+    for gap in findings.get("heartbeat_gaps", []):
+        hit = any(gap["start_ms"] <= loss["last_ms"] and gap["end_ms"] >= loss["first_ms"] for loss in losses)
+        (over if hit else kept).append(gap)
+    findings["heartbeat_gaps"] = kept
+    findings["gaps_over_data_loss"] = over
+    findings.setdefault("scan", {})["data_loss"] = losses
+    summary = findings.get("summary")
+    if summary is not None:
+        summary["heartbeat_gaps"] = len(kept)
+        summary["gaps_over_data_loss"] = len(over)
+        summary["records_lost"] = sum(loss["records_lost"] for loss in losses)

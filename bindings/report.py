@@ -10,7 +10,7 @@ import html
 import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from engine.scan_py import FINDING_KEYS
 
@@ -149,6 +149,36 @@ def _table(header, rows, limit=50) -> str:
     return f"<table><tr>{head}</tr>{body}</table>{more}"
 
 
+def damage_line(findings: dict) -> Optional[str]:
+    """One line saying what of the input could not be read, or None when it was read whole."""
+    scan = findings.get("scan") or {}
+    torn, corrupt, lost = scan.get("torn_tails") or [], scan.get("corrupt") or [], scan.get("data_loss") or []
+    if not (torn or corrupt or lost):
+        return None
+    known = sum(d.get("records_lost") or 0 for d in corrupt) + sum(d["records_lost"] for d in lost)
+    unknown = sum(1 for d in list(torn) + list(corrupt) if d.get("records_lost") is None)
+    over = len(findings.get("gaps_over_data_loss") or [])
+    return (f"DAMAGED INPUT: {len(corrupt)} corrupt ranges, {len(torn)} torn tails, {len(lost)} recorder data-loss "
+            f"markers; {known:,} records lost" + (f" (+ {unknown} ranges of unknown size)" if unknown else "")
+            + f"; {over} heartbeat gaps over lost data reported apart, not as client silence")
+
+
+def _damage_banner(findings: dict) -> List[str]:
+    line = damage_line(findings)
+    if line is None:
+        return []
+    scan = findings.get("scan") or {}
+    rows = [[d["kind"], d["segment"], d["offset"], d["bytes"], utc(d["first_ms"]) if d.get("first_ms") else "?",
+             utc(d["last_ms"]) if d.get("last_ms") else "?", "?" if d.get("records_lost") is None else d["records_lost"],
+             d["reason"]] for d in (scan.get("corrupt") or []) + (scan.get("torn_tails") or [])]
+    rows += [["data loss", d["segment"], d["offset"], 40, utc(d["first_ms"]), utc(d["last_ms"]), d["records_lost"],
+              d["reason"]] for d in scan.get("data_loss") or []]
+    return ["<div style='border:2px solid #c00;background:#fee;padding:8px;margin:1em 0'><b>"
+            + html.escape(line) + "</b>"
+            + _table(["kind", "segment", "byte", "bytes", "from (UTC)", "to (UTC)", "records lost", "reason"], rows)
+            + "</div>"]
+
+
 def write_html(findings: dict, out: Path, csvs: List[str], plots: List[str]) -> Path:
     e = html.escape
     s = findings["summary"]
@@ -159,6 +189,7 @@ def write_html(findings: dict, out: Path, csvs: List[str], plots: List[str]) -> 
         "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}th{background:#eee}"
         "img{max-width:100%;border:1px solid #ddd}.more{color:#777}</style>",
         "<h1>Heartbeat scan report</h1>",
+        *_damage_banner(findings),
         f"<p>{s['records']:,} heartbeats ({s['bad_bodies']:,} undecodable) from {s['clients']:,} clients, "
         f"{e(utc(s['first_ms']))} to {e(utc(s['last_ms']))} UTC.</p>",
         _table(["finding", "count"], [[k, s[k]] for k in FINDING_KEYS]),
@@ -219,9 +250,9 @@ def print_summary(findings: dict, file) -> None:
     if scan.get("seconds"):
         print(f"scanned in {scan['seconds']:.1f} s ({s['records'] / max(scan['seconds'], 1e-9):,.0f} heartbeats/s, "
               f"method {scan.get('method')})", file=file)
-    if scan.get("torn_tails") or scan.get("corrupt"):
-        print(f"damage skipped: {len(scan.get('torn_tails', []))} torn tails, {len(scan.get('corrupt', []))} corrupt ranges",
-              file=file)
+    line = damage_line(findings)
+    if line:
+        print(line, file=file)
     for r in findings["inconsistent_subscriptions"][:5]:
         print(f"  inconsistent subscriptions: {r['group']} for {r['duration_s']:.0f} s from {utc(r['start_ms'])}, "
               f"{len(r['variants'])} variants", file=file)

@@ -27,7 +27,8 @@ import numpy as np
 import pyarrow as pa
 
 from engine.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
-from engine.recorder import BlockInfo, Damage, SegmentError, iter_blocks, list_segments, scan_segment
+from engine.recorder import (BlockInfo, Damage, SegmentError, damage_ranges, iter_blocks, list_segments,
+                             payloads_intact, scan_segment)
 from engine.scan_py import ScanParams
 
 _log = logging.getLogger(__name__)
@@ -88,35 +89,44 @@ class Plan:
     torn_tails: List[Tuple[str, Damage]] = field(default_factory=list)
     corrupt: List[Tuple[str, Damage]] = field(default_factory=list)
     data_loss: List[dict] = field(default_factory=list)  # the segments' gap markers (Gap.to_dict)
+    #: time ranges the damage covers (torn tails, corrupt ranges), as far as the good blocks around them tell:
+    #: {"segment", "kind", "offset", "bytes", "first_ms", "last_ms", "records_lost" (None: unknown), "reason"}
+    damaged: List[dict] = field(default_factory=list)
 
     @property
     def n_records(self) -> int:
         return sum(s.n_records for s in self.splits)
 
     def damage_summary(self) -> dict:
-        return {
-            "torn_tails": [{"segment": Path(p).name, "offset": d.offset, "bytes": d.length, "reason": d.reason}
-                           for p, d in self.torn_tails],
-            "corrupt": [{"segment": Path(p).name, "offset": d.offset, "bytes": d.length, "reason": d.reason}
-                        for p, d in self.corrupt],
-        }
+        return {"torn_tails": [d for d in self.damaged if d["kind"] == "torn_tail"],
+                "corrupt": [d for d in self.damaged if d["kind"] == "corrupt"]}
+
+    @property
+    def is_damaged(self) -> bool:
+        return bool(self.damaged or self.data_loss)
 
 
 def plan_splits(directory, target_records: int = DEFAULT_SPLIT_RECORDS) -> Plan:
-    """Cut a recording into splits by block headers (payloads are not read)."""
+    """Cut a recording into splits by block headers; every block's payload CRC is checked here too (one read of
+    the compressed bytes, no decompression), so a damaged block is named in the plan's damage and never reaches
+    a task, where it could only be skipped silently. The tasks still check CRCs and decompression."""
     if target_records < 1:
         raise ValueError("target_records must be positive")
     plan = Plan(str(directory))
-    for path in list_segments(directory):
+    segments = list_segments(directory)
+    for k, path in enumerate(segments):
         plan.segments += 1
         scan = scan_segment(path)
+        good = payloads_intact(path, scan.blocks)
+        bad = [b for b in scan.blocks if b not in good]
         if scan.torn_tail is not None:
             plan.torn_tails.append((str(path), scan.torn_tail))
         plan.corrupt.extend((str(path), d) for d in scan.corrupt)
         plan.data_loss.extend(g.to_dict(path.name) for g in scan.gaps)
+        plan.damaged.extend(damage_ranges(path, scan, good, bad, segments[k + 1] if k + 1 < len(segments) else None))
         cur: List[BlockInfo] = []
         n = raw = 0
-        for b in scan.blocks:
+        for b in good:
             if cur and (n + b.n_records > target_records or raw + b.raw_len > MAX_SPLIT_RAW_BYTES):
                 plan.splits.append(_split(len(plan.splits), path, cur))
                 cur, n, raw = [], 0, 0

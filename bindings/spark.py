@@ -643,12 +643,13 @@ def _rows(df: DataFrame):
 
 
 def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, method: str = "arrow",
-         split_records: int = seg.DEFAULT_SPLIT_RECORDS, dedupe: bool = True, on_corrupt: str = "skip") -> dict:
+         split_records: int = seg.DEFAULT_SPLIT_RECORDS, dedupe: bool = True, on_corrupt: str = "skip",
+         plan: Optional[seg.Plan] = None) -> dict:
     """All analyses over a recording; returns findings in the format of engine.scan_py (plus plan damage)."""
     params.validate()
     clock = time.perf_counter
     t0 = clock()
-    plan = seg.plan_splits(directory, split_records)
+    plan = plan if plan is not None else seg.plan_splits(directory, split_records)
     t_plan = clock()
     raw, _ = runs_for(spark, directory, method, params, split_records=split_records, dedupe=dedupe,
                       on_corrupt=on_corrupt, plan=plan)
@@ -697,7 +698,7 @@ def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, m
                         "timings": {"plan_s": round(t_plan - t0, 3), "runs_s": round(t_runs - t_plan, 3),
                                     "analyses_s": round(t_analyses - t_runs, 3)},
                         **plan.damage_summary()}
-    separate_data_loss(findings, plan.data_loss)
+    separate_data_loss(findings, plan.data_loss, plan.damaged)
     return findings
 
 
@@ -734,9 +735,16 @@ def _size_records(rows, members) -> list:
     return out
 
 
+#: `rmqhb scan` exit statuses
+EXIT_OK, EXIT_USAGE, EXIT_DAMAGED, EXIT_NOTHING, EXIT_STRICT = 0, 2, 3, 4, 5
+
+
 def scan_main(argv=None) -> int:
     """`rmqhb scan DIR --out REPORT_DIR`: every analysis over a recording on Spark (local[*] unless --master),
-    written as findings.json, CSV, PNG plots and index.html; prints a short summary. Broker logs
+    written as findings.json, CSV, PNG plots and index.html; prints a short summary. Exit status: 0 the whole
+    recording was read; 3 the scan completed over damaged data (corrupt ranges, torn tails, recorder data loss:
+    named in findings.json, the report's banner and one stderr line; --allow-damage makes it 0); 2 no recording or
+    bad arguments; 4 nothing decodable; 5 --strict stopped on damage; 1 any other failure. Broker logs
     (``--input broker-log``, ``--log-tz``, ``--broker NAME=PATH`` or log files given): engine.bindings.brokerlog."""
     from .brokerlog import wants_broker_logs
 
@@ -759,29 +767,58 @@ def scan_main(argv=None) -> int:
     p.add_argument("--flap-min", type=int, default=d.flap_min_reconnects, help="reconnects per window that flag a client")
     p.add_argument("--split-records", type=int, default=seg.DEFAULT_SPLIT_RECORDS, help="records per Spark task")
     p.add_argument("--no-dedupe", action="store_true", help="decode every body, not each distinct body once")
-    p.add_argument("--strict", action="store_true", help="fail on a corrupt block instead of skipping it")
+    p.add_argument("--strict", action="store_true", help="stop (exit 5) on any damage instead of scanning around it")
+    p.add_argument("--allow-damage", action="store_true",
+                   help="exit 0 when the scan completed over damaged data (default: exit 3)")
+    p.add_argument("--debug", action="store_true", help="show the whole error (Java and Python stacks) on a failure")
     p.add_argument("--driver-memory", default="2g")
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
     if not args.directory.is_dir():
-        print(f"not a directory: {args.directory}", file=sys.stderr)
-        return 2
+        print(f"rmqhb scan: not a directory: {args.directory}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         params = ScanParams(args.expiry, args.gap_threshold, args.min_duration, args.flap_window, args.flap_min).validate()
     except ValueError as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)
-        return 2
-    from .report import print_summary, write_report
+        return EXIT_USAGE
+    from .report import damage_line, print_summary, write_report
 
+    plan = seg.plan_splits(args.directory, args.split_records)
+    if plan.segments == 0:
+        print(f"rmqhb scan: no recording in {args.directory} (no *.seg segment files)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.strict and plan.is_damaged:
+        first = (plan.damaged or plan.data_loss)[0]
+        print(f"rmqhb scan: --strict: the recording is damaged ({first['segment']} at byte {first['offset']}: "
+              f"{first['reason']}); run `rmqhb segments verify {args.directory}`", file=sys.stderr)
+        return EXIT_STRICT
     running = SparkSession.getActiveSession()  # e.g. a notebook's or a test's: use it, leave it running
     spark = running or spark_session(args.master, "rmqhb-scan", driver_memory=args.driver_memory)
     try:
         findings = scan(spark, args.directory, params, method=args.method, split_records=args.split_records,
-                        dedupe=not args.no_dedupe, on_corrupt="raise" if args.strict else "skip")
+                        dedupe=not args.no_dedupe, on_corrupt="raise" if args.strict else "skip", plan=plan)
+    except Exception as e:  # a task that met damage the plan did not see (--strict), or Spark failing
+        if args.debug:
+            raise
+        cause = str(e).strip().splitlines()
+        detail = next((ln for ln in cause if "SegmentError" in ln), cause[0] if cause else type(e).__name__)
+        print(f"rmqhb scan: stopped: {detail[:300]} (--debug shows the whole error)", file=sys.stderr)
+        return EXIT_STRICT if args.strict else 1
     finally:
         if running is None:
             spark.stop()
+    decodable = findings["summary"]["records"] - findings["summary"]["bad_bodies"]
+    if decodable <= 0:
+        print(f"rmqhb scan: nothing decodable in {args.directory}: {findings['summary']['records']} records, "
+              f"{findings['summary']['bad_bodies']} undecodable bodies", file=sys.stderr)
+        write_report(findings, args.out, plots=False)
+        return EXIT_NOTHING
     index = write_report(findings, args.out, plots=not args.no_plots)
     print_summary(findings, sys.stdout)
     print(f"report: {index}")
-    return 0
+    damage = damage_line(findings)
+    if damage:
+        print(f"rmqhb scan: {damage}", file=sys.stderr)
+        return EXIT_OK if args.allow_damage else EXIT_DAMAGED
+    return EXIT_OK

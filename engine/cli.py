@@ -61,6 +61,22 @@ def _lazy(module: str, func: str):
     return lambda argv: getattr(__import__(module, fromlist=[func]), func)(argv)
 
 
+#: what `rmqhb scan` needs beyond the engine: the spark extra
+SCAN_DEPENDENCIES = ("pyspark", "pyarrow", "pandas", "matplotlib")
+
+
+def scan_main(argv) -> int:
+    """`rmqhb scan`: a missing Spark dependency is one line naming the extra to install, not a traceback."""
+    import importlib.util
+
+    missing = [m for m in SCAN_DEPENDENCIES if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"rmqhb scan needs the spark extra (missing: {', '.join(missing)}): "
+              f"pip install 'rocketmq-heartbeat-engine[spark]'", file=sys.stderr)
+        return 2
+    return _lazy("engine.bindings.spark", "scan_main")(argv)
+
+
 def segments_main(argv) -> int:
     if not argv or argv[0] != "verify":
         print("usage: rmqhb segments verify DIR [-v] [--json]", file=sys.stderr)
@@ -75,7 +91,7 @@ COMMANDS = {
     "producerConnection": _lazy("engine.admin", "producer_connection_main"),
     "segments": segments_main,
     "generate": _lazy("engine.synth", "generate_main"),
-    "scan": _lazy("engine.bindings.spark", "scan_main"),
+    "scan": scan_main,
 }
 
 

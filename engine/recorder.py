@@ -442,6 +442,48 @@ def scan_segment(path, *, check_payload: bool = False) -> SegmentScan:
     return scan
 
 
+def payloads_intact(path, blocks) -> List[BlockInfo]:
+    """The blocks whose compressed payload matches its header's CRC32."""
+    out = []
+    with open(path, "rb") as f:
+        for b in blocks:
+            f.seek(b.offset + BLOCK_HEADER_SIZE)
+            if zlib.crc32(f.read(b.comp_len)) == b.payload_crc:
+                out.append(b)
+    return out
+
+
+def damage_ranges(path, scan, good, bad, next_segment) -> List[dict]:
+    """Each damaged range of a segment with the time span it covers: exact for a block whose payload failed its
+    CRC (its header holds), else between the good blocks around it (records lost unknown)."""
+    name = Path(path).name
+    out = [{"segment": name, "kind": "corrupt", "offset": b.offset, "bytes": BLOCK_HEADER_SIZE + b.comp_len,
+            "first_ms": b.first_ms, "last_ms": b.last_ms, "records_lost": b.n_records,
+            "reason": "payload CRC mismatch"} for b in bad]
+
+    def around(offset):
+        before = [b for b in good if b.offset < offset]
+        after = [b for b in good if b.offset > offset]
+        first = max(b.last_ms for b in before) if before else (min(b.first_ms for b in after) if after else None)
+        last = min(b.first_ms for b in after) if after else None
+        return first, last
+
+    for d in scan.corrupt:
+        first, last = around(d.offset)
+        out.append({"segment": name, "kind": "corrupt", "offset": d.offset, "bytes": d.length, "first_ms": first,
+                    "last_ms": last if last is not None else first, "records_lost": None, "reason": d.reason})
+    if scan.torn_tail is not None:
+        d = scan.torn_tail
+        first, _ = around(d.offset)
+        last = None
+        if next_segment is not None:  # the tail lost what came before the next segment's first block
+            nxt = scan_segment(next_segment).blocks
+            last = nxt[0].first_ms if nxt else None
+        out.append({"segment": name, "kind": "torn_tail", "offset": d.offset, "bytes": d.length, "first_ms": first,
+                    "last_ms": last if last is not None else first, "records_lost": None, "reason": d.reason})
+    return sorted(out, key=lambda x: x["offset"])
+
+
 def iter_blocks(path, *, blocks: Optional[Iterable[BlockInfo]] = None, on_corrupt: str = "raise") -> Iterator[Block]:
     """Decoded blocks of one segment in file order.
 

@@ -257,21 +257,33 @@ def _flapping(client_obs, groups_of, params: ScanParams) -> list:
 def scan(directory, params: Optional[ScanParams] = None, **kw) -> dict:
     """Reference findings for a recording directory (every readable record; torn tails skipped; gaps over a
     range the recorder lost are reported apart, see :func:`separate_data_loss`)."""
-    from .recorder import iter_records, list_segments, scan_segment
+    from .recorder import damage_ranges, iter_blocks, list_segments, payloads_intact, scan_segment
 
-    findings = scan_records(iter_records(directory), params or ScanParams(**kw))
-    losses = [g.to_dict(p.name) for p in list_segments(directory) for g in scan_segment(p).gaps]
-    separate_data_loss(findings, losses)
+    losses, damaged, records = [], [], []
+    segments = list_segments(directory)
+    for k, path in enumerate(segments):
+        scan = scan_segment(path)
+        good = payloads_intact(path, scan.blocks)
+        losses.extend(g.to_dict(path.name) for g in scan.gaps)
+        damaged.extend(damage_ranges(path, scan, good, [b for b in scan.blocks if b not in good],
+                                     segments[k + 1] if k + 1 < len(segments) else None))
+        for block in iter_blocks(path, blocks=good, on_corrupt="skip"):
+            records.extend(block.records())
+    findings = scan_records(records, params or ScanParams(**kw))
+    findings.setdefault("scan", {}).update({"torn_tails": [d for d in damaged if d["kind"] == "torn_tail"],
+                                            "corrupt": [d for d in damaged if d["kind"] == "corrupt"]})
+    separate_data_loss(findings, losses, damaged)
     return findings
 
 
-def separate_data_loss(findings: dict, losses: list) -> None:
-    """Records the recorder lost (gap markers: failed writes, a full queue) are not silence of the clients: a
-    heartbeat gap that overlaps a lost range moves from ``heartbeat_gaps`` to ``gaps_over_data_loss``, and the
-    ranges are listed under ``scan.data_loss``."""
+def separate_data_loss(findings: dict, losses: list, damaged: list = ()) -> None:
+    """What the recording lost is not silence of the clients: a heartbeat gap that overlaps a range the recorder
+    lost (gap markers: failed writes, a full queue) or a damaged range (corrupt, torn) moves from
+    ``heartbeat_gaps`` to ``gaps_over_data_loss``; the gap markers are listed under ``scan.data_loss``."""
+    ranges = [(r["first_ms"], r["last_ms"]) for r in list(losses) + list(damaged) if r.get("first_ms") is not None]
     over, kept = [], []
     for gap in findings.get("heartbeat_gaps", []):
-        hit = any(gap["start_ms"] <= loss["last_ms"] and gap["end_ms"] >= loss["first_ms"] for loss in losses)
+        hit = any(gap["start_ms"] <= last and gap["end_ms"] >= first for first, last in ranges)
         (over if hit else kept).append(gap)
     findings["heartbeat_gaps"] = kept
     findings["gaps_over_data_loss"] = over

@@ -457,7 +457,8 @@ class RemotingServer:
         #: must be seen whole (no ACL, no recording); a connection's decoder watches heartbeats only then
         self.repeats = False
         self.errors_log = RateLimitedLog(log)  # failed requests: one line per kind a minute
-        self.client_log = RateLimitedLog(log, burst=20)  # what clients cause (closes, bad heartbeats, ACL refusals): 20 lines a kind a minute
+        #: what clients cause (closes, bad heartbeats, ACL refusals): at most 20 lines per kind a minute
+        self.client_log = RateLimitedLog(log, burst=20)
 
     def _queue_soon(self, conn: Connection) -> None:
         if not self._soon:

@@ -90,3 +90,15 @@ def broker_defaults():
     """Config every broker of test_server's ``broker_factory`` starts with; a module overrides it (test_ioworkers:
     the same tests against ioWorkers=2)."""
     return {}
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] SparkSession for every Spark test module (SPARK.md: ~25 s to start; share it), stopped at
+    the end of the run."""
+    require_module("pyspark")
+    from engine.bindings.spark import spark_session
+
+    session = spark_session("local[2]", "rmqhb-tests", test=True)
+    yield session
+    session.stop()

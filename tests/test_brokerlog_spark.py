@@ -20,15 +20,6 @@ SAMPLE = Path(os.environ.get("ENGINE_SHARED_DIR", Path(__file__).resolve().paren
 
 
 @pytest.fixture(scope="module")
-def spark():
-    from engine.bindings.spark import spark_session
-
-    session = spark_session("local[2]", "rmqhb-tests-logs", test=True)
-    yield session
-    session.stop()
-
-
-@pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     d = tmp_path_factory.mktemp("logs")
     ma = bl.generate_broker_log(d / "broker-a" / "broker.log", groups=3, members=4, restarts=2, seed=11)

@@ -322,3 +322,15 @@ def test_refused_connections_leave_the_descriptor_reserve(tmp_path):
         proc.terminate()
         out, err = proc.communicate(timeout=30)
     assert "Too many open files" not in err and "EMFILE" not in err, err[-3000:]
+
+
+def test_large_json_bodies_are_refused_before_parsing(broker):
+    """A 4 MB lock-batch body of tiny arrays would hold the loop for a second: refused by size, at once."""
+    c = Client(broker.ports["main"])
+    try:
+        body = b'{"consumerGroup":"g","clientId":"c","mqSet":[' + b"[]," * 1_400_000 + b"[]]}"
+        r = c.call(RequestCode.LOCK_BATCH_MQ, {}, body)
+        assert r.code == ResponseCode.SYSTEM_ERROR and r.remark == "LockBatchRequestBody is larger than 2097152 bytes"
+        well_behaved(c)
+    finally:
+        c.close()

@@ -136,11 +136,8 @@ def test_gap_over_lost_data_is_not_client_silence(tmp_path):
     assert lossy["summary"]["records_lost"] == 20
 
 
-def test_spark_scan_reports_the_loss(tmp_path):
-    from conftest import require_module
-
-    require_module("pyspark")
-    from engine.bindings.spark import scan, spark_session
+def test_spark_scan_reports_the_loss(spark, tmp_path):
+    from engine.bindings.spark import scan
 
     body = json.dumps({"clientID": "10.1.1.1@c", "producerDataSet": [{"groupName": "P"}]}).encode()
     with HeartbeatRecorder(tmp_path, block_records=4) as rec:
@@ -152,7 +149,6 @@ def test_spark_scan_reports_the_loss(tmp_path):
         rec._write_gap()
         for i in range(30, 40):
             rec.record(t + i * 30_000, 1, "10.1.1.1:1", "JAVA", 409, body)
-    spark = spark_session("local[2]", "rmqhb-tests", test=True)
     findings = scan(spark, tmp_path)
     assert findings["heartbeat_gaps"] == [] and len(findings["gaps_over_data_loss"]) == 1
     assert findings["scan"]["data_loss"][0]["records_lost"] == 20

@@ -15,13 +15,6 @@ from engine.synth import FleetConfig, compare_with_manifest, generate  # noqa: E
 
 
 @pytest.fixture(scope="module")
-def spark():
-    from engine.bindings.spark import spark_session
-
-    return spark_session("local[2]", "rmqhb-tests", test=True)
-
-
-@pytest.fixture(scope="module")
 def damaged(tmp_path_factory):
     """A generated recording with 64 bytes XORed in the middle of one segment (the issue's reproduction)."""
     d = tmp_path_factory.mktemp("damaged")

@@ -20,15 +20,6 @@ BAD_BODIES = [b"{not json", b'{"producerDataSet":[]}', b'{"clientID":"x","consum
 
 
 @pytest.fixture(scope="module")
-def spark():
-    from engine.bindings.spark import spark_session
-
-    session = spark_session("local[2]", "rmqhb-tests", test=True)
-    yield session
-    session.stop()
-
-
-@pytest.fixture(scope="module")
 def recording(tmp_path_factory):
     """A small fleet with every kind of injection, plus undecodable bodies and a torn tail."""
     d = tmp_path_factory.mktemp("fleet")

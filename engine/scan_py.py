@@ -288,6 +288,13 @@ def separate_data_loss(findings: dict, losses: list, damaged: list = ()) -> None
     findings["heartbeat_gaps"] = kept
     findings["gaps_over_data_loss"] = over
     findings.setdefault("scan", {})["data_loss"] = losses
+    # members of a group seem to leave (after the expiry) and rejoin around lost data: such size changes are
+    # marked, not dropped (a real change may fall there too)
+    expiry_ms = int(round(float((findings.get("parameters") or {}).get("expiry_s", 120.0)) * 1000))
+    for series in findings.get("group_sizes", []):
+        n = sum(1 for t, _ in series["series"] if any(first <= t <= last + expiry_ms for first, last in ranges))
+        if n:
+            series["changes_over_data_loss"] = n
     summary = findings.get("summary")
     if summary is not None:
         summary["heartbeat_gaps"] = len(kept)

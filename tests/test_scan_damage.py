@@ -61,8 +61,11 @@ def test_damaged_recording_exits_3_and_names_the_damage(spark, damaged, tmp_path
     # the same findings as the reference scan, which accounts for damage the same way
     reference = scan_py.scan(d)
     assert reference["scan"]["corrupt"] == corrupt
-    for key in ("heartbeat_gaps", "gaps_over_data_loss", "inconsistent_subscriptions", "flapping_clients"):
+    for key in ("heartbeat_gaps", "gaps_over_data_loss", "inconsistent_subscriptions", "flapping_clients",
+                "group_sizes"):
         assert findings[key] == json.loads(json.dumps(reference[key])), key
+    # membership changes around the lost block are marked as such, not presented as plain group changes
+    assert any(g.get("changes_over_data_loss") for g in findings["group_sizes"])
 
 
 def test_allow_damage_and_strict(spark, damaged, tmp_path, capsys):

@@ -576,23 +576,9 @@ cdef bint utf8_ok(const unsigned char *s, Py_ssize_t n) noexcept nogil:
 # --- column builders -----------------------------------------------------------------------------------------
 
 cdef bint scol_put(SCol *c, Py_ssize_t row, const char *src, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t need = c.len + n
-    cdef char *nd
-    cdef Py_ssize_t cap
-    if need > 0x7FFFFFFF:
+    """Row ``row`` of a string column holds src[:n] (False: the column passed 2 GiB or memory ran out)."""
+    if n and not sappend(c, src, n):
         return False
-    if need > c.cap:
-        cap = c.cap * 2 if c.cap else 4096
-        while cap < need:
-            cap *= 2
-        nd = <char *>realloc(c.data, cap)
-        if nd == NULL:
-            return False
-        c.data = nd
-        c.cap = cap
-    if n:
-        memcpy(c.data + c.len, src, n)
-    c.len = need
     c.offs[row + 1] = <int32_t>c.len
     c.valid[row] = 1
     return True
@@ -647,6 +633,7 @@ cdef bint json_str(SCol *c, const char *b, Py_ssize_t a, Py_ssize_t z) noexcept 
 
 
 cdef bint sappend(SCol *c, const char *src, Py_ssize_t n) noexcept nogil:
+    """Append src[:n] to the column's data, growing it by doubling (the one growth path of string columns)."""
     cdef Py_ssize_t need = c.len + n
     cdef char *nd
     cdef Py_ssize_t cap

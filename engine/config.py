@@ -294,7 +294,7 @@ class _Spec:
                 raise ConfigError(f"{name} must be true or false, not {echo(text)}")
             return t == "true"
         if self.kind is int:
-            return _java_int(name, text, LONG_PROPERTIES.get(name, False))
+            return _java_int(name, text, name in LONG_PROPERTIES)
         return text.strip()  # MixAll.properties2Object trims strings (and only strings)
 
     def format(self, value) -> str:
@@ -304,8 +304,8 @@ class _Spec:
 
 
 #: properties that are a Java ``long`` (Long.parseLong); every other int property is an ``int`` (Integer.parseInt)
-LONG_PROPERTIES = {"channelExpiredTimeout": True, "waitTimeMillsInPullQueue": True, "brokerId": True,
-                   "maxPartialFrameBytesTotal": True, "rebalanceLockMaxLiveTime": True}
+LONG_PROPERTIES = frozenset({"channelExpiredTimeout", "waitTimeMillsInPullQueue", "brokerId",
+                             "maxPartialFrameBytesTotal", "rebalanceLockMaxLiveTime"})
 
 
 def _java_int(name: str, text: str, long: bool) -> int:

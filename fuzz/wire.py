@@ -134,13 +134,13 @@ class ErrorLog(logging.Handler):
 class BrokerFixture:
     """One broker for many runs of the machine (starting one per example would dominate the time)."""
 
-    def __init__(self, store_dir: str):
+    def __init__(self, store_dir: str, **settings):
         from engine.broker import Broker
         from engine.config import BrokerConfig
 
         self.errors = ErrorLog()
         logging.getLogger("engine").addHandler(self.errors)
-        self.broker = Broker(BrokerConfig(store_path_root_dir=store_dir, **BROKER_SETTINGS)).start()
+        self.broker = Broker(BrokerConfig(store_path_root_dir=store_dir, **{**BROKER_SETTINGS, **settings})).start()
         self.port = self.broker.ports["main"]
         self.good = Conn(self.port)
         self.good_opaque = 1_000_000

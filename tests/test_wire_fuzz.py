@@ -31,3 +31,18 @@ def test_wire_fuzz(fixture):
     # what clients cause is logged at a bounded rate: thousands of bad frames, a few hundred lines at most
     logged = sum(n for (name, level), n in fixture.errors.counts.items() if level != "DEBUG")
     assert logged < 400, fixture.errors.counts
+
+
+def test_wire_fuzz_through_io_workers(tmp_path):
+    """The same machine with every socket held by two I/O worker processes (ioWorkers=2): the relay path."""
+    f = wire.BrokerFixture(str(tmp_path / "store"), io_workers=2)
+    try:
+        machine = wire.make_machine(f)
+        examples = int(os.environ.get("ENGINE_WIRE_FUZZ_EXAMPLES", "150")) // 3
+        machine.TestCase.settings = settings(max_examples=examples, stateful_step_count=25, deadline=None,
+                                             suppress_health_check=list(HealthCheck))
+        machine.TestCase().runTest()
+        wire.settle(f)
+        assert f.broker.metrics.request_errors.get("internal_error", 0) == 0
+    finally:
+        f.stop()

@@ -123,7 +123,8 @@ class Broker:
         # timed writes (auto-created config, offsets) go to the store's writer thread: no fsync on the loop
         store = Store(cfg.store_path_root_dir, background_writes=True,
                       auto_create_max_groups=cfg.auto_create_max_subscription_groups,
-                      auto_create_max_topics=cfg.auto_create_max_topics)
+                      auto_create_max_topics=cfg.auto_create_max_topics,
+                      recover_corrupt=cfg.store_recover_corrupt_files)
         # only CHANGE matters here: leaving REGISTER out keeps the heartbeat path free of event objects
         return ClientRegistry(config=rc, listener=self._on_registry_event, store=store,
                               events={ConsumerGroupEvent.CHANGE})

@@ -55,6 +55,9 @@ class BrokerConfig:
     register_name_server_period: int = 30_000
     #: directory of the persisted state (`config/topics.json`, `subscriptionGroup.json`, `consumerOffset.json`); default `~/store`
     store_path_root_dir: str = field(default_factory=lambda: str(Path.home() / "store"))
+    #: engine: a store file whose every copy (file, .bak) is unusable is moved aside (`<name>.corrupt-<time>`) and
+    #: the broker starts with that table empty; false (default): start-up fails naming the file, as Java's does
+    store_recover_corrupt_files: bool = False
     # -- network (NettyServerConfig) --
     #: the main remoting port
     listen_port: int = 10911

@@ -420,12 +420,16 @@ class _JsonFile:
         self._encoded = 0  # sequence number of the last document encoded
         self._written = 0  # ... and of the last one on disk
 
-    def load(self, parse):
-        """``parse(obj)`` validates a decoded document; returns its result, or None when nothing could be loaded.
+    def load(self, parse, recover: bool = False):
+        """``parse(obj)`` validates a decoded document; returns its result, or None for a fresh store.
 
         Tries the file, then the backup: ``.bak.tmp`` when a write was interrupted after its commit (it is newer
         than ``.bak``, see :func:`atomic_write`), then ``.bak``. Read only: what is left over is
-        settled by the next write.
+        settled by the next write. When no copy loads and some copy holds data (anything but whitespace and NUL
+        bytes), StoreError (as Java's initialize() fails and the broker exits when its .bak does not decode): the
+        next write would replace that data with an empty table. ``recover`` instead moves the copies aside
+        (``<name>.corrupt-<time>``, never overwritten) and starts empty. Copies that are all missing or empty
+        start empty with an error logged, as Java does.
         """
         if self.path is None:
             return None
@@ -435,9 +439,12 @@ class _JsonFile:
         if not any(os.path.lexists(p) for p in candidates):
             return None  # fresh store
         errors = []
+        had_data = False
         for p in candidates:
             try:
-                text = p.read_text(encoding="utf-8")
+                raw = p.read_bytes()
+                had_data = had_data or bool(raw.strip(b" \t\r\n\x00"))
+                text = raw.decode("utf-8")
                 if not text.strip():
                     raise StoreError("empty file")
                 result = parse(_parse_json(text))
@@ -453,7 +460,27 @@ class _JsonFile:
                 log.warning("%s is unusable (%s); loaded the backup %s", self.path, errors[0], p)
                 self._loaded = p
             return result
-        log.error("%s and its backup are unusable (%s); starting with an empty table", self.path, "; ".join(errors))
+        if not had_data:
+            log.error("%s and its backup are empty or missing (%s); starting with an empty table", self.path,
+                      "; ".join(errors))
+            return None
+        if not recover:
+            raise StoreError(f"{self.path} and its backup are unusable ({'; '.join(errors)}); not starting over "
+                             "them: move them aside, or set storeRecoverCorruptFiles=true to have them moved aside "
+                             "and start with an empty table")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        moved = []
+        for p in candidates:
+            if os.path.lexists(p):
+                target = p.with_name(f"{p.name}.corrupt-{stamp}")
+                n = 1
+                while os.path.lexists(target):
+                    target, n = p.with_name(f"{p.name}.corrupt-{stamp}-{n}"), n + 1
+                os.rename(p, target)
+                moved.append(target.name)
+        _fsync_dir(self.path.parent)
+        log.error("%s and its backup are unusable (%s); moved aside as %s (storeRecoverCorruptFiles), starting with "
+                  "an empty table", self.path, "; ".join(errors), ", ".join(moved))
         return None
 
     def next_seq(self) -> int:
@@ -540,7 +567,7 @@ class _Table:
         return parsed, dv
 
     def load(self) -> None:
-        loaded = self.file.load(self._parse)
+        loaded = self.file.load(self._parse, self._store.recover_corrupt)
         if loaded is not None:
             self.table, self.data_version = loaded
 
@@ -760,7 +787,9 @@ class Store:
 
     def __init__(self, store_dir=None, *, sync_config_writes: bool = True, derivable_write_delay_s: float = 1.0,
                  clock=time.monotonic, background_writes: bool = False, auto_create_max_groups: int = 0,
-                 auto_create_max_topics: int = 0):
+                 auto_create_max_topics: int = 0, recover_corrupt: bool = False):
+        #: a file whose every copy is unusable is moved aside (True) instead of stopping the load (StoreError)
+        self.recover_corrupt = recover_corrupt
         #: auto-creation (heartbeats' groups and retry topics, route queries' topics) stops once a table holds this
         #: many entries (0 = no limit); explicit changes (admin, config files) are not limited
         self.auto_create_max = {"group": auto_create_max_groups, "topic": auto_create_max_topics}

@@ -334,13 +334,50 @@ def test_corrupt_file_falls_back_to_the_backup(tmp_path, caplog, damage):
     assert "loaded the backup" in caplog.text
 
 
-def test_both_corrupt_start_empty_with_an_error(tmp_path, caplog):
+def test_both_corrupt_stop_the_load_and_are_never_overwritten(tmp_path):
+    path = write_good_then(tmp_path, lambda p: p.write_text("{"))
+    path.with_name("topics.json.bak").write_text("not json")
+    with pytest.raises(StoreError, match="topics.json and its backup are unusable.*storeRecoverCorruptFiles"):
+        Store(tmp_path)
+    assert path.read_text() == "{" and path.with_name("topics.json.bak").read_text() == "not json"
+
+
+def test_recovery_moves_both_aside_and_starts_empty(tmp_path, caplog):
     path = write_good_then(tmp_path, lambda p: p.write_text("{"))
     path.with_name("topics.json.bak").write_text("not json")
     with caplog.at_level(logging.WARNING, logger="engine.store"):
-        store = Store(tmp_path)
+        store = Store(tmp_path, recover_corrupt=True)
     assert store.topics.table == {}
-    assert any(r.levelno == logging.ERROR for r in caplog.records)
+    aside = sorted(p.name for p in path.parent.iterdir() if ".corrupt-" in p.name)
+    assert sorted(n.split(".corrupt-")[0] for n in aside) == ["topics.json", "topics.json.bak"]
+    assert {(path.parent / n).read_text() for n in aside} == {"{", "not json"}
+    assert any(r.levelno == logging.ERROR and "moved aside" in r.getMessage() for r in caplog.records)
+    store.topics.put(TopicConfig("New"))
+    assert set(Store(tmp_path).topics.table) == {"New"}
+
+
+@pytest.mark.parametrize("name", ["topics.json", "subscriptionGroup.json", "consumerOffset.json"])
+@pytest.mark.parametrize("damage", ["corrupt", "empty main", "truncated"])
+def test_every_store_file_stops_start_up_when_all_copies_are_bad(tmp_path, name, damage):
+    store = Store(tmp_path)
+    store.topics.put(TopicConfig("T1"))
+    store.groups.put(SubscriptionGroupConfig("G1"))
+    store.offsets.commit_offset("h", "G1", "T1", 0, 5)
+    store.persist()
+    store.topics.put(TopicConfig("T2"))  # a second generation: each file has a .bak
+    store.groups.put(SubscriptionGroupConfig("G2"))
+    store.offsets.commit_offset("h", "G1", "T1", 0, 6)
+    store.persist()
+    for p in (config_file(tmp_path, name), config_file(tmp_path, name + ".bak")):
+        data = p.read_bytes()
+        if damage == "empty main" and not p.name.endswith(".bak"):
+            p.write_bytes(b"")  # the main file emptied, the backup corrupt: the backup's data must be kept
+        else:
+            p.write_bytes(b"\xff" + data[1:] if damage != "truncated" else data[: len(data) // 2])
+    before = {p.name: p.read_bytes() for p in (tmp_path / "config").iterdir()}
+    with pytest.raises(StoreError, match=name.replace(".", "\\.")):
+        Store(tmp_path)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "config").iterdir()} == before  # nothing touched
 
 
 def test_a_corrupt_file_does_not_overwrite_the_good_backup(tmp_path):
@@ -377,8 +414,10 @@ def test_java_files_with_bare_numeric_keys_load(tmp_path):
 def test_bad_offset_files_are_corrupt(tmp_path, text, caplog):
     (tmp_path / "config").mkdir()
     config_file(tmp_path, "consumerOffset.json").write_text(text)
+    with pytest.raises(StoreError, match="consumerOffset.json and its backup are unusable"):
+        Store(tmp_path)
     with caplog.at_level(logging.ERROR, logger="engine.store"):
-        store = Store(tmp_path)
+        store = Store(tmp_path, recover_corrupt=True)
     assert store.offsets.table == {} and "unusable" in caplog.text
 
 
@@ -545,3 +584,35 @@ def test_the_event_loop_is_not_blocked_by_a_slow_disk(tmp_path, monkeypatch):
     assert returned < 0.1 and timer < 0.1, (returned, timer)
     store.close()  # waits for the slow writes
     assert Store(tmp_path).groups.contains("AUTO")
+
+
+def test_all_copies_empty_start_empty_as_java_does(tmp_path, caplog):
+    """Nothing to keep: empty (or NUL-only) copies start with an empty table and an error, as Java's loadBak."""
+    write_good_then(tmp_path, lambda p: p.write_bytes(b""))
+    config_file(tmp_path, "topics.json.bak").write_bytes(b"\x00\x00 \n")
+    with caplog.at_level(logging.ERROR, logger="engine.store"):
+        store = Store(tmp_path)
+    assert store.topics.table == {} and "empty or missing" in caplog.text
+
+
+def test_broker_does_not_start_over_unusable_store_files(tmp_path, caplog):
+    """`rmqhb serve` on a store whose topics.json and .bak both hold unusable data: exit 1 with the reason; with
+    storeRecoverCorruptFiles=true it moves them aside and serves."""
+    from engine.broker import Broker, serve_main
+    from engine.config import BrokerConfig
+
+    path = write_good_then(tmp_path, lambda p: p.write_text("{broken"))
+    path.with_name("topics.json.bak").write_text("[also broken")
+    args = ["--listenPort", "0", "--listenHost", "127.0.0.1", "--storePathRootDir", str(tmp_path), "--log-level",
+            "ERROR"]
+    with caplog.at_level(logging.ERROR):
+        assert serve_main(args) == 1
+    assert any("broker failed to start" in r.getMessage() and "topics.json and its backup are unusable"
+               in r.getMessage() for r in caplog.records)
+    assert path.read_text() == "{broken"  # untouched
+    b = Broker(BrokerConfig(listen_port=0, listen_host="127.0.0.1", store_path_root_dir=str(tmp_path),
+                            store_recover_corrupt_files=True)).start()
+    try:
+        assert not path.exists() and any(".corrupt-" in p.name for p in path.parent.iterdir())
+    finally:
+        b.stop()

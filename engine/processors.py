@@ -118,6 +118,33 @@ def _lock_batch_body(body, what: str):
     return group, client_id, mqs
 
 
+def _fastjson_string(value, what: str):
+    """A String bean field as fastjson fills it: null, a string, or a scalar's text (5 -> "5", true -> "true");
+    an object or array is a RequestError (never handed to the filter compiler as a Python list)."""
+    if value is None or type(value) is str:
+        return value
+    if type(value) is bool:
+        return "true" if value else "false"
+    if type(value) in (int, float):
+        return json.dumps(value)
+    raise RequestError(f"{what} is not a string")
+
+
+def _check_client_body(body) -> dict:
+    """A CheckClientRequestBody with the fields CHECK_CLIENT_CONFIG reads typed: subscriptionData an object (or
+    null), its expressionType and subString strings (or null)."""
+    what = "CheckClientRequestBody"
+    doc = _json_object(body, what)
+    sd = doc.get("subscriptionData")
+    if sd is None:
+        return {}
+    if not isinstance(sd, dict):
+        raise RequestError(f"{what}: subscriptionData is not an object")
+    return {"subscriptionData": {
+        "expressionType": _fastjson_string(sd.get("expressionType"), f"{what}: subscriptionData.expressionType"),
+        "subString": _fastjson_string(sd.get("subString"), f"{what}: subscriptionData.subString")}}
+
+
 def _mq_json(mq) -> dict:
     """A MessageQueue as fastjson writes it (keys sorted)."""
     topic, broker_name, queue_id = mq
@@ -267,7 +294,7 @@ class Processors:
         return cmd.response(code, remark=remark, ext_fields={} if code == ResponseCode.SUCCESS else None)
 
     def check_client_config(self, conn, cmd):
-        body = _json_object(cmd.body, "CheckClientRequestBody") if cmd.body else None
+        body = _check_client_body(cmd.body) if cmd.body else None
         code, remark = self.registry.check_client_config(body)
         return cmd.response(code, remark=remark)
 

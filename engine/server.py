@@ -174,6 +174,11 @@ class Connection(asyncio.Protocol):
                     replayed = True  # the full path from here on; the read's later repeats too
                     cmd = self.decoder.repeat_command(cmd)
                 server.dispatch(self, cmd)
+        except Exception:
+            # a failure outside the handlers' own guard (server.run), e.g. in the repeat route or the ACL check:
+            # answers already made go out, the connection closes, and the log gets one traceback a minute, not
+            # asyncio's per-read "Fatal error" traceback (a free clause: the try is already here)
+            server._dispatch_failed(self)
         finally:
             self._out = None
             if self.repeat_candidate is not None:
@@ -320,7 +325,7 @@ def _reason_kind(reason: str) -> str:
     for prefix, kind in (("undecodable", "frame_error"), ("incomplete frame", "incomplete_frame"),
                          ("idle", "idle"), ("client does not read", "write_buffer"), ("channel expired", "expired"),
                          ("too many", "limit"), ("broker shutting down", "shutdown"),
-                         ("partial frames over budget", "partial_budget")):
+                         ("partial frames over budget", "partial_budget"), ("internal error", "internal_error")):
         if reason.startswith(prefix):
             return kind
     return "other"
@@ -733,6 +738,14 @@ class RemotingServer:
         if remark is None:
             remark = f"request code {code} failed: {_FAILURE_TEXT[kind]}"
         return cmd.response(ResponseCode.SYSTEM_ERROR, remark=remark)
+
+    def _dispatch_failed(self, conn: Connection) -> None:
+        """An unexpected error while dispatching a read's requests (called from its ``except``): counted,
+        logged with its traceback at most once a minute, and the connection is closed after what was answered."""
+        self.metrics.request_errors["dispatch_failed"] += 1
+        self.errors_log.log(logging.ERROR, "dispatch_failed", "dispatching requests from %s failed",
+                            conn.remote_addr, exc_info=True)
+        conn.close("internal error while dispatching requests", abort=False)
 
     def send_request(self, conn: Connection, code: int, ext_fields: dict, opaque: int) -> None:
         """A oneway request from the broker to a client (NOTIFY_CONSUMER_IDS_CHANGED)."""

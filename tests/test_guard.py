@@ -68,6 +68,11 @@ def bad_requests():
                                                       b'{"mqSet":5,"consumerDataSet":"x","clientID":[]}'),
         "huge body": lambda code, o: json_frame(code, o, {"consumerGroup": "g"}, b"[" * 500_000),
         "non-UTF-8 body": lambda code, o: json_frame(code, o, {}, b'{"clientID":"\xff\xfe"}'),
+        "wrongly typed body fields": lambda code, o: json_frame(code, o, {"consumerGroup": "g"}, json.dumps({
+            "subscriptionData": {"expressionType": "SQL92", "subString": ["a"]}, "consumerGroup": [],
+            "clientId": {}, "mqSet": [{"topic": 1, "brokerName": None, "queueId": "x"}]}).encode()),
+        "scalar body fields": lambda code, o: json_frame(code, o, {"consumerGroup": "g"}, json.dumps({
+            "subscriptionData": {"expressionType": 5, "subString": 5}, "clientID": 5}).encode()),
     }
     return variants
 
@@ -82,10 +87,13 @@ def well_behaved(c):
     assert c.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TopicTest"}).code == ResponseCode.SUCCESS
 
 
-def test_every_code_with_bad_fields_and_bodies(broker, caplog):
+@pytest.mark.parametrize("property_filter", [False, True], ids=["default", "enablePropertyFilter"])
+def test_every_code_with_bad_fields_and_bodies(broker_factory, caplog, property_filter):
     """Every registered request code with missing, empty, huge, wrongly typed and non-UTF-8 ext fields and bodies,
     over a real socket: each is answered cleanly or its connection is closed; no traceback is logged; a
-    well-behaved client on another connection is answered throughout."""
+    well-behaved client on another connection is answered throughout. With enablePropertyFilter the filter
+    expressions of CHECK_CLIENT_CONFIG bodies reach the SQL92 compiler too."""
+    broker = broker_factory(enable_property_filter=property_filter)
     caplog.set_level(logging.INFO)
     good = Client(broker.ports["main"])
     try:
@@ -177,6 +185,72 @@ def test_handler_failures_become_short_answers_logged_once(broker, caplog):
     lines = [r for r in caplog.records if r.name == "engine.server" and "failed (" in r.getMessage()]
     assert len(lines) == 3  # one per kind within the rate-limit interval
     assert sum(1 for r in lines if r.exc_info) == 1  # the bug's traceback, once
+
+
+def test_failure_outside_the_handlers_closes_the_connection_logged_once(broker, caplog):
+    """A bug outside the handlers' guard (here: in dispatch itself) while a read's requests are dispatched: the
+    answers made before it go out, the connection is closed and counted, one traceback a minute is logged (not
+    asyncio's traceback per read), and other clients are served."""
+    caplog.set_level(logging.INFO)
+    server = broker.server
+    real = server.dispatch
+
+    def dispatch(conn, cmd):
+        if cmd.code == 7100:
+            raise RuntimeError("bug")
+        real(conn, cmd)
+
+    broker.call(setattr, server, "dispatch", dispatch)
+    heartbeat = engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=1,
+                                       body=hb_body(client_id="10.0.0.3@c", group="g")).encode()
+    for _ in range(5):
+        c = Client(broker.ports["main"])
+        try:
+            c.sock.sendall(heartbeat + engine.RemotingCommand(7100, opaque=2).encode())
+            assert c.read(pred=lambda m: m.is_response and m.opaque == 1).code == ResponseCode.SUCCESS
+            assert c.closed_by_peer(timeout=5)
+        finally:
+            c.close()
+    good = Client(broker.ports["main"])
+    try:
+        well_behaved(good)
+    finally:
+        good.close()
+    assert broker.metrics.request_errors["dispatch_failed"] == 5
+    assert broker.metrics.connections_closed["internal_error"] == 5
+    tracebacks = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert len(tracebacks) == 1 and tracebacks[0].name == "engine.server"
+
+
+def test_filter_check_with_wrongly_typed_fields(broker_factory, caplog):
+    """CHECK_CLIENT_CONFIG under enablePropertyFilter with a subscriptionData whose fields have the wrong JSON
+    types: scalars are read as fastjson reads them into a String field, objects and arrays are a short
+    SYSTEM_ERROR naming the field; never an internal error."""
+    caplog.set_level(logging.INFO)
+    broker = broker_factory(enable_property_filter=True)
+    c = Client(broker.ports["main"])
+
+    def check(sd):
+        return c.call(RequestCode.CHECK_CLIENT_CONFIG, {}, json.dumps({"subscriptionData": sd}).encode())
+
+    try:
+        assert check({"expressionType": "SQL92", "subString": "a > 5"}).code == ResponseCode.SUCCESS
+        assert check({"expressionType": "SQL92", "subString": 5}).code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
+        assert check({"expressionType": "SQL92", "subString": True}).code == ResponseCode.SUCCESS  # "true"
+        assert check({"expressionType": 5, "subString": "a > 5"}).code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
+        for sd, field in (({"expressionType": "SQL92", "subString": ["a"]}, "subscriptionData.subString"),
+                          ({"expressionType": "SQL92", "subString": {"a": 1}}, "subscriptionData.subString"),
+                          ({"expressionType": ["SQL92"], "subString": "a > 5"}, "subscriptionData.expressionType"),
+                          ("SQL92", "subscriptionData")):
+            r = check(sd)
+            assert r.code == ResponseCode.SYSTEM_ERROR and field + " is not" in r.remark, r.remark
+            assert_clean_answer(r)
+        assert check(None).code == ResponseCode.SUCCESS
+        well_behaved(c)
+    finally:
+        c.close()
+    assert broker.metrics.request_errors.get("internal_error", 0) == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def test_request_without_ext_fields_is_a_short_error(broker, caplog):

@@ -28,10 +28,16 @@ FIELDS = ("consumerGroup", "producerGroup", "clientID", "topic", "queueId", "com
 CODES = sorted({int(c) for c, _, _ in PROCESSOR_TABLE + NAMESRV_TABLE})
 
 
+#: ext fields every request of the bad_requests() builders also carries (the ACL run sets its AccessKey here)
+EXTRA_EXT: dict = {}
+
+
 def json_frame(code, opaque, ext=None, body=b"", flag=0):
     """A JSON-header request written the way a non-Java client may: UTF-8 as is, no escapes."""
     header = {"code": code, "flag": flag, "language": "JAVA", "opaque": opaque, "serializeTypeCurrentRPC": "JSON",
               "version": 479}
+    if EXTRA_EXT:
+        ext = {**(ext or {}), **EXTRA_EXT}
     if ext is not None:
         header["extFields"] = ext
     h = json.dumps(header, ensure_ascii=False).encode()
@@ -40,6 +46,7 @@ def json_frame(code, opaque, ext=None, body=b"", flag=0):
 
 def rocketmq_frame(code, opaque, ext: dict, body=b""):
     """A ROCKETMQ binary header whose ext values are raw bytes (possibly not UTF-8)."""
+    ext = {**ext, **{k.encode(): v.encode() for k, v in EXTRA_EXT.items()}}
     ext_bytes = b"".join(struct.pack(">H", len(k)) + k + struct.pack(">I", len(v)) + v for k, v in ext.items())
     h = struct.pack(">hbhii", code, 0, 479, opaque, 0) + struct.pack(">i", 0) + struct.pack(">i", len(ext_bytes)) + ext_bytes
     return struct.pack(">I", 4 + len(h) + len(body)) + bytes([1]) + len(h).to_bytes(3, "big") + h + body
@@ -87,15 +94,47 @@ def well_behaved(c):
     assert c.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TopicTest"}).code == ResponseCode.SUCCESS
 
 
-@pytest.mark.parametrize("property_filter", [False, True], ids=["default", "enablePropertyFilter"])
-def test_every_code_with_bad_fields_and_bodies(broker_factory, caplog, property_filter):
+#: ACL run: "guard" may do anything from 127.0.0.1 unsigned (its requests reach the processors); "user" must
+#: sign (its bad requests, with a wrong signature, go through the signature check over their odd fields)
+GUARD_ACL_YML = """\
+accounts:
+  - accessKey: guard
+    secretKey: guard-secret-1
+    whiteRemoteAddress: 127.0.0.1
+    admin: true
+  - accessKey: user
+    secretKey: user-secret-1
+    admin: false
+    defaultTopicPerm: PUB|SUB
+    defaultGroupPerm: SUB
+"""
+
+
+class GuardClient(Client):
+    """The well-behaved client of the ACL run: every request names the white-listed account."""
+
+    def send(self, code, ext=None, body=b"", **kw):
+        return super().send(code, {**(ext or {}), "AccessKey": "guard"}, body, **kw)
+
+
+@pytest.mark.parametrize("mode", ["default", "enablePropertyFilter", "aclEnable"])
+def test_every_code_with_bad_fields_and_bodies(broker_factory, caplog, monkeypatch, tmp_path, mode):
     """Every registered request code with missing, empty, huge, wrongly typed and non-UTF-8 ext fields and bodies,
     over a real socket: each is answered cleanly or its connection is closed; no traceback is logged; a
     well-behaved client on another connection is answered throughout. With enablePropertyFilter the filter
-    expressions of CHECK_CLIENT_CONFIG bodies reach the SQL92 compiler too."""
-    broker = broker_factory(enable_property_filter=property_filter)
+    expressions of CHECK_CLIENT_CONFIG bodies reach the SQL92 compiler too; with aclEnable each request also goes
+    through the ACL check (resources, signature) first."""
+    kw, client, extras = {}, Client, [{}]
+    if mode == "enablePropertyFilter":
+        kw["enable_property_filter"] = True
+    elif mode == "aclEnable":
+        acl = tmp_path / "plain_acl.yml"
+        acl.write_text(GUARD_ACL_YML)
+        kw.update(acl_enable=True, acl_file=str(acl))
+        client, extras = GuardClient, [{"AccessKey": "guard"}, {"AccessKey": "user", "Signature": "x"}]
+    broker = broker_factory(**kw)
     caplog.set_level(logging.INFO)
-    good = Client(broker.ports["main"])
+    good = client(broker.ports["main"])
     try:
         well_behaved(good)
         opaque = 1000
@@ -103,16 +142,18 @@ def test_every_code_with_bad_fields_and_bodies(broker_factory, caplog, property_
             c = Client(broker.ports["main"])
             try:
                 for code in CODES:
-                    opaque += 1
-                    try:
-                        c.sock.sendall(build(code, opaque))
-                        resp = c.read(timeout=10, pred=lambda m, o=opaque: m.is_response and m.opaque == o)
-                    except (ConnectionError, OSError):
-                        # the broker may close a connection whose frame it cannot decode; start a new one
-                        c.close()
-                        c = Client(broker.ports["main"])
-                        continue
-                    assert_clean_answer(resp)
+                    for extra in extras:
+                        monkeypatch.setattr(sys.modules[__name__], "EXTRA_EXT", extra)
+                        opaque += 1
+                        try:
+                            c.sock.sendall(build(code, opaque))
+                            resp = c.read(timeout=10, pred=lambda m, o=opaque: m.is_response and m.opaque == o)
+                        except (ConnectionError, OSError):
+                            # the broker may close a connection whose frame it cannot decode; start a new one
+                            c.close()
+                            c = Client(broker.ports["main"])
+                            continue
+                        assert_clean_answer(resp)
             finally:
                 c.close()
             well_behaved(good)
@@ -121,6 +162,9 @@ def test_every_code_with_bad_fields_and_bodies(broker_factory, caplog, property_
     tracebacks = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
     assert tracebacks == []
     assert broker.metrics.request_errors.get("internal_error", 0) == 0
+    assert broker.metrics.request_errors["bad_request"] > 50  # the bad requests did reach the processors
+    if mode == "aclEnable":
+        assert broker.metrics.acl_denied >= len(CODES) * len(bad_requests()) // 2  # and the signature check
 
 
 def test_oversized_echo_does_not_stop_the_queues(broker):

@@ -114,19 +114,47 @@ class Connection(asyncio.Protocol):
             return
         server = self.server
         self.last_io = server.tick
+        bad = None
         try:
             commands = self.decoder.feed(data)
         except FrameError as e:
             server.metrics.frame_errors += 1
             # as Netty, the requests completed before the bad frame are processed (an offset commit sent just
             # before it is not lost), and their answers flushed before the close
-            done = getattr(e, "commands", None)
-            if done:
-                self._dispatch_all(done)
-            self.close(f"undecodable frame: {e}", abort=False)
+            bad, commands = e, getattr(e, "commands", None)
+        if commands:  # dispatched here, not in a helper: one call less per heartbeat read
+            self._out = out = []
+            replayed = False
+            try:
+                for cmd in commands:
+                    if self.closing:
+                        break
+                    if type(cmd) is int:  # a repeat of the armed heartbeat: only its opaque
+                        if self.repeat is not None:
+                            answer = self.repeat.answer(self, cmd)
+                            if answer is not None:
+                                out.append(answer)
+                                continue
+                            self.repeat = None
+                        replayed = True  # the full path from here on; the read's later repeats too
+                        cmd = self.decoder.repeat_command(cmd)
+                    server.dispatch(self, cmd)
+            except Exception:
+                # a failure outside the handlers' own guard (server.run), e.g. in the repeat route or the ACL
+                # check: answers already made go out, the connection closes, and the log gets one traceback a
+                # minute, not asyncio's per-read "Fatal error" traceback (a free clause: the try is here anyway)
+                server._dispatch_failed(self)
+            finally:
+                self._out = None
+                if self.repeat_candidate is not None:
+                    self._arm_repeat()
+                if replayed and self.repeat is None:
+                    self.decoder.disarm_repeat()
+                if out and not self.closing:
+                    self._write(b"".join(out) if len(out) > 1 else out[0])
+        if bad is not None:
+            self.close(f"undecodable frame: {bad}", abort=False)
             return
-        if commands:
-            self._dispatch_all(commands)
         buffered = self.decoder.buffered
         if buffered != self.buffered and not self.closing:
             self._track_partial(buffered)
@@ -155,38 +183,6 @@ class Connection(asyncio.Protocol):
         self.buffered = 0
         self.partial_since = None
         server.partial.discard(self)
-
-    def _dispatch_all(self, commands) -> None:
-        server = self.server
-        self._out = out = []
-        replayed = False
-        try:
-            for cmd in commands:
-                if self.closing:
-                    break
-                if type(cmd) is int:  # a repeat of the armed heartbeat: only its opaque
-                    if self.repeat is not None:
-                        answer = self.repeat.answer(self, cmd)
-                        if answer is not None:
-                            out.append(answer)
-                            continue
-                        self.repeat = None
-                    replayed = True  # the full path from here on; the read's later repeats too
-                    cmd = self.decoder.repeat_command(cmd)
-                server.dispatch(self, cmd)
-        except Exception:
-            # a failure outside the handlers' own guard (server.run), e.g. in the repeat route or the ACL check:
-            # answers already made go out, the connection closes, and the log gets one traceback a minute, not
-            # asyncio's per-read "Fatal error" traceback (a free clause: the try is already here)
-            server._dispatch_failed(self)
-        finally:
-            self._out = None
-            if self.repeat_candidate is not None:
-                self._arm_repeat()
-            if replayed and self.repeat is None:
-                self.decoder.disarm_repeat()
-            if out and not self.closing:
-                self._write(b"".join(out) if len(out) > 1 else out[0])
 
     def _arm_repeat(self) -> None:
         """Take the candidate: on the decoder's armed frame if that is the candidate's request (the registry

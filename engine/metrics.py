@@ -38,6 +38,9 @@ class Metrics:
         #: kind -> requests answered SYSTEM_ERROR because they could not be served (bad_request, internal_error,
         #: answer_too_large, encode_failed)
         self.request_errors = Counter()
+        #: kind -> unexpected failures outside a request's own answer: dispatch_failed (that connection was closed),
+        #: sweep_failed (a pass of the once-a-second connection sweep; the next still runs)
+        self.internal_errors = Counter()
         self.register_broker_ok = 0
         self.register_broker_failed = 0
         self._samples: deque = deque()  # (time, heartbeats) once per sample() call
@@ -112,6 +115,8 @@ def render(metrics: Metrics, connections: int, group_stats=None, *, max_group_se
              _code_samples(metrics))
     w.metric(p + "request_errors_total", "counter", "Requests answered SYSTEM_ERROR because they could not be served.",
              [({"kind": k}, n) for k, n in sorted(metrics.request_errors.items())])
+    w.metric(p + "internal_errors_total", "counter", "Unexpected failures outside a request's answer, by kind.",
+             [({"kind": k}, n) for k, n in sorted(metrics.internal_errors.items())])
     w.metric(p + "decode_errors_total", "counter", "Undecodable frames and heartbeat bodies.",
              [({"kind": "frame"}, metrics.frame_errors), ({"kind": "heartbeat"}, metrics.heartbeat_errors)])
     w.metric(p + "acl_denied_total", "counter", "Requests refused with NO_PERMISSION.", [({}, metrics.acl_denied)])

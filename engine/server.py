@@ -388,16 +388,16 @@ class QueueExecutor:
         try:
             while q and n < self.budget and expired < self.EXPIRE_BUDGET:
                 conn, cmd, handler, queued_at = q.popleft()
-                conn.inflight -= 1
-                if conn.reading_paused and conn.inflight <= limit:
-                    conn._resume_reading()
-                if max_wait and now - queued_at > max_wait:
-                    expired += 1
-                    self._expire(conn, cmd, now - queued_at)
-                    continue
-                # a request decoded before its connection closed still runs (an offset commit is not lost, as
-                # in Java's executors); its answer is dropped
                 try:
+                    conn.inflight -= 1
+                    if conn.reading_paused and conn.inflight <= limit:
+                        conn._resume_reading()
+                    if max_wait and now - queued_at > max_wait:
+                        expired += 1
+                        self._expire(conn, cmd, now - queued_at)
+                        continue
+                    # a request decoded before its connection closed still runs (an offset commit is not lost, as
+                    # in Java's executors); its answer is dropped
                     server.run(conn, cmd, handler)
                 except Exception:  # run() answers every failure itself: this is a last line of defence
                     server.metrics.request_errors["internal_error"] += 1
@@ -619,7 +619,18 @@ class RemotingServer:
 
     def _sweep(self) -> None:
         """Once a second: the coarse clock, slowloris and write-stall checks, a slice of the idle check, the
-        metrics rate sample."""
+        metrics rate sample. A failure in one pass is logged (once a minute) and the next pass still runs: the
+        slowloris and idle limits must never stop."""
+        try:
+            self._sweep_once()
+        except Exception:
+            self.metrics.internal_errors["sweep_failed"] += 1
+            self.errors_log.log(logging.ERROR, "sweep_failed", "connection sweep failed", exc_info=True)
+        finally:
+            if not self._closing:
+                self._sweeper = self.loop.call_later(1.0, self._sweep)
+
+    def _sweep_once(self) -> None:
         now = self.tick = time.monotonic()
         cfg = self.config
         partial_limit = cfg.incomplete_frame_timeout_ms / 1000.0
@@ -649,8 +660,6 @@ class RemotingServer:
                 conn.close(f"idle for {now - conn.last_io:.0f} s (serverChannelMaxIdleTimeSeconds={idle_limit})",
                            level=logging.INFO)
         self.metrics.sample()
-        if not self._closing:
-            self._sweeper = self.loop.call_later(1.0, self._sweep)
 
     # ---- requests ----
     def dispatch(self, conn: Connection, cmd) -> None:
@@ -738,7 +747,7 @@ class RemotingServer:
     def _dispatch_failed(self, conn: Connection) -> None:
         """An unexpected error while dispatching a read's requests (called from its ``except``): counted,
         logged with its traceback at most once a minute, and the connection is closed after what was answered."""
-        self.metrics.request_errors["dispatch_failed"] += 1
+        self.metrics.internal_errors["dispatch_failed"] += 1
         self.errors_log.log(logging.ERROR, "dispatch_failed", "dispatching requests from %s failed",
                             conn.remote_addr, exc_info=True)
         conn.close("internal error while dispatching requests", abort=False)

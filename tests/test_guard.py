@@ -260,8 +260,34 @@ def test_failure_outside_the_handlers_closes_the_connection_logged_once(broker, 
         well_behaved(good)
     finally:
         good.close()
-    assert broker.metrics.request_errors["dispatch_failed"] == 5
+    assert broker.metrics.internal_errors["dispatch_failed"] == 5
     assert broker.metrics.connections_closed["internal_error"] == 5
+    tracebacks = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert len(tracebacks) == 1 and tracebacks[0].name == "engine.server"
+
+
+def test_a_failing_sweep_pass_does_not_stop_the_connection_limits(broker_factory, caplog):
+    """The once-a-second sweep enforces the slowloris and idle limits: a pass that fails (here: the metrics
+    sample raises every time) is logged once a minute and the next pass still runs."""
+    caplog.set_level(logging.INFO)
+    broker = broker_factory(incomplete_frame_timeout_ms=1000)
+    failures = []
+
+    def sample():
+        failures.append(1)
+        raise RuntimeError("bug")
+
+    broker.call(setattr, broker.metrics, "sample", sample)
+    assert wait_until(lambda: failures)
+    c = Client(broker.ports["main"])
+    try:
+        c.sock.sendall(struct.pack(">I", 100))  # a frame that never completes
+        assert c.closed_by_peer(timeout=8)
+    finally:
+        c.close()
+    assert broker.metrics.connections_closed["incomplete_frame"] == 1
+    assert broker.metrics.internal_errors["sweep_failed"] >= 2
+    assert 'rocketmq_broker_internal_errors_total{kind="sweep_failed"}' in broker.render_metrics()
     tracebacks = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
     assert len(tracebacks) == 1 and tracebacks[0].name == "engine.server"
 

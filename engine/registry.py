@@ -1030,6 +1030,11 @@ class ClientRegistry:
                     break
             sgc = self._find_subscription_group_config(group)
             if sgc is None:
+                if prev is None and self.store.at_auto_create_limit(self.store.groups):
+                    # Java keeps the fingerprint of a skipped group for good; past the auto-create limit that
+                    # would let every new group name still grow this table (a later heartbeat of the group only
+                    # misses an IS_SUB_CHANGE it cannot use: the group is not registered)
+                    self._fingerprints.pop(group, None)
                 continue  # 5.1.1+: not registered, the heartbeat still succeeds
             self._create_retry_topic(group, sgc.retry_queue_nums, has_order_topic_sub,
                                      FLAG_UNIT_SUB if cd.unit_mode else 0)

@@ -32,7 +32,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from .errors import clip
@@ -543,8 +543,10 @@ class _Table:
 
     def snapshot(self):
         """What a write of the table needs, taken on the owner's thread: the data version and a shallow copy of
-        the table (one C-level dict copy). Turning the items into JSON happens in :meth:`encode_snapshot`, which
-        may run on the store's writer thread: at 50k groups that is ~0.7 s the event loop no longer spends."""
+        the table (one C-level dict copy). The copy is consistent because a config object in the table is never
+        changed in place once there: a change puts a new object. Turning the items into JSON happens in
+        :meth:`encode_snapshot`, which may run on the store's writer thread: at 50k groups that is ~0.7 s the event
+        loop no longer spends."""
         return self.data_version.to_dict(), dict(self.table)
 
     def encode_snapshot(self, snapshot) -> bytes:
@@ -629,7 +631,9 @@ class TopicConfigManager(_ConfigTable):
         tc = self.table.get(topic)
         if tc is not None:
             if tc.order != is_order:
-                tc.order = is_order
+                # replaced, not changed in place: a queued write's snapshot (a shallow copy of the table, encoded
+                # later on the writer thread) keeps the config object as it was
+                tc = self.table[topic] = replace(tc, order=is_order)
                 self._changed(derivable=True)  # the next heartbeat sets it again
                 return tc, True
             return tc, False
@@ -780,9 +784,11 @@ class Store:
     :meth:`persist_offsets` (the broker's ``flushConsumerOffsetInterval`` timer, 5 s, as ConsumerOffsetManager).
 
     ``background_writes=True``: the timed writes (derivable config, offsets) are snapshotted in the caller's thread
-    (a shallow copy of the table) and encoded and written by one writer thread in order; explicit changes stay synchronous (their caller is answered after the
-    write). A failed background write is logged and leaves the file dirty for the next write; :meth:`persist`
-    waits for the writer and then writes what is left; :meth:`close` stops the thread.
+    (a shallow copy of the table, with a sequence number) and JSON-encoded and written by one writer thread in
+    order, so the event loop never encodes a whole document and an older document never replaces a later one;
+    explicit changes stay synchronous (encoded and written before their caller is answered). A failed background
+    write (any exception) is logged and leaves the file dirty for the next write; :meth:`persist` waits for the
+    writer and then writes what is left; :meth:`close` stops the thread.
     """
 
     def __init__(self, store_dir=None, *, sync_config_writes: bool = True, derivable_write_delay_s: float = 1.0,
@@ -816,13 +822,18 @@ class Store:
         self.groups.load()
         self.offsets.load()
 
+    def at_auto_create_limit(self, manager) -> bool:
+        """Whether ``manager`` (topics or groups) holds as many entries as auto-creation may reach."""
+        limit = self.auto_create_max["group" if manager is self.groups else "topic"]
+        return bool(limit) and len(manager.table) >= limit
+
     def may_auto_create(self, manager, name: str) -> bool:
         """Whether ``manager`` (topics or groups) may auto-create one more entry; a refusal is counted and logged
         (at most once a minute)."""
+        if not self.at_auto_create_limit(manager):
+            return True
         kind = "group" if manager is self.groups else "topic"
         limit = self.auto_create_max[kind]
-        if not limit or len(manager.table) < limit:
-            return True
         self.auto_create_refused[kind] += 1
         self._refusal_log.log(logging.WARNING, kind, "not auto-creating %s %s: the table holds %d entries "
                               "(autoCreateMax%s=%d)", kind, clip(name, 64), len(manager.table),
@@ -860,7 +871,11 @@ class Store:
     def _write_snapshot(self, manager, seq: int, snapshot, background: bool = False) -> None:
         try:
             manager.file.write_encoded(seq, manager.encode_snapshot(snapshot))
-        except OSError:
+        except Exception as e:
+            # on the writer thread nobody else would see the failure (it would stay in the future): whatever
+            # failed, the file is left dirty; a synchronous write's caller still gets a failure that is not I/O
+            if not (background or isinstance(e, OSError)):
+                raise
             # keep serving from memory; the next write retries (Java logs and carries on the same way)
             if manager is self.offsets:
                 manager.write_failed()

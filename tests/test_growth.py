@@ -82,23 +82,36 @@ def test_auto_created_topics_are_limited(broker_factory):
 
 
 def test_config_documents_are_encoded_off_the_event_loop(broker_factory, monkeypatch):
+    """The timed writes of subscriptionGroup.json / topics.json run json.dumps on the store's writer thread,
+    never on the event loop (whatever method does the encoding: the store module's json is what is watched)."""
+    import engine.store
+
     threads = []
-    encode = _JsonFile.encode
 
-    def recording(document):
-        threads.append(threading.current_thread().name)
-        return encode(document)
+    class RecordingJson:
+        def __getattr__(self, name):
+            return getattr(json, name)
 
-    monkeypatch.setattr(_JsonFile, "encode", staticmethod(recording))
+        @staticmethod
+        def dumps(*args, **kwargs):
+            threads.append(threading.current_thread().name)
+            return json.dumps(*args, **kwargs)
+
+    monkeypatch.setattr(engine.store, "json", RecordingJson())
     broker = broker_factory()
     c = Client(broker.ports["main"])
     try:
         for i in range(200):
             assert c.heartbeat(client_id=f"10.0.1.{i}@c", group=f"many_{i}").code == ResponseCode.SUCCESS
-        path = broker.registry.store.groups.file.path
-        assert wait_until(lambda: path.is_file() and '"many_199"' in path.read_text(), timeout=10)
-        doc = json.loads(path.read_text())
+        groups = broker.registry.store.groups.file.path
+        topics = broker.registry.store.topics.file.path
+        assert wait_until(lambda: groups.is_file() and '"many_199"' in groups.read_text(), timeout=10)
+        assert wait_until(lambda: topics.is_file() and '"%RETRY%many_199"' in topics.read_text(), timeout=10)
+        doc = json.loads(groups.read_text())
         assert {f"many_{i}" for i in range(200)} <= set(doc["subscriptionGroupTable"])
+        assert doc["subscriptionGroupTable"]["many_7"]["groupName"] == "many_7"
+        doc = json.loads(topics.read_text())
+        assert {f"%RETRY%many_{i}" for i in range(200)} <= set(doc["topicConfigTable"])
     finally:
         c.close()
     loop_thread = broker._thread.name
@@ -132,5 +145,89 @@ def test_snapshot_is_the_state_at_the_write(tmp_path):
         assert offsets["offsetTable"] == {"t@first_group": {"0": 6}}
         groups = json.loads((tmp_path / "config" / "subscriptionGroup.json").read_text())["subscriptionGroupTable"]
         assert {"first_group", "second_group"} <= set(groups)
+    finally:
+        store.close()
+
+
+def test_refused_groups_leave_no_fingerprint(tmp_path):
+    """Past the auto-create limit a heartbeat of a new group leaves nothing behind: Java's fingerprint table
+    (kept for every group ever seen) would otherwise still grow with each new group name."""
+    from engine.enums import LanguageCode
+    from engine.registry import ClientRegistry, RegistryConfig
+    from engine.store import Store
+    from test_registry_model import hb
+
+    limit = len(SYSTEM_CONSUMER_GROUPS) + 2
+    reg = ClientRegistry(RegistryConfig(), clock=lambda: 0, store=Store(None, auto_create_max_groups=limit))
+    for i in range(500):
+        fingerprint = 7 if i % 2 else 0  # V2 and V1 heartbeats both record one
+        reg.heartbeat(i % 20, hb(f"10.0.0.1@{i}", consumers=[(f"G{i}", ["T"])], fingerprint=fingerprint),
+                      LanguageCode.JAVA, 479)
+    assert len(reg.store.groups.table) == limit
+    assert reg.fingerprint("G0") == 0 and reg.fingerprint("G1") == 7  # created: kept as Java keeps them
+    assert all(reg.fingerprint(f"G{i}") is None for i in range(2, 500))
+    assert len(reg._fingerprints) == 2
+    reg.check_invariants()
+
+
+def test_a_queued_snapshot_keeps_the_topic_as_it_was(tmp_path):
+    """A retry topic's order flag changed after a write was queued (snapshot taken, encoding not yet run) is not
+    in that write's document: the config object is replaced, not changed under the snapshot."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.store import PERM_READ, PERM_WRITE, Store
+
+    now = [0.0]
+    store = Store(tmp_path, background_writes=True, derivable_write_delay_s=1.0, clock=lambda: now[0])
+    gate = threading.Event()
+    store._writer = ThreadPoolExecutor(1, thread_name_prefix="store-writer")
+    try:
+        store._writer.submit(gate.wait)
+        store.topics.create_topic_in_send_message_back_method("%RETRY%g", 1, PERM_READ | PERM_WRITE, False, 0)
+        now[0] = 2.0
+        assert store.persist_due() == 1  # queued behind the gate: snapshot taken, not encoded yet
+        tc, changed = store.topics.create_topic_in_send_message_back_method("%RETRY%g", 1, PERM_READ | PERM_WRITE,
+                                                                           True, 0)
+        assert changed and tc.order and store.topics.is_order_topic("%RETRY%g")
+        gate.set()
+        store.flush()
+        doc = json.loads((tmp_path / "config" / "topics.json").read_text())
+        assert doc["topicConfigTable"]["%RETRY%g"]["order"] is False
+        store.persist()
+        doc = json.loads((tmp_path / "config" / "topics.json").read_text())
+        assert doc["topicConfigTable"]["%RETRY%g"]["order"] is True
+    finally:
+        gate.set()
+        store.close()
+
+
+def test_a_failed_encode_on_the_writer_leaves_the_file_dirty(tmp_path, monkeypatch, caplog):
+    """Any failure of a background write (not only OSError) is logged and the file stays dirty, so the next
+    write carries the change; on the writer thread an exception would otherwise vanish in its future."""
+    from engine.store import Store
+
+    now = [0.0]
+    store = Store(tmp_path, background_writes=True, derivable_write_delay_s=1.0, clock=lambda: now[0])
+    fail = [True]
+    encode = store.groups.encode_snapshot
+
+    def flaky(snapshot):
+        if fail.pop() if fail else False:
+            raise ValueError("cannot encode")
+        return encode(snapshot)
+
+    monkeypatch.setattr(store.groups, "encode_snapshot", flaky)
+    try:
+        store.groups.find("late_group", True, True)
+        now[0] = 2.0
+        assert store.persist_due() == 1
+        store.flush()
+        assert not (tmp_path / "config" / "subscriptionGroup.json").exists()
+        assert store.pending_config_writes == 1
+        assert any("subscriptionGroup.json" in r.getMessage() for r in caplog.records)
+        store.persist()
+        doc = json.loads((tmp_path / "config" / "subscriptionGroup.json").read_text())
+        assert "late_group" in doc["subscriptionGroupTable"]
+        assert store.pending_config_writes == 0
     finally:
         store.close()

@@ -33,6 +33,9 @@ def test_per_group_series_are_capped(broker_factory):
     assert 'rocketmq_broker_group_clients{role="consumer",group="g0"} 3' in series
     assert total > 5
     assert f"rocketmq_broker_group_series_dropped {total - 5}" in text
+    # the refusal counters are there from the start, at 0, for dashboards and alerts
+    assert 'rocketmq_broker_auto_create_refused_total{kind="group"} 0' in text
+    assert 'rocketmq_broker_auto_create_refused_total{kind="topic"} 0' in text
 
 
 def test_auto_created_groups_are_limited(broker_factory):
@@ -49,6 +52,10 @@ def test_auto_created_groups_are_limited(broker_factory):
         r = c.call(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "auto_3"})
         assert r.code == ResponseCode.SYSTEM_ERROR
         assert c.call(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "auto_1"}).code == ResponseCode.SUCCESS
+        # its offsets cannot be committed either: the group does not exist (nothing is added to the offset table)
+        r = c.call(RequestCode.UPDATE_CONSUMER_OFFSET, {"consumerGroup": "auto_3", "topic": "%RETRY%auto_1",
+                                                         "queueId": "0", "commitOffset": "5"})
+        assert (r.code, r.remark) == (ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, "Group auto_3 not exist!")
         assert 'rocketmq_broker_auto_create_refused_total{kind="group"}' in broker.render_metrics()
         # a group created explicitly is not limited
         from engine.store import SubscriptionGroupConfig
@@ -149,7 +156,7 @@ def test_snapshot_is_the_state_at_the_write(tmp_path):
         store.close()
 
 
-def test_refused_groups_leave_no_fingerprint(tmp_path):
+def test_refused_groups_leave_no_fingerprint(caplog):
     """Past the auto-create limit a heartbeat of a new group leaves nothing behind: Java's fingerprint table
     (kept for every group ever seen) would otherwise still grow with each new group name."""
     from engine.enums import LanguageCode
@@ -168,6 +175,36 @@ def test_refused_groups_leave_no_fingerprint(tmp_path):
     assert all(reg.fingerprint(f"G{i}") is None for i in range(2, 500))
     assert len(reg._fingerprints) == 2
     reg.check_invariants()
+    # every refusal counted, one log line for all of them (rate-limited per kind)
+    assert reg.store.auto_create_refused == {"group": 498}
+    assert sum("not auto-creating group" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_known_group_does_not_consult_the_limits(monkeypatch):
+    """The steady path: repeated heartbeats of existing groups (V1, V2 full and light) never look at the limits."""
+    from engine.enums import LanguageCode
+    from engine.registry import ClientRegistry, RegistryConfig
+    from engine.store import Store
+    from test_registry_model import hb
+
+    limit = len(SYSTEM_CONSUMER_GROUPS) + 1
+    reg = ClientRegistry(RegistryConfig(), clock=lambda: 0,
+                         store=Store(None, auto_create_max_groups=limit, auto_create_max_topics=1))
+    for fingerprint in (0, 7):
+        assert reg.heartbeat(1, hb("10.0.0.1@1", consumers=[("G", ["T"])], fingerprint=fingerprint),
+                             LanguageCode.JAVA, 479).code == ResponseCode.SUCCESS
+
+    def untouched(*args):
+        raise AssertionError("limit consulted")
+
+    monkeypatch.setattr(reg.store, "may_auto_create", untouched)
+    monkeypatch.setattr(reg.store, "at_auto_create_limit", untouched)
+    for _ in range(3):
+        for fingerprint, light in ((0, False), (7, False), (7, True)):
+            body = hb("10.0.0.1@1", consumers=[("G", [] if light else ["T"])], fingerprint=fingerprint,
+                      without_sub=light)
+            assert reg.heartbeat(1, body, LanguageCode.JAVA, 479).code == ResponseCode.SUCCESS
+    assert reg.consumer_connection("G") is not None
 
 
 def test_a_queued_snapshot_keeps_the_topic_as_it_was(tmp_path):

@@ -25,9 +25,11 @@ def test_wire_fuzz(fixture):
     examples = int(os.environ.get("ENGINE_WIRE_FUZZ_EXAMPLES", "150"))
     machine.TestCase.settings = settings(max_examples=examples, stateful_step_count=25, deadline=None,
                                          suppress_health_check=list(HealthCheck))
+    rss = wire.rss_bytes()
     machine.TestCase().runTest()
     wire.settle(fixture)
     assert fixture.broker.metrics.request_errors.get("internal_error", 0) == 0
+    print(f"RSS {rss >> 20} -> {wire.rss_bytes() >> 20} MiB")
     # what clients cause is logged at a bounded rate: thousands of bad frames, a few hundred lines at most
     logged = sum(n for (name, level), n in fixture.errors.counts.items() if level != "DEBUG")
     assert logged < 400, fixture.errors.counts
@@ -35,7 +37,8 @@ def test_wire_fuzz(fixture):
 
 def test_wire_fuzz_through_io_workers(tmp_path):
     """The same machine with every socket held by two I/O worker processes (ioWorkers=2): the relay path."""
-    f = wire.BrokerFixture(str(tmp_path / "store"), io_workers=2)
+    # the default 16 MiB frame limit here, the fixture's 256 KiB in the other run
+    f = wire.BrokerFixture(str(tmp_path / "store"), io_workers=2, max_frame_size=16 * 1024 * 1024)
     try:
         machine = wire.make_machine(f)
         examples = int(os.environ.get("ENGINE_WIRE_FUZZ_EXAMPLES", "150")) // 3

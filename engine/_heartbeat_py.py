@@ -10,7 +10,8 @@ PROTOCOL.md 4.5:
 * ``isWithoutSub`` is an alias of ``withoutSub``; enums by name or ordinal (unknown -> None);
 * codeSet elements and subVersion as JSON integers or numeric strings (int32 / int64 range);
 * anything else, including invalid UTF-8, lone surrogate escapes and nesting deeper than MAX_DEPTH,
-  raises HeartbeatError naming the JSON path or byte offset.
+  raises HeartbeatError with the native decoder's message for the first error in document order (JSON path,
+  problem, byte offset, echo): a rejected body is walked again by _Locator, a port of the native traversal.
 """
 import json
 import operator
@@ -556,7 +557,14 @@ def decode_heartbeat(body) -> HeartbeatData:
     Raises HeartbeatError for a malformed body (the message names the JSON path or byte offset) and TypeError
     when ``body`` is not a contiguous bytes-like object.
     """
-    return _heartbeat(_parse(_as_bytes(body)))
+    data = _as_bytes(body)
+    try:
+        return _heartbeat(_parse(data))
+    except HeartbeatError:
+        located = _locate(data)
+        if located is None:   # the two walks disagree (a bug the parity tests exist to catch): keep this message
+            raise
+    raise HeartbeatError(located)
 
 
 def decode_heartbeats(bodies) -> HeartbeatBatch:
@@ -609,3 +617,437 @@ def _columns(lists, spec):
         name: object_column(lists[name]) if dtype is object else np.array(lists[name], dtype=dtype)
         for name, dtype in spec
     }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Error messages. json.loads finds *that* a body is bad; the native parser says *where*, in its own words, at the
+# first problem in document order. So that the `error` column and every message are the same on both builds, a
+# body the fast path above rejects is walked again by _Locator: the native parser's traversal, step for step
+# (pyx/_heartbeat.pyx, same checks in the same order, same paths and offsets), reduced to finding the first
+# error. It runs only on bad bodies; its strings are skipped by regex, so a 16 MiB body costs milliseconds.
+
+_PATH_SLOTS = 16   # path components kept for messages (the native's PATH_SLOTS)
+_KEY_MAX = 32      # an escaped key longer than 6 * _KEY_MAX bytes cannot be a known key
+_PLAIN_RUN = re.compile(rb'[\x20\x21\x23-\x5b\x5d-\x7f]*')
+_DIGIT_RUN = re.compile(rb'[0-9]*')
+_HEX4 = re.compile(rb'[0-9a-fA-F]{4}')
+_SIMPLE_ESCAPES = frozenset(b'"\\/bfnrt')
+_KIND_AT = {ord('"'): "a string", ord("{"): "an object", ord("["): "an array", ord("t"): "a boolean",
+            ord("f"): "a boolean", ord("n"): "null", ord("-"): "a number",
+            **{c: "a number" for c in b"0123456789"}}
+
+
+class _Located(Exception):
+    """The first error of a body, in the native parser's words (raised as HeartbeatError by decode_heartbeat)."""
+
+
+class _Locator:
+    __slots__ = ("s", "n", "pos", "depth", "path")
+
+    def __init__(self, s: bytes):
+        self.s, self.n, self.pos, self.depth, self.path = s, len(s), 0, 0, []
+
+    # -- errors
+    def fail(self, at, what):
+        at = min(at, self.n)
+        parts = ["$"]
+        for c in self.path[:_PATH_SLOTS]:
+            parts.append(f"[{c}]" if type(c) is int else "." + c[:32].decode("utf-8", "replace"))
+        raise _Located(f"{''.join(parts)}: {what} at byte {at}: {echo(self.s[at:min(self.n, at + 32)])}")
+
+    def syntax(self, expected):
+        if self.pos >= self.n:
+            self.fail(self.pos, f"malformed JSON: expected {expected}, got end of input")
+        self.fail(self.pos, f"malformed JSON: expected {expected}")
+
+    def peek(self):
+        return self.s[self.pos] if self.pos < self.n else 0
+
+    def wrong_type(self, expected):
+        kind = _KIND_AT.get(self.peek())
+        if kind is None:
+            self.syntax("a JSON value")
+        self.fail(self.pos, f"expected {expected}, got {kind}")
+
+    # -- lexical
+    def ws(self):
+        s, n, i = self.s, self.n, self.pos
+        while i < n and s[i] in b" \n\r\t":
+            i += 1
+        self.pos = i
+
+    def string(self):
+        """Validate the string at pos ('"'); move past it; return (its raw content, has escapes)."""
+        s, n, i = self.s, self.n, self.pos + 1
+        start, escaped = i, False
+        while True:
+            i = _PLAIN_RUN.match(s, i).end()
+            if i >= n:
+                self.fail(self.pos, "malformed JSON: unterminated string")
+            c = s[i]
+            if c == 0x22:
+                self.pos = i + 1
+                return s[start:i], escaped
+            if c == 0x5C:
+                escaped = True
+                if i + 1 >= n:
+                    self.fail(self.pos, "malformed JSON: unterminated string")
+                e = s[i + 1]
+                if e in _SIMPLE_ESCAPES:
+                    i += 2
+                    continue
+                if e != 0x75:
+                    self.fail(i, "malformed JSON: invalid escape")
+                if i + 6 > n or not _HEX4.fullmatch(s, i + 2, i + 6):
+                    self.fail(i, "malformed JSON: invalid \\uXXXX escape")
+                cp = int(s[i + 2:i + 6], 16)
+                if 0xD800 <= cp <= 0xDBFF:
+                    if (i + 12 <= n and s[i + 6:i + 8] == b"\\u" and _HEX4.fullmatch(s, i + 8, i + 12)
+                            and 0xDC00 <= int(s[i + 8:i + 12], 16) <= 0xDFFF):
+                        i += 12
+                        continue
+                    self.fail(i, "lone surrogate in a \\u escape")
+                if 0xDC00 <= cp <= 0xDFFF:
+                    self.fail(i, "lone surrogate in a \\u escape")
+                i += 6
+                continue
+            if c < 0x20:
+                self.fail(i, "malformed JSON: control character in a string")
+            k = _utf8_len(s, i, n)
+            if k == 0:
+                self.fail(i, "invalid UTF-8")
+            i += k
+
+    @staticmethod
+    def unescape(raw: bytes) -> bytes:
+        """The UTF-8 bytes of a validated string span with escapes."""
+        return json.loads(b'"' + raw + b'"').encode("utf-8")
+
+    def literal(self, word):
+        if self.s[self.pos:self.pos + len(word)] != word:
+            self.syntax("a JSON value")
+        self.pos += len(word)
+
+    def number(self):
+        """Validate the number at pos, move past it; return None for a fraction/exponent, else its int value."""
+        s, n, start = self.s, self.n, self.pos
+        i = start + 1 if start < n and s[start] == 0x2D else start
+        if i >= n or not 0x30 <= s[i] <= 0x39:
+            self.pos = i
+            self.syntax("a digit")
+        i = i + 1 if s[i] == 0x30 else _DIGIT_RUN.match(s, i).end()   # "0" alone: "01" ends at the "1"
+        int_end, real = i, False
+        if i < n and s[i] == 0x2E:
+            real = True
+            i += 1
+            if i >= n or not 0x30 <= s[i] <= 0x39:
+                self.pos = i
+                self.syntax("a digit")
+            i = _DIGIT_RUN.match(s, i).end()
+        if i < n and s[i] in b"eE":
+            real = True
+            i += 1
+            if i < n and s[i] in b"+-":
+                i += 1
+            if i >= n or not 0x30 <= s[i] <= 0x39:
+                self.pos = i
+                self.syntax("a digit")
+            i = _DIGIT_RUN.match(s, i).end()
+        self.pos = i
+        return None if real else _bounded_int(s[start:int_end])
+
+    # -- structure
+    def enter(self):
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            self.fail(self.pos, f"nesting deeper than {MAX_DEPTH}")
+
+    def colon(self):
+        self.ws()
+        if self.peek() != 0x3A:
+            self.syntax("':'")
+        self.pos += 1
+        self.ws()
+
+    def next(self, close):
+        """After a value: ',' -> False (at the next item), `close` -> True (consumed)."""
+        self.ws()
+        c = self.peek()
+        if c == 0x2C:
+            self.pos += 1
+            self.ws()
+            return False
+        if c == close:
+            self.pos += 1
+            return True
+        self.syntax("',' or '}'" if close == 0x7D else "',' or ']'")
+
+    def open(self, opener, expected):
+        """At an object/array start (or null for arrays): True = opened and non-empty, False = empty or null."""
+        c = self.peek()
+        if c != opener:
+            if c == 0x6E and opener == 0x5B:
+                self.literal(b"null")
+                return False
+            self.wrong_type(expected)
+        self.enter()
+        self.pos += 1
+        self.ws()
+        if self.peek() == opener + 2:   # '{' + 2 = '}', '[' + 2 = ']'
+            self.pos += 1
+            self.depth -= 1
+            return False
+        return True
+
+    def key(self):
+        """The key at pos, ':' consumed: (raw bytes for the path, the bytes compared with known keys)."""
+        if self.peek() != 0x22:
+            self.syntax("a string key")
+        raw, escaped = self.string()
+        self.colon()
+        if not escaped:
+            return raw, raw
+        return raw, (raw if len(raw) > _KEY_MAX * 6 else self.unescape(raw))
+
+    def members(self, expected, on_key):
+        """An object at pos: on_key(name) per member, the key on the path while its value is read."""
+        if self.open(0x7B, expected):
+            while True:
+                raw, name = self.key()
+                self.path.append(raw)
+                on_key(name, raw)
+                self.path.pop()
+                if self.next(0x7D):
+                    break
+            self.depth -= 1
+
+    def items(self, item):
+        """An array (or null) at pos: item() per element, its index on the path (also while ',' or ']' is read)."""
+        if self.open(0x5B, "an array"):
+            self.path.append(0)
+            count = 0
+            while True:
+                self.path[-1] = count
+                item()
+                count += 1
+                if self.next(0x5D):
+                    break
+            self.path.pop()
+            self.depth -= 1
+
+    # -- values
+    def skip(self):
+        c = self.peek()
+        if c == 0x22:
+            self.string()
+        elif c == 0x7B:
+            self.enter()
+            self.pos += 1
+            self.ws()
+            if self.peek() == 0x7D:
+                self.pos += 1
+            else:
+                while True:
+                    if self.peek() != 0x22:
+                        self.syntax("a string key")
+                    self.string()
+                    self.colon()
+                    self.skip()
+                    if self.next(0x7D):
+                        break
+            self.depth -= 1
+        elif c == 0x5B:
+            self.enter()
+            self.pos += 1
+            self.ws()
+            if self.peek() == 0x5D:
+                self.pos += 1
+            else:
+                while True:
+                    self.skip()
+                    if self.next(0x5D):
+                        break
+            self.depth -= 1
+        elif c == 0x74:
+            self.literal(b"true")
+        elif c == 0x66:
+            self.literal(b"false")
+        elif c == 0x6E:
+            self.literal(b"null")
+        elif c == 0x2D or 0x30 <= c <= 0x39:
+            self.number()
+        else:
+            self.syntax("a JSON value")
+
+    def opt_string(self):
+        c = self.peek()
+        if c == 0x22:
+            self.string()
+        elif c == 0x6E:
+            self.literal(b"null")
+        else:
+            self.wrong_type("a string")
+
+    def opt_bool(self):
+        c = self.peek()
+        if c == 0x74:
+            self.literal(b"true")
+        elif c == 0x66:
+            self.literal(b"false")
+        elif c == 0x6E:
+            self.literal(b"null")
+        else:
+            self.wrong_type("true or false")
+
+    def integer(self, lo, hi, what, numeric_string):
+        at, c = self.pos, self.peek()
+        if c == 0x2D or 0x30 <= c <= 0x39:
+            value = self.number()
+            if value is None:
+                self.fail(at, "expected an integer, got a number with a fraction or exponent")
+        elif c == 0x22 and numeric_string:
+            raw, escaped = self.string()
+            text = self.unescape(raw) if escaped else raw
+            if not re.fullmatch(rb"-?[0-9]+", text):
+                self.fail(at, "expected an integer, got a non-numeric string")
+            value = _bounded_int(text)
+        else:
+            self.wrong_type("an integer or numeric string" if numeric_string else "an integer")
+        if not lo <= value <= hi:
+            self.fail(at, f"out of {what} range")
+
+    def enum(self):
+        at, c = self.pos, self.peek()
+        if c == 0x22:
+            self.string()
+        elif c == 0x2D or 0x30 <= c <= 0x39:
+            value = self.number()
+            if value is None:
+                self.fail(at, "expected an enum name or ordinal, got a number with a fraction or exponent")
+            if not INT32_MIN <= value <= INT32_MAX:
+                self.fail(at, "out of int32 range")
+        elif c == 0x6E:
+            self.literal(b"null")
+        else:
+            self.wrong_type("an enum name or ordinal")
+
+    def null_or_integer(self, lo, hi, what, numeric_string):
+        if self.peek() == 0x6E:
+            self.literal(b"null")
+        else:
+            self.integer(lo, hi, what, numeric_string)
+
+    # -- the heartbeat's structure (PROTOCOL.md 4.5)
+    def subscription(self):
+        def on_key(name, raw):
+            if name in (b"topic", b"subString", b"expressionType"):
+                self._known(name)
+                self.opt_string()
+            elif name == b"tagsSet":
+                self._known(name)
+                self.items(self._tag)
+            elif name == b"codeSet":
+                self._known(name)
+                self.items(lambda: self.integer(INT32_MIN, INT32_MAX, "int32", True))
+            elif name == b"subVersion":
+                self._known(name)
+                self.null_or_integer(INT64_MIN, INT64_MAX, "int64", True)
+            elif name == b"classFilterMode":
+                self._known(name)
+                self.opt_bool()
+            else:
+                self.skip()
+        self.members("an object", on_key)
+
+    def _tag(self):
+        if self.peek() != 0x22:
+            self.wrong_type("a string")
+        self.string()
+
+    def _known(self, name):
+        # a known key is on the path by its name, whatever escapes spelled it
+        self.path[-1] = name
+
+    def consumer(self):
+        def on_key(name, raw):
+            if name == b"groupName":
+                self._known(name)
+                self.opt_string()
+            elif name in (b"consumeType", b"messageModel", b"consumeFromWhere"):
+                self._known(name)
+                self.enum()
+            elif name == b"unitMode":
+                self._known(name)
+                self.opt_bool()
+            elif name == b"subscriptionDataSet":
+                self._known(name)
+                self.items(self.subscription)
+            else:
+                self.skip()
+        self.members("an object", on_key)
+
+    def producer(self):
+        def on_key(name, raw):
+            if name == b"groupName":
+                self._known(name)
+                self.opt_string()
+            else:
+                self.skip()
+        self.members("an object", on_key)
+
+    def heartbeat(self):
+        def on_key(name, raw):
+            if name == b"clientID":
+                self._known(name)
+                self.opt_string()
+            elif name == b"consumerDataSet":
+                self._known(name)
+                self.items(self.consumer)
+            elif name == b"producerDataSet":
+                self._known(name)
+                self.items(self.producer)
+            elif name == b"heartbeatFingerprint":
+                self._known(name)
+                self.null_or_integer(INT32_MIN, INT32_MAX, "int32", False)
+            elif name == b"withoutSub" or name == b"isWithoutSub":
+                self.opt_bool()   # on the path as spelled (raw), as the native does
+            else:
+                self.skip()
+        self.ws()
+        if self.pos >= self.n:
+            self.fail(self.pos, "malformed JSON: empty body")
+        self.members("an object", on_key)
+        self.ws()
+        if self.pos != self.n:
+            self.fail(self.pos, "malformed JSON: trailing data after the object")
+
+
+def _bounded_int(text: bytes) -> int:
+    """'-?[0-9]+' -> int, or a value outside int64 when it has more than 19 significant digits (never converted)."""
+    negative = text[:1] == b"-"
+    digits = (text[1:] if negative else text).lstrip(b"0") or b"0"
+    if len(digits) > 19:
+        return INT64_MIN - 1 if negative else INT64_MAX + 1
+    return -int(digits) if negative else int(digits)
+
+
+def _utf8_len(s: bytes, i: int, n: int) -> int:
+    """Length of the valid UTF-8 sequence at s[i] (a byte >= 0x80), or 0: what Python's strict decoder accepts."""
+    c = s[i]
+    k = 2 if 0xC2 <= c <= 0xDF else 3 if 0xE0 <= c <= 0xEF else 4 if 0xF0 <= c <= 0xF4 else 0
+    if k == 0 or i + k > n:
+        return 0
+    try:
+        s[i:i + k].decode("utf-8")
+    except UnicodeDecodeError:
+        return 0
+    return k
+
+
+def _locate(data: bytes):
+    """The native parser's message for the first error of ``data``, or None if it finds none."""
+    try:
+        _Locator(data).heartbeat()
+    except _Located as e:
+        return str(e)
+    return None

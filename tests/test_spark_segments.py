@@ -240,20 +240,35 @@ def test_deduper_parity_and_first_seen_ids(rows, chunks):
         assert ids == want_ids.tolist() and uniq == want_uniq
 
 
+def _rejection(call):
+    """The SegmentError's message for call(), which must raise one."""
+    with pytest.raises(SegmentError) as info:
+        call()
+    return str(info.value)
+
+
+_ONE = np.array([0], np.int64)
+BAD_DEDUPE = [
+    (_ONE, np.array([0, 5], np.int32), b"abc"),                            # past the data
+    (np.array([0, 0], np.int64), np.array([0, 2, 1], np.int32), b"abc"),   # descending
+    (_ONE, np.array([-1, 1], np.int32), b"abc"),
+    (_ONE, np.array([0, 1, 2], np.int32), b"abc"),                         # count mismatch
+    (np.array([-3], np.int64), np.array([0, 1], np.int32), b"abc"),
+]
+
+
+def test_deduper_errors_are_the_same_on_both():
+    """Same input, same error class and message (the scan's damage reasons do not depend on the build)."""
+    messages = [[_rejection(lambda: cls().add(*args)) for args in BAD_DEDUPE] for cls in DEDUPERS]
+    assert len(DEDUPERS) == 2 or not strict()
+    assert all(m == messages[0] for m in messages), messages
+
+
 @pytest.mark.parametrize("cls", DEDUPERS)
 def test_deduper_rejects_bad_offsets(cls):
     d = cls()
-    one = np.array([0], np.int64)
-    with pytest.raises(SegmentError):
-        d.add(one, np.array([0, 5], np.int32), b"abc")  # past the data
-    with pytest.raises(SegmentError):
-        d.add(np.array([0, 0], np.int64), np.array([0, 2, 1], np.int32), b"abc")  # descending
-    with pytest.raises(SegmentError):
-        d.add(one, np.array([-1, 1], np.int32), b"abc")
-    with pytest.raises(SegmentError):
-        d.add(one, np.array([0, 1, 2], np.int32), b"abc")  # count mismatch
-    with pytest.raises(SegmentError):
-        d.add(np.array([-3], np.int64), np.array([0, 1], np.int32), b"abc")
+    for args in BAD_DEDUPE:
+        _rejection(lambda: d.add(*args))
     assert d.add(np.array([5000], np.int64), np.array([0, 3], np.int32), b"abc").tolist() == [0]  # grows
     assert len(d) == 1
 
@@ -366,9 +381,14 @@ def test_block_scanner_rejects_bad_blocks_and_keeps_its_state(cls):
         (raw[:body_off] + np.array([1], "<i4").tobytes() + raw[body_off + 4:], n, lo, hi),       # not from 0
         (raw, -1, lo, hi),
     ]
-    for args in bad:
-        with pytest.raises(SegmentError):
-            sc.add_block(*args, where="seg@40")
+    messages = [_rejection(lambda: sc.add_block(*args, where="seg@40")) for args in bad]
+    assert all(m.startswith("seg@40: ") for m in messages)
+    if len(SCANNERS) == 2:   # the same messages from the other implementation, on a scanner in the same state
+        other = SCANNERS[SCANNERS.index(cls) - 1]()
+        other.add_block(raw, n, lo, hi)
+        assert [_rejection(lambda: other.add_block(*args, where="seg@40")) for args in bad] == messages
+    else:
+        assert not strict()
     recv, conn, ids = sc.columns()
     assert recv.tolist() == [5, 9] and ids.tolist() == [0, 1] and sc.bodies == [b"abc", b"de"]
     sc.add_block(*_block([(10, 2, b"de"), (11, 3, b"abc")]))

@@ -593,7 +593,7 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
         tags = ", ".join(x.strip() for x in sub.split("||")) if sub != "*" else ""
         return _SD.format(topic=topic, sub=sub, tags=tags, ver=ver)
 
-    def register(c, g, ms, sub="TagA || TagB", first_ever=False):
+    def _register(c, g, ms, sub="TagA || TagB", first_ever=False):
         cg, pg, topic = f"CID_G{g}", f"PID_G{g}", f"Topic_G{g}"
         th = f"HeartbeatThread_{rnd.randint(1, 8)}"
         if first_ever:
@@ -619,7 +619,7 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
             w.add(ms + 500, "WARN", "PullMessageThread_3", f"the consumer's group info not exist, group: {cg}")
             manifest["counts"]["other"] += 1
 
-    def unregister(c, g, ms):
+    def _unregister(c, g, ms):
         cg, pg = f"CID_G{g}", f"PID_G{g}"
         th = f"ClientManageThread_{rnd.randint(1, 8)}"
         w.add(ms, "INFO", th, f"unregister a consumer[{cg}] from consumerGroupInfo {cci(c, ms)}")
@@ -631,7 +631,7 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
         w.add(ms, "INFO", th, f"unregister a producer[{pg}] from groupChannelTable {cci(c, ms)}")
         w.add(ms, "INFO", th, f"unregister a producer[CLIENT_INNER_PRODUCER] from groupChannelTable {cci(c, ms)}")
 
-    def closed(c, g, ms):
+    def _closed(c, g, ms):
         cg, pg = f"CID_G{g}", f"PID_G{g}"
         x = cci(c, ms, "!")
         w.add(ms, "INFO", "NettyEventExecutor", f"NETTY EVENT: remove channel[{x}][{c['addr']}] from ProducerManager "
@@ -646,6 +646,18 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
             w.add(ms, "INFO", "NettyEventExecutor",
                   f"unregister consumer ok, no any connection, and remove consumer group, {cg}")
             manifest["counts"]["event_group_removed"] += 1
+
+    # the member changes are applied in time order (a group's live count decides its "remove consumer group"
+    # and "add new topic" lines), whatever order the fleet and the injections are planned in
+    pending: list = []
+
+    def later(fn):
+        return lambda c, g, ms, *a, **k: pending.append((ms, len(pending), fn, (c, g, ms) + a, k))
+
+    register, unregister, closed = later(_register), later(_unregister), later(_closed)
+
+    def _left(c, g, ms):
+        group_live[g] -= 1
 
     created = set()
     # steady fleet: every client starts in the first minute, restarts cleanly `restarts` times
@@ -700,7 +712,7 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
         w.add(t, "WARN", th, f"SCAN: remove expired channel from ConsumerManager consumerTable. channel={c['addr']}, "
                              f"consumerGroup=CID_G{g}")
         manifest["counts"]["event_expired"] += 3
-        group_live[g] -= 1
+        later(_left)(c, g, t)
         addr = c["addr"]
         c = conn(client)
         register(c, g, t + 20_000)
@@ -746,6 +758,8 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
         w.raw(t, "\tat io.netty.channel.AbstractChannel.write(AbstractChannel.java:304)")
         manifest["counts"]["other"] += 1
         manifest["counts"]["continuation"] += 1
+    for _, _, fn, a, k in sorted(pending, key=lambda x: x[:2]):
+        fn(*a, **k)
     w.lines.sort()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -757,6 +771,132 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
     manifest["lines"] = len(w.lines)
     manifest["end_ms"] = end_ms
     return manifest
+
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = "rmqhb-synth-broker-log-manifest/1"
+
+
+def compare_with_manifest(findings: dict, manifest: dict, broker: Optional[str] = None) -> List[str]:
+    """Differences between a log scan's findings and what ``generate_broker_log`` injected into one broker's log
+    (``broker``: only that broker's findings; None: all of them). Empty when the scan found exactly the
+    injections: flapping clients, expired clients, members with different subscriptions, group-table flips,
+    retry-topic churn, and the line counts by kind."""
+    def mine(key):
+        return [r for r in findings[key] if broker is None or r.get("broker") == broker]
+
+    problems = []
+
+    def check(what, got, want):
+        if got != want:
+            problems.append(f"{what}{'' if broker is None else ' (' + broker + ')'}: found {got}, injected {want}")
+
+    check("flapping_clients", [(r["client_id"], r["groups"], r["reconnect_ms"]) for r in mine("flapping_clients")],
+          [(x["client_id"], x["groups"], x["reconnect_ms"]) for x in manifest["flapping"]])
+    check("expired_clients", [{k: r[k] for k in ("client_id", "addr", "expired_ms", "groups", "connected_ms",
+                                                  "returned_ms")} for r in mine("expired_clients")],
+          manifest["expired"])
+    inc = mine("inconsistent_subscriptions")
+    check("inconsistent_subscriptions (members)",
+          [{k: r[k] for k in ("group", "start_ms", "end_ms", "variants")} for r in inc if r["source"] == "members"],
+          manifest["inconsistent"])
+    check("inconsistent_subscriptions (group table flips)",
+          [{k: r[k] for k in ("group", "topic", "flips", "start_ms", "end_ms")} for r in inc
+           if r["source"] == "group_table"], manifest["flips"])
+    check("retry_topic_churn", [(r["group"], r["changes"]) for r in mine("retry_topic_churn")],
+          [(x["group"], x["changes"]) for x in manifest.get("retry_churn", [])])
+    check("heartbeat_gaps", findings["heartbeat_gaps"], [])
+    if broker is None:
+        check("line counts", findings["log"]["counts"], manifest["counts"])
+    return problems
+
+
+def compare_with_generated(findings: dict, doc: dict) -> List[str]:
+    """``compare_with_manifest`` for every broker of an ``rmqhb generate --format broker-log`` manifest, plus
+    the line counts of all of them together (a broker of one log directory is named after it)."""
+    problems = []
+    counts: Dict[str, int] = defaultdict(int)
+    for broker, manifest in doc["brokers"].items():
+        problems += compare_with_manifest(findings, manifest, broker)
+        for k, v in manifest["counts"].items():
+            counts[k] += v
+    if findings["log"]["counts"] != dict(sorted(counts.items())):
+        problems.append(f"line counts: found {findings['log']['counts']}, generated {dict(sorted(counts.items()))}")
+    if sorted(findings["log"]["brokers"]) != sorted(doc["brokers"]):
+        problems.append(f"brokers: found {findings['log']['brokers']}, generated {sorted(doc['brokers'])}")
+    return problems
+
+
+def lines_for_restarts(target_lines: int, clients: int, noise: int = 1) -> int:
+    """Clean restarts per client that give a log of about ``target_lines`` lines (a start writes ~5 + noise
+    lines per client, a restart ~8 + noise more)."""
+    per_client = target_lines / max(1, clients)
+    return max(0, round((per_client - (5 + noise)) / (8 + noise)))
+
+
+def generate_main(argv=None) -> int:
+    """`rmqhb generate OUT --format broker-log`: write realistic RocketMQ 4.9.8-style broker logs of a synthetic
+    fleet (one directory per broker with --brokers N > 1, else OUT/broker.log) with injected anomalies (a
+    flapping client, a client expired by the broker's SCAN, a member with another subscription flipping its
+    group's table, retry-topic churn, damaged lines) and OUT/manifest.json: what a scan must find, exactly."""
+    import argparse
+    import sys
+    import time
+
+    p = argparse.ArgumentParser(prog="rmqhb generate", description=generate_main.__doc__)
+    p.add_argument("out", type=Path, help="output directory (created)")
+    p.add_argument("--format", default="broker-log", choices=["broker-log"])
+    p.add_argument("--brokers", type=int, default=1, help="brokers (one log directory each when > 1)")
+    p.add_argument("--groups", type=int, default=20, help="consumer groups per broker")
+    p.add_argument("--members", type=int, default=20, help="clients per group")
+    p.add_argument("--restarts", type=int, default=2, help="clean restarts of every client")
+    p.add_argument("--lines", type=int, default=None,
+                   help="aim for about this many lines per broker (sets --restarts)")
+    p.add_argument("--hours", type=float, default=24.0, help="time the log covers")
+    p.add_argument("--start-ms", type=int, default=1_795_400_000_000)
+    p.add_argument("--tz-offset", default="+08:00", help="zone the wall-clock times are written in (+HH:MM)")
+    p.add_argument("--noise", type=int, default=1, help="unrelated lines per client start")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-anomalies", action="store_true", help="a clean fleet (the manifest lists nothing)")
+    p.add_argument("--gzip", action="store_true", help="write broker.log.gz")
+    args = p.parse_args(argv)
+    m = re.fullmatch(r"([+-])(\d{1,2}):?(\d{2})?", args.tz_offset)
+    if not m:
+        print(f"rmqhb generate: --tz-offset wants +HH:MM, not {args.tz_offset!r}", file=sys.stderr)
+        return 2
+    off = (int(m.group(2)) * 60 + int(m.group(3) or 0)) * (1 if m.group(1) == "+" else -1)
+    if args.brokers < 1 or args.groups < 1 or args.members < 1 or args.hours * 3600 < 600 or args.restarts < 0:
+        print("rmqhb generate: --brokers, --groups and --members must be >= 1, --hours >= 1/6", file=sys.stderr)
+        return 2
+    if args.out.exists() and (args.out / MANIFEST_NAME).exists():
+        print(f"{args.out} already holds a manifest; use an empty directory", file=sys.stderr)
+        return 2
+    restarts = args.restarts
+    if args.lines:
+        restarts = lines_for_restarts(args.lines, args.groups * args.members, args.noise)
+    name = "broker.log.gz" if args.gzip else "broker.log"
+    t0 = time.perf_counter()
+    brokers = {}
+    for k in range(args.brokers):
+        broker = args.out.resolve().name if args.brokers == 1 else f"broker-{chr(ord('a') + k) if k < 26 else k}"
+        path = args.out / name if args.brokers == 1 else args.out / broker / name
+        mf = generate_broker_log(path, groups=args.groups, members=args.members, restarts=restarts,
+                                 duration_s=int(args.hours * 3600), start_ms=args.start_ms, tz_offset_min=off,
+                                 noise=args.noise, inject=not args.no_anomalies, seed=args.seed + k)
+        mf["file"] = str(path.relative_to(args.out))
+        brokers[broker] = mf
+    doc = {"format": MANIFEST_FORMAT, "log_tz": args.tz_offset, "restarts": restarts, "brokers": brokers}
+    (args.out / MANIFEST_NAME).write_text(json.dumps(doc, indent=1))
+    lines = sum(b["lines"] for b in brokers.values())
+    size = sum((args.out / b["file"]).stat().st_size for b in brokers.values())
+    print(f"{lines:,} log lines of {args.brokers} broker(s) ({args.groups * args.members} clients each, {restarts} "
+          f"restarts), {size / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s; zone {args.tz_offset} "
+          f"(scan with --log-tz {args.tz_offset}) -> {args.out / MANIFEST_NAME}")
+    return 0
+
+
+def load_manifest(directory) -> dict:
+    return json.loads((Path(directory) / MANIFEST_NAME).read_text())
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -699,7 +699,20 @@ def load_manifest(directory) -> dict:
 
 
 def generate_main(argv=None) -> int:
-    """`rmqhb generate OUT_DIR`: write a synthetic fleet recording with injected anomalies and a manifest."""
+    """`rmqhb generate OUT_DIR [--format recording|broker-log]`: write a synthetic fleet recording (or, with
+    ``--format broker-log``, RocketMQ broker logs: engine.bindings.brokerlog) with injected anomalies and a
+    manifest."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    fmt = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--format"), None)
+    fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), fmt)
+    if fmt == "broker-log":
+        from .bindings.brokerlog import generate_main as broker_log_generate_main
+
+        return broker_log_generate_main(argv)
+    if fmt not in (None, "recording"):
+        print(f"rmqhb generate: --format is recording or broker-log, not {fmt!r}", file=sys.stderr)
+        return 2
+    argv = [a for i, a in enumerate(argv) if not (a.startswith("--format") or (i and argv[i - 1] == "--format"))]
     d = FleetConfig()
     p = argparse.ArgumentParser(prog="rmqhb generate", description=generate_main.__doc__)
     p.add_argument("out", type=Path, help="recording directory (created)")

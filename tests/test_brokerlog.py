@@ -444,3 +444,33 @@ def test_scan_command_line_routing(tmp_path):
     assert bl.scan_main([str(logs), "--out", str(tmp_path / "o"), "--broker", "nameonly"]) == 2
     assert bl.scan_main([str(tmp_path / "missing.log"), "--out", str(tmp_path / "o")]) == 2
     assert bl.scan_main([str(logs), "--out", str(tmp_path / "o"), "--log-tz", "Mars/Olympus"]) == 2
+
+
+def test_generate_command_writes_logs_and_a_manifest_the_scan_matches(tmp_path):
+    from engine.cli import main
+
+    out = tmp_path / "fleet"
+    assert main(["generate", str(out), "--format", "broker-log", "--brokers", "2", "--groups", "4", "--members", "5",
+                 "--lines", "3000", "--hours", "3", "--seed", "4"]) == 0
+    doc = bl.load_manifest(out)
+    assert doc["format"] == bl.MANIFEST_FORMAT and sorted(doc["brokers"]) == ["broker-a", "broker-b"]
+    assert all(abs(m["lines"] - 3000) < 600 for m in doc["brokers"].values())
+    for m in doc["brokers"].values():  # every kind of anomaly is injected
+        assert m["flapping"] and m["expired"] and m["inconsistent"] and m["flips"] and m["retry_churn"]
+    f = bl.scan_local([out], log_tz=doc["log_tz"])
+    assert bl.compare_with_generated(f, doc) == []
+    # the comparison is not vacuous: a missed expiry and an extra flapping client are named
+    f["expired_clients"] = f["expired_clients"][1:]
+    f["flapping_clients"].append({**f["flapping_clients"][0], "client_id": "someone@else"})
+    problems = bl.compare_with_generated(f, doc)
+    assert len(problems) == 2 and {p.split(" ")[0] for p in problems} == {"expired_clients", "flapping_clients"}
+    # a second run into the same directory is refused; a clean fleet, one broker, gzipped
+    assert main(["generate", str(out), "--format", "broker-log"]) == 2
+    clean = tmp_path / "clean"
+    assert main(["generate", str(clean), "--format=broker-log", "--no-anomalies", "--gzip", "--groups", "2",
+                 "--members", "3", "--hours", "1"]) == 0
+    doc = bl.load_manifest(clean)
+    assert list(doc["brokers"]) == ["clean"] and (clean / "broker.log.gz").exists()
+    f = bl.scan_local([clean], log_tz="+08:00")
+    assert bl.compare_with_generated(f, doc) == [] and f["flapping_clients"] == f["expired_clients"] == []
+    assert main(["generate", str(tmp_path / "x"), "--format", "pcap"]) == 2

@@ -72,3 +72,17 @@ def test_scan_command_writes_the_report(spark, tmp_path):
     assert [r["client_id"] for r in f["expired_clients"]] == ["127.0.0.1@JavaDriver-23274-3877417792690"]
     assert f["log"]["log_tz"] == "Asia/Shanghai" and f["log"]["zone_check"]["agrees"] is True
     assert (out / "index.html").exists()
+
+
+def test_scan_command_over_generated_logs_finds_exactly_the_injections(spark, tmp_path):
+    from engine.cli import main
+
+    logs = tmp_path / "fleet"
+    assert main(["generate", str(logs), "--format", "broker-log", "--brokers", "2", "--groups", "4", "--members",
+                 "5", "--lines", "4000", "--hours", "4", "--seed", "21"]) == 0
+    doc = bl.load_manifest(logs)
+    out = tmp_path / "report"
+    assert main(["scan", str(logs), "--out", str(out), "--log-tz", doc["log_tz"], "--no-plots"]) == 0
+    f = json.loads((out / "findings.json").read_text())
+    assert bl.compare_with_generated(f, doc) == []
+    assert f["log"]["brokers"] == ["broker-a", "broker-b"] and f["scan"]["method"] == "broker-log"

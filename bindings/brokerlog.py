@@ -53,7 +53,7 @@ except ImportError:  # not built
 from engine import _brokerlog_py as twin
 
 #: Findings of a log scan: the recording scan's keys plus the log-only ones.
-LOG_FINDING_KEYS = FINDING_KEYS + ("expired_clients", "retry_topic_churn")
+LOG_FINDING_KEYS = FINDING_KEYS + ("retry_topic_churn",)
 #: Analyses a broker log cannot support, and why (shown in the report).
 UNSUPPORTED = {
     "heartbeat_gaps": "a broker logs no line per heartbeat: silences shorter than the channel expiry (120 s) are "

@@ -505,6 +505,67 @@ def heartbeat_gaps(params: ScanParams = ScanParams()):
     return transform
 
 
+def expired_clients(params: ScanParams = ScanParams(), last_ms: Optional[int] = None):
+    """merged runs -> client_id, conn_id, groups, connected_ms, last_heartbeat_ms, expired_ms, returned_ms: a
+    client's silences over ``expiry`` (any connection), and its last heartbeat when the recording goes on at
+    least ``expiry`` after it (``last_ms``: the recording's last receive time); see engine.scan_py. The
+    connection is the one of the last heartbeat before the silence (the later connection on a tie)."""
+    expiry = params.expiry_ms
+
+    def transform(runs: DataFrame) -> DataFrame:
+        c = runs.where(F.col("role") == "client").select("client_id", "conn_id", "first_ms", "last_ms")
+        w = Window.partitionBy("client_id").orderBy("first_ms", "conn_id")
+        # the latest heartbeat before this run (runs of concurrent connections may overlap)
+        prev = F.max(F.struct(F.col("last_ms").alias("t"), F.col("conn_id").alias("c"))).over(
+            w.rowsBetween(Window.unboundedPreceding, -1))
+        mid = c.withColumn("p", prev).where(F.col("p").isNotNull() & ((F.col("first_ms") - F.col("p.t")) > expiry)) \
+            .select("client_id", F.col("p.c").alias("conn_id"), F.col("p.t").alias("last_heartbeat_ms"),
+                    F.col("first_ms").alias("returned_ms"))
+        last = c.groupBy("client_id").agg(F.max(F.struct(F.col("last_ms").alias("t"), F.col("conn_id").alias("c")))
+                                          .alias("p"))
+        end = F.lit(last_ms).cast("long") if last_ms is not None else F.lit(None).cast("long")
+        tail = last.where((F.col("p.t") + expiry) <= end).select(
+            "client_id", F.col("p.c").alias("conn_id"), F.col("p.t").alias("last_heartbeat_ms"),
+            F.lit(None).cast("long").alias("returned_ms"))
+        connected = c.groupBy("client_id", "conn_id").agg(F.min("first_ms").alias("connected_ms"))
+        rows = mid.unionByName(tail).join(connected, ["client_id", "conn_id"], "left")
+        return _with_groups(rows.withColumn("expired_ms", F.col("last_heartbeat_ms") + expiry), runs)
+
+    return transform
+
+
+def _expired_records(rows, addrs: dict, expiry_ms: int) -> list:
+    from engine.scan_py import expired_row
+
+    out = [expired_row(r["client_id"], r["conn_id"], addrs.get(r["conn_id"]), r["groups"], r["connected_ms"],
+                       r["last_heartbeat_ms"], r["returned_ms"], expiry_ms) for r in rows]
+    return sorted(out, key=lambda r: (r["expired_ms"], r["client_id"], r["conn_id"]))
+
+
+def connection_addresses(plan: seg.Plan, wanted) -> dict:
+    """{conn_id: remote address} for (conn_id, receive time) pairs, read on the driver from the few blocks whose
+    time range holds one of the times (the runs do not carry addresses; expiries are few)."""
+    from engine.recorder import iter_blocks
+
+    wanted = {(int(c), int(t)) for c, t in wanted}
+    times = sorted({t for _, t in wanted})
+    out: dict = {}
+    if not times:
+        return out
+    import bisect
+
+    for split in plan.splits:
+        blocks = [b for b in split.blocks if bisect.bisect_left(times, b.first_ms) < len(times)
+                  and times[bisect.bisect_left(times, b.first_ms)] <= b.last_ms]
+        if not blocks:
+            continue
+        for block in iter_blocks(split.path, blocks=blocks, on_corrupt="skip"):
+            for r in block.records():
+                if (r.conn_id, r.recv_ms) in wanted:
+                    out.setdefault(r.conn_id, r.remote_addr)
+    return out
+
+
 def reconnects():
     """merged runs -> client_id, reconnect_ms: every heartbeat on another connection than the client's previous."""
 
@@ -673,6 +734,7 @@ def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, m
             "heartbeat_gaps": lambda: sorted(_rows(runs.transform(heartbeat_gaps(params)).select(
                 "client_id", "groups", "start_ms", "end_ms", "gap_s")), key=lambda r: (r["client_id"], r["start_ms"])),
             "group_sizes": lambda: _rows(runs.transform(group_sizes(params))),
+            "expired_clients": lambda: _rows(runs.transform(expired_clients(params, stats["last_ms"]))),
             "_members": lambda: _rows(runs.where(F.col("role").isin("consumer", "producer"))
                                       .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members"))),
         }
@@ -681,6 +743,9 @@ def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, m
             done = {k: f.result() for k, f in futures.items()}
         findings = {k: done[k] for k in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps")}
         findings["group_sizes"] = _size_records(done["group_sizes"], done["_members"])
+        exp = done["expired_clients"]
+        addrs = connection_addresses(plan, [(r["conn_id"], r["last_heartbeat_ms"]) for r in exp])
+        findings["expired_clients"] = _expired_records(exp, addrs, params.expiry_ms)
         t_analyses = clock()
     finally:
         runs.unpersist()

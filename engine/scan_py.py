@@ -21,6 +21,14 @@ Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
   apart.
 * ``flapping_clients``: a *reconnect* is a heartbeat of a client on another connection than its previous one;
   a client flaps when some window (``flap_window``, aligned to the epoch) holds ``flap_min_reconnects`` or more.
+* ``expired_clients``: what the broker's channel-expiry scan (SCAN) would remove: a client whose heartbeats (any
+  connection) stop for more than ``expiry`` while the recording goes on at least that long. One row per silence:
+  the connection of its last heartbeat (``conn_id``, ``addr``, ``connected_ms`` = that connection's first
+  heartbeat), ``last_heartbeat_ms``, ``expired_ms`` = last heartbeat + expiry (the broker's scan, every 10 s,
+  removes the channel at most 10 s later), ``returned_ms`` (its next heartbeat, None if it never came back).
+  A recording holds heartbeats only: a client that moved to another connection within the expiry is taken to
+  have closed the first one (no expiry), and one that stopped for good is reported once the expiry has passed,
+  as the broker would if its connection had stayed open (a clean UNREGISTER_CLIENT is not recorded).
 """
 from __future__ import annotations
 
@@ -32,7 +40,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 #: The producer group every Java client instance registers (MixAll.CLIENT_INNER_PRODUCER_GROUP); left out of the
 #: group lists in client findings because every Java client has it.
 CLIENT_INNER_PRODUCER = "CLIENT_INNER_PRODUCER"
-FINDING_KEYS = ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "group_sizes")
+FINDING_KEYS = ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "group_sizes", "expired_clients")
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,7 @@ def scan_records(records: Iterable, params: ScanParams = ScanParams()) -> dict:
 
     params.validate()
     client_obs: Dict[str, list] = defaultdict(list)                 # client -> [(t, conn)]
+    conn_addr: Dict[int, str] = {}
     member_obs: Dict[Tuple[str, str, str], list] = defaultdict(list)  # (role, group, client) -> [(t, conn, key)]
     n_records = n_bad = 0
     t_min = t_max = None
@@ -110,6 +119,7 @@ def scan_records(records: Iterable, params: ScanParams = ScanParams()) -> dict:
             n_bad += 1
             continue
         client_obs[hb.client_id].append((t, conn))
+        conn_addr.setdefault(conn, _text(rec[2]))
         for p in hb.producers:
             member_obs[("producer", p.group or "", hb.client_id)].append((t, conn, None))
         for c in hb.consumers:
@@ -139,6 +149,7 @@ def scan_records(records: Iterable, params: ScanParams = ScanParams()) -> dict:
         "flapping_clients": _flapping(client_obs, groups_of, params),
         "heartbeat_gaps": _gaps(client_obs, groups_of, params),
         "group_sizes": _sizes(intervals),
+        "expired_clients": _expired(client_obs, groups_of, conn_addr, t_max, params),
     }
     findings["summary"] = {
         "records": n_records,
@@ -230,6 +241,34 @@ def _gaps(client_obs, groups_of, params: ScanParams) -> list:
     return out
 
 
+def _text(v) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray, memoryview)) else str(v)
+
+
+def _expired(client_obs, groups_of, conn_addr, t_end, params: ScanParams) -> list:
+    out = []
+    expiry = params.expiry_ms
+    for client in sorted(client_obs):
+        obs = sorted(client_obs[client])
+        first_on: Dict[int, int] = {}
+        for t, c in obs:
+            first_on.setdefault(c, t)
+        for i, (t, c) in enumerate(obs):
+            nxt = obs[i + 1][0] if i + 1 < len(obs) else None
+            if (nxt is not None and nxt - t > expiry) or (nxt is None and t + expiry <= t_end):
+                out.append(expired_row(client, c, conn_addr.get(c), sorted(groups_of[client]), first_on[c], t, nxt,
+                                       expiry))
+    return sorted(out, key=lambda r: (r["expired_ms"], r["client_id"], r["conn_id"]))
+
+
+def expired_row(client, conn, addr, groups, connected_ms, last_ms, returned_ms, expiry_ms) -> dict:
+    """One expired_clients row of a recording (the log scan's rows have the same keys, conn_id and
+    last_heartbeat_ms aside)."""
+    return {"client_id": client, "addr": addr, "conn_id": conn, "groups": list(groups), "connected_ms": connected_ms,
+            "last_heartbeat_ms": last_ms, "expired_ms": last_ms + expiry_ms, "silent_since_before_ms": last_ms,
+            "returned_ms": returned_ms}
+
+
 def _flapping(client_obs, groups_of, params: ScanParams) -> list:
     out = []
     w = params.window_ms
@@ -287,6 +326,14 @@ def separate_data_loss(findings: dict, losses: list, damaged: list = ()) -> None
         (over if hit else kept).append(gap)
     findings["heartbeat_gaps"] = kept
     findings["gaps_over_data_loss"] = over
+    # an expiry needs the whole expiry time of silence: lost heartbeats in it make it unknown
+    exp_over, exp_kept = [], []
+    for row in findings.get("expired_clients", []):
+        hit = any(row["last_heartbeat_ms"] <= last and row["expired_ms"] >= first for first, last in ranges)
+        (exp_over if hit else exp_kept).append(row)
+    if "expired_clients" in findings:
+        findings["expired_clients"] = exp_kept
+        findings["expired_over_data_loss"] = exp_over
     findings.setdefault("scan", {})["data_loss"] = losses
     # members of a group seem to leave (after the expiry) and rejoin around lost data: such size changes are
     # marked, not dropped (a real change may fall there too)
@@ -299,4 +346,7 @@ def separate_data_loss(findings: dict, losses: list, damaged: list = ()) -> None
     if summary is not None:
         summary["heartbeat_gaps"] = len(kept)
         summary["gaps_over_data_loss"] = len(over)
+        if "expired_clients" in findings:
+            summary["expired_clients"] = len(exp_kept)
+            summary["expired_over_data_loss"] = len(exp_over)
         summary["records_lost"] = sum(loss["records_lost"] for loss in losses)

@@ -568,12 +568,36 @@ class FleetGenerator:
                 total += len(recv)
                 bar.update(c1 - self.start, total)
         elapsed = time.perf_counter() - t_start
-        manifest = self._manifest(total, presence, elapsed)
+        manifest = self._manifest(total, presence, elapsed, int(last_recv.max()) if n_clients else self.end)
         (directory / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1))
         return manifest
 
-    def _manifest(self, total: int, presence, elapsed: float) -> dict:
+    def _expiries(self, last_recv: int) -> List[dict]:
+        """The silences over the expiry of the clients whose connections an injection ended (gaps, resize
+        leavers, flapping), from their generated heartbeats: what the broker's channel-expiry scan removes."""
+        picked = set()
+        for a in self.injections["heartbeat_gaps"] + self.injections["flapping_clients"]:
+            picked.add(a["client"])
+        for a in self.injections["group_sizes"]:
+            picked.update(c.idx for c in self.clients if c.client_id in set(a["left"]))
+        out = []
+        for m in sorted(picked):
+            recv, sess, _ = self._expand(np.flatnonzero(self.s_client == m), self.start, self.end)
+            for i in range(len(recv)):
+                t = int(recv[i])
+                nxt = int(recv[i + 1]) if i + 1 < len(recv) else None
+                if (nxt is not None and nxt - t > EXPIRY_MS) or (nxt is None and t + EXPIRY_MS <= last_recv):
+                    conn = int(self.s_conn[sess[i]])
+                    on_conn = recv[self.s_conn[sess] == conn]
+                    cause = "left" if nxt is None else "gap"
+                    out.append({"client_id": self.clients[m].client_id, "cause": cause, "conn_id": conn,
+                                "addr": self.s_addr[sess[i]].decode(), "connected_ms": int(on_conn[0]),
+                                "last_heartbeat_ms": t, "expired_ms": t + EXPIRY_MS, "returned_ms": nxt})
+        return sorted(out, key=lambda r: (r["expired_ms"], r["client_id"], r["conn_id"]))
+
+    def _manifest(self, total: int, presence, elapsed: float, last_recv: Optional[int] = None) -> dict:
         anomalies = {k: [dict(v) for v in vs] for k, vs in self.injections.items()}
+        anomalies["expired_clients"] = self._expiries(self.end if last_recv is None else last_recv)
         # exact expectations, from the heartbeats actually generated
         for a in anomalies["inconsistent_subscriptions"]:
             g = next(x for x in self.groups if x.name == a["group"])
@@ -676,6 +700,13 @@ def compare_with_manifest(findings: dict, manifest: dict, min_duration_s: float 
     got_gaps = {(x["client_id"], x["start_ms"], x["end_ms"]) for x in findings["heartbeat_gaps"]}
     if want_gaps != got_gaps:
         problems.append(f"heartbeat_gaps: missing {sorted(want_gaps - got_gaps)}, unexpected {sorted(got_gaps - want_gaps)}")
+    if "expired_clients" in a:  # (manifests before the expiry finding do not list it)
+        keys = ("client_id", "conn_id", "addr", "connected_ms", "last_heartbeat_ms", "expired_ms", "returned_ms")
+        want_exp = [{k: x[k] for k in keys} for x in a["expired_clients"]]
+        got_exp = [{k: x.get(k) for k in keys} for x in findings.get("expired_clients", [])]
+        if want_exp != got_exp:
+            problems.append(f"expired_clients: missing {[x for x in want_exp if x not in got_exp]}, "
+                            f"unexpected {[x for x in got_exp if x not in want_exp]}")
     sizes = {g["group"]: g["series"] for g in findings["group_sizes"] if g["role"] == "consumer"}
     for group, series in expected_group_sizes(manifest).items():
         if sizes.get(group) != series:

@@ -134,6 +134,11 @@ def test_gap_over_lost_data_is_not_client_silence(tmp_path):
                                            "records_lost": 20, "first_ms": lost_first, "last_ms": lost_last,
                                            "reason": "write_failed"}]
     assert lossy["summary"]["records_lost"] == 20
+    # the 10-minute silence would also be an expiry: over lost data it is not one either
+    assert [(r["client_id"], r["addr"], r["returned_ms"]) for r in plain["expired_clients"]] == [
+        ("10.1.1.1@c", "10.1.1.1:1", t + 30 * 30_000)]
+    assert lossy["expired_clients"] == [] and len(lossy["expired_over_data_loss"]) == 1
+    assert lossy["summary"]["expired_clients"] == 0 and lossy["summary"]["expired_over_data_loss"] == 1
 
 
 def test_spark_scan_reports_the_loss(spark, tmp_path):
@@ -151,6 +156,7 @@ def test_spark_scan_reports_the_loss(spark, tmp_path):
             rec.record(t + i * 30_000, 1, "10.1.1.1:1", "JAVA", 409, body)
     findings = scan(spark, tmp_path)
     assert findings["heartbeat_gaps"] == [] and len(findings["gaps_over_data_loss"]) == 1
+    assert findings["expired_clients"] == [] and len(findings["expired_over_data_loss"]) == 1
     assert findings["scan"]["data_loss"][0]["records_lost"] == 20
 
 

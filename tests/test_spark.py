@@ -138,3 +138,29 @@ def test_scan_main_writes_the_report(spark, recording, tmp_path, capsys):
         assert f"src='{name}'" in (out / "index.html").read_text()
     assert scan_main([str(d / "missing"), "--out", str(out)]) == 2
     assert scan_main([str(d), "--out", str(out), "--expiry", "0"]) == 2
+
+
+def test_expired_clients_over_concurrent_connections(spark, tmp_path):
+    """The Spark definition (from merged runs) equals the reference's on overlapping connections, a move to a
+    new connection, a silence on the same connection, ties and the end of the recording; addresses included."""
+    from engine.bindings.spark import scan
+
+    def hb(cid):
+        return json.dumps({"clientID": cid, "producerDataSet": [{"groupName": "P_" + cid[0]}]}).encode()
+
+    t0 = 1_700_000_000_000
+    recs = [(t0 + i * 30_000, 1, "10.0.0.1:1", hb("a@1")) for i in range(5)]
+    recs += [(t0 + i * 30_000 + 5, 2, "10.0.0.1:2", hb("a@1")) for i in range(40)]
+    recs += [(t0 + i * 30_000, 3, "10.0.0.2:3", hb("b@2")) for i in range(5)]
+    recs += [(t0 + 180_000 + i * 30_000, 4, "10.0.0.2:4", hb("b@2")) for i in range(5)]
+    recs += [(t0 + 500_000 + i * 30_000, 4, "10.0.0.2:4", hb("b@2")) for i in range(5)]
+    recs += [(t0 + 900_000, 7, "10.0.0.5:7", hb("e@5")), (t0 + 900_000, 8, "10.0.0.5:8", hb("e@5"))]  # a tie
+    end = t0 + 39 * 30_000 + 5
+    recs += [(end - 130_000, 5, "10.0.0.3:5", hb("c@3")), (end - 100_000, 6, "10.0.0.4:6", hb("d@4"))]
+    recs.sort(key=lambda r: r[0])
+    with HeartbeatRecorder(tmp_path, block_records=7) as rec:
+        for t, conn, addr, body in recs:
+            rec.record(t, conn, addr, "JAVA", 409, body)
+    want = scan_py.scan(tmp_path)["expired_clients"]
+    assert [(r["client_id"], r["conn_id"]) for r in want] == [("b@2", 4), ("b@2", 4), ("e@5", 8), ("c@3", 5)]
+    assert scan(spark, tmp_path, split_records=10)["expired_clients"] == want

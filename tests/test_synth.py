@@ -190,3 +190,57 @@ def test_generate_main(tmp_path, capsys):
     assert generate_main([str(out)]) == 2  # refuses to mix recordings
     assert generate_main([str(tmp_path / "q"), "--clients", "3", "--days", "0.001", "--no-progress"]) == 0
     assert "generating" not in capsys.readouterr().err
+
+
+def test_expired_clients_are_the_injected_silences(small):
+    """The gap clients (silent for minutes, back on a new connection) and the resize leavers (stopped for good)
+    are what the broker's channel-expiry scan removes; flapping clients (back within seconds) are not."""
+    d, m, _ = small
+    a = m["anomalies"]
+    exp = a["expired_clients"]
+    assert sorted(x["client_id"] for x in exp if x["cause"] == "gap") == sorted(x["client_id"] for x in a["heartbeat_gaps"])
+    left = {c for r in a["group_sizes"] for c in r["left"]}
+    assert {x["client_id"] for x in exp if x["cause"] == "left"} == left and all(x["returned_ms"] is None for x in exp
+                                                                                 if x["cause"] == "left")
+    assert not {x["client_id"] for x in exp} & {x["client_id"] for x in a["flapping_clients"]}
+    f = scan_py.scan(d)
+    assert [(r["client_id"], r["conn_id"], r["addr"], r["last_heartbeat_ms"], r["expired_ms"], r["returned_ms"])
+            for r in f["expired_clients"]] == [
+        (x["client_id"], x["conn_id"], x["addr"], x["last_heartbeat_ms"], x["expired_ms"], x["returned_ms"]) for x in exp]
+    for r in f["expired_clients"]:
+        assert r["expired_ms"] - r["last_heartbeat_ms"] == 120_000 and r["groups"]
+    broken = json.loads(json.dumps(f))
+    broken["expired_clients"].pop(0)
+    assert [p.split(":")[0] for p in compare_with_manifest(broken, m)] == ["expired_clients"]
+    # a longer expiry: only silences over it
+    longer = scan_py.scan(d, expiry_s=3600, gap_threshold_s=120)
+    assert all(r["expired_ms"] - r["last_heartbeat_ms"] == 3_600_000 for r in longer["expired_clients"])
+    assert len(longer["expired_clients"]) < len(exp)
+
+
+def test_expired_clients_definition_on_hand_made_records():
+    """Concurrent connections, a move to a new connection within the expiry, a silence on the same connection,
+    and the end of the recording."""
+    def hb(cid):
+        return json.dumps({"clientID": cid, "producerDataSet": [{"groupName": "P_" + cid[0]}]}).encode()
+
+    t0 = 1_700_000_000_000
+    recs = []
+    # a: two connections at once; connection 1 stops, 2 goes on: no silence, no expiry
+    recs += [(t0 + i * 30_000, 1, "10.0.0.1:1", "JAVA", 1, hb("a@1")) for i in range(5)]
+    recs += [(t0 + i * 30_000 + 5, 2, "10.0.0.1:2", "JAVA", 1, hb("a@1")) for i in range(40)]
+    # b: moves to a new connection 60 s after its last heartbeat (no expiry), later silent 200 s on the same one,
+    # then stops
+    recs += [(t0 + i * 30_000, 3, "10.0.0.2:3", "JAVA", 1, hb("b@2")) for i in range(5)]
+    recs += [(t0 + 180_000 + i * 30_000, 4, "10.0.0.2:4", "JAVA", 1, hb("b@2")) for i in range(5)]
+    recs += [(t0 + 500_000 + i * 30_000, 4, "10.0.0.2:4", "JAVA", 1, hb("b@2")) for i in range(5)]
+    # c: stops 130 s before the recording ends (expired); d: stops 100 s before (not yet)
+    end = t0 + 39 * 30_000 + 5
+    recs += [(end - 130_000, 5, "10.0.0.3:5", "JAVA", 1, hb("c@3")), (end - 100_000, 6, "10.0.0.4:6", "JAVA", 1, hb("d@4"))]
+    recs.sort(key=lambda r: r[0])
+    f = scan_py.scan_records(recs)
+    assert [(r["client_id"], r["conn_id"], r["addr"], r["connected_ms"], r["last_heartbeat_ms"], r["returned_ms"],
+             r["groups"]) for r in f["expired_clients"]] == [
+        ("b@2", 4, "10.0.0.2:4", t0 + 180_000, t0 + 300_000, t0 + 500_000, ["P_b"]),
+        ("b@2", 4, "10.0.0.2:4", t0 + 180_000, t0 + 620_000, None, ["P_b"]),  # stopped for good
+        ("c@3", 5, "10.0.0.3:5", end - 130_000, end - 130_000, None, ["P_c"])]

@@ -1094,7 +1094,5 @@ def scan_main(argv=None) -> int:
     if zc and not zc["agrees"]:
         print(f"warning: the lines' own timestamps imply UTC{zc['inferred_utc_offset_min'] / 60:+g}, not the "
               f"--log-tz in use (UTC{zc['log_tz_offset_min'] / 60:+g})", file=sys.stdout)
-    for r in findings["expired_clients"][:5]:
-        print(f"  expired: {r['client_id']} ({', '.join(r['groups'])}) at {r['expired_ms']}", file=sys.stdout)
     print(f"report: {index}")
     return 0

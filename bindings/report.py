@@ -61,6 +61,25 @@ def write_csvs(findings: dict, out: Path) -> List[str]:
     _write_csv(out / "group_sizes.csv", ["group", "role", "ms", "utc", "members"],
                [[g["group"], g["role"], ms, utc(ms), n] for g in findings["group_sizes"] for ms, n in g["series"]])
     names += ["flapping_clients.csv", "flapping_timeline.csv", "heartbeat_gaps.csv", "group_sizes.csv"]
+    _write_csv(out / "expired_clients.csv",
+               ["broker", "client_id", "addr", "groups", "connected_utc", "silent_since_before_utc", "expired_utc",
+                "returned_utc", "expired_ms"],
+               [[r.get("broker", ""), r["client_id"], r["addr"], ";".join(r["groups"]), utc(r["connected_ms"]),
+                 utc(r["silent_since_before_ms"]), utc(r["expired_ms"]), utc(r["returned_ms"]), r["expired_ms"]]
+                for r in findings.get("expired_clients", [])])
+    names.append("expired_clients.csv")
+    if "retry_topic_churn" in findings:
+        _write_csv(out / "retry_topic_churn.csv",
+                   ["broker", "group", "retry_topic", "adds", "changes", "removes", "max_per_window", "first_utc",
+                    "last_utc"],
+                   [[r["broker"], r["group"], r["retry_topic"], r["adds"], r["changes"], r["removes"],
+                     r["max_per_window"], utc(r["first_ms"]), utc(r["last_ms"])] for r in findings["retry_topic_churn"]])
+        names.append("retry_topic_churn.csv")
+    log = findings.get("log")
+    if log:
+        _write_csv(out / "log_lines.csv", ["kind", "lines", "example"],
+                   [[k, v, (log.get("examples") or {}).get(k, "")] for k, v in sorted(log.get("counts", {}).items())])
+        names.append("log_lines.csv")
     return names
 
 
@@ -75,6 +94,10 @@ def _interesting_groups(findings) -> list:
         scored.append((max(steady) - min(steady), g["max_members"], g["group"], g))
     scored.sort(key=lambda s: (-s[0], -s[1], s[2]))
     return [s[3] for s in scored[:PLOT_GROUPS]]
+
+
+def _label(r: dict, name: str) -> str:
+    return f"{r['broker']}: {name}" if r.get("broker") else name
 
 
 def write_plots(findings: dict, out: Path) -> List[str]:
@@ -95,7 +118,7 @@ def write_plots(findings: dict, out: Path) -> List[str]:
     for g in _interesting_groups(findings):
         xs = [dt(ms) for ms, _ in g["series"]]
         ys = [n for _, n in g["series"]]
-        ax.step(xs, ys, where="post", label=g["group"], linewidth=1.2)
+        ax.step(xs, ys, where="post", label=_label(g, g["group"]), linewidth=1.2)
     ax.set_title("Consumer group sizes over time (live members)")
     ax.set_ylabel("members")
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
@@ -107,6 +130,8 @@ def write_plots(findings: dict, out: Path) -> List[str]:
     plt.close(fig)
     names.append("group_sizes.png")
 
+    if "heartbeat_gaps" in (findings.get("unsupported") or {}):
+        return names + _flapping_plot(findings, out, plt, mdates, dt)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     gaps = [r["gap_s"] for r in findings["heartbeat_gaps"]]
     if gaps:
@@ -120,13 +145,17 @@ def write_plots(findings: dict, out: Path) -> List[str]:
     fig.savefig(out / "gap_histogram.png", dpi=110)
     plt.close(fig)
     names.append("gap_histogram.png")
+    return names + _flapping_plot(findings, out, plt, mdates, dt)
 
+
+def _flapping_plot(findings, out, plt, mdates, dt) -> List[str]:
+    names = []
     flapping = sorted(findings["flapping_clients"], key=lambda r: -r["reconnects"])[:PLOT_CLIENTS]
     fig, ax = plt.subplots(figsize=(11, max(2.5, 0.35 * len(flapping) + 1.5)))
     for i, r in enumerate(flapping):
         ax.plot([dt(t) for t in r["reconnect_ms"]], [i] * len(r["reconnect_ms"]), "|", markersize=12)
     ax.set_yticks(range(len(flapping)))
-    ax.set_yticklabels([r["client_id"] for r in flapping], fontsize=7)
+    ax.set_yticklabels([_label(r, r["client_id"]) for r in flapping], fontsize=7)
     if not flapping:
         ax.text(0.5, 0.5, "no flapping clients", ha="center", va="center", transform=ax.transAxes)
     ax.set_title("Reconnects of flapping clients")
@@ -179,10 +208,87 @@ def _damage_banner(findings: dict) -> List[str]:
             + "</div>"]
 
 
+def _keys(findings: dict) -> List[str]:
+    """The finding lists present (the log scan adds retry_topic_churn)."""
+    return [k for k in FINDING_KEYS + ("retry_topic_churn",) if k in findings]
+
+
+def _brokers(findings: dict) -> List[str]:
+    return list((findings.get("log") or {}).get("brokers") or [])
+
+
+def _per_broker(findings: dict) -> str:
+    """Counts of each finding per broker (several brokers' logs in one scan), and the fleet's totals."""
+    brokers = _brokers(findings)
+    keys = [k for k in _keys(findings) if k != "heartbeat_gaps"]
+    rows = []
+    for b in brokers:
+        rows.append([b] + [sum(1 for r in findings[k] if r.get("broker") == b) for k in keys])
+    rows.append(["fleet (all brokers)"] + [len(findings[k]) for k in keys])
+    clients: dict = {}
+    for k in ("flapping_clients", "expired_clients"):
+        for r in findings[k]:
+            clients.setdefault((k, r["client_id"]), set()).add(r.get("broker"))
+    several = sorted((k, c, sorted(b)) for (k, c), b in clients.items() if len(b) > 1)
+    text = _table(["broker"] + keys, rows)
+    if several:
+        text += "<p>Clients found on several brokers:</p>" + _table(
+            ["finding", "client", "brokers"], [[k, c, ", ".join(b)] for k, c, b in several])
+    return text
+
+
+def _log_section(findings: dict) -> List[str]:
+    e = html.escape
+    log = findings["log"]
+    parts = ["<h2>Broker logs read</h2>"]
+    zc = log.get("zone_check")
+    zone = (f"<p>Log time zone used: <b>{e(str(log['log_tz']))}</b> ({e(str(log['log_tz_source']))}): the lines' "
+            "wall-clock times carry no zone; every time in this report is UTC.")
+    if zc:
+        if zc["agrees"]:
+            zone += (" The brokers' own epoch timestamps in the lines agree with this zone "
+                     f"(UTC{zc['inferred_utc_offset_min'] / 60:+g}).")
+        else:
+            zone += (f" <b style='color:#c00'>Warning: the brokers' own epoch timestamps in the lines imply "
+                     f"UTC{zc['inferred_utc_offset_min'] / 60:+g}, not the zone in use (UTC"
+                     f"{zc['log_tz_offset_min'] / 60:+g}): rerun with --log-tz.</b>")
+    parts.append(zone + "</p>")
+    parts.append(f"<p>{log['lines']:,} lines in {len(log['files'])} file(s) of {len(log['brokers'])} broker(s) "
+                 f"({e(', '.join(log['brokers']))}); {log['events']:,} client-management events; "
+                 f"{log['unparseable']:,} unparseable lines.</p>")
+    counts = log.get("counts") or {}
+    ex = log.get("examples") or {}
+    events = [[k[len("event_"):], v] for k, v in counts.items() if k.startswith("event_")]
+    parts.append("<h3>Events recognised</h3>" + _table(["event", "lines"], events))
+    other = [[k, v, ex.get(k, "")] for k, v in counts.items() if not k.startswith("event_")]
+    parts.append("<h3>Lines not turned into events, by kind</h3><p>Never fatal. <i>unknown_format</i>: no "
+                 "<code>date time LEVEL thread - </code> header (a line format the parser does not know); "
+                 "<i>malformed_&lt;event&gt;</i>: a known message whose fields do not parse (e.g. a truncated line); "
+                 "<i>invalid_utf8</i>; <i>continuation</i>: stack traces and wrapped lines; <i>other</i>: well-formed "
+                 "lines of other messages (no example kept).</p>"
+                 + _table(["kind", "lines", "example (first seen)"], other))
+    un = log.get("unattributed_events") or {}
+    if un:
+        parts.append("<p>Events the analyses could not attach to a live member (e.g. its register line is in an "
+                     "older, missing file): " + e(", ".join(f"{k} {v}" for k, v in sorted(un.items()))) + "</p>")
+    parts.append("<p>Files: " + e(", ".join(log["files"][:20])) + (" ..." if len(log["files"]) > 20 else "") + "</p>")
+    return parts
+
+
 def write_html(findings: dict, out: Path, csvs: List[str], plots: List[str]) -> Path:
     e = html.escape
     s = findings["summary"]
     p = findings["parameters"]
+    log = findings.get("log")
+    unsupported = findings.get("unsupported") or {}
+    if log:
+        what = (f"<p>{log['lines']:,} broker-log lines, {s['records']:,} client-management events "
+                f"({s['bad_bodies']:,} unparseable lines) about {s['clients']:,} clients of {len(log['brokers'])} "
+                f"broker(s), {e(utc(s['first_ms']))} to {e(utc(s['last_ms']))} UTC (log zone {e(str(log['log_tz']))})."
+                "</p>")
+    else:
+        what = (f"<p>{s['records']:,} heartbeats ({s['bad_bodies']:,} undecodable) from {s['clients']:,} clients, "
+                f"{e(utc(s['first_ms']))} to {e(utc(s['last_ms']))} UTC.</p>")
     parts = [
         "<!doctype html><meta charset=utf-8><title>Heartbeat scan report</title>",
         "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;font-size:13px}"
@@ -190,42 +296,96 @@ def write_html(findings: dict, out: Path, csvs: List[str], plots: List[str]) -> 
         "img{max-width:100%;border:1px solid #ddd}.more{color:#777}</style>",
         "<h1>Heartbeat scan report</h1>",
         *_damage_banner(findings),
-        f"<p>{s['records']:,} heartbeats ({s['bad_bodies']:,} undecodable) from {s['clients']:,} clients, "
-        f"{e(utc(s['first_ms']))} to {e(utc(s['last_ms']))} UTC.</p>",
-        _table(["finding", "count"], [[k, s[k]] for k in FINDING_KEYS]),
+        what,
+        _table(["finding", "count"], [[k, "not supported by this input" if k in unsupported else len(findings[k])]
+                                      for k in _keys(findings)]),
         "<p>Parameters: " + ", ".join(f"{e(k)} = {e(str(v))}" for k, v in p.items()) + "</p>",
     ]
+    if unsupported:
+        parts.append("<h2>What this input cannot show</h2>" + _table(
+            ["analysis", "why"], [[k, v] for k, v in sorted(unsupported.items())]))
+    if len(_brokers(findings)) > 1:
+        parts.append("<h2>Per broker</h2>" + _per_broker(findings))
     scan = findings.get("scan")
-    if scan:
+    if scan and log:
+        parts.append(f"<p>Scan: {scan.get('files')} log file(s) in {scan.get('seconds')} s, {e(str(scan.get('parser')))} "
+                     "line parser.</p>")
+    elif scan:
         parts.append(f"<p>Scan: method {e(str(scan.get('method')))}, {scan.get('splits')} splits over "
                      f"{scan.get('segments')} segments in {scan.get('seconds')} s; torn tails: "
                      f"{len(scan.get('torn_tails', []))}, corrupt ranges: {len(scan.get('corrupt', []))}.</p>")
     parts.append("<p>Files: " + ", ".join(f"<a href='{e(n)}'>{e(n)}</a>" for n in ["findings.json"] + csvs) + "</p>")
+    if log:
+        parts += _log_section(findings)
+    multi = bool(log)  # log findings carry their broker
+
+    def cols(*names):
+        return (["broker"] if multi else []) + list(names)
+
+    def row(r, *values):
+        return ([r.get("broker", "")] if multi else []) + list(values)
+
     parts.append("<h2>Inconsistent subscriptions</h2><p>Consumer groups whose live members held different "
                  "subscription sets (subVersion ignored), with the span of the disagreement.</p>")
     parts.append(_table(
-        ["group", "from (UTC)", "to (UTC)", "duration s", "variants"],
-        [[r["group"], utc(r["start_ms"]), utc(r["end_ms"]), r["duration_s"],
-          " | ".join(f"{len(v['clients'])} client(s): {_subs_text(v['subscriptions'])}" for v in r["variants"])]
-         for r in findings["inconsistent_subscriptions"]]))
+        cols("group", "from (UTC)", "to (UTC)", "duration s", "variants"),
+        [row(r, r["group"], utc(r["start_ms"]), utc(r["end_ms"]), r["duration_s"],
+             " | ".join(f"{len(v['clients'])} client(s) ({', '.join(v['clients'][:5])}"
+                        f"{' ...' if len(v['clients']) > 5 else ''}): {_subs_text(v['subscriptions'])}"
+                        for v in r["variants"]))
+         for r in findings["inconsistent_subscriptions"] if r.get("source") != "group_table"]))
+    if log:
+        parts.append("<h2>Subscription flips</h2><p>Groups whose subscription table (the broker's, logged as "
+                     "<code>subscription changed ... OLD: ... NEW:</code>) went back to an expression it had before: "
+                     "members with different subscriptions overwriting each other at every heartbeat. The log line "
+                     "does not name the client.</p>")
+        parts.append(_table(
+            cols("group", "topic", "flips", "from (UTC)", "to (UTC)", "expressions"),
+            [row(r, r["group"], r["topic"], r["flips"], utc(r["start_ms"]), utc(r["end_ms"]),
+                 " | ".join(_subs_text(v["subscriptions"]) for v in r["variants"]))
+             for r in findings["inconsistent_subscriptions"] if r.get("source") == "group_table"]))
+    parts.append("<h2>Expired clients</h2><p>Clients the broker's channel-expiry scan removes (SCAN): no heartbeat "
+                 f"for {p['expiry_s']:g} s while the connection stayed open"
+                 + (" (from the brokers' SCAN lines; silent since at most the expiry before)." if log else
+                    " (a recording holds heartbeats only: a client that stopped for good is listed once the expiry has "
+                    "passed, as the broker would if its connection stayed open).") + "</p>")
+    parts.append(_table(
+        cols("client", "address", "groups", "connected (UTC)", "silent since (UTC)", "expired (UTC)", "back (UTC)"),
+        [row(r, r["client_id"], r["addr"], ", ".join(r["groups"]), utc(r["connected_ms"]),
+             utc(r["silent_since_before_ms"]), utc(r["expired_ms"]), utc(r["returned_ms"]) or "never")
+         for r in findings.get("expired_clients", [])]))
+    if findings.get("expired_over_data_loss"):
+        parts.append(f"<p>{len(findings['expired_over_data_loss'])} more silences over lost or damaged data are not "
+                     "counted as expiries (findings.json: expired_over_data_loss).</p>")
+    if "retry_topic_churn" in findings:
+        parts.append("<h2>Retry-topic churn</h2><p>Consumer groups whose <code>%RETRY%</code> subscription was "
+                     f"added, changed (subVersion) or removed {p['flap_min_reconnects']} or more times in a "
+                     f"{p['flap_window_s']:g} s window: members restarting or flapping.</p>")
+        parts.append(_table(
+            cols("group", "retry topic", "adds", "changes", "removes", "max per window", "first (UTC)", "last (UTC)"),
+            [row(r, r["group"], r["retry_topic"], r["adds"], r["changes"], r["removes"], r["max_per_window"],
+                 utc(r["first_ms"]), utc(r["last_ms"])) for r in findings["retry_topic_churn"]]))
     parts.append("<h2>Group sizes</h2>")
     if "group_sizes.png" in plots:
         parts.append("<img src='group_sizes.png' alt='group sizes'>")
-    parts.append(_table(["group", "role", "distinct members", "peak live", "changes"],
-                        [[g["group"], g["role"], g["members"], g["max_members"], len(g["series"])]
+    parts.append(_table(cols("group", "role", "distinct members", "peak live", "changes"),
+                        [row(g, g["group"], g["role"], g["members"], g["max_members"], len(g["series"]))
                          for g in findings["group_sizes"]], limit=100))
     parts.append("<h2>Heartbeat gaps</h2>")
-    if "gap_histogram.png" in plots:
-        parts.append("<img src='gap_histogram.png' alt='gap histogram'>")
-    parts.append(_table(["client", "groups", "from (UTC)", "to (UTC)", "gap s"],
-                        [[r["client_id"], ", ".join(r["groups"]), utc(r["start_ms"]), utc(r["end_ms"]), r["gap_s"]]
-                         for r in findings["heartbeat_gaps"]]))
+    if "heartbeat_gaps" in unsupported:
+        parts.append(f"<p><b>Not supported by this input</b>: {e(unsupported['heartbeat_gaps'])}.</p>")
+    else:
+        if "gap_histogram.png" in plots:
+            parts.append("<img src='gap_histogram.png' alt='gap histogram'>")
+        parts.append(_table(["client", "groups", "from (UTC)", "to (UTC)", "gap s"],
+                            [[r["client_id"], ", ".join(r["groups"]), utc(r["start_ms"]), utc(r["end_ms"]), r["gap_s"]]
+                             for r in findings["heartbeat_gaps"]]))
     parts.append("<h2>Flapping clients</h2>")
     if "flapping_timeline.png" in plots:
         parts.append("<img src='flapping_timeline.png' alt='flapping timeline'>")
-    parts.append(_table(["client", "groups", "reconnects", "max per window", "first (UTC)", "last (UTC)"],
-                        [[r["client_id"], ", ".join(r["groups"]), r["reconnects"], r["max_reconnects_per_window"],
-                          utc(r["first_reconnect_ms"]), utc(r["last_reconnect_ms"])]
+    parts.append(_table(cols("client", "groups", "reconnects", "max per window", "first (UTC)", "last (UTC)"),
+                        [row(r, r["client_id"], ", ".join(r["groups"]), r["reconnects"], r["max_reconnects_per_window"],
+                             utc(r["first_reconnect_ms"]), utc(r["last_reconnect_ms"]))
                          for r in findings["flapping_clients"]]))
     path = out / "index.html"
     path.write_text("\n".join(parts))
@@ -244,22 +404,33 @@ def write_report(findings: dict, out, plots: bool = True) -> Path:
 
 def print_summary(findings: dict, file) -> None:
     s = findings["summary"]
-    print(f"{s['records']:,} heartbeats from {s['clients']:,} clients ({s['bad_bodies']:,} undecodable), "
+    log = findings.get("log")
+    what = ("client-management events", "unparseable lines") if log else ("heartbeats", "undecodable")
+    print(f"{s['records']:,} {what[0]} from {s['clients']:,} clients ({s['bad_bodies']:,} {what[1]}), "
           f"{utc(s['first_ms'])} .. {utc(s['last_ms'])} UTC", file=file)
     scan = findings.get("scan") or {}
-    if scan.get("seconds"):
+    if log and scan.get("seconds"):
+        print(f"scanned in {scan['seconds']:.1f} s ({log['lines'] / max(scan['seconds'], 1e-9):,.0f} log lines/s, "
+              f"{scan.get('parser')} parser)", file=file)
+    elif scan.get("seconds"):
         print(f"scanned in {scan['seconds']:.1f} s ({s['records'] / max(scan['seconds'], 1e-9):,.0f} heartbeats/s, "
               f"method {scan.get('method')})", file=file)
     line = damage_line(findings)
     if line:
         print(line, file=file)
     for r in findings["inconsistent_subscriptions"][:5]:
-        print(f"  inconsistent subscriptions: {r['group']} for {r['duration_s']:.0f} s from {utc(r['start_ms'])}, "
+        print(f"  inconsistent subscriptions: {_label(r, r['group'])} for {r['duration_s']:.0f} s from {utc(r['start_ms'])}, "
               f"{len(r['variants'])} variants", file=file)
     for r in findings["flapping_clients"][:5]:
-        print(f"  flapping: {r['client_id']} ({', '.join(r['groups'])}) {r['reconnects']} reconnects", file=file)
+        print(f"  flapping: {_label(r, r['client_id'])} ({', '.join(r['groups'])}) {r['reconnects']} reconnects", file=file)
     for r in findings["heartbeat_gaps"][:5]:
         print(f"  gap: {r['client_id']} silent {r['gap_s']:.0f} s from {utc(r['start_ms'])}", file=file)
-    n = {k: len(findings[k]) for k in FINDING_KEYS}
+    for r in findings.get("expired_clients", [])[:5]:
+        print(f"  expired: {r['client_id']} ({', '.join(r['groups'])}) at {utc(r['expired_ms'])}"
+              + (f" on {r['broker']}" if r.get("broker") else ""), file=file)
+    n = {k: len(findings[k]) for k in _keys(findings)}
+    gaps = "heartbeat gaps not visible" if "heartbeat_gaps" in (findings.get("unsupported") or {}) else \
+        f"{n['heartbeat_gaps']} heartbeat gaps"
     print(f"findings: {n['inconsistent_subscriptions']} inconsistent-subscription spans, {n['flapping_clients']} flapping "
-          f"clients, {n['heartbeat_gaps']} heartbeat gaps, {n['group_sizes']} group size series", file=file)
+          f"clients, {gaps}, {n['expired_clients']} expired clients, {n['group_sizes']} group size series"
+          + (f", {n['retry_topic_churn']} groups with retry-topic churn" if "retry_topic_churn" in n else ""), file=file)

@@ -119,6 +119,7 @@ class Broker:
             reject_pull_consumer_enable=cfg.reject_pull_consumer_enable,
             enable_property_filter=cfg.enable_property_filter,
             notify_coalesce_window_ms=cfg.notify_coalesce_window_ms,
+            client_management_rules=cfg.client_management_rules,
         )
         # timed writes (auto-created config, offsets) go to the store's writer thread: no fsync on the loop
         store = Store(cfg.store_path_root_dir, background_writes=True,

@@ -67,6 +67,11 @@ class BrokerConfig:
     #: a connection with no traffic this long is closed
     server_channel_max_idle_time_seconds: int = 120
     # -- client management (BrokerConfig) --
+    #: engine: 4 = the seeds' RocketMQ 4.9.x client-management rules (a consumer whose group has no config is
+    #: registered, BROADCASTING groups are notified, no heartbeat V2 and no ext fields in its answer); 5 = RocketMQ
+    #: 5.1.3+ rules (such a consumer is answered SUCCESS and not registered, no CHANGE for BROADCASTING, heartbeat
+    #: V2). README: conformance table
+    client_management_rules: int = 4
     #: a client silent this long (ms) is removed by the expiry scan (every 10 s)
     channel_expired_timeout: int = 120_000
     #: create a consumer's missing subscription group on its first heartbeat
@@ -229,6 +234,11 @@ class BrokerConfig:
                     f"The Name Server Address[{self.namesrv_addr}] illegal, please set it as follows, "
                     '"127.0.0.1:9876;192.168.0.1:9876"'
                 ) from None
+        if self.client_management_rules not in (4, 5):
+            raise ConfigError(f"clientManagementRules must be 4 or 5, not {self.client_management_rules}")
+        if self.client_management_rules == 4 and self.reject_pull_consumer_enable:
+            raise ConfigError("rejectPullConsumerEnable is a RocketMQ 5.x setting (4.9 has none): it needs "
+                              "clientManagementRules=5")
         if self.broker_role not in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"):
             raise ConfigError(f"brokerRole must be ASYNC_MASTER, SYNC_MASTER or SLAVE, not {echo(self.broker_role)}")
         if self.broker_role in ("ASYNC_MASTER", "SYNC_MASTER"):

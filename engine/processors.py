@@ -223,7 +223,7 @@ class Processors:
         self.registry = broker.registry
         self.config = broker.config
         self.metrics = broker.metrics
-        #: (serialize type, IS_SUB_CHANGE) of a SUCCESS heartbeat answer -> AnswerTemplate or False
+        #: (serialize type, IS_SUB_CHANGE, with ext fields) of a SUCCESS heartbeat answer -> AnswerTemplate or False
         self._hb_answers: dict = {}
 
     # ------------------------------------------------------------------ ClientManageProcessor
@@ -271,7 +271,7 @@ class Processors:
         """SUCCESS answers differ only in IS_SUB_CHANGE (and the opaque): the encoded template, or False."""
         if result.code != _SUCCESS or result.remark is not None:
             return False
-        key = (cmd.serialize_type, result.is_sub_change)
+        key = (cmd.serialize_type, result.is_sub_change, result.v2_fields)
         tpl = self._hb_answers.get(key)
         if tpl is None:
             tpl = self._hb_answers[key] = self._answer_template(cmd, result) or False

@@ -213,41 +213,57 @@ class RegistryConfig:
     initial_capacity: int = 1024
     #: answer IS_SUB_CHANGE=true to a light V2 heartbeat the broker cannot serve (see the module docstring)
     v2_restart_safe: bool = True
+    #: 5: RocketMQ 5.1.3+ rules (the defaults above); 4: RocketMQ 4.9.x ClientManageProcessor / ConsumerManager
+    #: rules: a consumer whose group has no config is registered (notify on, no retry topic), BROADCASTING groups
+    #: get CHANGE too, no heartbeat V2 (fingerprints ignored, no ext fields in the answer), no
+    #: rejectPullConsumerEnable, the retry topic's order flag is left alone, no CLIENT_REGISTER/CLIENT_UNREGISTER
+    #: events, queryTopicConsumeByWho reads the live groups (README: conformance table)
+    client_management_rules: int = 5
 
     def __post_init__(self):
         for name in ("channel_expired_timeout_ms", "notify_coalesce_window_ms", "initial_capacity"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"RegistryConfig.{name} must be a non-negative int, not {value!r}")
+        if self.client_management_rules not in (4, 5) or isinstance(self.client_management_rules, bool):
+            raise ValueError(f"RegistryConfig.client_management_rules must be 4 or 5, not "
+                             f"{self.client_management_rules!r}")
 
 
 class HeartbeatResult:
-    """The answer to a heartbeat: response code, remark and the V2 ext fields (as strings, as Java sends them)."""
+    """The answer to a heartbeat: response code, remark and the V2 ext fields (as strings, as Java sends them).
 
-    __slots__ = ("code", "remark", "is_sub_change")
+    ``v2_fields`` False (RocketMQ 4.x rules): the answer carries no ext fields at all, as a 4.9 broker's."""
 
-    def __init__(self, code=ResponseCode.SUCCESS, remark=None, is_sub_change=True):
+    __slots__ = ("code", "remark", "is_sub_change", "v2_fields")
+
+    def __init__(self, code=ResponseCode.SUCCESS, remark=None, is_sub_change=True, v2_fields=True):
         self.code = code
         self.remark = remark
         self.is_sub_change = is_sub_change
+        self.v2_fields = v2_fields
 
     @property
     def ext_fields(self) -> dict | None:
-        """``{"IS_SUPPORT_HEART_BEAT_V2": "true", "IS_SUB_CHANGE": "true"|"false"}``; None for an error answer."""
-        if self.code != ResponseCode.SUCCESS:
+        """``{"IS_SUPPORT_HEART_BEAT_V2": "true", "IS_SUB_CHANGE": "true"|"false"}``; None for an error answer
+        and under 4.x rules."""
+        if self.code != ResponseCode.SUCCESS or not self.v2_fields:
             return None
         return {IS_SUPPORT_HEART_BEAT_V2: "true", IS_SUB_CHANGE: "true" if self.is_sub_change else "false"}
 
     def __repr__(self):
-        return f"HeartbeatResult(code={self.code!r}, remark={self.remark!r}, is_sub_change={self.is_sub_change!r})"
+        return (f"HeartbeatResult(code={self.code!r}, remark={self.remark!r}, is_sub_change={self.is_sub_change!r}"
+                f"{'' if self.v2_fields else ', v2_fields=False'})")
 
     def __eq__(self, other):
         if not isinstance(other, HeartbeatResult):
             return NotImplemented
-        return (self.code, self.remark, self.is_sub_change) == (other.code, other.remark, other.is_sub_change)
+        return ((self.code, self.remark, self.is_sub_change, self.v2_fields)
+                == (other.code, other.remark, other.is_sub_change, other.v2_fields))
 
 
 _RESULT_V1 = HeartbeatResult(is_sub_change=True)  # V1: always IS_SUB_CHANGE=true (5.4)
+_RESULT_4 = HeartbeatResult(is_sub_change=True, v2_fields=False)  # 4.x rules: SUCCESS without ext fields
 _RESULT_V2_SAME = HeartbeatResult(is_sub_change=False)
 _RESULT_V2_CHANGED = HeartbeatResult(is_sub_change=True)
 
@@ -505,7 +521,14 @@ class ClientRegistry:
         self._producer_shift = PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS - self._timeout
         # scan-key offset of a fully fresh slot by membership kinds (bit 0 consumer, bit 1 producer)
         self._fresh_off = (0, 0, self._producer_shift, min(0, self._producer_shift))
-        self._reject_pull = cfg.reject_pull_consumer_enable
+        #: RocketMQ 4.x rules (RegistryConfig.client_management_rules == 4)
+        self._rules4 = rules4 = cfg.client_management_rules == 4
+        self._reject_pull = cfg.reject_pull_consumer_enable and not rules4  # 4.x has no rejectPullConsumerEnable
+        self._result_v1 = _RESULT_4 if rules4 else _RESULT_V1
+        # 4.x has no CLIENT_REGISTER / CLIENT_UNREGISTER events
+        if rules4:
+            self._wants -= {ConsumerGroupEvent.CLIENT_REGISTER, ConsumerGroupEvent.CLIENT_UNREGISTER,
+                            ProducerGroupEvent.CLIENT_UNREGISTER}
 
         self._pool = StringPool(max(64, cfg.initial_capacity))  # client ids and non-IPv4 addresses
         self._slot_of: dict = {}
@@ -928,13 +951,14 @@ class ClientRegistry:
                     now = self._clock()
                     self._mv_last[slot] = now
                     self._mv_oldest[slot] = now + self._fresh_off[self._mv_kinds[slot]]
-                    if self._want_register and not (hb.fingerprint and hb.without_sub):
+                    v1 = hb.fingerprint == 0 or self._rules4
+                    if self._want_register and (v1 or not hb.without_sub):
                         self._request = (channel, hb.client_id, language, version, now, slot)
                         for cd in hb.consumers:
                             if not (reject and cd.consume_type is _CONSUME_ACTIVELY):
                                 self._emit(ConsumerGroupEvent.REGISTER, cd.group, client=self._request_info(),
                                            subscriptions=cd.subscriptions)
-                    return _RESULT_V1 if hb.fingerprint == 0 else _RESULT_V2_SAME
+                    return self._result_v1 if v1 else _RESULT_V2_SAME
         return self._heartbeat(channel, slot, hb, language, version)
 
     def repeat_token(self, channel, hb, language=LanguageCode.JAVA, version: int = 0):
@@ -957,7 +981,8 @@ class ClientRegistry:
             if g is None or g.epoch >= armed:
                 return None
             groups.append((cd.group, g))
-        return (slot, by, armed, tuple(groups), _RESULT_V1 if hb.fingerprint == 0 else _RESULT_V2_SAME)
+        return (slot, by, armed, tuple(groups),
+                self._result_v1 if hb.fingerprint == 0 or self._rules4 else _RESULT_V2_SAME)
 
     def heartbeat_repeat(self, token) -> HeartbeatResult | None:
         """:meth:`heartbeat` once more for the request ``token`` stands for, on the fast path's own conditions
@@ -1003,7 +1028,8 @@ class ClientRegistry:
         cfg = self.config
         topics = self.store.topics
         fingerprint = hb.fingerprint
-        v2 = fingerprint != 0
+        rules4 = self._rules4
+        v2 = fingerprint != 0 and not rules4  # a 4.9 broker's HeartbeatData has no fingerprint (fastjson drops it)
         light = v2 and hb.without_sub
         sub_change = False
         refreshed = []
@@ -1011,6 +1037,17 @@ class ClientRegistry:
             if self._reject_pull and cd.consume_type is _CONSUME_ACTIVELY:
                 continue
             group = cd.group
+            if rules4:
+                # ClientManageProcessor.heartBeat of 4.9.x: no fingerprint table, no hasOrderTopicSub; a group
+                # without config is registered anyway (notify on) and gets no retry topic
+                sgc = self._find_subscription_group_config(group)
+                if sgc is not None:
+                    self._create_retry_topic(group, sgc.retry_queue_nums, None,
+                                             FLAG_UNIT_SUB if cd.unit_mode else 0)
+                self._register_consumer(group, slot, req, cd,
+                                        sgc.notify_consumer_ids_changed_enable if sgc is not None else True)
+                refreshed.append(self._consumers[group].key)
+                continue
             prev = self._fingerprints.get(group)
             if v2:
                 if prev is not None and prev != fingerprint:
@@ -1047,7 +1084,7 @@ class ClientRegistry:
             refreshed.append(self._register_producer(pd.group, slot, req))
         pool.release(cid)
         covered_all = self._refresh(slot, refreshed, now) if refreshed else False
-        result = _RESULT_V1 if not v2 else (_RESULT_V2_CHANGED if sub_change else _RESULT_V2_SAME)
+        result = self._result_v1 if not v2 else (_RESULT_V2_CHANGED if sub_change else _RESULT_V2_SAME)
         if covered_all and not self._dirty:
             # this run changed nothing: the same heartbeat may be answered by the fast path until a change
             self._mv_fkey[slot] = _heartbeat_digest(hb, language, version)
@@ -1168,8 +1205,8 @@ class ClientRegistry:
             self._emit(ConsumerGroupEvent.CLIENT_REGISTER, group, client=self._request_info(),
                        topics=frozenset(sd.topic for sd in subs))
         r2 = self._update_subscription(g, subs)
-        if (r1 or r2) and notify and g.message_model is not _BROADCASTING:
-            self._change(group)
+        if (r1 or r2) and notify and (self._rules4 or g.message_model is not _BROADCASTING):
+            self._change(group)  # 4.x: BROADCASTING groups are notified too
         if self._want_register:
             self._emit(ConsumerGroupEvent.REGISTER, group, client=self._request_info(), subscriptions=subs)
 
@@ -1266,8 +1303,8 @@ class ClientRegistry:
                     self._drop_consumer_group(g)
                     self._emit(ConsumerGroupEvent.UNREGISTER, consumer_group)
                     self._clear_topic_groups(g)
-                if notify and g.message_model is not _BROADCASTING:
-                    self._change(consumer_group)  # even when nothing was removed (6.6.4)
+                if notify and (self._rules4 or g.message_model is not _BROADCASTING):
+                    self._change(consumer_group)  # even when nothing was removed (6.6.4); 4.x: BROADCASTING too
         return ResponseCode.SUCCESS, None
 
     # =========================================================================================== close
@@ -1304,8 +1341,8 @@ class ClientRegistry:
                     self._drop_consumer_group(g)
                     self._emit(ConsumerGroupEvent.UNREGISTER, g.name)
                     self._clear_topic_groups(g)
-                if g.message_model is not _BROADCASTING:
-                    self._change(g.name)
+                if self._rules4 or g.message_model is not _BROADCASTING:
+                    self._change(g.name)  # 4.x: BROADCASTING groups too
         self._free_slot(slot)
         return removed
 
@@ -1449,7 +1486,10 @@ class ClientRegistry:
         return None if g is None else g.subscriptions.get(topic)
 
     def topic_consumed_by(self, topic: str) -> set:
-        """queryTopicConsumeByWho: groups recorded for the topic (topicGroupTable, with Java's stale entries)."""
+        """queryTopicConsumeByWho: groups recorded for the topic (topicGroupTable, with Java's stale entries);
+        under 4.x rules the live groups whose subscription table has the topic (4.9 has no topicGroupTable)."""
+        if self._rules4:
+            return {name for name, g in self._consumers.items() if topic in g.subscriptions}
         return set(self._topic_groups.get(topic, ()))
 
     def fingerprint(self, group: str):

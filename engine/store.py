@@ -630,7 +630,7 @@ class TopicConfigManager(_ConfigTable):
         """
         tc = self.table.get(topic)
         if tc is not None:
-            if tc.order != is_order:
+            if is_order is not None and tc.order != is_order:  # None (4.x): the order flag is left alone
                 # replaced, not changed in place: a queued write's snapshot (a shallow copy of the table, encoded
                 # later on the writer thread) keeps the config object as it was
                 tc = self.table[topic] = replace(tc, order=is_order)
@@ -640,7 +640,7 @@ class TopicConfigManager(_ConfigTable):
         if not self._store.may_auto_create(self, topic):
             return None, False
         tc = TopicConfig(topic, read_queue_nums=queue_nums, write_queue_nums=queue_nums, perm=perm,
-                         topic_sys_flag=topic_sys_flag, order=is_order)
+                         topic_sys_flag=topic_sys_flag, order=bool(is_order))
         self.table[topic] = tc
         log.info("create new topic %s", tc)
         self._changed(derivable=True)  # a retry topic: the next heartbeat of the group creates it again

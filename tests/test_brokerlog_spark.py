@@ -71,7 +71,9 @@ def test_scan_command_writes_the_report(spark, tmp_path):
     f = json.loads((out / "findings.json").read_text())
     assert [r["client_id"] for r in f["expired_clients"]] == ["127.0.0.1@JavaDriver-23274-3877417792690"]
     assert f["log"]["log_tz"] == "Asia/Shanghai" and f["log"]["zone_check"]["agrees"] is True
-    assert (out / "index.html").exists()
+    page = (out / "index.html").read_text()
+    assert "Log time zone used: <b>Asia/Shanghai</b>" in page and "127.0.0.1@JavaDriver-23274-3877417792690" in page
+    assert "<h2>Expired clients</h2>" in page and "<h2>What this input cannot show</h2>" in page
 
 
 def test_scan_command_over_generated_logs_finds_exactly_the_injections(spark, tmp_path):

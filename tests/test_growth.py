@@ -38,9 +38,10 @@ def test_per_group_series_are_capped(broker_factory):
     assert 'rocketmq_broker_auto_create_refused_total{kind="topic"} 0' in text
 
 
-def test_auto_created_groups_are_limited(broker_factory):
+@pytest.mark.parametrize("rules", [4, 5])
+def test_auto_created_groups_are_limited(broker_factory, rules):
     limit = len(SYSTEM_CONSUMER_GROUPS) + 2
-    broker = broker_factory(auto_create_max_subscription_groups=limit)
+    broker = broker_factory(auto_create_max_subscription_groups=limit, client_management_rules=rules)
     c = Client(broker.ports["main"])
     try:
         for i in range(4):
@@ -48,9 +49,11 @@ def test_auto_created_groups_are_limited(broker_factory):
         store = broker.registry.store
         assert broker.call(lambda: sorted(g for g in store.groups.table if g.startswith("auto_"))) == \
             ["auto_0", "auto_1"]
-        # a group that could not be created is treated as one with no config: not registered
+        # a group that could not be created is treated as one with no config: not registered (5.x rules), or
+        # registered without config and without retry topic (4.x rules: its memberships go with its connection)
         r = c.call(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "auto_3"})
-        assert r.code == ResponseCode.SYSTEM_ERROR
+        assert r.code == (ResponseCode.SYSTEM_ERROR if rules == 5 else ResponseCode.SUCCESS)
+        assert broker.call(broker.registry.topic_config, "%RETRY%auto_3") is None
         assert c.call(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "auto_1"}).code == ResponseCode.SUCCESS
         # its offsets cannot be committed either: the group does not exist (nothing is added to the offset table)
         r = c.call(RequestCode.UPDATE_CONSUMER_OFFSET, {"consumerGroup": "auto_3", "topic": "%RETRY%auto_1",

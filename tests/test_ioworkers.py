@@ -117,7 +117,8 @@ def test_connections_are_held_by_workers_not_the_core(broker):
     assert "rocketmq_broker_connections 6" in text
 
 
-def test_heartbeat_v2_answers(broker):
+def test_heartbeat_v2_answers(broker_factory):
+    broker = broker_factory(client_management_rules=5)  # heartbeat V2 is a 5.x rule (tests/test_rules.py)
     c = Client(broker.ports["main"])
     v2 = {"IS_SUPPORT_HEART_BEAT_V2": "true"}
     body = hb_body(client_id="v2@1").replace(b'"heartbeatFingerprint":0', b'"heartbeatFingerprint":77')

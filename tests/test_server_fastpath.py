@@ -158,11 +158,13 @@ class FakeTransport:
     resume_reading = pause_reading
 
 
-@pytest.fixture
-def offline(tmp_path):
-    """A broker that is built but not listening: its processors driven through Connection.data_received."""
+@pytest.fixture(params=[5, 4])
+def offline(tmp_path, request):
+    """A broker that is built but not listening: its processors driven through Connection.data_received; under
+    5.x rules (heartbeat V2) and under the seeds' 4.x rules (clientManagementRules)."""
     loop = asyncio.new_event_loop()
-    b = Broker(BrokerConfig(listen_port=0, store_path_root_dir=str(tmp_path / "store")))
+    b = Broker(BrokerConfig(listen_port=0, store_path_root_dir=str(tmp_path / "store"),
+                            client_management_rules=request.param))
     b.loop = b.server.loop = loop
     yield b
     loop.close()
@@ -210,7 +212,8 @@ def test_every_heartbeat_answer_equals_the_encoded_response(offline, monkeypatch
         answers = [f for f in split_frames(conn.transport.chunks[-1]) if engine.decode_frame(f).is_response]
         assert answers == [want]
     assert len(results) == len(sends)
-    assert {k for k, v in offline.processors._hb_answers.items() if v} >= {("JSON", True), ("ROCKETMQ", True)}
+    v2 = offline.config.client_management_rules == 5  # 4.x answers carry no ext fields
+    assert {k for k, v in offline.processors._hb_answers.items() if v} >= {("JSON", True, v2), ("ROCKETMQ", True, v2)}
 
 
 def test_identical_body_is_decoded_once_and_a_changed_body_again(offline, monkeypatch):
@@ -259,9 +262,11 @@ def test_batched_heartbeats_in_one_read_are_answered_in_one_write(offline):
 # ------------------------------------------------------------------------------------------------ over the wire
 
 
-def test_wire_answers_carry_each_requests_opaque(tmp_path):
+@pytest.mark.parametrize("rules", [5, 4])
+def test_wire_answers_carry_each_requests_opaque(tmp_path, rules):
     b = Broker(BrokerConfig(listen_port=0, listen_host="127.0.0.1", store_path_root_dir=str(tmp_path / "s"),
-                            fast_port_enable=False)).start()
+                            fast_port_enable=False, client_management_rules=rules)).start()
+    ext = {V2_EXT: "true", SUB_EXT: "true"} if rules == 5 else None  # a 4.9 broker's answer has no ext fields
     try:
         sock = socket.create_connection(("127.0.0.1", b.ports["main"]), timeout=5)
         opaques = [0, 1, 9, 10, 2**31 - 1, -1, -(2**31), 5, 5]
@@ -281,8 +286,8 @@ def test_wire_answers_carry_each_requests_opaque(tmp_path):
             assert ans.opaque == req.opaque and ans.is_response and ans.code == ResponseCode.SUCCESS
             assert ans.serialize_type == req.serialize_type
             assert ans.version == engine.BROKER_VERSION
-            assert ans.ext_fields == {V2_EXT: "true", SUB_EXT: "true"}
-            assert ans.encode() == req.response(0, ext_fields={V2_EXT: "true", SUB_EXT: "true"}).encode()
+            assert ans.ext_fields == ext
+            assert ans.encode() == req.response(0, ext_fields=ext).encode()
         sock.close()
     finally:
         b.stop()

@@ -1,0 +1,104 @@
+"""The HTML report shows the log scan's findings (expired clients, retry-topic churn, subscription flips, per
+broker), what the log could not support, the zone used and the unparsed line kinds with examples; and the
+recording scan's expired clients. The report is self-contained (no network references)."""
+import html
+import re
+
+import pytest
+
+from conftest import require_module
+
+require_module("pyarrow")
+require_module("matplotlib")
+
+from engine import scan_py  # noqa: E402
+from engine.bindings import brokerlog as bl  # noqa: E402
+from engine.bindings.report import write_report  # noqa: E402
+from engine.synth import FleetConfig, generate  # noqa: E402
+
+
+def _text(page: str) -> str:
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
+
+
+def _section(page: str, title: str) -> str:
+    """The HTML from an <h2>title</h2> to the next <h2>."""
+    start = page.index(f"<h2>{title}</h2>")
+    end = page.find("<h2>", start + 4)
+    return page[start:end if end > 0 else len(page)]
+
+
+def _self_contained(page: str):
+    refs = re.findall(r"""(?:src|href)=['"]([^'"]+)""", page)
+    assert refs and all(not re.match(r"[a-z]+:", r) and "/" not in r for r in refs), refs
+    assert "http://" not in page and "https://" not in page
+
+
+@pytest.fixture(scope="module")
+def log_report(tmp_path_factory):
+    d = tmp_path_factory.mktemp("logs")
+    ma = bl.generate_broker_log(d / "broker-a" / "broker.log", groups=3, members=4, restarts=1, seed=2)
+    mb = bl.generate_broker_log(d / "broker-b" / "broker.log", groups=3, members=3, seed=3)
+    f = bl.scan_local([d], log_tz="+08:00")
+    out = d / "report"
+    index = write_report(f, out, plots=True)
+    return f, index.read_text(), ma, mb, out
+
+
+def test_log_report_expired_clients(log_report):
+    f, page, ma, mb, _ = log_report
+    sec = _text(_section(page, "Expired clients"))
+    for broker, m in (("broker-a", ma), ("broker-b", mb)):
+        x = m["expired"][0]
+        assert re.search(rf"{broker}\s+{re.escape(x['client_id'])}\s+{re.escape(x['addr'])}\s+CID_G1, PID_G1", sec), sec
+    assert "from the brokers' SCAN lines" in sec
+
+
+def test_log_report_churn_flips_and_per_broker(log_report):
+    f, page, ma, mb, _ = log_report
+    churn = _text(_section(page, "Retry-topic churn"))
+    assert re.search(r"broker-a CID_G0 %RETRY%CID_G0 1 4 0 4 ", churn), churn
+    flips = _text(_section(page, "Subscription flips"))
+    assert re.search(r"broker-b\s+CID_G2\s+Topic_G2\s+3\s", flips) and "TagA || TagB" in flips and "TagC" in flips
+    # members with another subscription: in the inconsistent table with their clients, not the flips
+    inc = _text(_section(page, "Inconsistent subscriptions"))
+    assert "10.9.0.3@odd" in inc and "Topic_G2" in inc
+    per = _text(_section(page, "Per broker"))
+    # inconsistent (members + flips), flapping, group sizes, expired, churn
+    assert re.search(r"broker-a 2 1 \d+ 1 1 broker-b 2 1 \d+ 1 1 fleet \(all brokers\) 4 2 \d+ 2 2 ", per), per
+    assert "10.9.0.1@flapper" in per  # the same client flaps on both brokers
+
+
+def test_log_report_zone_unsupported_and_unparsed_lines(log_report):
+    f, page, _, _, out = log_report
+    logs = _text(_section(page, "Broker logs read"))
+    assert "Log time zone used: +08:00 (--log-tz)" in logs and "agree with this zone (UTC+8)" in logs
+    assert re.search(r"malformed_register\s+2\s+\S", logs) and re.search(r"unknown_format\s+2\s+Nov 24, 2026", logs)
+    assert re.search(r"continuation\s+2\s+at io\.netty", logs)
+    cannot = _text(_section(page, "What this input cannot show"))
+    assert "heartbeat_gaps" in cannot and "invisible" in cannot
+    assert "Not supported by this input" in _text(_section(page, "Heartbeat gaps"))
+    assert not (out / "gap_histogram.png").exists()
+    assert (out / "expired_clients.csv").read_text().count("10.9.0.2@frozen") == 2
+    assert "unknown_format,2,Nov 24, 2026" in (out / "log_lines.csv").read_text().replace('"', "")
+    _self_contained(page)
+
+
+def test_log_report_flags_a_wrong_zone(tmp_path):
+    bl.generate_broker_log(tmp_path / "b" / "broker.log", groups=2, members=2, seed=1)
+    f = bl.scan_local([tmp_path / "b"], log_tz="UTC")
+    page = write_report(f, tmp_path / "r", plots=False).read_text()
+    assert "imply UTC+8, not the zone in use (UTC+0)" in _text(_section(page, "Broker logs read"))
+
+
+def test_recording_report_lists_expired_clients(tmp_path):
+    m = generate(tmp_path / "rec", FleetConfig(clients=30, groups=6, days=0.15, seed=5))
+    f = scan_py.scan(tmp_path / "rec")
+    page = write_report(f, tmp_path / "r", plots=True).read_text()
+    sec = _text(_section(page, "Expired clients"))
+    want = m["anomalies"]["expired_clients"]
+    assert want and all(x["client_id"] in sec and x["addr"] in sec for x in want)
+    assert sec.count("never") == sum(x["returned_ms"] is None for x in want)
+    assert "Broker logs read" not in page and "Per broker" not in page and "Retry-topic churn" not in page
+    assert "<img src='gap_histogram.png'" in page
+    _self_contained(page)

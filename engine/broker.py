@@ -12,8 +12,9 @@ graceful shutdown that persists state).
 What runs once started (BrokerController.start): the main and fast ports; the client housekeeping (expiry scan
 every 10 s, first after 10 s; expired connections are closed); consumer-offset persistence every
 ``flushConsumerOffsetInterval``; NOTIFY_CONSUMER_IDS_CHANGED pushed to a group's connections on CHANGE events;
-REGISTER_BROKER to every configured name server at start and every ``registerNameServerPeriod`` (without a name
-server the broker answers route queries itself); the Prometheus endpoint with ``metricsPort``; the heartbeat
+REGISTER_BROKER to every configured name server at start, then at a fixed rate every ``registerNameServerPeriod``
+from +10 s, and at once (coalesced) when a topic appears, e.g. a new retry topic (without a name server the broker
+answers route queries itself); the Prometheus endpoint with ``metricsPort``; the heartbeat
 recorder with ``recordDir``.
 """
 from __future__ import annotations
@@ -61,8 +62,11 @@ def valid_topic_name(topic: str) -> bool:
 class Broker:
     """The broker front end: registry + remoting server + housekeeping, started and stopped as one."""
 
-    def __init__(self, config: BrokerConfig | None = None, *, registry=None):
+    def __init__(self, config: BrokerConfig | None = None, *, registry=None, namesrv_timers=None):
+        """``namesrv_timers``: ``(clock, sleep)`` of the name-server registration schedule (tests drive it; default
+        ``(time.monotonic, asyncio.sleep)``)."""
         self.config = config if config is not None else BrokerConfig()
+        self._namesrv_timers = namesrv_timers
         self.config.validate()
         self.metrics = Metrics()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -199,10 +203,16 @@ class Broker:
             self._metrics_endpoint = MetricsEndpoint(self.render_metrics, cfg.metrics_host, cfg.metrics_port)
             self.ports["metrics"] = await self._metrics_endpoint.start()
         if cfg.namesrv_addr.strip():
-            self._namesrv = NamesrvRegistrar(self)
-            await self._namesrv.register_all()  # at start, as BrokerController.start does
-            self._tasks.append(asyncio.ensure_future(self._periodic(cfg.register_name_server_period / 1000.0,
-                                                                    self._namesrv.register_all, is_async=True)))
+            # BrokerController.start: registerBrokerAll at start, then at a fixed rate from +10 s every
+            # registerNameServerPeriod (clamped to [10 s, 60 s]); a new topic (a retry topic, an auto-created one)
+            # is pushed at once (TopicConfigManager -> registerBrokerAll), several at once coalesced into one call
+            clock, sleep = self._namesrv_timers or (time.monotonic, asyncio.sleep)
+            self._namesrv = NamesrvRegistrar(self, clock=clock, sleep=sleep)
+            await self._namesrv.register_all()
+            self._tasks.append(asyncio.ensure_future(self._namesrv.run_periodic(
+                10.0, cfg.register_name_server_period / 1000.0)))
+            self._tasks.append(asyncio.ensure_future(self._namesrv.run_on_demand()))
+            self.registry.store.on_topic_created = self._namesrv.request_register
         mode = f"name server {cfg.namesrv_addr}" if cfg.namesrv_addr.strip() else "standalone (answers routes itself)"
         log.info("The broker[%s, %s] boot success. serializeType=JSON, %s", cfg.broker_name,
                  self.advertised_addr(), mode)
@@ -368,12 +378,45 @@ async def _as_coro(fn, *args):
 class NamesrvRegistrar:
     """Registers the broker with every configured name server, keeping one connection to each."""
 
-    def __init__(self, broker: Broker, timeout: float = 6.0):
+    def __init__(self, broker: Broker, timeout: float = 6.0, clock=time.monotonic, sleep=asyncio.sleep):
         self.broker = broker
         self.timeout = timeout
+        self.clock, self.sleep = clock, sleep
         self._conns: dict[tuple, tuple] = {}  # (host, port) -> (reader, writer, decoder)
         self._opaque = 0
+        self._lock = asyncio.Lock()  # one registration at a time: they share each name server's connection
+        self._wanted = asyncio.Event()  # a new topic asks for a registration (coalesced)
+        #: registrations done (start, periodic, on demand) and the on-demand ones among them
+        self.registrations = 0
+        self.on_demand_registrations = 0
         self._data_version = {"counter": 0, "stateVersion": 0, "timestamp": int(time.time() * 1000)}
+
+    def request_register(self, topic: str | None = None) -> None:
+        """A topic appeared: register soon; requests made before that registration starts share it."""
+        self._wanted.set()
+
+    async def run_on_demand(self) -> None:
+        while True:
+            await self._wanted.wait()
+            self._wanted.clear()
+            self.on_demand_registrations += 1
+            try:
+                await self.register_all()
+            except Exception:
+                log.exception("registerBrokerAll for a new topic failed")
+
+    async def run_periodic(self, first_s: float, period_s: float) -> None:
+        """scheduleAtFixedRate(registerBrokerAll, first_s, period_s): the k-th run is due at start + first + k x
+        period, whatever the runs before it took."""
+        start = self.clock()
+        k = 0
+        while True:
+            await self.sleep(max(0.0, start + first_s + k * period_s - self.clock()))
+            k += 1
+            try:
+                await self.register_all()
+            except Exception:
+                log.exception("registerBrokerAll Exception")
 
     def _header(self) -> dict:
         cfg = self.broker.config
@@ -434,6 +477,11 @@ class NamesrvRegistrar:
             conn[1].close()
 
     async def register_all(self) -> None:
+        async with self._lock:
+            self.registrations += 1
+            await self._register_all()
+
+    async def _register_all(self) -> None:
         header = self._header()
         body = self._body()
         header["bodyCrc32"] = str(zlib.crc32(body) & 0x7FFFFFFF)  # UtilAll.crc32
@@ -454,6 +502,10 @@ class NamesrvRegistrar:
                             addr[0], addr[1], e or type(e).__name__)
 
     async def unregister_all(self) -> None:
+        async with self._lock:
+            await self._unregister_all()
+
+    async def _unregister_all(self) -> None:
         cfg = self.broker.config
         ext = {"brokerName": cfg.broker_name, "brokerAddr": self.broker.advertised_addr(),
                "clusterName": cfg.broker_cluster_name, "brokerId": str(cfg.broker_id)}

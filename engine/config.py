@@ -51,7 +51,8 @@ class BrokerConfig:
     broker_ip1: str = ""
     #: name servers, `host:port;host:port`; empty = this broker answers route queries itself
     namesrv_addr: str = ""
-    #: ms between REGISTER_BROKER calls to the name servers
+    #: ms between REGISTER_BROKER calls to the name servers (clamped to 10-60 s; the first at start, the periodic
+    #: ones from +10 s; a new topic, e.g. a retry topic, is registered at once)
     register_name_server_period: int = 30_000
     #: directory of the persisted state (`config/topics.json`, `subscriptionGroup.json`, `consumerOffset.json`); default `~/store`
     store_path_root_dir: str = field(default_factory=lambda: str(Path.home() / "store"))

@@ -614,6 +614,12 @@ class TopicConfigManager(_ConfigTable):
 
     FILE_NAME, TABLE_KEY, KEY_ATTR = "topics.json", "topicConfigTable", "topic_name"
 
+    def put(self, config, derivable: bool = False):
+        old = super().put(config, derivable)
+        if old is None:
+            self._store.topic_created(config.topic_name)
+        return old
+
     def _item_from_json(self, key, value, path):
         return TopicConfig.from_dict(value, path)
 
@@ -644,6 +650,7 @@ class TopicConfigManager(_ConfigTable):
         self.table[topic] = tc
         log.info("create new topic %s", tc)
         self._changed(derivable=True)  # a retry topic: the next heartbeat of the group creates it again
+        self._store.topic_created(topic)
         return tc, True
 
 
@@ -816,6 +823,17 @@ class Store:
         self.groups = SubscriptionGroupManager(self)
         self.offsets = ConsumerOffsetManager(self)
         self.load()
+        #: called with the name of each topic created after loading (a retry topic, an auto-created or an admin
+        #: topic): the broker pushes it to the name servers at once, as TopicConfigManager does
+        self.on_topic_created = None
+
+    def topic_created(self, topic: str) -> None:
+        hook = self.on_topic_created
+        if hook is not None:
+            try:
+                hook(topic)
+            except Exception:
+                log.exception("on_topic_created hook failed for %s", clip(topic, 64))
 
     def load(self) -> None:
         self.topics.load()

@@ -485,53 +485,112 @@ def test_metrics_endpoint(broker_factory):
     assert 'rocketmq_broker_requests_total{code="105"} 1' in text
 
 
-def test_register_broker_with_a_name_server(tmp_path):
-    received = []
-    loop_ready = threading.Event()
-    state = {}
+class FakeNamesrv:
+    """A name server on its own thread that answers every request SUCCESS and keeps what it received."""
 
-    async def fake_namesrv():
-        async def handle(reader, writer):
-            dec = engine.FrameDecoder()
-            while True:
-                data = await reader.read(65536)
-                if not data:
-                    break
-                for cmd in dec.feed(data):
-                    received.append((time.monotonic(), cmd))
-                    writer.write(cmd.response(0, ext_fields={"haServerAddr": "", "masterAddr": ""}).encode())
+    def __init__(self):
+        self.received = []
+        ready = threading.Event()
+        state = {}
 
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        state["port"] = server.sockets[0].getsockname()[1]
-        state["server"] = server
-        loop_ready.set()
-        await asyncio.sleep(30)
+        async def main():
+            async def handle(reader, writer):
+                dec = engine.FrameDecoder()
+                while True:
+                    data = await reader.read(65536)
+                    if not data:
+                        break
+                    for cmd in dec.feed(data):
+                        self.received.append(cmd)
+                        writer.write(cmd.response(0, ext_fields={"haServerAddr": "", "masterAddr": ""}).encode())
 
-    t = threading.Thread(target=lambda: asyncio.run(fake_namesrv()), daemon=True)
-    t.start()
-    assert loop_ready.wait(5)
-    cfg = make_config(tmp_path, namesrv_addr=f"127.0.0.1:{state['port']}", broker_name="broker-x", broker_ip1="127.0.0.1")
-    b = Broker(cfg)
-    cfg.register_name_server_period = 300  # below the 10 s clamp, for the test only
-    b.start()
+            server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            state["port"] = server.sockets[0].getsockname()[1]
+            ready.set()
+            await asyncio.sleep(3600)
+
+        threading.Thread(target=lambda: asyncio.run(main()), daemon=True).start()
+        assert ready.wait(10)
+        self.port = state["port"]
+
+    def registrations(self):
+        return [c for c in list(self.received) if c.code == RequestCode.REGISTER_BROKER]
+
+
+class FakeTimers:
+    """(clock, sleep) of the broker's registration schedule in virtual time: each sleep is recorded and advances
+    the clock by its delay; past ``runs`` sleeps the schedule parks for good (the test ends before)."""
+
+    def __init__(self, runs):
+        self.now, self.delays, self.runs = 0.0, [], runs
+
+    def clock(self):
+        return self.now
+
+    async def sleep(self, delay):
+        self.delays.append(delay)
+        if len(self.delays) > self.runs:
+            await asyncio.get_running_loop().create_future()
+        self.now += delay
+
+
+def test_register_broker_at_start_then_every_period_from_10_s(tmp_path):
+    """BrokerController.start: registerBrokerAll at start, then scheduleAtFixedRate(10 s, registerNameServerPeriod)."""
+    ns, timers = FakeNamesrv(), FakeTimers(runs=2)
+    cfg = make_config(tmp_path, namesrv_addr=f"127.0.0.1:{ns.port}", broker_name="broker-x", broker_ip1="127.0.0.1")
+    b = Broker(cfg, namesrv_timers=(timers.clock, timers.sleep)).start()
     try:
-        assert wait_until(lambda: len([c for _, c in received if c.code == RequestCode.REGISTER_BROKER]) >= 3, 5)
+        assert wait_until(lambda: len(ns.registrations()) == 3, 30)  # at start + the runs at +10 s and +40 s
+        assert timers.delays[:3] == [10.0, 30.0, 30.0]
+        assert b.call(lambda: b._namesrv.registrations) == 3
         # with a name server the broker does not answer routes itself
         c = Client(b.ports["main"])
         assert c.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "T"}).code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
     finally:
         b.stop()
-    regs = [(ts, c) for ts, c in received if c.code == RequestCode.REGISTER_BROKER]
-    first = regs[0][1]
+    first = ns.registrations()[0]
     ext = first.ext_fields
     assert ext["brokerName"] == "broker-x" and ext["clusterName"] == "DefaultCluster" and ext["brokerId"] == "0"
     assert ext["brokerAddr"] == f"127.0.0.1:{b.ports['main']}" and ext["compressed"] == "false"
     assert int(ext["bodyCrc32"]) == zlib.crc32(first.body) & 0x7FFFFFFF
     body = json.loads(first.body)
     assert "topicConfigTable" in body["topicConfigSerializeWrapper"] and body["filterServerList"] == []
-    gaps = [b_[0] - a_[0] for a_, b_ in zip(regs, regs[1:])]
-    assert all(0.2 < g < 1.5 for g in gaps), gaps
-    assert any(c.code == RequestCode.UNREGISTER_BROKER for _, c in received)  # on shutdown
+    assert any(c.code == RequestCode.UNREGISTER_BROKER for c in ns.received)  # on shutdown
+
+
+def many_groups_body(client_id, groups):
+    consumers = ",".join(
+        '{"consumeFromWhere":"CONSUME_FROM_LAST_OFFSET","consumeType":"CONSUME_PASSIVELY","groupName":"%s",'
+        '"messageModel":"CLUSTERING","subscriptionDataSet":[{"classFilterMode":false,"codeSet":[],"expressionType":'
+        '"TAG","subString":"*","subVersion":1,"tagsSet":[],"topic":"T"}],"unitMode":false}' % g for g in groups)
+    return ('{"clientID":"%s","consumerDataSet":[%s],"producerDataSet":[]}' % (client_id, consumers)).encode()
+
+
+@pytest.mark.parametrize("rules", [4, 5])
+def test_new_retry_topics_reach_the_name_server_at_once_coalesced(tmp_path, rules):
+    ns, timers = FakeNamesrv(), FakeTimers(runs=0)  # the periodic schedule never runs: every call is accounted for
+    cfg = make_config(tmp_path, namesrv_addr=f"127.0.0.1:{ns.port}", broker_ip1="127.0.0.1",
+                      client_management_rules=rules)
+    b = Broker(cfg, namesrv_timers=(timers.clock, timers.sleep)).start()
+    try:
+        assert wait_until(lambda: len(ns.registrations()) == 1, 30)  # at start
+        c = Client(b.ports["main"])
+        assert c.heartbeat(client_id="a@1").code == 0  # a new group: its retry topic is created
+        assert wait_until(lambda: len(ns.registrations()) == 2, 30)
+        topics = json.loads(ns.registrations()[1].body)["topicConfigSerializeWrapper"]["topicConfigTable"]
+        assert topics["%RETRY%demo_consumer_group"]["perm"] == 6
+        # 20 retry topics created by one heartbeat: one registration carries them all
+        groups = [f"G{i}" for i in range(20)]
+        assert c.call(RequestCode.HEART_BEAT, {}, many_groups_body("a@1", groups)).code == 0
+        assert wait_until(lambda: len(ns.registrations()) == 3, 30)
+        topics = json.loads(ns.registrations()[2].body)["topicConfigSerializeWrapper"]["topicConfigTable"]
+        assert {f"%RETRY%{g}" for g in groups} <= set(topics)
+        # nothing new: no registration is asked for
+        assert c.call(RequestCode.HEART_BEAT, {}, many_groups_body("a@1", groups)).code == 0
+        assert b.call(lambda: (b._namesrv.on_demand_registrations, b._namesrv._wanted.is_set())) == (2, False)
+        assert b.call(lambda: b._namesrv.registrations) == 3 and timers.delays == [10.0]
+    finally:
+        b.stop()
 
 
 def test_serve_sigterm_persists_state(tmp_path):

@@ -30,7 +30,7 @@ import time
 import zlib
 
 from . import RemotingCommand
-from .config import PROPERTIES, BrokerConfig, ConfigError, parse_overrides
+from .config import PROPERTIES, BrokerConfig, ConfigError, ConfigFileError, parse_overrides
 from .enums import BROKER_VERSION, RequestCode, ResponseCode
 from .ioworker import new_event_loop
 from .metrics import Metrics, MetricsEndpoint, render
@@ -39,6 +39,13 @@ from .rebalance import RebalanceLockManager
 from .server import RemotingServer
 
 log = logging.getLogger("engine.broker")
+
+#: exit statuses of `rmqhb serve`, as mqbroker's (BrokerStartup): System.exit(-3) = 253 for a configuration that
+#: cannot run (an illegal namesrvAddr, a slave's brokerId; here also any property error) and for a failed
+#: initialize() (store files that do not load); System.exit(-1) = 255 for a bad command line, an unreadable
+#: config file and a failed start (a port in use)
+EXIT_CONFIG = 253
+EXIT_FAILURE = 255
 
 #: Executors and their queue capacities (BrokerConfig *ThreadPoolQueueCapacity); None = inline.
 def _executor_capacities(cfg: BrokerConfig) -> dict:
@@ -540,7 +547,10 @@ def serve_main(argv=None) -> int:
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.add_argument("--lenient-config", action="store_true",
                    help="keep unknown property names (listed at start-up) instead of refusing to start")
-    args, rest = p.parse_known_args(argv)
+    try:
+        args, rest = p.parse_known_args(argv)
+    except SystemExit as e:  # argparse: -h (0) or a bad command line (mqbroker: ServerUtil.parseCmdLine -> -1)
+        return 0 if e.code in (0, None) else EXIT_FAILURE
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -550,20 +560,32 @@ def serve_main(argv=None) -> int:
         if args.record:
             overrides["recordDir"] = args.record
         config = BrokerConfig.load(args.configFile, overrides, lenient=args.lenient_config)
+    except ConfigFileError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_FAILURE
     except ConfigError as e:
         print(str(e), file=sys.stderr)
-        return 3
+        return EXIT_CONFIG
     if args.printConfigItem or args.printImportantConfig:
         for name, value in config.to_properties():
             if args.printImportantConfig and name not in config.explicit:
                 continue
             print(f"{name}={value}")
         return 0
-    unused = config.unused_properties()
-    if unused:
-        log.info("accepted, not used by this broker: %s", ", ".join(unused))
+    log_unused_properties(config)
     _raise_nofile()
     return asyncio_run(_serve(config))
+
+
+def log_unused_properties(config: BrokerConfig) -> None:
+    """Once at start: the Java broker properties that were set and that this broker does not use (thread pools,
+    the message store, HA...), and the unknown names ``--lenient-config`` kept."""
+    java = config.java_unused_properties()
+    if java:
+        log.warning("accepted, not used by this broker: %s", ", ".join(java))
+    unknown = config.unknown_properties()
+    if unknown:
+        log.warning("unknown properties kept (--lenient-config), not used: %s", ", ".join(unknown))
 
 
 def _raise_nofile() -> None:
@@ -581,11 +603,18 @@ def _raise_nofile() -> None:
 
 async def _serve(config: BrokerConfig) -> int:
     try:
-        broker = Broker(config)
-        await broker.start_async()
-    except (ConfigError, OSError, ValueError) as e:
+        broker = Broker(config)  # BrokerController.initialize(): the store files load, or the broker exits -3
+    except (ConfigError, ValueError) as e:
         log.error("broker failed to start: %s", e)
-        return 1
+        return EXIT_CONFIG
+    except OSError as e:
+        log.error("broker failed to start: %s", e)
+        return EXIT_FAILURE
+    try:
+        await broker.start_async()
+    except (ConfigError, OSError, ValueError) as e:  # BrokerController.start() threw: mqbroker exits -1
+        log.error("broker failed to start: %s", e)
+        return EXIT_FAILURE
     # The start-up heap (modules, config, tables loaded from the store: ~26k objects) lives as long as the process;
     # frozen, no gen-2 collection walks it again: a full pass with 1k connections took 14 ms before, 0.8 ms after
     # (offline; BENCHMARKS.md, issue 4), and such a pass stalls every connection's answers. Only

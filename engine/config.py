@@ -27,6 +27,10 @@ class ConfigError(RemotingError, ValueError):
     """A broker setting is missing, malformed or inconsistent; the message names the property."""
 
 
+class ConfigFileError(ConfigError):
+    """The properties file cannot be read (mqbroker: an exception in createBrokerController, exit -1)."""
+
+
 def _default_broker_name() -> str:
     # BrokerConfig.defaultBrokerName(): the local host name, "DEFAULT_BROKER" when it cannot be read
     try:
@@ -179,7 +183,11 @@ class BrokerConfig:
 
     @property
     def namesrv_addr_list(self) -> list[tuple[str, int]]:
-        return [_split_addr(a) for a in self.namesrv_addr.split(";") if a.strip()] if self.namesrv_addr.strip() else []
+        """(host, port) of each name server, split as Java does (``namesrvAddr.split(";")``: a trailing ``;`` is
+        accepted); white space around a host is dropped here (Java keeps it and then cannot resolve the name)."""
+        if not self.namesrv_addr.strip():
+            return []
+        return [_split_addr(a) for a in java_split(self.namesrv_addr, ";")]
 
     @property
     def store_config_dir(self) -> Path:
@@ -207,6 +215,14 @@ class BrokerConfig:
         """Properties that were set but that this broker does not use (Java's, or unknown ones when lenient)."""
         return sorted(self.extra)
 
+    def java_unused_properties(self) -> list[str]:
+        """Java broker properties that were set and that this broker accepts but does not use."""
+        return sorted(n for n in self.extra if n in JAVA_PROPERTIES)
+
+    def unknown_properties(self) -> list[str]:
+        """Names kept by ``lenient`` that are neither this broker's nor Java's properties."""
+        return sorted(n for n in self.extra if n not in JAVA_PROPERTIES)
+
     def apply(self, props: dict, lenient: bool = False) -> "BrokerConfig":
         """Set fields from a {propertyName: text} mapping; text is parsed by the field's type.
 
@@ -226,10 +242,10 @@ class BrokerConfig:
 
     def validate(self) -> "BrokerConfig":
         """BrokerStartup's checks, with its messages where it has one."""
-        if self.namesrv_addr.strip():
+        if self.namesrv_addr.strip():  # StringUtils.isNotBlank
             try:
-                for addr in self.namesrv_addr.split(";"):
-                    _split_addr(addr)
+                for addr in java_split(self.namesrv_addr, ";"):
+                    _java_socket_address(addr)
             except ValueError:
                 raise ConfigError(
                     f"The Name Server Address[{self.namesrv_addr}] illegal, please set it as follows, "
@@ -362,16 +378,37 @@ def unknown_property_message(name: str, prefix: str = "property ") -> str:
     return f"unknown {prefix}{echo(name)[1:-1] if len(name) <= 64 else echo(name)}{hint}"
 
 
+def java_split(text: str, sep: str) -> list[str]:
+    """Java's ``String.split(sep)`` for a literal one-character separator: trailing empty strings are removed
+    (``"a;b;"`` -> ``["a", "b"]``, ``"a;;b"`` keeps the empty one)."""
+    parts = text.split(sep)
+    if len(parts) == 1:
+        return parts
+    while parts and parts[-1] == "":
+        parts.pop()
+    return parts
+
+
+def _java_socket_address(addr: str) -> None:
+    """What BrokerStartup checks of each name server (NetworkUtil.string2SocketAddress): a ':' (the host is what
+    precedes the last one, any text), then a port Integer.parseInt reads (no white space) within 0-65535
+    (InetSocketAddress). ValueError otherwise."""
+    host, sep, port = addr.rpartition(":")
+    if not sep:
+        raise ValueError(f"no port in {addr!r}")
+    digits = port[1:] if port[:1] in ("+", "-") else port
+    if not digits or not (digits.isascii() and digits.isdigit()):
+        raise ValueError(f"port is not an int in {addr!r}")
+    if not 0 <= int(port) <= 65535:
+        raise ValueError(f"port out of range in {addr!r}")
+
+
 def _split_addr(addr: str) -> tuple[str, int]:
     """NetworkUtil.string2SocketAddress: host before the last ':', an int port in range after it."""
-    addr = addr.strip()
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"no port in {addr!r}")
-    p = int(port, 10)
-    if not 0 <= p <= 65535:
-        raise ValueError(f"port out of range in {addr!r}")
-    return host.strip("[]"), p
+    _java_socket_address(addr)
+    host, _, port = addr.rpartition(":")
+    host = host.strip().strip("[]")
+    return host or "127.0.0.1", int(port)  # InetAddress.getByName("") is the loopback address
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -383,7 +420,7 @@ def read_properties(path: str | os.PathLike) -> dict[str, str]:
     try:
         text = Path(path).read_bytes().decode("utf-8", errors="replace")
     except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+        raise ConfigFileError(f"cannot read config file {path}: {e.strerror}") from None
     return parse_properties(text)
 
 

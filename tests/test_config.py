@@ -114,7 +114,7 @@ def test_serve_print_config(tmp_path, capsys):
 def test_serve_reports_validation_errors(capsys):
     from engine.broker import serve_main
 
-    assert serve_main(["--namesrvAddr", "nonsense"]) == 3
+    assert serve_main(["--namesrvAddr", "nonsense"]) == 253  # mqbroker: System.exit(-3)
     assert "The Name Server Address[nonsense] illegal" in capsys.readouterr().err
 
 
@@ -159,7 +159,7 @@ def test_serve_lists_unused_properties_once_and_refuses_typos(tmp_path, capsys, 
 
     f = tmp_path / "broker.properties"
     f.write_text("listenPrt=10912\n")
-    assert serve_main(["-c", str(f), "-p"]) == 3
+    assert serve_main(["-c", str(f), "-p"]) == 253
     assert "did you mean listenPort?" in capsys.readouterr().err
     f.write_text("deleteWhen=04\n")
     caplog.set_level(logging.INFO)
@@ -198,3 +198,75 @@ def test_properties_escapes_and_lines_as_java_reads_them():
             "f=last\\")                     # a trailing backslash at the end of the file is dropped
     assert parse_properties(text) == {"a": "A\u00e9\tx", "b": "\U0001F600", "c": "onetwo", "d": "q=:",
                                       "e": "x\u2028y", "f": "last"}
+
+
+# ---- start-up as mqbroker (issue 18 item 3)
+
+
+@pytest.mark.parametrize("text, servers", [
+    ("127.0.0.1:9876;", [("127.0.0.1", 9876)]),  # Java's split drops trailing empty strings
+    ("127.0.0.1:9876;10.0.0.2:9877;;", [("127.0.0.1", 9876), ("10.0.0.2", 9877)]),
+    ("127.0.0.1:9876; 10.0.0.2:9877", [("127.0.0.1", 9876), ("10.0.0.2", 9877)]),  # Java keeps " 10.0.0.2"
+    ("  127.0.0.1:9876  ", [("127.0.0.1", 9876)]),  # the property value is trimmed (MixAll.properties2Object)
+    ("127.0.0.1:+9876", [("127.0.0.1", 9876)]),  # Integer.parseInt takes a sign
+    (":9876", [("127.0.0.1", 9876)]),  # InetAddress.getByName("") is the loopback address
+    ("[::1]:9876", [("::1", 9876)]),
+])
+def test_namesrv_addr_is_parsed_as_java_does(text, servers):
+    assert BrokerConfig.load(None, {"namesrvAddr": text}).namesrv_addr_list == servers
+
+
+@pytest.mark.parametrize("text", [";127.0.0.1:9876", "127.0.0.1:9876;;10.0.0.2:9876", "127.0.0.1:9876 ;10.0.0.2:1",
+                                  "127.0.0.1", "127.0.0.1:99999", "127.0.0.1:-1", "127.0.0.1: 9876", "a:1;b"])
+def test_namesrv_addr_java_refuses(text):
+    with pytest.raises(ConfigError, match=r"The Name Server Address\[.*\] illegal"):
+        BrokerConfig.load(None, {"namesrvAddr": text})
+
+
+def test_serve_exit_statuses_are_mqbrokers(tmp_path, capsys):
+    """BrokerStartup: System.exit(-3) (253) for an illegal namesrvAddr, a slave's brokerId and a failed initialize();
+    System.exit(-1) (255) for a bad command line, an unreadable config file and a failed start."""
+    import socket
+
+    from engine.broker import EXIT_CONFIG, EXIT_FAILURE, serve_main
+
+    assert (EXIT_CONFIG, EXIT_FAILURE) == (253, 255)
+    assert serve_main(["--namesrvAddr", "127.0.0.1"]) == 253
+    assert serve_main(["--brokerRole", "SYNC_MASTER", "--listenPort", "x"]) == 253
+    assert serve_main(["-c", str(tmp_path / "missing.properties")]) == 255
+    assert "cannot read config file" in capsys.readouterr().err
+    assert serve_main(["-c"]) == 255  # -c without its argument
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        args = ["--listenPort", str(busy.getsockname()[1]), "--listenHost", "127.0.0.1", "--fastPortEnable", "false",
+                "--storePathRootDir", str(tmp_path / "store"), "--log-level", "CRITICAL"]
+        assert serve_main(args) == 255  # BrokerController.start() threw
+    finally:
+        busy.close()
+
+
+def test_serve_lists_java_properties_it_does_not_use_once(tmp_path, caplog):
+    import logging
+    import socket
+
+    from engine.broker import serve_main
+
+    f = tmp_path / "broker.properties"
+    f.write_text("sendMessageThreadPoolNums=16\npullMessageThreadPoolNums=32\ndeleteWhen=04\nlistenPrt=1\n"
+                 "brokerName=b\n")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    caplog.set_level(logging.INFO, logger="engine.broker")
+    try:
+        args = ["-c", str(f), "--lenient-config", "--listenPort", str(busy.getsockname()[1]), "--listenHost",
+                "127.0.0.1", "--fastPortEnable", "false", "--storePathRootDir", str(tmp_path / "store")]
+        assert serve_main(args) == 255  # listed at start, before the failed bind
+    finally:
+        busy.close()
+    lines = [r.getMessage() for r in caplog.records if "not used" in r.getMessage()]
+    assert lines == ["accepted, not used by this broker: deleteWhen, pullMessageThreadPoolNums, "
+                     "sendMessageThreadPoolNums",
+                     "unknown properties kept (--lenient-config), not used: listenPrt"]

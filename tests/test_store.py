@@ -596,7 +596,7 @@ def test_all_copies_empty_start_empty_as_java_does(tmp_path, caplog):
 
 
 def test_broker_does_not_start_over_unusable_store_files(tmp_path, caplog):
-    """`rmqhb serve` on a store whose topics.json and .bak both hold unusable data: exit 1 with the reason; with
+    """`rmqhb serve` on a store whose topics.json and .bak both hold unusable data: exit 253 with the reason; with
     storeRecoverCorruptFiles=true it moves them aside and serves."""
     from engine.broker import Broker, serve_main
     from engine.config import BrokerConfig
@@ -606,7 +606,7 @@ def test_broker_does_not_start_over_unusable_store_files(tmp_path, caplog):
     args = ["--listenPort", "0", "--listenHost", "127.0.0.1", "--storePathRootDir", str(tmp_path), "--log-level",
             "ERROR"]
     with caplog.at_level(logging.ERROR):
-        assert serve_main(args) == 1
+        assert serve_main(args) == 253  # mqbroker: initialize() failed, System.exit(-3)
     assert any("broker failed to start" in r.getMessage() and "topics.json and its backup are unusable"
                in r.getMessage() for r in caplog.records)
     assert path.read_text() == "{broken"  # untouched

@@ -50,7 +50,9 @@ class BrokerConfig:
     broker_name: str = field(default_factory=_default_broker_name)
     #: 0 = master (a master's brokerId is forced to 0)
     broker_id: int = 0
-    broker_role: str = "ASYNC_MASTER"  # MessageStoreConfig: ASYNC_MASTER, SYNC_MASTER or SLAVE
+    #: MessageStoreConfig: ASYNC_MASTER or SYNC_MASTER (the same here: there is no slave to wait for); SLAVE is
+    #: refused (no HA)
+    broker_role: str = "ASYNC_MASTER"
     #: address put in routes and REGISTER_BROKER; empty = the local address each client connected to
     broker_ip1: str = ""
     #: name servers, `host:port;host:port`; empty = this broker answers route queries itself
@@ -262,6 +264,16 @@ class BrokerConfig:
             self.broker_id = 0  # MixAll.MASTER_ID
         elif self.broker_id <= 0:
             raise ConfigError("Slave's brokerId must be > 0")
+        else:
+            # a slave replicates a master's message store over HA; this broker has neither, and a slave that served
+            # clients as this broker does would register as one more master of its broker name
+            raise ConfigError("brokerRole=SLAVE is not supported: this broker has no HA (no message store to "
+                              "replicate); run it as ASYNC_MASTER or SYNC_MASTER (brokerId 0)")
+        for name in ("enableDLegerCommitLog", "enableControllerMode"):
+            if str(self.extra.get(name, "")).strip().lower() == "true":
+                # DLedger / the controller elect a node's role (it may become a slave): the same HA this broker lacks
+                raise ConfigError(f"{name}=true is not supported: this broker has no HA (roles are not elected "
+                                  "here); remove it and run the broker as ASYNC_MASTER or SYNC_MASTER")
         for name in ("listenPort", "metricsPort"):
             v = getattr(self, PROPERTIES[name].attr)
             if not 0 <= v <= 65535:

@@ -62,7 +62,24 @@ def test_namesrv_addr_list():
 def test_slave_needs_positive_broker_id():
     with pytest.raises(ConfigError, match="^Slave's brokerId must be > 0$"):
         BrokerConfig.load(None, {"brokerRole": "SLAVE"})
-    assert BrokerConfig.load(None, {"brokerRole": "SLAVE", "brokerId": "1"}).broker_id == 1
+
+
+def test_slave_role_is_refused_no_ha(capsys):
+    """Issue 18 item 5: a SLAVE was accepted and served clients as a master; there is no HA here."""
+    from engine.broker import serve_main
+
+    with pytest.raises(ConfigError, match="brokerRole=SLAVE is not supported: this broker has no HA"):
+        BrokerConfig.load(None, {"brokerRole": "SLAVE", "brokerId": "1"})
+    for name in ("enableDLegerCommitLog", "enableControllerMode"):
+        with pytest.raises(ConfigError, match=f"{name}=true is not supported: this broker has no HA"):
+            BrokerConfig.load(None, {name: "true"})
+        assert BrokerConfig.load(None, {name: "false"}).broker_id == 0
+    for role in ("SYNC_MASTER", "ASYNC_MASTER"):
+        assert BrokerConfig.load(None, {"brokerRole": role, "brokerId": "3"}).broker_id == 0  # MixAll.MASTER_ID
+    with pytest.raises(ConfigError, match="brokerRole must be ASYNC_MASTER, SYNC_MASTER or SLAVE"):
+        BrokerConfig.load(None, {"brokerRole": "slave"})
+    assert serve_main(["--brokerRole", "SLAVE", "--brokerId", "1"]) == 253
+    assert "brokerRole=SLAVE is not supported" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("props, msg", [

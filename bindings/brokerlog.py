@@ -44,7 +44,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from engine.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, _inconsistent, parse_key
+from engine.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, _inconsistent, fleet_findings, parse_key
 
 try:
     from engine._brokerlog import parse_lines as _parse_native
@@ -506,6 +506,8 @@ def combine(per_broker: List[dict], info: dict, params: ScanParams) -> dict:
                            "clients": len(clients), "first_ms": info.get("first_ms"), "last_ms": info.get("last_ms"),
                            **{k: len(findings[k]) for k in LOG_FINDING_KEYS}}
     findings["parameters"] = asdict(params)
+    if len(info.get("brokers") or []) > 1:
+        findings["fleet"] = fleet_findings(findings, info["brokers"])
     findings["unsupported"] = dict(UNSUPPORTED)
     findings["log"] = {**info, "unattributed_events": dict(unattributed)}
     return findings
@@ -998,39 +1000,96 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, log_tz: Optional[st
 
 def looks_like_logs(paths) -> bool:
     """True when every input is a broker-log file or a directory holding some and no recording segments."""
-    for p in map(Path, paths):
-        if p.is_dir():
-            if any(p.glob("*.seg*")) or not any(is_log_file(f) for f in p.rglob("*") if f.is_file()):
-                return False
-        elif not (p.exists() and is_log_file(p)):
-            return False
-    return bool(paths)
+    return bool(paths) and all(path_kind(p) == "broker-log" for p in paths)
 
 
-def wants_broker_logs(argv) -> bool:
-    """Whether an ``rmqhb scan`` command line is for broker logs (``--input broker-log``, ``--log-tz``,
-    ``--broker`` or log-file inputs)."""
-    argv = list(argv or [])
-    if any(a in ("--log-tz", "--broker") or a.startswith(("--log-tz=", "--broker=")) for a in argv):
-        return True
-    for i, a in enumerate(argv):
-        if a == "--input" and i + 1 < len(argv):
-            return argv[i + 1] == "broker-log"
-        if a.startswith("--input="):
-            return a.split("=", 1)[1] == "broker-log"
+#: Input kinds of `rmqhb scan` (``--format``); ``--input`` is an alias.
+INPUT_FORMATS = ("recording", "broker-log", "pcap")
+_PCAP_MAGIC = (b"\xd4\xc3\xb2\xa1", b"\xa1\xb2\xc3\xd4", b"\x4d\x3c\xb2\xa1", b"\xa1\xb2\x3c\x4d", b"\x0a\x0d\x0d\x0a")
+_OPTIONS_WITHOUT_VALUE = ("--no-plots", "--no-dedupe", "--strict", "--allow-damage", "--debug", "--twin", "-h",
+                          "--help")
+
+
+def _file_kind(f: Path) -> Optional[str]:
+    if f.name.endswith(".seg"):
+        return "recording"
+    try:
+        with (gzip.open(f, "rb") if f.name.endswith(".gz") else open(f, "rb")) as h:
+            head = h.read(4)
+    except (OSError, EOFError):
+        head = b""
+    if head in _PCAP_MAGIC:
+        return "pcap"
+    if is_log_file(f):
+        return "broker-log"
+    return None
+
+
+def path_kind(path) -> Optional[str]:
+    """What one `rmqhb scan` input is: ``recording`` (a directory of ``*.seg`` segments), ``broker-log`` (a
+    broker.log file or a directory holding some), ``pcap`` (a capture file, by its magic number, or a directory
+    of them), or None (missing, or nothing known inside)."""
+    p = Path(path)
+    if p.is_dir():
+        if any(p.glob("*.seg")):
+            return "recording"
+        kinds = set()
+        for f in p.rglob("*"):
+            if f.is_file():
+                k = _file_kind(f) if not f.name.endswith(".json") else None
+                if k == "broker-log":
+                    return "broker-log"
+                if k:
+                    kinds.add(k)
+        return "pcap" if kinds == {"pcap"} else None
+    if p.is_file():
+        return _file_kind(p)
+    return None
+
+
+def _paths_of(argv) -> List[str]:
     pos, skip = [], False
     for a in argv:
         if skip:
             skip = False
-        elif a.startswith("--"):
-            skip = "=" not in a and a not in ("--no-plots", "--no-dedupe", "--strict")
+        elif a.startswith("-") and a != "-":
+            skip = "=" not in a and a not in _OPTIONS_WITHOUT_VALUE
         else:
             pos.append(a)
-    return bool(pos) and looks_like_logs(pos)
+    return pos
+
+
+def input_format(argv) -> Tuple[Optional[str], str]:
+    """(kind, why) of an ``rmqhb scan`` command line: ``--format KIND`` (or its alias ``--input KIND``), else
+    ``broker-log`` when --log-tz or --broker is given, else what the paths are (``path_kind``; all of one kind),
+    else ``recording`` (whose parser then names what is wrong). kind None: the paths mix kinds (why says which)."""
+    argv = list(argv or [])
+    for i, a in enumerate(argv):
+        if a in ("--format", "--input") and i + 1 < len(argv):
+            return argv[i + 1], a
+        if a.startswith(("--format=", "--input=")):
+            return a.split("=", 1)[1], a.split("=", 1)[0]
+    if any(a in ("--log-tz", "--broker") or a.startswith(("--log-tz=", "--broker=")) for a in argv):
+        return "broker-log", "--log-tz/--broker"
+    kinds = {}
+    for p in _paths_of(argv):
+        kinds.setdefault(path_kind(p), []).append(p)
+    known = {k: v for k, v in kinds.items() if k is not None}
+    if len(known) > 1:
+        return None, "; ".join(f"{k}: {', '.join(v[:3])}" for k, v in sorted(known.items()))
+    if len(known) == 1 and None not in kinds:
+        return next(iter(known)), "detected"
+    return "recording", "default"
+
+
+def wants_broker_logs(argv) -> bool:
+    """Whether an ``rmqhb scan`` command line is for broker logs (``--format broker-log`` or ``--input
+    broker-log``, ``--log-tz``, ``--broker`` or log-file inputs)."""
+    return input_format(argv)[0] == "broker-log"
 
 
 def scan_main(argv=None) -> int:
-    """`rmqhb scan PATH... --out REPORT_DIR --input broker-log [--log-tz ZONE] [--broker NAME=PATH]`: the
+    """`rmqhb scan PATH... --out REPORT_DIR [--format broker-log] [--log-tz ZONE] [--broker NAME=PATH]`: the
     analyses over RocketMQ broker logs on Spark, written as the recording scan's report."""
     import argparse
     import sys
@@ -1039,7 +1098,8 @@ def scan_main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="rmqhb scan", description=scan_main.__doc__)
     p.add_argument("paths", nargs="*", type=Path, help="broker.log files or directories (one per broker)")
     p.add_argument("--out", type=Path, required=True, help="report directory (created)")
-    p.add_argument("--input", default="broker-log", choices=["broker-log"], help="input kind")
+    p.add_argument("--format", "--input", dest="format", default="broker-log", choices=["broker-log"],
+                   help="input kind (detected when not given; --input is an alias)")
     p.add_argument("--log-tz", default=None,
                    help="zone of the logs' wall-clock times: IANA name or +HH:MM (default: this machine's zone; "
                         "5.x brokers' stock logback config writes GMT+8)")

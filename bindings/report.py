@@ -213,27 +213,25 @@ def _keys(findings: dict) -> List[str]:
     return [k for k in FINDING_KEYS + ("retry_topic_churn",) if k in findings]
 
 
-def _brokers(findings: dict) -> List[str]:
-    return list((findings.get("log") or {}).get("brokers") or [])
-
-
 def _per_broker(findings: dict) -> str:
-    """Counts of each finding per broker (several brokers' logs in one scan), and the fleet's totals."""
-    brokers = _brokers(findings)
-    keys = [k for k in _keys(findings) if k != "heartbeat_gaps"]
-    rows = []
-    for b in brokers:
-        rows.append([b] + [sum(1 for r in findings[k] if r.get("broker") == b) for k in keys])
+    """Counts of each finding per broker (several brokers in one scan), the fleet's totals, and what only the
+    fleet shows (``findings["fleet"]``)."""
+    fleet = findings["fleet"]
+    keys = [k for k in _keys(findings) if k != "heartbeat_gaps" or "heartbeat_gaps" not in (findings.get("unsupported") or {})]
+    rows = [[b] + [fleet["per_broker"][b].get(k, 0) for k in keys] for b in fleet["brokers"]]
     rows.append(["fleet (all brokers)"] + [len(findings[k]) for k in keys])
-    clients: dict = {}
-    for k in ("flapping_clients", "expired_clients"):
-        for r in findings[k]:
-            clients.setdefault((k, r["client_id"]), set()).add(r.get("broker"))
-    several = sorted((k, c, sorted(b)) for (k, c), b in clients.items() if len(b) > 1)
     text = _table(["broker"] + keys, rows)
+    several = fleet["clients_on_several_brokers"]
     if several:
         text += "<p>Clients found on several brokers:</p>" + _table(
-            ["finding", "client", "brokers"], [[k, c, ", ".join(b)] for k, c, b in several])
+            ["finding", "client", "brokers"], [[r["finding"], r["client_id"], ", ".join(r["brokers"])] for r in several])
+    uneven = [g for g in fleet["groups_on_several_brokers"] if g["uneven"]]
+    text += (f"<p>{len(fleet['groups_on_several_brokers'])} groups are seen on several brokers; "
+             f"{len(uneven)} of them with a different number of members on each (members that never reached a "
+             "broker, or left it):</p>")
+    text += _table(["group", "role", "members per broker", "peak live per broker"],
+                   [[g["group"], g["role"], ", ".join(f"{b} {n}" for b, n in g["members"].items()),
+                     ", ".join(f"{b} {n}" for b, n in g["max_members"].items())] for g in uneven])
     return text
 
 
@@ -304,7 +302,7 @@ def write_html(findings: dict, out: Path, csvs: List[str], plots: List[str]) -> 
     if unsupported:
         parts.append("<h2>What this input cannot show</h2>" + _table(
             ["analysis", "why"], [[k, v] for k, v in sorted(unsupported.items())]))
-    if len(_brokers(findings)) > 1:
+    if findings.get("fleet"):
         parts.append("<h2>Per broker</h2>" + _per_broker(findings))
     scan = findings.get("scan")
     if scan and log:
@@ -317,7 +315,7 @@ def write_html(findings: dict, out: Path, csvs: List[str], plots: List[str]) -> 
     parts.append("<p>Files: " + ", ".join(f"<a href='{e(n)}'>{e(n)}</a>" for n in ["findings.json"] + csvs) + "</p>")
     if log:
         parts += _log_section(findings)
-    multi = bool(log)  # log findings carry their broker
+    multi = bool(log) or bool(findings.get("fleet"))  # log findings and several brokers' rows carry their broker
 
     def cols(*names):
         return (["broker"] if multi else []) + list(names)

@@ -534,6 +534,14 @@ def expired_clients(params: ScanParams = ScanParams(), last_ms: Optional[int] = 
     return transform
 
 
+def expired_records(runs: DataFrame, params: ScanParams, last_ms: Optional[int], addresses=None) -> list:
+    """The expired_clients finding (engine.scan_py's rows) from merged runs: ``last_ms`` = the input's last
+    receive time; ``addresses`` = {conn_id: address}, or a function of the rows giving it (default: none)."""
+    rows = _rows(runs.transform(expired_clients(params, last_ms)))
+    addrs = addresses(rows) if callable(addresses) else (addresses or {})
+    return _expired_records(rows, addrs, params.expiry_ms)
+
+
 def _expired_records(rows, addrs: dict, expiry_ms: int) -> list:
     from engine.scan_py import expired_row
 
@@ -703,10 +711,21 @@ def _rows(df: DataFrame):
     return [r.asDict(recursive=True) for r in df.collect()]
 
 
+def broker_names(directories) -> list:
+    """A name per recording directory (one per broker): its name, made unique with its parent's if needed."""
+    paths = [Path(d).resolve() for d in directories]
+    names = [p.name or "broker" for p in paths]
+    for i, p in enumerate(paths):
+        if names.count(names[i]) > 1:
+            names[i] = f"{p.parent.name}/{p.name}"
+    return [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]
+
+
 def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, method: str = "arrow",
          split_records: int = seg.DEFAULT_SPLIT_RECORDS, dedupe: bool = True, on_corrupt: str = "skip",
-         plan: Optional[seg.Plan] = None) -> dict:
-    """All analyses over a recording; returns findings in the format of engine.scan_py (plus plan damage)."""
+         plan: Optional[seg.Plan] = None, client_ids: bool = False) -> dict:
+    """All analyses over a recording; returns findings in the format of engine.scan_py (plus plan damage).
+    ``client_ids``: also list the distinct clients (``_client_ids``, for combining several brokers' scans)."""
     params.validate()
     clock = time.perf_counter
     t0 = clock()
@@ -734,7 +753,10 @@ def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, m
             "heartbeat_gaps": lambda: sorted(_rows(runs.transform(heartbeat_gaps(params)).select(
                 "client_id", "groups", "start_ms", "end_ms", "gap_s")), key=lambda r: (r["client_id"], r["start_ms"])),
             "group_sizes": lambda: _rows(runs.transform(group_sizes(params))),
-            "expired_clients": lambda: _rows(runs.transform(expired_clients(params, stats["last_ms"]))),
+            "expired_clients": lambda: expired_records(runs, params, stats["last_ms"], lambda rows: connection_addresses(
+                plan, [(r["conn_id"], r["last_heartbeat_ms"]) for r in rows])),
+            "_client_ids": lambda: [r[0] for r in runs.where(F.col("role") == "client").select("client_id")
+                                    .distinct().collect()] if client_ids else None,
             "_members": lambda: _rows(runs.where(F.col("role").isin("consumer", "producer"))
                                       .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members"))),
         }
@@ -743,9 +765,9 @@ def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, m
             done = {k: f.result() for k, f in futures.items()}
         findings = {k: done[k] for k in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps")}
         findings["group_sizes"] = _size_records(done["group_sizes"], done["_members"])
-        exp = done["expired_clients"]
-        addrs = connection_addresses(plan, [(r["conn_id"], r["last_heartbeat_ms"]) for r in exp])
-        findings["expired_clients"] = _expired_records(exp, addrs, params.expiry_ms)
+        findings["expired_clients"] = done["expired_clients"]
+        if client_ids:
+            findings["_client_ids"] = sorted(done["_client_ids"])
         t_analyses = clock()
     finally:
         runs.unpersist()
@@ -811,16 +833,35 @@ def scan_main(argv=None) -> int:
     named in findings.json, the report's banner and one stderr line; --allow-damage makes it 0); 2 no recording or
     bad arguments; 4 nothing decodable; 5 --strict stopped on damage; 1 any other failure. Broker logs
     (``--input broker-log``, ``--log-tz``, ``--broker NAME=PATH`` or log files given): engine.bindings.brokerlog."""
-    from .brokerlog import wants_broker_logs
+    from .brokerlog import INPUT_FORMATS, input_format
 
-    if wants_broker_logs(sys.argv[2:] if argv is None else argv):
+    argv = list(sys.argv[2:] if argv is None else argv)
+    kind, why = input_format(argv)
+    if kind is None:
+        print(f"rmqhb scan: the inputs are of different kinds ({why}); scan them separately or give --format",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if kind not in INPUT_FORMATS:
+        print(f"rmqhb scan: {why} is one of {', '.join(INPUT_FORMATS)}, not {kind!r}", file=sys.stderr)
+        return EXIT_USAGE
+    if kind == "broker-log":
         from .brokerlog import scan_main as broker_log_scan_main
 
         return broker_log_scan_main(argv)
+    if kind == "pcap":
+        try:
+            from .pcap import scan_main as pcap_scan_main  # packet captures (issue 14 part 2)
+        except ImportError:
+            print("rmqhb scan: packet captures are not supported by this version", file=sys.stderr)
+            return EXIT_USAGE
+        return pcap_scan_main(argv)
     d = ScanParams()
     p = argparse.ArgumentParser(prog="rmqhb scan", description=scan_main.__doc__)
-    p.add_argument("directory", type=Path, help="recording directory (segments)")
+    p.add_argument("directories", type=Path, nargs="+", metavar="directory",
+                   help="recording directory (segments); several: one per broker (named after the directory)")
     p.add_argument("--out", type=Path, required=True, help="report directory (created)")
+    p.add_argument("--format", "--input", dest="format", default="recording", choices=["recording"],
+                   help="input kind (detected when not given: recording directories, broker logs, captures)")
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     p.add_argument("--method", default="arrow", choices=["arrow", "pandas", "heartbeats", "from_json", "json_loads"],
                    help="arrow: mapInArrow reader + compiled decoder (fast); pandas: records + pandas UDF decoder")
@@ -839,30 +880,39 @@ def scan_main(argv=None) -> int:
     p.add_argument("--driver-memory", default="2g")
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
-    if not args.directory.is_dir():
-        print(f"rmqhb scan: not a directory: {args.directory}", file=sys.stderr)
-        return EXIT_USAGE
+    for directory in args.directories:
+        if not directory.is_dir():
+            print(f"rmqhb scan: not a directory: {directory}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         params = ScanParams(args.expiry, args.gap_threshold, args.min_duration, args.flap_window, args.flap_min).validate()
     except ValueError as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)
         return EXIT_USAGE
+    from engine.scan_py import combine_brokers
+
     from .report import damage_line, print_summary, write_report
 
-    plan = seg.plan_splits(args.directory, args.split_records)
-    if plan.segments == 0:
-        print(f"rmqhb scan: no recording in {args.directory} (no *.seg segment files)", file=sys.stderr)
-        return EXIT_USAGE
-    if args.strict and plan.is_damaged:
-        first = (plan.damaged or plan.data_loss)[0]
-        print(f"rmqhb scan: --strict: the recording is damaged ({first['segment']} at byte {first['offset']}: "
-              f"{first['reason']}); run `rmqhb segments verify {args.directory}`", file=sys.stderr)
-        return EXIT_STRICT
+    plans = {}
+    for name, directory in zip(broker_names(args.directories), args.directories):
+        plan = plans[name] = seg.plan_splits(directory, args.split_records)
+        if plan.segments == 0:
+            print(f"rmqhb scan: no recording in {directory} (no *.seg segment files)", file=sys.stderr)
+            return EXIT_USAGE
+        if args.strict and plan.is_damaged:
+            first = (plan.damaged or plan.data_loss)[0]
+            print(f"rmqhb scan: --strict: the recording is damaged ({first['segment']} at byte {first['offset']}: "
+                  f"{first['reason']}); run `rmqhb segments verify {directory}`", file=sys.stderr)
+            return EXIT_STRICT
     running = SparkSession.getActiveSession()  # e.g. a notebook's or a test's: use it, leave it running
     spark = running or spark_session(args.master, "rmqhb-scan", driver_memory=args.driver_memory)
     try:
-        findings = scan(spark, args.directory, params, method=args.method, split_records=args.split_records,
-                        dedupe=not args.no_dedupe, on_corrupt="raise" if args.strict else "skip", plan=plan)
+        per = {name: scan(spark, plan.directory, params, method=args.method, split_records=args.split_records,
+                          dedupe=not args.no_dedupe, on_corrupt="raise" if args.strict else "skip", plan=plan,
+                          client_ids=len(plans) > 1)
+               for name, plan in plans.items()}
+        findings = next(iter(per.values())) if len(per) == 1 else combine_brokers(per)
+        args.directory = args.directories[0] if len(per) == 1 else ", ".join(map(str, args.directories))
     except Exception as e:  # a task that met damage the plan did not see (--strict), or Spark failing
         if args.debug:
             raise

@@ -350,3 +350,59 @@ def separate_data_loss(findings: dict, losses: list, damaged: list = ()) -> None
             summary["expired_clients"] = len(exp_kept)
             summary["expired_over_data_loss"] = len(exp_over)
         summary["records_lost"] = sum(loss["records_lost"] for loss in losses)
+
+
+def fleet_findings(findings: dict, brokers) -> dict:
+    """Fleet-wide view of the findings of several brokers (rows tagged with ``broker``): counts per broker, the
+    clients flapping or expiring on several brokers (a client that froze expires everywhere at once; one that
+    expires on one broker only lost its way to that broker), and the groups seen on several brokers with their
+    members on each (``uneven``: not the same number everywhere, e.g. members that never reached one broker)."""
+    keys = [k for k in FINDING_KEYS + ("retry_topic_churn",) if k in findings]
+    per = {b: {k: sum(1 for r in findings[k] if r.get("broker") == b) for k in keys} for b in brokers}
+    several = []
+    for k in ("flapping_clients", "expired_clients"):
+        seen: Dict[str, set] = defaultdict(set)
+        for r in findings.get(k, []):
+            seen[r["client_id"]].add(r.get("broker"))
+        several += [{"finding": k, "client_id": c, "brokers": sorted(b)} for c, b in sorted(seen.items()) if len(b) > 1]
+    groups: Dict[Tuple[str, str], dict] = defaultdict(dict)
+    for g in findings.get("group_sizes", []):
+        groups[(g["group"], g["role"])][g.get("broker")] = [g["members"], g["max_members"]]
+    spread = []
+    for (group, role), on in sorted(groups.items()):
+        if len(on) > 1:
+            spread.append({"group": group, "role": role, "brokers": sorted(on),
+                           "members": {b: on[b][0] for b in sorted(on)}, "max_members": {b: on[b][1] for b in sorted(on)},
+                           "uneven": len({v[0] for v in on.values()}) > 1})
+    return {"brokers": list(brokers), "per_broker": per, "clients_on_several_brokers": several,
+            "groups_on_several_brokers": spread}
+
+
+def combine_brokers(per_broker: Dict[str, dict]) -> dict:
+    """One findings dict of several brokers' recording scans ({broker: findings}): every row tagged with its
+    broker, the summary summed (clients: distinct over all brokers when the scans list ``_client_ids``), damage
+    listed per broker, and ``fleet`` (:func:`fleet_findings`)."""
+    lists = FINDING_KEYS + ("gaps_over_data_loss", "expired_over_data_loss")
+    out: dict = {k: [{"broker": b, **r} for b, f in per_broker.items() for r in f.get(k, [])] for k in lists}
+    sums = [f["summary"] for f in per_broker.values()]
+    ids = [f.get("_client_ids") for f in per_broker.values()]
+    firsts = [x["first_ms"] for x in sums if x.get("first_ms") is not None]
+    lasts = [x["last_ms"] for x in sums if x.get("last_ms") is not None]
+    out["summary"] = {
+        "records": sum(x["records"] for x in sums), "bad_bodies": sum(x["bad_bodies"] for x in sums),
+        "clients": len(set().union(*ids)) if all(i is not None for i in ids) else max(x["clients"] for x in sums),
+        "first_ms": min(firsts) if firsts else None, "last_ms": max(lasts) if lasts else None,
+        **{k: len(out[k]) for k in lists},
+        "records_lost": sum(x.get("records_lost", 0) for x in sums)}
+    out["parameters"] = next(iter(per_broker.values()))["parameters"]
+    scan: dict = {"method": None, "brokers": {}, "seconds": 0.0}
+    for b, f in per_broker.items():
+        sc = dict(f.get("scan") or {})
+        scan["method"] = sc.get("method")
+        scan["seconds"] = round(scan["seconds"] + (sc.get("seconds") or 0), 3)
+        for k in ("torn_tails", "corrupt", "data_loss"):
+            scan.setdefault(k, []).extend({"broker": b, **d} for d in sc.pop(k, []) or [])
+        scan["brokers"][b] = sc
+    out["scan"] = scan
+    out["fleet"] = fleet_findings(out, list(per_broker))
+    return out

@@ -474,3 +474,39 @@ def test_generate_command_writes_logs_and_a_manifest_the_scan_matches(tmp_path):
     f = bl.scan_local([clean], log_tz="+08:00")
     assert bl.compare_with_generated(f, doc) == [] and f["flapping_clients"] == f["expired_clients"] == []
     assert main(["generate", str(tmp_path / "x"), "--format", "pcap"]) == 2
+
+
+
+def test_scan_input_kind_detection(tmp_path):
+    """`rmqhb scan PATH...` takes the kind from --format (alias --input), else from what the paths are."""
+    import gzip as gz
+
+    from engine.cli import main
+    from engine.recorder import HeartbeatRecorder
+
+    rec = tmp_path / "rec"
+    with HeartbeatRecorder(rec) as r:
+        r.record(1, 1, "10.0.0.1:1", "JAVA", 1, b"{}")
+    logs = tmp_path / "broker-a"
+    bl.generate_broker_log(logs / "broker.log", inject=False)
+    caps = tmp_path / "caps"
+    caps.mkdir()
+    (caps / "x.pcap").write_bytes(b"\xd4\xc3\xb2\xa1" + bytes(20))
+    with gz.open(caps / "y.pcapng.gz", "wb") as f:
+        f.write(b"\x0a\x0d\x0d\x0a" + bytes(20))
+    out = ["--out", str(tmp_path / "o")]
+    assert bl.input_format([str(rec)] + out) == ("recording", "detected")
+    assert bl.input_format([str(logs)] + out) == ("broker-log", "detected")
+    assert bl.input_format([str(logs / "broker.log"), str(tmp_path / "broker-a")] + out)[0] == "broker-log"
+    assert bl.input_format([str(caps)] + out) == ("pcap", "detected")
+    assert bl.input_format([str(caps / "y.pcapng.gz")] + out) == ("pcap", "detected")
+    assert bl.input_format([str(rec), str(logs)] + out)[0] is None
+    assert bl.input_format([str(rec), "--format", "broker-log"] + out) == ("broker-log", "--format")
+    assert bl.input_format([str(rec), "--input=broker-log"] + out) == ("broker-log", "--input")
+    assert bl.input_format([str(rec), "--log-tz", "UTC"] + out)[0] == "broker-log"
+    assert bl.input_format([str(tmp_path / "missing")] + out) == ("recording", "default")
+    assert bl.input_format([str(tmp_path / "manifest-only")] + out)[0] == "recording"
+    # the command: mixed kinds and unknown formats are usage errors naming the paths, before any Spark starts
+    assert main(["scan", str(rec), str(logs)] + out) == 2
+    assert main(["scan", str(rec), "--format", "parquet"] + out) == 2
+    assert main(["scan", str(logs), "--format", "recording"] + out) == 2  # no segments there

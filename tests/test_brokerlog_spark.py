@@ -88,3 +88,9 @@ def test_scan_command_over_generated_logs_finds_exactly_the_injections(spark, tm
     f = json.loads((out / "findings.json").read_text())
     assert bl.compare_with_generated(f, doc) == []
     assert f["log"]["brokers"] == ["broker-a", "broker-b"] and f["scan"]["method"] == "broker-log"
+    # fleet-wide: per-broker counts, and the injected clients (same names on both brokers) found on both
+    fleet = f["fleet"]
+    assert fleet["brokers"] == ["broker-a", "broker-b"]
+    assert all(fleet["per_broker"][b]["expired_clients"] == 1 for b in fleet["brokers"])
+    assert {(r["finding"], r["client_id"]) for r in fleet["clients_on_several_brokers"]} == {
+        ("flapping_clients", "10.9.0.1@flapper"), ("expired_clients", "10.9.0.2@frozen")}

@@ -164,3 +164,28 @@ def test_expired_clients_over_concurrent_connections(spark, tmp_path):
     want = scan_py.scan(tmp_path)["expired_clients"]
     assert [(r["client_id"], r["conn_id"]) for r in want] == [("b@2", 4), ("b@2", 4), ("e@5", 8), ("c@3", 5)]
     assert scan(spark, tmp_path, split_records=10)["expired_clients"] == want
+
+
+def test_several_brokers_recordings_in_one_scan(spark, tmp_path):
+    """`rmqhb scan DIR_A DIR_B`: the same fleet recorded by two brokers gives each broker's findings (exactly the
+    injections on each), the fleet's totals and the clients found on both; the clients are counted once."""
+    from engine.cli import main
+
+    cfg = FleetConfig(clients=24, groups=6, days=0.1, seed=8)
+    ma = generate(tmp_path / "broker-a", cfg)
+    generate(tmp_path / "broker-b", cfg)
+    out = tmp_path / "report"
+    assert main(["scan", str(tmp_path / "broker-a"), str(tmp_path / "broker-b"), "--out", str(out), "--no-plots"]) == 0
+    f = json.loads((out / "findings.json").read_text())
+    for b in ("broker-a", "broker-b"):
+        mine = {k: [r for r in f[k] if r["broker"] == b] for k in FINDING_KEYS}
+        assert compare_with_manifest(mine, ma) == []
+    fleet = f["fleet"]
+    assert fleet["brokers"] == ["broker-a", "broker-b"] and fleet["per_broker"]["broker-a"] == fleet["per_broker"]["broker-b"]
+    assert f["summary"]["clients"] == len(ma["clients"]) and f["summary"]["records"] == 2 * ma["records"]
+    both = {(r["finding"], r["client_id"]) for r in fleet["clients_on_several_brokers"]}
+    assert both == {("flapping_clients", x["client_id"]) for x in ma["anomalies"]["flapping_clients"]} | {
+        ("expired_clients", x["client_id"]) for x in ma["anomalies"]["expired_clients"]}
+    assert fleet["groups_on_several_brokers"] and not any(g["uneven"] for g in fleet["groups_on_several_brokers"])
+    page = (out / "index.html").read_text()
+    assert "<h2>Per broker</h2>" in page and "fleet (all brokers)" in page

@@ -1,10 +1,10 @@
 """RocketMQ broker client management: frame codec, heartbeat decoding, client registry, server.
 
 Every hot path has a Cython module (``engine._frame``, ``engine._heartbeat``, ``engine._expiry``,
-``engine._digest``, ``engine._segment``, built from ``pyx/``) and a pure-Python twin with the same inputs, outputs
-and errors. The compiled modules are used when they are built; ``ENGINE_NO_EXTENSIONS=1`` forces the twins.
-``engine.native_modules()`` says, per module, which one is in use; ``engine.NATIVE`` is true only when every
-compiled module is.
+``engine._digest``, ``engine._segment``, ``engine._brokerlog``, ``engine._pcap``, built from ``pyx/``) and a
+pure-Python twin with the same inputs, outputs and errors. The compiled modules are used when they are built;
+``ENGINE_NO_EXTENSIONS=1`` forces the twins. ``engine.native_modules()`` says, per module, which one is in use;
+``engine.NATIVE`` is true only when every compiled module is.
 """
 import importlib as _importlib
 import os as _os
@@ -92,6 +92,7 @@ COMPILED_MODULES = {
     "_digest": "engine._digest_py",
     "_segment": "engine.bindings.segments",
     "_brokerlog": "engine._brokerlog_py",
+    "_pcap": "engine._pcap_py",
 }
 _native_modules: dict | None = None
 

@@ -71,7 +71,8 @@ def _modules_probe(prelude="", **env):
 def test_native_modules_report_what_each_user_loads():
     require_native()
     got = _modules_probe()
-    assert got["modules"] == {m: True for m in ("_frame", "_heartbeat", "_expiry", "_digest", "_segment", "_brokerlog")}
+    assert got["modules"] == {m: True for m in ("_frame", "_heartbeat", "_expiry", "_digest", "_segment", "_brokerlog",
+                                                "_pcap")}
     assert got["native"] is True
     assert got["registry"] == {"expiry": "native", "digest": "native"}
     assert (got["scanner"], got["deduper"]) == ("engine._segment", "engine._segment")

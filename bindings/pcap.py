@@ -1,0 +1,575 @@
+"""Packet captures on Spark: the reader (``read_pcaps``), the capture's events, and ``rmqhb scan`` over captures.
+
+A *capture* is one pcap / pcapng file (gzip allowed) or a directory of rotated files of one capture (``tcpdump -C``
+/ ``-G``: every capture file in it, in the order of their first packet's time). One Spark task per capture feeds
+its files through ``engine._pcap.CaptureDecoder`` (twin ``engine._pcap_py``): TCP reassembly per connection,
+remoting frames of both directions, resynchronisation after what the capture missed (see the twin's docstring).
+
+Data frames::
+
+    records  recv_ms, conn_id, remote_addr, language, version, body      read_pcaps (mapInArrow): the recording
+             reader's frame (RECORD_SCHEMA), one row per HEART_BEAT request, so every recording analysis runs on it
+    events   capture, ms, conn_id, kind (open, fin, rst, unregister, notify), addr (the client's), by (client or
+             server), client_id, producer_group, consumer_group                read_capture_events (mapInArrow)
+
+``scan(spark, paths)`` runs the recording scan's analyses over the records (runs pre-aggregated per task, as the
+recording scan's arrow method does) and adds ``capture``: files, packet and reassembly statistics, unregisters,
+connection ends, the broker's NOTIFY_CONSUMER_IDS_CHANGED pushes per group, and what the capture missed (each
+loss also listed as damage, so heartbeat gaps over it move to ``gaps_over_data_loss``).
+"""
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import os
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from engine import _pcap_py as twin
+from engine._pcap_py import EVENT_KINDS, STAT_NAMES, CaptureError
+from engine.scan_py import FINDING_KEYS, ScanParams, separate_data_loss
+
+try:
+    from engine._pcap import CaptureDecoder as _NativeDecoder
+except ImportError:  # not built
+    _NativeDecoder = None
+
+#: first bytes of the capture formats (pcap µs / ns in both byte orders, pcapng section header)
+MAGICS = (b"\xd4\xc3\xb2\xa1", b"\xa1\xb2\xc3\xd4", b"\x4d\x3c\xb2\xa1", b"\xa1\xb2\x3c\x4d", b"\x0a\x0d\x0d\x0a")
+GZIP_MAGIC = b"\x1f\x8b"
+#: bytes read from a capture file at a time
+CHUNK_BYTES = 8 << 20
+#: records per Arrow batch a task emits
+BATCH_RECORDS = 65536
+#: losses listed one by one in findings.json (all are counted)
+MAX_LISTED = 200
+CAPTURE_ROLE = "_capture"  # rows of a scan task that carry its capture's summary (sub_key = JSON)
+
+EVENT_FIELDS = ("ms", "conn_id", "kind", "addr", "by", "client_id", "producer_group", "consumer_group")
+
+
+def decoder_class(native: Optional[bool] = None):
+    """The compiled decoder unless ENGINE_NO_EXTENSIONS is set or it is not built (native=False: the twin)."""
+    if native is None:
+        native = _NativeDecoder is not None and not os.environ.get("ENGINE_NO_EXTENSIONS")
+    if native and _NativeDecoder is None:
+        raise ImportError("engine._pcap is not built")
+    return _NativeDecoder if native else twin.CaptureDecoder
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# files and captures
+
+
+def _head(path: Path, n: int = 4) -> bytes:
+    with open(path, "rb") as f:
+        head = f.read(max(n, 2))
+        if head[:2] == GZIP_MAGIC:
+            try:
+                with gzip.open(path, "rb") as g:
+                    return g.read(n)
+            except (OSError, EOFError):
+                return b""
+    return head[:n]
+
+
+def is_capture_file(path) -> bool:
+    """A pcap or pcapng file (gzipped or not), by its first bytes."""
+    p = Path(path)
+    try:
+        return p.is_file() and _head(p) in MAGICS
+    except OSError:
+        return False
+
+
+def _first_ms(path: Path) -> int:
+    """Time of a file's first packet (ms; 0 if unknown): orders rotated files."""
+    d = twin.CaptureDecoder()
+    try:
+        with _open(path) as f:
+            data = f.read(1 << 20)
+        d.feed(data)
+        rec, events, _ = d.take()
+    except (CaptureError, OSError, EOFError):
+        return 0
+    times = [e[0] for e in events] + rec["recv_ms"].tolist()
+    return min(times) if times else 0
+
+
+@dataclass
+class Capture:
+    name: str
+    files: List[str] = field(default_factory=list)
+
+
+def plan_captures(paths) -> List[Capture]:
+    """One Capture per file given, one per directory (its capture files, oldest first)."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    out = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files = [f for f in sorted(p.iterdir()) if is_capture_file(f)]
+            if not files:
+                raise FileNotFoundError(f"no pcap or pcapng files in {p}")
+            files.sort(key=lambda f: (_first_ms(f), f.name))
+            out.append(Capture(p.name, [str(f) for f in files]))
+        elif p.exists():
+            if not is_capture_file(p):
+                raise CaptureError(f"{p}: not a pcap or pcapng file at byte 0")
+            out.append(Capture(p.name, [str(p)]))
+        else:
+            raise FileNotFoundError(f"no such capture file or directory: {p}")
+    return out
+
+
+def looks_like_captures(paths) -> bool:
+    """True when every input is a capture file or a directory holding capture files (and no recording)."""
+    paths = list(paths)
+    for p in map(Path, paths):
+        if p.is_dir():
+            if any(p.glob("*.seg")) or not any(is_capture_file(f) for f in p.iterdir()):
+                return False
+        elif not is_capture_file(p):
+            return False
+    return bool(paths)
+
+
+def _open(path):
+    with open(path, "rb") as f:
+        gz = f.read(2) == GZIP_MAGIC
+    return gzip.open(path, "rb") if gz else open(path, "rb")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# decoding (no Spark: what the tasks run, and what the tests call)
+
+
+@dataclass
+class CaptureResult:
+    """What one capture gave besides its records."""
+
+    name: str
+    files: List[str]
+    stats: dict
+    events: list
+    losses: list
+    damaged: list  # files whose structure broke: {"file", "offset"/"reason"}
+
+
+def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None, batch_records: int = BATCH_RECORDS,
+                 chunk_bytes: int = CHUNK_BYTES, **decoder_options) -> Iterator:
+    """Yields the capture's records (dicts of columns, see CaptureDecoder.take) as they come, then its
+    CaptureResult. A file whose structure breaks is reported in ``damaged`` and the next file is read."""
+    dec = decoder_class(native)(ports=ports, **decoder_options)
+    events, losses, damaged = [], [], []
+
+    def drain():
+        rec, ev, lo = dec.take()
+        events.extend(ev)
+        losses.extend(lo)
+        return rec
+
+    for path in capture.files:
+        carry = b""
+        try:
+            with _open(path) as f:
+                while True:
+                    chunk = f.read(chunk_bytes)
+                    data = carry + chunk if carry else chunk
+                    if not chunk:
+                        dec.end_file(len(data))
+                        break
+                    used = dec.feed(data)
+                    carry = data[used:]
+                    if dec.pending_records >= batch_records:
+                        yield drain()
+        except CaptureError as e:
+            damaged.append({"file": path, "reason": str(e)})
+            dec.end_file(0)
+        except (OSError, EOFError) as e:  # e.g. a gzip file cut short
+            damaged.append({"file": path, "reason": f"{type(e).__name__}: {e}"})
+            dec.end_file(0)
+    dec.finish()
+    rec = drain()
+    if len(rec["recv_ms"]):
+        yield rec
+    yield CaptureResult(capture.name, list(capture.files), dec.stats, events, losses, damaged)
+
+
+def read_local(paths, *, native: Optional[bool] = None, ports=None, **options):
+    """(records as one dict of numpy columns, [CaptureResult]) of captures, without Spark."""
+    parts, results = [], []
+    for cap in plan_captures(paths):
+        for item in iter_capture(cap, native=native, ports=ports, **options):
+            (results if isinstance(item, CaptureResult) else parts).append(item)
+    return concat_records(parts), results
+
+
+def concat_records(parts) -> dict:
+    if not parts:
+        z = np.zeros(0, np.int64)
+        return {"recv_ms": z, "conn_id": z.copy(), "version": np.zeros(0, np.int32), "language": np.zeros(0, np.uint8),
+                "addr_offsets": np.zeros(1, np.int32), "addr_data": b"", "body_offsets": np.zeros(1, np.int32),
+                "body_data": b""}
+    if len(parts) == 1:
+        return parts[0]
+    from .segments import _concat_offsets
+
+    return {"recv_ms": np.concatenate([p["recv_ms"] for p in parts]),
+            "conn_id": np.concatenate([p["conn_id"] for p in parts]),
+            "version": np.concatenate([p["version"] for p in parts]),
+            "language": np.concatenate([p["language"] for p in parts]),
+            "addr_offsets": _concat_offsets([p["addr_offsets"] for p in parts]),
+            "addr_data": b"".join(p["addr_data"] for p in parts),
+            "body_offsets": _concat_offsets([p["body_offsets"] for p in parts]),
+            "body_data": b"".join(p["body_data"] for p in parts)}
+
+
+def split_columns(rec: dict):
+    """A record dict as the recording reader's SplitColumns."""
+    from .segments import SplitColumns
+
+    return SplitColumns(rec["recv_ms"], rec["conn_id"], rec["version"], rec["language"], rec["addr_offsets"],
+                        rec["addr_data"], rec["body_offsets"], rec["body_data"])
+
+
+def record_batch(rec: dict):
+    """A record dict as an Arrow batch of RECORD_SCHEMA (the recording reader's records)."""
+    import pyarrow as pa
+
+    from .segments import RECORD_SCHEMA, record_columns
+
+    return pa.RecordBatch.from_arrays(record_columns(split_columns(rec)), schema=RECORD_SCHEMA)
+
+
+def records_iter(rec_dicts) -> Iterator[tuple]:
+    """(recv_ms, conn_id, remote_addr, language, version, body) tuples, as engine.scan_py.scan_records takes."""
+    from engine.enums import LanguageCode
+
+    for rec in rec_dicts:
+        ao, bo, ad, bd = rec["addr_offsets"], rec["body_offsets"], rec["addr_data"], rec["body_data"]
+        for i in range(len(rec["recv_ms"])):
+            lang = int(rec["language"][i])
+            yield (int(rec["recv_ms"][i]), int(rec["conn_id"][i]), ad[ao[i]:ao[i + 1]].decode("utf-8", "replace"),
+                   LanguageCode(lang) if lang in LanguageCode._value2member_map_ else None, int(rec["version"][i]),
+                   bd[bo[i]:bo[i + 1]])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# summaries
+
+
+def merge_stats(stats: Sequence[dict]) -> dict:
+    out = dict.fromkeys(STAT_NAMES, 0)
+    for s in stats:
+        for k, v in s.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def capture_summary(results: Sequence[CaptureResult]) -> dict:
+    """The ``capture`` section of a scan's findings."""
+    stats = merge_stats([r.stats for r in results])
+    events = [e for r in results for e in r.events]
+    losses = [(r.name,) + tuple(lo) for r in results for lo in r.losses]
+    ends = Counter((e[2], e[4]) for e in events if e[2] in ("fin", "rst"))
+    notify = defaultdict(list)
+    for e in events:
+        if e[2] == "notify":
+            notify[e[7] or ""].append(e[0])
+    unregisters = sorted(({"ms": e[0], "client_id": e[5], "addr": e[3], "producer_group": e[6],
+                           "consumer_group": e[7]} for e in events if e[2] == "unregister"),
+                         key=lambda r: (r["ms"], r["client_id"] or ""))
+    return {
+        "captures": [{"name": r.name, "files": r.files} for r in results],
+        "stats": stats,
+        "connections_opened": sum(1 for e in events if e[2] == "open"),
+        "connection_ends": {f"{kind}_by_{by}": n for (kind, by), n in sorted(ends.items())},
+        "unregisters": unregisters[:MAX_LISTED],
+        "unregister_count": len(unregisters),
+        "notifications": [{"group": g, "notifies": len(ts), "first_ms": min(ts), "last_ms": max(ts)}
+                          for g, ts in sorted(notify.items())],
+        "losses": [{"capture": c, "conn_id": cid, "addr": addr, "direction": d, "first_ms": a, "last_ms": b,
+                    "bytes": n} for c, cid, addr, d, a, b, n in losses[:MAX_LISTED]],
+        "loss_count": len(losses),
+        "damaged_files": [d for r in results for d in r.damaged],
+    }
+
+
+def loss_damage(summary: dict) -> List[dict]:
+    """What the capture missed, as damage entries of the report (scan.corrupt): heartbeat gaps over these time
+    ranges are not client silence."""
+    out = [{"segment": f"{lo['capture']} {lo['addr']} {lo['direction']}", "kind": "capture_loss", "offset": 0,
+            "bytes": lo["bytes"], "first_ms": lo["first_ms"], "last_ms": lo["last_ms"], "records_lost": None,
+            "reason": f"the capture missed {lo['bytes']} bytes of connection {lo['conn_id']}"}
+           for lo in summary["losses"]]
+    out += [{"segment": Path(d["file"]).name, "kind": "capture_file", "offset": 0, "bytes": 0, "first_ms": None,
+             "last_ms": None, "records_lost": None, "reason": d["reason"]} for d in summary["damaged_files"]]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Spark
+
+
+def _plan_ids(spark, n: int):
+    return spark.range(0, n, 1, numPartitions=max(1, n))
+
+
+def _records_task(plan, native, options, batches):
+    for batch in batches:
+        for i in batch.column(0).to_pylist():
+            for item in iter_capture(plan[i], native=native, **options):
+                if not isinstance(item, CaptureResult) and len(item["recv_ms"]):
+                    yield record_batch(item)
+
+
+def read_pcaps(spark, paths, *, native: Optional[bool] = None, ports=None, **options):
+    """The heartbeat records of packet captures as the recording reader's records frame (recv_ms, conn_id,
+    remote_addr, language, version, body); one task per capture (file, or directory of rotated files)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from .segments import RECORD_SCHEMA
+
+    plan = plan_captures(paths)
+    fn = functools.partial(_records_task, plan, native, dict(options, ports=ports))
+    return _plan_ids(spark, len(plan)).mapInArrow(fn, from_arrow_schema(RECORD_SCHEMA))
+
+
+def events_schema():
+    import pyarrow as pa
+
+    return pa.schema([("capture", pa.string()), ("ms", pa.int64()), ("conn_id", pa.int64()), ("kind", pa.string()),
+                      ("addr", pa.string()), ("by", pa.string()), ("client_id", pa.string()),
+                      ("producer_group", pa.string()), ("consumer_group", pa.string())])
+
+
+def _events_batch(name, events):
+    import pyarrow as pa
+
+    sch = events_schema()
+    cols = [[name] * len(events)] + [list(c) for c in zip(*events)] if events else [[] for _ in sch]
+    return pa.RecordBatch.from_arrays([pa.array(c, f.type) for c, f in zip(cols, sch)], schema=sch)
+
+
+def _events_task(plan, native, options, batches):
+    for batch in batches:
+        for i in batch.column(0).to_pylist():
+            for item in iter_capture(plan[i], native=native, **options):
+                if isinstance(item, CaptureResult) and item.events:
+                    yield _events_batch(item.name, item.events)
+
+
+def read_capture_events(spark, paths, *, native: Optional[bool] = None, ports=None, **options):
+    """Connection opens / ends, UNREGISTER_CLIENT requests and NOTIFY_CONSUMER_IDS_CHANGED pushes of captures."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    plan = plan_captures(paths)
+    fn = functools.partial(_events_task, plan, native, dict(options, ports=ports))
+    return _plan_ids(spark, len(plan)).mapInArrow(fn, from_arrow_schema(events_schema()))
+
+
+def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = None, **options):
+    """The scan's runs (RUN_SCHEMA) of one capture's heartbeats, its STATS_ROLE row, and a CAPTURE_ROLE row with
+    the capture's summary (JSON in sub_key)."""
+    import pyarrow as pa
+
+    from .segments import RUN_SCHEMA, BodyDeduper, merge_run_batches, runs_from_ids
+
+    parts, result = [], None
+    for item in iter_capture(capture, native=native, **options):
+        if isinstance(item, CaptureResult):
+            result = item
+        else:
+            parts.append(item)
+    rec = concat_records(parts)
+    conn = rec["conn_id"]
+    _, dense = np.unique(conn, return_inverse=True)
+    d = BodyDeduper()
+    ids = d.add(np.ascontiguousarray(dense.reshape(-1), np.int64), np.ascontiguousarray(rec["body_offsets"], np.int32),
+                rec["body_data"])
+    out = merge_run_batches(runs_from_ids(rec["recv_ms"], conn, np.asarray(ids, np.int64), d.bodies, params), params)
+    payload = json.dumps({"name": result.name, "files": result.files, "stats": result.stats,
+                          "events": result.events, "losses": result.losses, "damaged": result.damaged})
+    out.append(pa.RecordBatch.from_arrays(
+        [pa.array([CAPTURE_ROLE]), pa.array([""]), pa.array([""]), pa.array([0], pa.int64()), pa.array([payload]),
+         pa.array([None], pa.int64()), pa.array([None], pa.int64()), pa.array([0], pa.int64())], schema=RUN_SCHEMA))
+    return out
+
+
+def _runs_task(plan, params, native, options, batches):
+    for batch in batches:
+        for i in batch.column(0).to_pylist():
+            yield from capture_runs(plan[i], params, native, **options)
+
+
+def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bool] = None, ports=None,
+         **options) -> dict:
+    """Every recording analysis over the heartbeats of packet captures, plus the ``capture`` section."""
+    from pyspark.sql import functions as F
+
+    from . import spark as sp
+
+    params.validate()
+    t0 = time.perf_counter()
+    plan = plan_captures(paths)
+    fn = functools.partial(_runs_task, plan, params, native, dict(options, ports=ports))
+    raw = _plan_ids(spark, len(plan)).mapInArrow(fn, sp.RUN_STRUCT).persist()
+    saved = {}
+    try:
+        results = []
+        for r in raw.where(F.col("role") == CAPTURE_ROLE).select("sub_key").collect():
+            p = json.loads(r["sub_key"])
+            results.append(CaptureResult(p["name"], p["files"], p["stats"], [tuple(e) for e in p["events"]],
+                                         [tuple(x) for x in p["losses"]], p["damaged"]))
+        runs = raw.where(F.col("role") != CAPTURE_ROLE).transform(sp.merge_runs(params)).persist()
+        try:
+            stats = sp._stats(runs)
+            stats.pop("runs")
+            for key, value in (("spark.sql.shuffle.partitions", "1"), ("spark.sql.adaptive.enabled", "false")):
+                saved[key] = spark.conf.get(key, None)
+                spark.conf.set(key, value)
+            findings = {
+                "inconsistent_subscriptions": sp._inconsistent_records(
+                    sp._rows(runs.transform(sp.inconsistent_subscriptions(params)))),
+                "flapping_clients": sp._flapping_records(sp._rows(runs.transform(sp.flapping_clients(params)))),
+                "heartbeat_gaps": sorted(sp._rows(runs.transform(sp.heartbeat_gaps(params)).select(
+                    "client_id", "groups", "start_ms", "end_ms", "gap_s")), key=lambda r: (r["client_id"], r["start_ms"])),
+            }
+            members = sp._rows(runs.where(F.col("role").isin("consumer", "producer"))
+                               .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members")))
+            findings["group_sizes"] = sp._size_records(sp._rows(runs.transform(sp.group_sizes(params))), members)
+        finally:
+            runs.unpersist()
+    finally:
+        raw.unpersist()
+        for key, value in saved.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+    findings["summary"] = {**stats, **{k: len(findings[k]) for k in FINDING_KEYS}}
+    findings["parameters"] = {k: getattr(params, k) for k in ScanParams.__dataclass_fields__}
+    summary = capture_summary(results)
+    findings["capture"] = summary
+    damage = loss_damage(summary)
+    findings["scan"] = {"method": "pcap", "captures": len(plan), "files": sum(len(c.files) for c in plan),
+                        "seconds": round(time.perf_counter() - t0, 3),
+                        "reader": "native" if decoder_class(native) is _NativeDecoder else "twin",
+                        "torn_tails": [], "corrupt": damage}
+    separate_data_loss(findings, [], damage)
+    return findings
+
+
+def scan_local(paths, params: ScanParams = ScanParams(), *, native: Optional[bool] = None, **options) -> dict:
+    """The reference findings (engine.scan_py) over captures' heartbeats, with the same ``capture`` section."""
+    from engine.scan_py import scan_records
+
+    rec, results = read_local(paths, native=native, **options)
+    findings = scan_records(records_iter([rec]), params)
+    summary = capture_summary(results)
+    findings["capture"] = summary
+    damage = loss_damage(summary)
+    findings["scan"] = {"torn_tails": [], "corrupt": damage}
+    separate_data_loss(findings, [], damage)
+    return findings
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rmqhb scan CAPTURE...
+
+
+def wants_pcaps(argv) -> bool:
+    """Whether an ``rmqhb scan`` command line is for packet captures (``--input pcap`` or capture inputs)."""
+    argv = list(argv or [])
+    for i, a in enumerate(argv):
+        if a == "--input" and i + 1 < len(argv):
+            return argv[i + 1] == "pcap"
+        if a.startswith("--input="):
+            return a.split("=", 1)[1] == "pcap"
+    pos, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a.startswith("--"):
+            skip = "=" not in a and a not in ("--no-plots", "--no-dedupe", "--strict", "--allow-damage", "--debug",
+                                              "--twin")
+        else:
+            pos.append(a)
+    return bool(pos) and looks_like_captures(pos)
+
+
+def scan_main(argv=None) -> int:
+    """`rmqhb scan CAPTURE... --out REPORT_DIR [--input pcap] [--port N]`: the recording analyses over the
+    heartbeats of packet captures (pcap / pcapng, .gz; a directory = rotated files of one capture), written as the
+    recording scan's report plus a ``capture`` section. Exit 0; 3 when the capture missed data (listed as damage;
+    --allow-damage: 0); 2 bad arguments; 4 no heartbeat in the captures."""
+    import argparse
+    import sys
+
+    d = ScanParams()
+    p = argparse.ArgumentParser(prog="rmqhb scan", description=scan_main.__doc__)
+    p.add_argument("paths", nargs="+", type=Path, help="capture files, or directories of rotated capture files")
+    p.add_argument("--out", type=Path, required=True, help="report directory (created)")
+    p.add_argument("--input", default="pcap", choices=["pcap"], help="input kind")
+    p.add_argument("--port", type=int, action="append", default=[],
+                   help="read only TCP connections with this port (repeatable; default: every connection)")
+    p.add_argument("--reorder-window-ms", type=int, default=twin.DEFAULT_REORDER_WINDOW_MS,
+                   help="capture time a hole in a connection's bytes may wait for its segment before it is lost")
+    p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    p.add_argument("--min-duration", type=float, default=d.min_duration_s)
+    p.add_argument("--gap-threshold", type=float, default=d.gap_threshold_s)
+    p.add_argument("--expiry", type=float, default=d.expiry_s)
+    p.add_argument("--flap-window", type=float, default=d.flap_window_s)
+    p.add_argument("--flap-min", type=int, default=d.flap_min_reconnects)
+    p.add_argument("--twin", action="store_true", help="use the pure-Python capture reader")
+    p.add_argument("--allow-damage", action="store_true", help="exit 0 when the capture missed data (default 3)")
+    p.add_argument("--driver-memory", default="2g")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        params = ScanParams(args.expiry, args.gap_threshold, args.min_duration, args.flap_window,
+                            args.flap_min).validate()
+        plan_captures(args.paths)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"rmqhb scan: {e}", file=sys.stderr)
+        return 2
+    from pyspark.sql import SparkSession
+
+    from .report import damage_line, print_summary, write_report
+    from .spark import spark_session
+
+    running = SparkSession.getActiveSession()
+    spark = running or spark_session(args.master, "rmqhb-scan-pcap", driver_memory=args.driver_memory)
+    try:
+        findings = scan(spark, args.paths, params, native=False if args.twin else None, ports=args.port or None,
+                        reorder_window_ms=args.reorder_window_ms)
+    finally:
+        if running is None:
+            spark.stop()
+    cap = findings["capture"]
+    st = cap["stats"]
+    if findings["summary"]["records"] == 0:
+        print(f"rmqhb scan: no heartbeat in the captures ({st['packets']:,} packets, {st['frames']:,} frames)",
+              file=sys.stderr)
+        write_report(findings, args.out, plots=False)
+        return 4
+    index = write_report(findings, args.out, plots=not args.no_plots)
+    print_summary(findings, sys.stdout)
+    print(f"captures: {st['packets']:,} packets, {st['connections']:,} connections, {st['frames']:,} frames, "
+          f"{st['heartbeats']:,} heartbeats, {st['unregisters']:,} unregisters, {st['notifies']:,} notifications; "
+          f"ends {cap['connection_ends']}; missed {st['holes']} holes ({st['hole_bytes']:,} bytes), "
+          f"{st['frames_cut']} frames cut, {st['resyncs']} resyncs", file=sys.stdout)
+    print(f"report: {index}")
+    damage = damage_line(findings)
+    if damage or cap["damaged_files"]:
+        print(f"rmqhb scan: {damage or 'damaged capture files'}", file=sys.stderr)
+        return 0 if args.allow_damage else 3
+    return 0

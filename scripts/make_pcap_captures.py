@@ -1,0 +1,98 @@
+"""Make the packet captures of tests/data/pcap (run as root: tcpdump captures on loopback).
+
+For each scenario: start `rmqhb serve --record <name>.rec` on a free port (fresh store; the broker records every
+heartbeat it serves, to compare the capture's records with), start tcpdump on that port, drive the broker
+with scripts/pcap_drive.py (bench/loadgen.py's simulated clients), stop tcpdump, stop the broker. Each capture
+gets a manifest (``<name>.json``: what every client sent, received and how it closed). The derived captures
+(pcapng, rotated files, injected loss / reordering) are written by scripts/pcap_tool.py from these.
+
+    .venv/bin/python scripts/make_pcap_captures.py tests/data/pcap
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+SCENARIOS = {
+    # name: (tcpdump interface + link type args, listen host, client count, heartbeats each)
+    "lo-eth-ipv4": (["-i", "lo"], "127.0.0.1", 7, 6),
+    "any-sll-ipv4": (["-i", "any", "-y", "LINUX_SLL"], "127.0.0.1", 5, 4),
+    "any-sll2-ipv6": (["-i", "any", "-y", "LINUX_SLL2"], "::1", 6, 4),
+}
+
+
+def free_port(host: str) -> int:
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(fam) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_port(host: str, port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"broker did not listen on {host}:{port}")
+
+
+def capture(name: str, out: Path) -> None:
+    dump_args, host, clients, heartbeats = SCENARIOS[name]
+    port = free_port(host)
+    with tempfile.TemporaryDirectory() as store:
+        record = out / f"{name}.rec"  # what the broker itself recorded (its recorder), to compare with
+        shutil.rmtree(record, ignore_errors=True)
+        broker = subprocess.Popen([PY, "-m", "engine", "serve", "--listenPort", str(port), "--listenHost", host,
+                                   "--fastPortEnable", "false", "--storePathRootDir", store, "--log-level", "WARNING",
+                                   "--record", str(record)], cwd=ROOT)
+        try:
+            # the broker's own connection check must not be in the capture: wait before tcpdump starts
+            wait_port(host, port)
+            pcap = out / f"{name}.pcap"
+            dump = subprocess.Popen(["tcpdump", "--immediate-mode", "-U", "-s", "0", "-w", str(pcap), *dump_args, f"tcp port {port}"],
+                                    stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
+            subprocess.run([PY, str(ROOT / "scripts" / "pcap_drive.py"), "--broker",
+                            f"[{host}]:{port}" if ":" in host else f"{host}:{port}", "--clients", str(clients),
+                            "--heartbeats", str(heartbeats), "--manifest", str(out / f"{name}.json")], check=True)
+            time.sleep(0.5)
+            dump.send_signal(signal.SIGINT)
+            dump.wait(10)
+        finally:
+            broker.send_signal(signal.SIGINT)
+            try:
+                broker.wait(10)
+            except subprocess.TimeoutExpired:
+                broker.kill()
+    if name == "any-sll-ipv4":  # stored gzipped: the reader takes .gz captures
+        with open(pcap, "rb") as f, gzip.open(str(pcap) + ".gz", "wb") as g:
+            shutil.copyfileobj(f, g)
+        os.unlink(pcap)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    out = Path(argv[0] if argv else ROOT / "tests" / "data" / "pcap")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (argv[1:] or SCENARIOS):
+        capture(name, out)
+        print(f"captured {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

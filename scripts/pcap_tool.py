@@ -1,0 +1,212 @@
+"""Derived test captures from a clean capture (tests/data/pcap/README.md says which file came from which command).
+
+    pcap_tool.py pcapng IN.pcap OUT.pcapng [--big-endian] [--nanos]    the same packets as pcapng (SHB, IDB, EPBs)
+    pcap_tool.py split IN.pcap OUTDIR --packets N                      rotated files as tcpdump -C names them
+    pcap_tool.py mutate IN.pcap OUT.pcap --port P --size S [ops]       damage one connection's client->server bytes
+
+``mutate`` cuts every data packet the client on port P sends into segments of S payload bytes (sequence numbers,
+IP lengths and capture lengths adjusted; checksums are not recomputed, the reader does not check them) and then,
+by index i of those segments (0 = the first data segment of that direction):
+
+    --drop i        the segment is not in the output (the capture missed it)
+    --swap i        segment i comes after segment i+1 (out of order)
+    --dup i         segment i twice in a row (a retransmission)
+    --overlap i     after segment i+1, one packet holding segments i and i+1 again (a partial-overlap retransmission)
+    --late i:k      segment i comes k packets later (any packets), keeping its own time stamp
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import struct
+import sys
+from pathlib import Path
+
+PCAP_MAGICS = {b"\xd4\xc3\xb2\xa1": ("<", False), b"\xa1\xb2\xc3\xd4": (">", False),
+               b"\x4d\x3c\xb2\xa1": ("<", True), b"\xa1\xb2\x3c\x4d": (">", True)}
+
+
+def read_pcap(path):
+    """(header bytes, endianness, nanos, link type, [(sec, frac, orig_len, data)])."""
+    raw = Path(path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        import gzip
+
+        raw = gzip.decompress(raw)
+    e, nano = PCAP_MAGICS[raw[:4]]
+    link = struct.unpack_from(e + "I", raw, 20)[0] & 0xFFFF
+    pos, out = 24, []
+    while pos + 16 <= len(raw):
+        sec, frac, incl, orig = struct.unpack_from(e + "IIII", raw, pos)
+        out.append((sec, frac, orig, raw[pos + 16:pos + 16 + incl]))
+        pos += 16 + incl
+    return raw[:24], e, nano, link, out
+
+
+def write_pcap(path, header, e, packets):
+    with open(path, "wb") as f:
+        f.write(header)
+        for sec, frac, orig, data in packets:
+            f.write(struct.pack(e + "IIII", sec, frac, len(data), orig) + data)
+
+
+def ip_offset(link, data):
+    if link == 1:
+        off, etype = 14, struct.unpack_from(">H", data, 12)[0]
+        while etype in (0x8100, 0x88A8):
+            etype = struct.unpack_from(">H", data, off + 2)[0]
+            off += 4
+        return off
+    if link == 113:
+        return 16
+    if link == 276:
+        return 20
+    if link in (101, 228, 229):
+        return 0
+    raise SystemExit(f"link type {link} not supported by this tool")
+
+
+def tcp_parts(link, data):
+    """(ip offset, version, ip header length, tcp offset, tcp header length, sport, dport, seq, payload)."""
+    ip = ip_offset(link, data)
+    v = data[ip] >> 4
+    if v == 4:
+        ihl = (data[ip] & 15) * 4
+        if data[ip + 9] != 6:
+            return None
+        total = struct.unpack_from(">H", data, ip + 2)[0]
+        end = ip + total
+    elif v == 6:
+        ihl = 40
+        if data[ip + 6] != 6:
+            return None
+        end = ip + 40 + struct.unpack_from(">H", data, ip + 4)[0]
+    else:
+        return None
+    t = ip + ihl
+    sport, dport, seq = struct.unpack_from(">HHI", data, t)
+    thl = (data[t + 12] >> 4) * 4
+    return ip, v, ihl, t, thl, sport, dport, seq, data[t + thl:end]
+
+
+def rebuild(link, data, parts, seq, payload):
+    ip, v, ihl, t, thl = parts[:5]
+    head = bytearray(data[:t + thl])
+    struct.pack_into(">I", head, t + 4, seq & 0xFFFFFFFF)
+    if v == 4:
+        struct.pack_into(">H", head, ip + 2, ihl + thl + len(payload))
+    else:
+        struct.pack_into(">H", head, ip + 4, thl + len(payload))
+    return bytes(head) + payload
+
+
+def mutate(args):
+    header, e, nano, link, packets = read_pcap(args.input)
+    out = []  # (sec, frac, orig, data)
+    seg_index = 0
+    held = {}  # index -> packet waiting for its op
+    late = []  # [remaining packets, packet]
+    drop, swap, dup, overlap = set(args.drop), set(args.swap), set(args.dup), set(args.overlap)
+    late_ops = dict(tuple(int(x) for x in s.split(":")) for s in args.late)
+
+    def emit(pkt):
+        out.append(pkt)
+        for item in late[:]:
+            item[0] -= 1
+            if item[0] <= 0:
+                late.remove(item)
+                out.append(item[1])
+
+    for sec, frac, orig, data in packets:
+        parts = tcp_parts(link, data)
+        if parts is None or parts[5] != args.port or not parts[8]:
+            emit((sec, frac, orig, data))
+            continue
+        payload, seq = parts[8], parts[7]
+        for k in range(0, len(payload), args.size):
+            piece = payload[k:k + args.size]
+            new = rebuild(link, data, parts, seq + k, piece)
+            pkt = (sec, frac, len(new), new)
+            i = seg_index
+            seg_index += 1
+            if i in drop:
+                continue
+            if i in late_ops:
+                late.append([late_ops[i], pkt])
+                continue
+            if i in swap:
+                held[i] = pkt
+                continue
+            emit(pkt)
+            if i in dup:
+                emit(pkt)
+            if i - 1 in swap and i - 1 in held:
+                emit(held.pop(i - 1))
+            if i - 1 in overlap:
+                both = payload[k - args.size:k + args.size] if k >= args.size else None
+                if both is not None:
+                    new2 = rebuild(link, data, parts, seq + k - args.size, both)
+                    emit((sec, frac, len(new2), new2))
+    for item in late:
+        out.append(item[1])
+    out.extend(held.values())
+    write_pcap(args.output, header, e, out)
+    print(f"{args.output}: {len(out)} packets, {seg_index} segments of port {args.port}")
+
+
+def to_pcapng(args):
+    header, e, nano, link, packets = read_pcap(args.input)
+    o = ">" if args.big_endian else "<"
+
+    def block(btype, body):
+        body += b"\0" * (-len(body) % 4)
+        n = len(body) + 12
+        return struct.pack(o + "II", btype, n) + body + struct.pack(o + "I", n)
+
+    res = 9 if args.nanos else 6
+    out = [block(0x0A0D0D0A, struct.pack(o + "IHHq", 0x1A2B3C4D, 1, 0, -1)),
+           block(1, struct.pack(o + "HHI", link, 0, 262144) + struct.pack(o + "HHB3x", 9, 1, res) + b"\0" * 4)]
+    for sec, frac, orig, data in packets:
+        units = sec * (10 ** res) + (frac * (1 if nano else 1000) if res == 9 else (frac // 1000 if nano else frac))
+        out.append(block(6, struct.pack(o + "IIIII", 0, units >> 32, units & 0xFFFFFFFF, len(data), orig) + data))
+    Path(args.output).write_bytes(b"".join(out))
+    print(f"{args.output}: {len(packets)} packets as pcapng")
+
+
+def split(args):
+    header, e, nano, link, packets = read_pcap(args.input)
+    os.makedirs(args.outdir, exist_ok=True)
+    base = Path(args.outdir) / Path(args.input).name.replace(".gz", "")
+    for k in range(0, len(packets), args.packets):
+        name = f"{base}{k // args.packets or ''}"
+        write_pcap(name, header, e, packets[k:k + args.packets])
+    print(f"{args.outdir}: {-(-len(packets) // args.packets)} files")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("mutate")
+    m.add_argument("input")
+    m.add_argument("output")
+    m.add_argument("--port", type=int, required=True)
+    m.add_argument("--size", type=int, default=100)
+    for op in ("drop", "swap", "dup", "overlap"):
+        m.add_argument(f"--{op}", type=int, action="append", default=[])
+    m.add_argument("--late", action="append", default=[])
+    n = sub.add_parser("pcapng")
+    n.add_argument("input")
+    n.add_argument("output")
+    n.add_argument("--big-endian", action="store_true")
+    n.add_argument("--nanos", action="store_true")
+    s = sub.add_parser("split")
+    s.add_argument("input")
+    s.add_argument("outdir")
+    s.add_argument("--packets", type=int, required=True)
+    args = p.parse_args(argv)
+    {"mutate": mutate, "pcapng": to_pcapng, "split": split}[args.cmd](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""Packet captures -> the recorder's records (tests/data/pcap: tcpdump on loopback while scripts/pcap_drive.py ran
+against `rmqhb serve --record`; README there). What the capture reader finds must be what the broker saw: the same
+heartbeat records its own recorder wrote, the UNREGISTER_CLIENT requests, FIN/RST ends and NOTIFY pushes the driver
+saw; and what damage does (a segment the capture missed, reordering, retransmissions) is counted exactly."""
+import gzip
+import importlib.util
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import engine
+from engine._pcap_py import CaptureError
+from engine.bindings import pcap
+from engine.recorder import iter_records
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "pcap"
+CAPTURES = {"lo-eth-ipv4": DATA / "lo-eth-ipv4.pcap", "any-sll-ipv4": DATA / "any-sll-ipv4.pcap.gz",
+            "any-sll2-ipv6": DATA / "any-sll2-ipv6.pcap"}
+
+_spec = importlib.util.spec_from_file_location("pcap_tool", ROOT / "scripts" / "pcap_tool.py")
+tool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tool)
+
+
+def manifest(name):
+    return json.loads((DATA / f"{name}.json").read_text())
+
+
+def records_of(paths, **kw):
+    rec, results = pcap.read_local(paths, **kw)
+    return list(pcap.records_iter([rec])), results
+
+
+def run_tool(*argv):
+    tool.main([str(a) for a in argv])
+
+
+@pytest.mark.parametrize("name", sorted(CAPTURES))
+def test_records_are_what_the_broker_recorded(name):
+    """Every heartbeat the broker served, as its recorder wrote it: sender address, language, version, body;
+    the receive time is the packet's (the recorder's clock read a moment later)."""
+    got, results = records_of([CAPTURES[name]])
+    want = list(iter_records(DATA / f"{name}.rec"))
+    assert len(got) == len(want) > 0
+    key = lambda r: (r[2], r[3], r[4], r[5])  # noqa: E731
+    assert sorted(map(key, got)) == sorted(map(key, want))
+    by_addr = lambda rs: sorted(rs, key=lambda r: (r[2], r[0]))  # noqa: E731
+    for c, b in zip(by_addr(got), by_addr(want)):
+        assert 0 <= b[0] - c[0] <= 50
+    # one connection id per client connection, stable over its heartbeats
+    assert len({(r[1], r[2]) for r in got}) == len({r[2] for r in got}) == len({r[1] for r in got})
+    st = results[0].stats
+    assert st["holes"] == st["frames_bad"] == st["bad_lengths"] == st["discarded_bytes"] == 0
+
+
+@pytest.mark.parametrize("name", sorted(CAPTURES))
+def test_what_the_clients_sent(name):
+    m = manifest(name)
+    got, (res,) = records_of([CAPTURES[name]])
+    per_addr = Counter(r[2] for r in got)
+    events = res.events
+    for c in m["clients"]:
+        assert per_addr[c["addr"]] == c["heartbeats"], c
+        mine = [r for r in got if r[2] == c["addr"]]
+        assert {(r[3].name, r[4]) for r in mine} == {(c["language"], c["version"])}
+        unreg = [e for e in events if e[2] == "unregister" and e[3] == c["addr"]]
+        assert len(unreg) == c["unregisters"]
+        assert all(e[5] == c["client_id"] for e in unreg)
+        assert sorted(g for e in unreg for g in (e[6], e[7]) if g) == (sorted(c["groups"]) if c["unregisters"] else [])
+        ends = [(e[2], e[4]) for e in events if e[2] in ("fin", "rst") and e[3] == c["addr"]]
+        assert ends == [("rst" if c["close"] == "rst" else "fin", "client")], c
+        notified = [e for e in events if e[2] == "notify" and e[3] == c["addr"]]
+        assert len(notified) == c["notifications_received"], c
+        assert {e[7] for e in notified} <= set(c["groups"])
+        opens = [e for e in events if e[2] == "open" and e[3] == c["addr"]]
+        assert len(opens) == 1
+    assert res.stats["heartbeats"] == sum(c["heartbeats"] for c in m["clients"])
+    assert res.stats["unregisters"] == sum(c["unregisters"] for c in m["clients"])
+
+
+def test_serializations_and_languages_present():
+    m = manifest("lo-eth-ipv4")
+    assert {c["serialize"] for c in m["clients"]} == {"JSON", "ROCKETMQ"}
+    got, _ = records_of([CAPTURES["lo-eth-ipv4"]])
+    rocketmq = [c["addr"] for c in m["clients"] if c["serialize"] == "ROCKETMQ"]
+    assert sum(1 for r in got if r[2] in rocketmq) == sum(c["heartbeats"] for c in m["clients"] if c["addr"] in rocketmq)
+
+
+def test_pcapng_gzip_and_rotated_files_give_the_same_records(tmp_path):
+    base, _ = records_of([CAPTURES["lo-eth-ipv4"]])
+    for opts in ([], ["--big-endian"], ["--nanos"]):
+        out = tmp_path / f"x{len(opts)}{''.join(opts)}.pcapng"
+        run_tool("pcapng", CAPTURES["lo-eth-ipv4"], out, *opts)
+        assert records_of([out])[0] == base
+        gz = tmp_path / (out.name + ".gz")
+        gz.write_bytes(gzip.compress(out.read_bytes()))
+        assert records_of([gz])[0] == base
+    rot = tmp_path / "rotated"
+    run_tool("split", CAPTURES["lo-eth-ipv4"], rot, "--packets", "37")
+    files = sorted(rot.iterdir())
+    assert len(files) == 6
+    got, (res,) = records_of([rot])
+    assert got == base and len(res.files) == 6
+    assert res.stats["midstream_connections"] == 0  # connections carry over from file to file
+
+
+def test_committed_derived_captures():
+    base, _ = records_of([CAPTURES["lo-eth-ipv4"]])
+    assert records_of([DATA / "lo-eth-ipv4.pcapng"])[0] == base
+    rot, (res,) = records_of([DATA / "rotated-ipv6"])
+    assert rot == records_of([CAPTURES["any-sll2-ipv6"]])[0] and len(res.files) > 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# damage: a clean capture with one connection's client bytes cut into 100-byte segments, then changed
+
+
+def _stream(path, port, size=100):
+    """(frames [(start, end, code)], segments [(start, end)]) of the client->server bytes of one connection."""
+    _, _, _, link, packets = tool.read_pcap(path)
+    data, segs = b"", []
+    for *_, raw in packets:
+        parts = tool.tcp_parts(link, raw)
+        if parts and parts[5] == port and parts[8]:
+            for k in range(0, len(parts[8]), size):
+                segs.append((len(data) + k, len(data) + min(len(parts[8]), k + size)))
+            data += parts[8]
+    frames, pos = [], 0
+    while pos < len(data):
+        n = int.from_bytes(data[pos:pos + 4], "big") + 4
+        frames.append((pos, pos + n, engine.decode_frame(data[pos:pos + n]).code))
+        pos += n
+    assert pos == len(data)
+    return frames, segs
+
+
+@pytest.fixture(scope="module")
+def clean():
+    src = CAPTURES["lo-eth-ipv4"]
+    client = manifest("lo-eth-ipv4")["clients"][0]
+    port = int(client["addr"].rsplit(":", 1)[1])
+    frames, segs = _stream(src, port)
+    got, (res,) = records_of([src])
+    return src, client, port, frames, segs, got, res
+
+
+def _mutated(tmp_path, clean, *ops):
+    src, _, port, *_ = clean
+    out = tmp_path / "m.pcap"
+    run_tool("mutate", src, out, "--port", port, "--size", 100, *ops)
+    return records_of([out])
+
+
+@pytest.mark.parametrize("which", ["first_of_frame", "middle_of_frame", "last_of_frame", "in_unregister"])
+def test_missed_segment_resynchronizes_exactly(tmp_path, clean, which):
+    src, client, port, frames, segs, base, _ = clean
+    starts = {f[0] for f in frames}
+    if which == "in_unregister":
+        f = next(f for f in frames if f[2] == 35)
+        i = next(k for k, s in enumerate(segs) if s[0] >= f[0])
+    else:
+        f = frames[2]
+        first = next(k for k, s in enumerate(segs) if s[0] == f[0])
+        last = next(k for k, s in enumerate(segs) if s[1] == f[1])
+        i = {"first_of_frame": first, "middle_of_frame": first + 2, "last_of_frame": last}[which]
+    a, b = segs[i]
+    lost = [fr for fr in frames if fr[0] < b and fr[1] > a]
+    got, (res,) = _mutated(tmp_path, clean, "--drop", i)
+    st = res.stats
+    assert st["holes"] == 1 and st["hole_bytes"] == b - a
+    assert st["frames_cut"] == (0 if a in starts else 1)
+    assert st["discarded_bytes"] == sum(e - s for s, e, _ in lost) - (b - a)
+    # a frame boundary is found again when something follows the lost frames on the connection
+    assert st["resyncs"] == (1 if lost[-1] != frames[-1] else 0) and st["frames_bad"] == 0
+    lost_heartbeats = sum(1 for fr in lost if fr[2] == 34)
+    assert len(got) == len(base) - lost_heartbeats
+    # every other heartbeat of the connection is read, in order, unchanged
+    mine = [r for r in base if r[2] == client["addr"]]
+    kept = [r for r in got if r[2] == client["addr"]]
+    hb_frames = [fr for fr in frames if fr[2] == 34]
+    want = [r for r, fr in zip(mine, hb_frames) if fr not in lost]
+    assert [r[5] for r in kept] == [r[5] for r in want]
+    assert [r for r in got if r[2] != client["addr"]] == [r for r in base if r[2] != client["addr"]]
+    unreg = [e for e in res.events if e[2] == "unregister" and e[3] == client["addr"]]
+    assert len(unreg) == client["unregisters"] - sum(1 for fr in lost if fr[2] == 35)
+    loss = res.losses
+    assert len(loss) == 1 and loss[0][1] == client["addr"] and loss[0][2] == "c2s" and loss[0][5] == b - a
+
+
+def test_two_misses_in_one_frame_and_one_across_frames(tmp_path, clean):
+    src, client, port, frames, segs, base, _ = clean
+    f = frames[1]
+    first = next(k for k, s in enumerate(segs) if s[0] == f[0])
+    nxt = next(k for k, s in enumerate(segs) if s[0] == frames[3][0])
+    got, (res,) = _mutated(tmp_path, clean, "--drop", first + 1, "--drop", first + 3, "--drop", nxt - 1,
+                           "--drop", nxt)
+    st = res.stats
+    dropped = [segs[k] for k in (first + 1, first + 3, nxt - 1, nxt)]
+    assert st["holes"] == 3  # nxt - 1 and nxt are adjacent: one hole
+    assert st["hole_bytes"] == sum(b - a for a, b in dropped)
+    assert len(got) == len(base) - 3  # frames 1, 2 and 3
+    assert st["frames_cut"] == 2  # frame 1 (both its misses: one skip to its end), frame 2
+    assert st["resyncs"] == 2  # at the end of frame 1, and after the hole across frames 2 and 3
+
+
+@pytest.mark.parametrize("op", ["--swap", "--dup", "--overlap", "--late"])
+def test_reordering_and_retransmissions_lose_nothing(tmp_path, clean, op):
+    src, client, port, frames, segs, base, _ = clean
+    i = next(k for k, s in enumerate(segs) if s[0] == frames[2][0]) + 1
+    arg = f"{i}:4" if op == "--late" else i
+    got, (res,) = _mutated(tmp_path, clean, op, arg)
+    st = res.stats
+    assert got == base
+    assert st["holes"] == st["discarded_bytes"] == st["frames_cut"] == 0
+    if op == "--swap":
+        assert st["segments_out_of_order"] == 1 and st["segments_retransmitted"] == 0
+    elif op == "--dup":
+        assert st["segments_retransmitted"] == 1 and st["bytes_retransmitted"] == segs[i][1] - segs[i][0]
+    elif op == "--overlap":
+        assert st["segments_retransmitted"] == 1
+        assert st["bytes_retransmitted"] == segs[i + 1][1] - segs[i][0]
+    else:
+        assert st["segments_out_of_order"] >= 1
+
+
+def test_reorder_window_declares_a_hole_before_the_connection_ends(tmp_path, clean):
+    src, client, port, frames, segs, base, _ = clean
+    i = next(k for k, s in enumerate(segs) if s[0] == frames[1][0]) + 1
+    out = tmp_path / "m.pcap"
+    run_tool("mutate", src, out, "--port", port, "--size", 100, "--drop", i)
+    got, (res,) = records_of([out], reorder_window_ms=0)
+    got2, (res2,) = records_of([out])
+    assert sorted(got) == sorted(got2)  # the same loss, declared at the next packet instead of at the end
+    for k in ("holes", "hole_bytes", "frames_cut", "discarded_bytes", "resyncs"):
+        assert res.stats[k] == res2.stats[k] == {"holes": 1, "resyncs": 1, "frames_cut": 1}.get(k, res2.stats[k])
+    # the bytes after the hole waited for the rest of the connection with the default window, not with 0
+    assert 0 < res.stats["segments_out_of_order"] < res2.stats["segments_out_of_order"]
+    assert len(got) == len(base) - 1
+
+
+def test_capture_started_mid_connection(tmp_path, clean):
+    """A capture that starts inside a connection's byte stream finds the first frame boundary."""
+    src, client, port, frames, segs, base, _ = clean
+    header, e, nano, link, packets = tool.read_pcap(src)
+    out = tmp_path / "cut.pcap"
+    mid = tmp_path / "mid.pcap"
+    run_tool("mutate", src, mid, "--port", port, "--size", 100)
+    _, _, _, _, pk = tool.read_pcap(mid)
+    # drop everything before the second segment of the connection's third frame
+    target = next(k for k, s in enumerate(segs) if s[0] == frames[2][0]) + 1
+    seen, keep_from = 0, None
+    for idx, (*_, raw) in enumerate(pk):
+        parts = tool.tcp_parts(link, raw)
+        if parts and parts[5] == port and parts[8]:
+            if seen == target:
+                keep_from = idx
+                break
+            seen += 1
+    tool.write_pcap(out, header, e, pk[keep_from:])
+    got, (res,) = records_of([out])
+    st = res.stats
+    assert st["midstream_connections"] >= 1
+    mine = [r for r in got if r[2] == client["addr"]]
+    assert len(mine) == client["heartbeats"] - 3
+    assert st["resyncs"] == 0 and st["holes"] == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bad input
+
+
+@pytest.mark.parametrize("data,where", [(b"hello world, not a capture", "not a pcap"),
+                                        (b"\xd4\xc3\xb2\xa1" + b"\0" * 20 + b"\xff" * 16, "bad pcap record header"),
+                                        (b"\x0a\x0d\x0d\x0a\x1c\0\0\0\x01\x02\x03\x04", "byte-order magic")])
+def test_bad_files_are_typed_errors(tmp_path, data, where):
+    dec = pcap.decoder_class()()
+    with pytest.raises(CaptureError, match=where) as e:
+        dec.feed(data)
+    assert isinstance(e.value, engine.RemotingError) and isinstance(e.value, ValueError)
+    p = tmp_path / "x.pcap"
+    p.write_bytes(b"\xd4\xc3\xb2\xa1" + b"\0" * 20 + b"\xff" * 16)
+    _, (res,) = pcap.read_local([p])
+    assert res.damaged and "bad pcap record header at byte 24" in res.damaged[0]["reason"]
+    t = tmp_path / "notes.txt"
+    t.write_text("not a capture")
+    with pytest.raises(CaptureError):
+        pcap.plan_captures([t])
+    with pytest.raises(FileNotFoundError):
+        pcap.plan_captures([tmp_path / "nothing"])
+
+
+def test_truncated_capture_counts_its_tail(tmp_path):
+    raw = CAPTURES["lo-eth-ipv4"].read_bytes()
+    p = tmp_path / "cut.pcap"
+    p.write_bytes(raw[:len(raw) // 2])
+    got, (res,) = records_of([p])
+    assert res.stats["truncated_file_tails"] == 1 and 0 < len(got) < 42
+    assert not res.damaged
+
+
+def test_port_filter(tmp_path):
+    m = manifest("lo-eth-ipv4")
+    broker_port = int(m["broker"].rsplit(":", 1)[1])
+    got, (res,) = records_of([CAPTURES["lo-eth-ipv4"]], ports=[broker_port])
+    assert len(got) == 42
+    got, (res,) = records_of([CAPTURES["lo-eth-ipv4"]], ports=[1])
+    assert got == [] and res.stats["filtered_packets"] == res.stats["tcp_packets"] > 0
+
+
+def test_scan_local_findings():
+    """The reference analyses over a capture: the client that subscribes differently is found."""
+    f = pcap.scan_local([CAPTURES["lo-eth-ipv4"]])
+    m = manifest("lo-eth-ipv4")
+    assert f["summary"]["records"] == 42 and f["summary"]["clients"] == len(m["clients"])
+    (inc,) = f["inconsistent_subscriptions"]
+    assert inc["group"] == "CID_cap_0"
+    odd = [v for v in inc["variants"] if ["TopicCap0", "TAG", "TagC"] in v["subscriptions"]]
+    assert odd and odd[0]["clients"] == [m["clients"][4]["client_id"]]
+    notes = {n["group"]: n["notifies"] for n in f["capture"]["notifications"]}
+    assert sum(notes.values()) == sum(c["notifications_received"] for c in m["clients"])
+    assert f["capture"]["unregister_count"] == sum(c["unregisters"] for c in m["clients"])
+    assert f["scan"]["corrupt"] == [] and f["gaps_over_data_loss"] == []
+
+
+def test_native_module_registered():
+    assert "_pcap" in engine.native_modules()
+    if not os.environ.get("ENGINE_NO_EXTENSIONS"):
+        from conftest import require_native
+
+        require_native("engine._pcap")
+        assert engine.native_modules()["_pcap"] is True
+        assert pcap.decoder_class() is pcap._NativeDecoder
+    else:
+        assert pcap.decoder_class() is sys.modules["engine._pcap_py"].CaptureDecoder

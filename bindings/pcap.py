@@ -396,8 +396,12 @@ def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = 
     ids = d.add(np.ascontiguousarray(dense.reshape(-1), np.int64), np.ascontiguousarray(rec["body_offsets"], np.int32),
                 rec["body_data"])
     out = merge_run_batches(runs_from_ids(rec["recv_ms"], conn, np.asarray(ids, np.int64), d.bodies, params), params)
+    ao, ad = rec["addr_offsets"], rec["addr_data"]
+    first = np.unique(conn, return_index=True)[1]
+    addrs = {int(conn[i]): ad[ao[i]:ao[i + 1]].decode("utf-8", "replace") for i in first.tolist()}
     payload = json.dumps({"name": result.name, "files": result.files, "stats": result.stats,
-                          "events": result.events, "losses": result.losses, "damaged": result.damaged})
+                          "events": result.events, "losses": result.losses, "damaged": result.damaged,
+                          "addrs": [[c, a] for c, a in addrs.items()]})
     out.append(pa.RecordBatch.from_arrays(
         [pa.array([CAPTURE_ROLE]), pa.array([""]), pa.array([""]), pa.array([0], pa.int64()), pa.array([payload]),
          pa.array([None], pa.int64()), pa.array([None], pa.int64()), pa.array([0], pa.int64())], schema=RUN_SCHEMA))
@@ -424,9 +428,10 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
     raw = _plan_ids(spark, len(plan)).mapInArrow(fn, sp.RUN_STRUCT).persist()
     saved = {}
     try:
-        results = []
+        results, addrs = [], {}
         for r in raw.where(F.col("role") == CAPTURE_ROLE).select("sub_key").collect():
             p = json.loads(r["sub_key"])
+            addrs.update((int(c), a) for c, a in p["addrs"])
             results.append(CaptureResult(p["name"], p["files"], p["stats"], [tuple(e) for e in p["events"]],
                                          [tuple(x) for x in p["losses"]], p["damaged"]))
         runs = raw.where(F.col("role") != CAPTURE_ROLE).transform(sp.merge_runs(params)).persist()
@@ -446,6 +451,7 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
             members = sp._rows(runs.where(F.col("role").isin("consumer", "producer"))
                                .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members")))
             findings["group_sizes"] = sp._size_records(sp._rows(runs.transform(sp.group_sizes(params))), members)
+            findings["expired_clients"] = sp.expired_records(runs, params, stats["last_ms"], addrs)
         finally:
             runs.unpersist()
     finally:
@@ -518,7 +524,7 @@ def scan_main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="rmqhb scan", description=scan_main.__doc__)
     p.add_argument("paths", nargs="+", type=Path, help="capture files, or directories of rotated capture files")
     p.add_argument("--out", type=Path, required=True, help="report directory (created)")
-    p.add_argument("--input", default="pcap", choices=["pcap"], help="input kind")
+    p.add_argument("--format", "--input", dest="format", default="pcap", choices=["pcap"], help="input kind")
     p.add_argument("--port", type=int, action="append", default=[],
                    help="read only TCP connections with this port (repeatable; default: every connection)")
     p.add_argument("--reorder-window-ms", type=int, default=twin.DEFAULT_REORDER_WINDOW_MS,

@@ -21,7 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import engine  # noqa: E402
-from loadgen import SimClient  # noqa: E402
+
+try:  # the load generator's simulated client (engine/loadgen.py; bench/loadgen.py before it moved)
+    from engine.loadgen import SimClient
+except ImportError:
+    from loadgen import SimClient
 
 LANGS = [(engine.LanguageCode.JAVA, 479), (engine.LanguageCode.GO, 317), (engine.LanguageCode.CPP, 395),
          (engine.LanguageCode.JAVA, 409)]

@@ -1,0 +1,103 @@
+"""Packet captures on Spark: read_pcaps gives the local reader's records (the recording reader's frame), the scan
+gives the reference analyses' findings plus the capture section, and `rmqhb scan CAPTURE --out DIR` writes the
+report (exit 3 when the capture missed data). One shared SparkSession."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import require_module  # noqa: E402
+
+require_module("pyspark")
+require_module("pyarrow")
+
+from engine.bindings import pcap  # noqa: E402
+from engine.bindings import segments as seg  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "pcap"
+_spec = importlib.util.spec_from_file_location("pcap_tool", ROOT / "scripts" / "pcap_tool.py")
+tool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tool)
+
+INPUTS = [DATA / "lo-eth-ipv4.pcap", DATA / "any-sll-ipv4.pcap.gz", DATA / "rotated-ipv6"]
+
+
+def test_read_pcaps_is_the_record_frame(spark):
+    df = pcap.read_pcaps(spark, INPUTS)
+    assert df.schema == pcap_struct()
+    got = sorted(tuple(r) for r in df.collect())
+    rec, _ = pcap.read_local(INPUTS)
+    want = sorted((t, c, a, lang.name if lang is not None else None, v, b)
+                  for t, c, a, lang, v, b in pcap.records_iter([rec]))
+    assert [(r[0], r[1], r[2], r[3], r[4], bytes(r[5])) for r in got] == want
+    assert len(got) == 42 + 20 + 24
+
+
+def pcap_struct():
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(seg.RECORD_SCHEMA)
+
+
+def test_events_frame(spark):
+    ev = pcap.read_capture_events(spark, INPUTS).collect()
+    kinds = {}
+    for r in ev:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    assert kinds["unregister"] == 4 + 3 + 3 and kinds["notify"] == 13 + 8 + 8
+    assert {r["capture"] for r in ev} == {"lo-eth-ipv4.pcap", "any-sll-ipv4.pcap.gz", "rotated-ipv6"}
+
+
+def _comparable(f):
+    keys = ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "group_sizes", "expired_clients")
+    return {k: f[k] for k in keys}, {k: f["summary"][k] for k in ("records", "bad_bodies", "clients")}
+
+
+def test_scan_equals_the_reference_analyses(spark):
+    f = pcap.scan(spark, INPUTS)
+    ref = pcap.scan_local(INPUTS)
+    assert _comparable(f) == _comparable(ref)
+    assert f["capture"] == ref["capture"]
+    assert f["summary"]["records"] == 86
+    groups = {n["group"]: n["notifies"] for n in f["capture"]["notifications"]}
+    assert sum(groups.values()) == 13 + 8 + 8
+    assert f["scan"]["corrupt"] == [] and f["scan"]["method"] == "pcap"
+
+
+def test_scan_over_missed_data_reports_damage(spark, tmp_path):
+    src = DATA / "lo-eth-ipv4.pcap"
+    m = json.loads((DATA / "lo-eth-ipv4.json").read_text())
+    port = int(m["clients"][0]["addr"].rsplit(":", 1)[1])
+    out = tmp_path / "lossy.pcap"
+    tool.main(["mutate", str(src), str(out), "--port", str(port), "--size", "100", "--drop", "10"])
+    f = pcap.scan(spark, [out])
+    assert f["summary"]["records"] == 41
+    (loss,) = f["capture"]["losses"]
+    assert loss["addr"] == m["clients"][0]["addr"] and loss["bytes"] == 100
+    assert [d["kind"] for d in f["scan"]["corrupt"]] == ["capture_loss"]
+    assert f["capture"]["stats"]["resyncs"] == 1
+
+    from engine.cli import main
+
+    rep = tmp_path / "report"
+    assert main(["scan", str(out), "--out", str(rep), "--no-plots"]) == 3
+    assert main(["scan", str(out), "--out", str(rep), "--no-plots", "--allow-damage"]) == 0
+    saved = json.loads((rep / "findings.json").read_text())
+    assert saved["capture"]["stats"]["holes"] == 1 and (rep / "index.html").is_file()
+
+
+def test_rmqhb_scan_routes_captures(spark, tmp_path):
+    from engine.cli import main
+
+    rep = tmp_path / "r"
+    assert main(["scan", str(DATA / "lo-eth-ipv4.pcapng"), str(DATA / "rotated-ipv6"), "--out", str(rep),
+                 "--no-plots"]) == 0
+    f = json.loads((rep / "findings.json").read_text())
+    assert f["summary"]["records"] == 42 + 24 and f["scan"]["method"] == "pcap"
+    assert len(f["inconsistent_subscriptions"]) == 1
+    assert main(["scan", str(DATA / "lo-eth-ipv4.pcap"), "--format", "pcap", "--out", str(rep), "--no-plots",
+                 "--port", "1"]) == 4

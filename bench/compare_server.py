@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import loadgen  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine import loadgen  # noqa: E402
 
 
 def start_broker(tree: str, extra=()):

@@ -45,10 +45,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 
-import loadgen  # noqa: E402
+from engine import loadgen  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

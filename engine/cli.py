@@ -92,6 +92,7 @@ COMMANDS = {
     "segments": segments_main,
     "generate": _lazy("engine.synth", "generate_main"),
     "scan": scan_main,
+    "loadgen": _lazy("engine.loadgen", "main"),
 }
 
 

@@ -1,6 +1,7 @@
 """The load generator's answer check (bench/loadgen.py): a read of answers is checked with one comparison when it
 holds only SUCCESS answers to the expected opaques; anything else must still be counted exactly, frame by frame."""
 import asyncio
+import json
 import sys
 from pathlib import Path
 
@@ -9,8 +10,7 @@ import pytest
 import engine
 from engine.enums import RequestCode, ResponseCode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import loadgen  # noqa: E402
+from engine import loadgen
 
 
 class Sink:
@@ -83,3 +83,112 @@ def test_answers_are_counted_exactly_whichever_path_checks_them(split, monkeypat
 
 
     asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --vary: the bytes a Java client sends over time
+
+
+def test_variants_are_the_same_registration_in_other_set_orders():
+    client = loadgen.SimClient(3, producers=["PID_a", "PID_b"],
+                               consumers=[("CID_x", engine.MessageModel.CLUSTERING, [("T1", "TagA || TagB"),
+                                                                                      ("T2", "*")])])
+    frames = client.heartbeat_variants(loadgen.OPAQUE_BASE)
+    assert len(frames) == len(set(frames)) == 8
+    decoded = [engine.decode_heartbeat(engine.decode_frame(f).body) for f in frames]
+
+    def as_sets(hb):
+        return (hb.client_id, frozenset(p.group for p in hb.producers),
+                frozenset((c.group, frozenset((s.topic, s.sub_string, frozenset(s.tags), frozenset(s.codes),
+                                               s.sub_version) for s in c.subscriptions)) for c in hb.consumers))
+
+    assert len({as_sets(hb) for hb in decoded}) == 1   # one registration
+    assert decoded[0] == client.prepare_heartbeat_data()  # the client's usual order first
+
+
+def test_vary_and_subversion_every_rewrite_what_is_sent():
+    client = loadgen.SimClient(4, consumers=[("CID_y", engine.MessageModel.CLUSTERING, [("T", "TagA || TagB")])])
+    templates, variants = loadgen._templates([client], True, 3)
+
+    async def main():
+        stats, lat = loadgen._new_stats(), []
+        conn = loadgen.LoadConn(templates[0], stats, lat, variants=variants[0], sub_every=3)
+        conn.connection_made(Sink())
+        conn.send(0.0, count=7)
+        return engine.FrameDecoder().feed(conn.transport.written[0])
+
+    frames = asyncio.run(main())
+    assert [f.opaque for f in frames] == [loadgen.OPAQUE_BASE + i for i in range(7)]
+    bodies = [f.body for f in frames]
+    assert len(set(bodies[:len(variants[0])])) == min(7, len(variants[0]))  # the orders in turn
+    versions = [{s.sub_version for c in engine.decode_heartbeat(b).consumers for s in c.subscriptions}
+                for b in bodies]
+    assert all(len(v) == 1 for v in versions)
+    base = client.sub_version
+    assert [v.pop() - base for v in versions] == [0, 0, 0, 1, 1, 1, 2]   # every 3rd heartbeat a newer one
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# `rmqhb loadgen` against a live broker
+
+
+@pytest.fixture
+def live_broker(tmp_path):
+    from engine.broker import Broker
+    from engine.config import BrokerConfig
+
+    b = Broker(BrokerConfig(listen_port=0, listen_host="127.0.0.1", store_path_root_dir=str(tmp_path / "store"),
+                            fast_port_enable=False)).start()
+    yield b
+    b.stop()
+
+
+def _run_cli(args, cwd):
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "engine", "loadgen", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def test_rmqhb_loadgen_steady_varied_bytes(live_broker, tmp_path):
+    """Open loop with the Java client's varying bytes and subVersion changes: every heartbeat answered SUCCESS,
+    reordered sets change nothing (no NOTIFY after the registration round), the JSON result, its per-second
+    timeline, the progress line and the SVG plot; the clients are registered and unregister at the end."""
+    port = live_broker.ports["main"]
+    out, svg = tmp_path / "res.json", tmp_path / "lat.svg"
+    proc = _run_cli(["steady", "--broker", f"127.0.0.1:{port}", "--clients", "40", "--groups", "4", "--rate", "400",
+                     "--duration", "3", "--vary", "--subversion-every", "4", "--out", str(out), "--plot", str(svg)],
+                    tmp_path)
+    res = json.loads(out.read_text())
+    assert res == json.loads(proc.stdout)
+    assert res["connections"] == 40 and res["errors"] == 0 and res["opaque_mismatch"] == 0
+    assert res["answered"] >= 1000 and res["unanswered_after_drain"] == 0
+    assert res["vary"] == {"set_orders": True, "subversion_every": 4}
+    assert res["target"] == f"127.0.0.1:{port}"
+    assert len(res["timeline"]) >= 2 and all(r["answered"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in res["timeline"])
+    assert "loadgen steady" in proc.stderr and "answered" in proc.stderr
+    text = svg.read_text()
+    assert text.startswith("<svg") and "<polyline" in text and "http://" not in text.replace(
+        'xmlns="http://www.w3.org/2000/svg"', "")
+    assert res["unregistered_connections"] == 40
+    # reordered sets and newer subVersions are no membership change: the consumer groups were notified during
+    # registration only, so the window saw no NOTIFY at all
+    assert res["notifies"] == 0
+
+
+def test_rmqhb_loadgen_storm(live_broker, tmp_path):
+    port = live_broker.ports["main"]
+    proc = _run_cli(["storm", "--broker", f"127.0.0.1:{port}", "--clients", "60", "--quiet"], tmp_path)
+    res = json.loads(proc.stdout)
+    assert res["registered"] == 60 and res["errors"] == 0 and res["unanswered"] == 0
+    assert proc.stderr == ""
+
+
+def test_rmqhb_loadgen_rejects_a_bad_broker_address(tmp_path):
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "engine", "loadgen", "steady", "--broker", "nohost"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "HOST:PORT" in proc.stderr

@@ -30,6 +30,7 @@ import time
 import zlib
 
 from . import RemotingCommand
+from .clientlog import JavaLogFormatter
 from .config import PROPERTIES, BrokerConfig, ConfigError, ConfigFileError, parse_overrides
 from .enums import BROKER_VERSION, RequestCode, ResponseCode
 from .ioworker import new_event_loop
@@ -131,6 +132,7 @@ class Broker:
             enable_property_filter=cfg.enable_property_filter,
             notify_coalesce_window_ms=cfg.notify_coalesce_window_ms,
             client_management_rules=cfg.client_management_rules,
+            client_log_lines_per_minute=cfg.client_manage_log_lines_per_minute,
         )
         # timed writes (auto-created config, offsets) go to the store's writer thread: no fsync on the loop
         store = Store(cfg.store_path_root_dir, background_writes=True,
@@ -270,8 +272,10 @@ class Broker:
         self.scan_expired()
         self.rebalance_lock_manager.purge_expired()
 
-    def scan_expired(self) -> int:
-        channels = self.registry.scan_expired()
+    def scan_expired(self, now: int | None = None) -> int:
+        """One pass of the expiry scan (``now``: the registry clock's time, default its current one); the expired
+        connections are closed. Returns how many."""
+        channels = self.registry.scan_expired(now)
         for conn in channels:
             if hasattr(conn, "close"):
                 conn.close(f"channel expired (no heartbeat for more than {self.config.channel_expired_timeout} ms)",
@@ -551,8 +555,10 @@ def serve_main(argv=None) -> int:
         args, rest = p.parse_known_args(argv)
     except SystemExit as e:  # argparse: -h (0) or a bad command line (mqbroker: ServerUtil.parseCmdLine -> -1)
         return 0 if e.code in (0, None) else EXIT_FAILURE
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # logback's broker pattern (engine.clientlog): one parser reads this broker's log and a Java broker's
+    handler = logging.StreamHandler()
+    handler.setFormatter(JavaLogFormatter())
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO), handlers=[handler])
     try:
         overrides = parse_overrides(rest, lenient=args.lenient_config)
         if args.metrics_port is not None:

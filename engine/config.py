@@ -91,6 +91,10 @@ class BrokerConfig:
     reject_pull_consumer_enable: bool = False
     #: accept SQL92 subscriptions (CHECK_CLIENT_CONFIG)
     enable_property_filter: bool = False
+    #: engine: lines of each kind of Java's client-management log (new consumer connected, subscription changed,
+    #: NETTY EVENT, SCAN...) written per minute at most; past it they are counted and one line says how many were
+    #: left out (0 = none of these lines)
+    client_manage_log_lines_per_minute: int = 6000
     #: engine: coalesce CHANGE notifications of one group within this window (0 = RocketMQ's real-time notify)
     notify_coalesce_window_ms: int = 0
     #: engine: auto-creation of subscription groups (by heartbeats) stops once the table holds this many groups;
@@ -286,7 +290,7 @@ class BrokerConfig:
         for name in positive:
             if getattr(self, PROPERTIES[name].attr) <= 0:
                 raise ConfigError(f"{name} must be > 0")
-        for name in ("maxConnectionsPerIp", "notifyCoalesceWindowMs", "waitTimeMillsInPullQueue",
+        for name in ("maxConnectionsPerIp", "notifyCoalesceWindowMs", "clientManageLogLinesPerMinute", "waitTimeMillsInPullQueue",
                      "waitTimeMillsInQueue", "ioWorkers", "ioCoreConnections"):
             if getattr(self, PROPERTIES[name].attr) < 0:
                 raise ConfigError(f"{name} must be >= 0")

@@ -64,12 +64,14 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from .enums import ConsumeType, LanguageCode, MessageModel, ResponseCode
 from .errors import clip
+from . import clientlog as jl
 from .intern import StringPool
 from .logutil import RateLimitedLog
 from .store import FLAG_UNIT_SUB, PERM_READ, PERM_WRITE, Store, SubscriptionGroupConfig, TopicConfig
@@ -219,9 +221,12 @@ class RegistryConfig:
     #: rejectPullConsumerEnable, the retry topic's order flag is left alone, no CLIENT_REGISTER/CLIENT_UNREGISTER
     #: events, queryTopicConsumeByWho reads the live groups (README: conformance table)
     client_management_rules: int = 5
+    #: lines of each kind of the Java client-management log (engine.clientlog) written per minute at most
+    client_log_lines_per_minute: int = 6000
 
     def __post_init__(self):
-        for name in ("channel_expired_timeout_ms", "notify_coalesce_window_ms", "initial_capacity"):
+        for name in ("channel_expired_timeout_ms", "notify_coalesce_window_ms", "initial_capacity",
+                     "client_log_lines_per_minute"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"RegistryConfig.{name} must be a non-negative int, not {value!r}")
@@ -525,6 +530,8 @@ class ClientRegistry:
         self._rules4 = rules4 = cfg.client_management_rules == 4
         self._reject_pull = cfg.reject_pull_consumer_enable and not rules4  # 4.x has no rejectPullConsumerEnable
         self._result_v1 = _RESULT_4 if rules4 else _RESULT_V1
+        #: Java's client-management log lines, within their budget (engine.clientlog)
+        self.client_log = jl.ClientEventLog(cfg.client_log_lines_per_minute)
         # 4.x has no CLIENT_REGISTER / CLIENT_UNREGISTER events
         if rules4:
             self._wants -= {ConsumerGroupEvent.CLIENT_REGISTER, ConsumerGroupEvent.CLIENT_UNREGISTER,
@@ -562,6 +569,7 @@ class ClientRegistry:
         self._config_epoch = 0
         self._dirty = False
         self._request = None  # (channel, client id, language, version, now, slot) of the heartbeat being handled
+        self._request_v2 = False  # that heartbeat takes the V2 path
 
     # =========================================================================================== slot storage
     _COLUMNS = (
@@ -769,6 +777,28 @@ class ClientRegistry:
         if old is not None:
             self._pool.release(old[0])
         self._info.setdefault(slot, {})[key] = req
+
+    # ----------------------------------------------------------------------------------- Java's log lines
+    def _wall_ms(self, t: int) -> int:
+        """Wall-clock ms of a registry-clock time (Java's lastUpdateTimestamp is System.currentTimeMillis())."""
+        return int(time.time() * 1000) - (self._clock() - int(t))
+
+    def _jinfo(self, slot: int, key: int) -> str:
+        """ClientChannelInfo.toString() of a stored membership."""
+        cid, lang, ver = self._member_info(slot, key)
+        return jl.client_channel_info(self._channels[slot], self._pool.get(cid) if cid >= 0 else None,
+                                      _language_of(lang), ver, self._wall_ms(self._member_time(slot, key)))
+
+    def _jinfo_request(self) -> str:
+        """ClientChannelInfo.toString() of the request being handled."""
+        channel, client_id, language, version, now, slot = self._request
+        return jl.client_channel_info(channel, client_id, _language_of(_language_code(language)), version,
+                                      self._wall_ms(now))
+
+    def _jaddr(self, slot: int, channel) -> str:
+        """RemotingHelper.parseChannelRemoteAddr."""
+        addr = self._decode_addr(self._mv_addr[slot]) if slot is not None else ""
+        return addr or jl._text(getattr(channel, "remote_addr", "") or "")
 
     def _client_info(self, slot: int, key: int) -> ClientChannelInfo:
         cid, lang, ver = self._member_info(slot, key)
@@ -1031,6 +1061,7 @@ class ClientRegistry:
         rules4 = self._rules4
         v2 = fingerprint != 0 and not rules4  # a 4.9 broker's HeartbeatData has no fingerprint (fastjson drops it)
         light = v2 and hb.without_sub
+        self._request_v2 = v2
         sub_change = False
         refreshed = []
         for cd in hb.consumers:
@@ -1125,6 +1156,8 @@ class ClientRegistry:
         sgc, created = self.store.groups.find(group, cfg.auto_create_subscription_group, cfg.enable_create_sys_group)
         if created:
             self._dirty = True
+            if self.client_log.allow("group_created", logging.INFO):
+                jl.log.info("auto create a subscription group, %s", jl.subscription_group_config(sgc))
         return sgc
 
     def _create_retry_topic(self, group, queue_nums, is_order, sys_flag) -> None:
@@ -1153,6 +1186,9 @@ class ClientRegistry:
         if self._mem_pos(slot, g.key) < 0:
             self._add_member(g, slot, req)
             self._dirty = True
+            if self.client_log.allow("new_consumer", logging.INFO):
+                jl.log.info("new consumer connected, group: %s %s %s channel: %s", jl._text(g.name),
+                            jl._enum(cd.consume_type), jl._enum(cd.message_model), self._jinfo_request())
             return True
         cur = self._member_info(slot, g.key)
         if cur[0] != req[0]:
@@ -1171,18 +1207,28 @@ class ClientRegistry:
         table = g.subscriptions
         changed = replaced = False
         topics = set()
+        clog = self.client_log
         for sd in subs:
             topic = sd.topic
             old = table.get(topic)
             if old is None:
                 table[topic] = sd
                 changed = True
+                if clog.allow("sub_add", logging.INFO):
+                    jl.log.info("subscription changed, add new topic, group: %s %s", jl._text(g.name),
+                                jl.subscription_data(sd))
             elif sd.sub_version > old.sub_version:
                 table[topic] = sd  # a newer subVersion replaces silently
                 replaced = True
+                if g.consume_type is ConsumeType.CONSUME_PASSIVELY and clog.allow("sub_change", logging.INFO):
+                    jl.log.info("subscription changed, group: %s OLD: %s NEW: %s", jl._text(g.name),
+                                jl.subscription_data(old), jl.subscription_data(sd))
             topics.add(topic)
         if len(table) != len(topics):
             for topic in [t for t in table if t not in topics]:
+                if clog.allow("sub_remove", logging.WARNING):
+                    jl.log.warning("subscription changed, group: %s remove topic %s %s", jl._text(g.name),
+                                   jl._text(topic), jl.subscription_data(table[topic]))
                 del table[topic]
                 changed = True
         if changed or replaced:
@@ -1207,6 +1253,8 @@ class ClientRegistry:
         r2 = self._update_subscription(g, subs)
         if (r1 or r2) and notify and (self._rules4 or g.message_model is not _BROADCASTING):
             self._change(group)  # 4.x: BROADCASTING groups are notified too
+        if (r1 or r2) and self.client_log.allow("consumer_data", logging.INFO):
+            self._log_consumer_data(slot, cd)
         if self._want_register:
             self._emit(ConsumerGroupEvent.REGISTER, group, client=self._request_info(), subscriptions=subs)
 
@@ -1220,8 +1268,20 @@ class ClientRegistry:
                 self._topic_groups[topic] = {group}
             else:
                 groups.add(group)
-        if self._update_channel(g, slot, req, cd) and notify and g.message_model is not _BROADCASTING:
-            self._change(group)
+        if self._update_channel(g, slot, req, cd):
+            if notify and g.message_model is not _BROADCASTING:
+                self._change(group)
+            if self.client_log.allow("consumer_data", logging.INFO):
+                self._log_consumer_data(slot, cd)
+
+    def _log_consumer_data(self, slot: int, cd) -> None:
+        """ClientManageProcessor's line after a registerConsumer that changed something."""
+        addr = self._jaddr(slot, self._channels[slot])
+        if self._rules4:
+            jl.log.info("registerConsumer info changed %s %s", jl.consumer_data(cd), addr)
+        else:
+            jl.log.info("%sClientManageProcessor: registerConsumer info changed, SDK address=%s, consumerData=%s",
+                        "heartBeatV2 " if self._request_v2 else "", addr, jl.consumer_data(cd))
 
     def _register_producer(self, group: str, slot: int, req: tuple) -> int:
         """ProducerManager.registerProducer; returns the membership key."""
@@ -1234,6 +1294,8 @@ class ClientRegistry:
             self._add_member(g, slot, req)
             self._set_client_slot(req[0], slot)
             self._dirty = True
+            if self.client_log.allow("new_producer", logging.INFO):
+                jl.log.info("new producer connected, group: %s channel: %s", jl._text(group), self._jinfo_request())
         return g.key
 
     # ----------------------------------------------------------------- ProducerManager.clientChannelTable
@@ -1280,6 +1342,11 @@ class ClientRegistry:
                 if slot is not None and self._mem_pos(slot, g.key) >= 0:
                     member_cid = self._member_info(slot, g.key)[0]
                 removed = slot is not None and self._remove_member(g, slot)
+                if removed and self.client_log.allow("unregister_producer", logging.INFO):
+                    # Java prints the request's ClientChannelInfo (built for the request: now)
+                    jl.log.info("unregister a producer[%s] from groupChannelTable %s", jl._text(producer_group),
+                                jl.client_channel_info(channel, client_id, language, version,
+                                                       int(time.time() * 1000)))
                 cid = self._pool.lookup(client_id)
                 if cid >= 0:
                     self._drop_client_slot(cid)  # the request's client id, unconditionally, as Java does
@@ -1291,21 +1358,35 @@ class ClientRegistry:
                 if not g.members.n:
                     self._drop_producer_group(g)
                     self._emit(ProducerGroupEvent.GROUP_UNREGISTER, producer_group)
+                    if self.client_log.allow("producer_group_removed", logging.INFO):
+                        jl.log.info("unregister a producer group[%s] from groupChannelTable", jl._text(producer_group))
         if consumer_group:
             sgc = self._find_subscription_group_config(consumer_group)  # may auto-create, as Java's does
             notify = sgc.notify_consumer_ids_changed_enable if sgc is not None else True
             g = self._consumers.get(consumer_group)
             if g is not None:
+                old = None
+                if slot is not None and self._mem_pos(slot, g.key) >= 0 and self.client_log.allow(
+                        "unregister_consumer", logging.INFO):
+                    old = self._jinfo(slot, g.key)  # Java prints the entry it removed
                 if slot is not None and self._remove_member(g, slot):
+                    if old is not None:
+                        jl.log.info("unregister a consumer[%s] from consumerGroupInfo %s", jl._text(consumer_group),
+                                    old)
                     self._emit(ConsumerGroupEvent.CLIENT_UNREGISTER, consumer_group, client=request_info(),
                                topics=frozenset(g.subscriptions))
                 if not g.members.n:
                     self._drop_consumer_group(g)
                     self._emit(ConsumerGroupEvent.UNREGISTER, consumer_group)
                     self._clear_topic_groups(g)
+                    self._log_consumer_group_removed(consumer_group)
                 if notify and (self._rules4 or g.message_model is not _BROADCASTING):
                     self._change(consumer_group)  # even when nothing was removed (6.6.4); 4.x: BROADCASTING too
         return ResponseCode.SUCCESS, None
+
+    def _log_consumer_group_removed(self, group: str) -> None:
+        if self.client_log.allow("consumer_group_removed", logging.INFO):
+            jl.log.info("unregister consumer ok, no any connection, and remove consumer group, %s", jl._text(group))
 
     # =========================================================================================== close
     def close_channel(self, channel) -> bool:
@@ -1320,20 +1401,30 @@ class ClientRegistry:
             return False
         keys = self._mem_keys(slot)
         removed = bool(keys)
+        clog = self.client_log
         for key in keys:
             if key & 1 == _PRODUCER:
                 g = self._pgroup[key >> 1]
                 info = self._client_info(slot, key) if _P_CLIENT_UNREGISTER in self._wants else None
+                if clog.allow("closed_producer", logging.INFO):
+                    jl.log.info("NETTY EVENT: remove channel[%s][%s] from ProducerManager groupChannelTable, "
+                                "producer group: %s", self._jinfo(slot, key), self._jaddr(slot, channel),
+                                jl._text(g.name))
                 self._drop_client_slot(self._member_info(slot, key)[0])  # unconditionally, as Java does
                 self._remove_member(g, slot)
                 self._emit(ProducerGroupEvent.CLIENT_UNREGISTER, g.name, client=info)
                 if not g.members.n:
-                    self._drop_producer_group(g)
+                    self._drop_producer_group(g)  # 4.9 keeps the empty group (and says nothing)
                     self._emit(ProducerGroupEvent.GROUP_UNREGISTER, g.name)
+                    if not self._rules4 and clog.allow("producer_group_removed", logging.INFO):
+                        jl.log.info("unregister a producer group[%s] from groupChannelTable", jl._text(g.name))
         for key in keys:
             if key & 1 == _CONSUMER:
                 g = self._cgroup[key >> 1]
                 info = self._client_info(slot, key) if _C_CLIENT_UNREGISTER in self._wants else None
+                if clog.allow("closed_consumer", logging.WARNING):
+                    jl.log.warning("NETTY EVENT: remove not active channel[%s] from ConsumerGroupInfo "
+                                   "groupChannelTable, consumer group: %s", self._jinfo(slot, key), jl._text(g.name))
                 self._remove_member(g, slot)
                 self._emit(ConsumerGroupEvent.CLIENT_UNREGISTER, g.name, client=info,
                            topics=frozenset(g.subscriptions))
@@ -1341,6 +1432,7 @@ class ClientRegistry:
                     self._drop_consumer_group(g)
                     self._emit(ConsumerGroupEvent.UNREGISTER, g.name)
                     self._clear_topic_groups(g)
+                    self._log_consumer_group_removed(g.name)
                 if self._rules4 or g.message_model is not _BROADCASTING:
                     self._change(g.name)  # 4.x: BROADCASTING groups too
         self._free_slot(slot)
@@ -1366,28 +1458,43 @@ class ClientRegistry:
             keys = [k for k in self._mem_keys(slot) if now - self._member_time(slot, k) > timeouts[k & 1]]
             expired.append(keys)
         # ProducerManager's scan runs before ConsumerManager's
+        clog = self.client_log
+        channels = self._channels
         for slot, keys in zip(candidates, expired):
             for key in keys:
                 if key & 1 == _PRODUCER:
                     g = self._pgroup[key >> 1]
                     info = self._client_info(slot, key) if _P_CLIENT_UNREGISTER in self._wants else None
+                    if clog.allow("expired_producer", logging.WARNING):
+                        jl.log.warning("%s: remove expired channel[%s] from ProducerManager groupChannelTable, "
+                                       "producer group name: %s",
+                                       "SCAN" if self._rules4 else "ProducerManager#scanNotActiveChannel",
+                                       self._jaddr(slot, channels[slot]), jl._text(g.name))
                     self._drop_client_slot(self._member_info(slot, key)[0], only_slot=slot)
                     self._remove_member(g, slot)
                     self._emit(ProducerGroupEvent.CLIENT_UNREGISTER, g.name, client=info)
                     if not g.members.n:
-                        self._drop_producer_group(g)
+                        self._drop_producer_group(g)  # 4.9 keeps the empty group (and says nothing)
                         self._emit(ProducerGroupEvent.GROUP_UNREGISTER, g.name)
+                        if not self._rules4 and clog.allow("expired_group_cleared", logging.WARNING):
+                            jl.log.warning("SCAN: remove expired channel from ProducerManager groupChannelTable, all "
+                                           "clear, group=%s", jl._text(g.name))
         for slot, keys in zip(candidates, expired):
             for key in keys:
                 if key & 1 == _CONSUMER:
                     g = self._cgroup[key >> 1]
                     info = self._client_info(slot, key) if _C_CLIENT_UNREGISTER in self._wants else None
+                    if clog.allow("expired_consumer", logging.WARNING):
+                        jl.log.warning("SCAN: remove expired channel from ConsumerManager consumerTable. channel=%s, "
+                                       "consumerGroup=%s", self._jaddr(slot, channels[slot]), jl._text(g.name))
                     self._emit(ConsumerGroupEvent.CLIENT_UNREGISTER, g.name, client=info,
                                topics=frozenset(g.subscriptions))
                     self._remove_member(g, slot)
                     if not g.members.n:
+                        if clog.allow("expired_group_cleared", logging.WARNING):
+                            jl.log.warning("SCAN: remove expired channel from ConsumerManager consumerTable, all "
+                                           "clear, consumerGroup=%s", jl._text(g.name))
                         self._drop_consumer_group(g)  # no UNREGISTER, no CHANGE, topicGroupTable kept (Java)
-        channels = self._channels
         return [channels[slot] for slot, keys in zip(candidates, expired) if keys]
 
     # =========================================================================================== config checks

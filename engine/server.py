@@ -59,9 +59,9 @@ class Connection(asyncio.Protocol):
     """One client connection; also the registry's channel key (hashable by identity)."""
 
     __slots__ = ("server", "port_name", "id", "transport", "decoder", "remote_ip", "remote_port", "remote_addr",
-                 "local_ip", "closing", "close_reason", "rejected", "partial_since", "buffered", "last_io", "inflight",
-                 "reading_paused", "write_paused_since", "serialize_type", "held_pulls", "hb_body", "hb", "_out",
-                 "_soon", "repeat", "repeat_candidate", "hb_norepeat", "__weakref__")
+                 "local_ip", "local_port", "closing", "close_reason", "rejected", "partial_since", "buffered",
+                 "last_io", "inflight", "reading_paused", "write_paused_since", "serialize_type", "held_pulls",
+                 "hb_body", "hb", "_out", "_soon", "repeat", "repeat_candidate", "hb_norepeat", "__weakref__")
 
     def __init__(self, server: "RemotingServer", port_name: str):
         self.server = server
@@ -73,6 +73,7 @@ class Connection(asyncio.Protocol):
         self.remote_port = 0
         self.remote_addr = ""
         self.local_ip = ""
+        self.local_port = 0
         self.closing = False
         self.close_reason: str | None = None
         self.rejected: str | None = None  # limit that refused this connection, answered on its first request
@@ -107,6 +108,7 @@ class Connection(asyncio.Protocol):
         self.remote_addr = f"{peer[0]}:{peer[1]}"
         sock = transport.get_extra_info("sockname") or ("", 0)
         self.local_ip = sock[0]
+        self.local_port = sock[1] if len(sock) > 1 else 0
         self.server._on_connection_made(self)
 
     def data_received(self, data: bytes) -> None:

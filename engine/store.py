@@ -688,7 +688,7 @@ class SubscriptionGroupManager(_ConfigTable):
             return None, False
         config = SubscriptionGroupConfig(group)
         self.table[group] = config
-        log.info("auto create a subscription group, %s", group)
+        log.debug("auto-created subscription group %s", group)  # Java's line is the registry's (engine.clientlog)
         self._changed(derivable=True)  # the next heartbeat of the group creates it again
         return config, True
 

@@ -19,11 +19,8 @@ Every contender must give the same records (checked). CPU time is the process's 
 """
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one core: numpy's BLAS threads would spin on others
-
 import argparse
+import os
 import struct
 import sys
 import tempfile
@@ -112,12 +109,11 @@ def prefix_file(src: Path, dst: Path, packets: int) -> None:
 
 
 def read_engine(path: Path, native: bool):
-    """The records in batches, as a Spark task emits them (bindings.pcap.iter_capture)."""
     parts = []
     for item in pcap.iter_capture(pcap.Capture(path.name, [str(path)]), native=native):
         if not isinstance(item, pcap.CaptureResult):
             parts.append(item)
-    return parts
+    return pcap.concat_records(parts)
 
 
 def read_dpkt(path: Path):
@@ -192,20 +188,13 @@ def main(argv=None) -> int:
               f"({args.clients} connections), written in {time.perf_counter() - t0:.1f} s")
         path.read_bytes()  # into the page cache
         rows = []
-        runs = [timed(read_engine, path, True) for _ in range(3)]
-        nat = pcap.concat_records(runs[0][0])
+        nat, wall, cpu = timed(read_engine, path, True)
         assert len(nat["recv_ms"]) == args.heartbeats, len(nat["recv_ms"])
-        # the first run also pays the first touch of the memory its buffers take (page faults); a Spark task
-        # reading a large capture reuses its buffers from batch to batch, like the later runs
-        rows.append(("native (engine._pcap), first run", args.heartbeats, info["bytes"], runs[0][1], runs[0][2]))
-        best = min(runs[1:], key=lambda r: r[2])
-        rows.append(("native (engine._pcap), best of 2 more", args.heartbeats, info["bytes"], best[1], best[2]))
-        runs = None
+        rows.append(("native (engine._pcap)", args.heartbeats, info["bytes"], wall, cpu))
         small = Path(tmp) / "prefix.pcap"
         n_small = min(args.twin_heartbeats, args.heartbeats)
         prefix_file(path, small, 3 * args.clients + n_small * 4 + n_small // 50)
         tw, wall, cpu = timed(read_engine, small, False)
-        tw = pcap.concat_records(tw)
         assert len(tw["recv_ms"]) == n_small and same(tw, nat, n_small)
         rows.append((f"twin (engine._pcap_py), first {n_small:,}", n_small, small.stat().st_size, wall, cpu))
         try:

@@ -45,8 +45,8 @@ MAGICS = (b"\xd4\xc3\xb2\xa1", b"\xa1\xb2\xc3\xd4", b"\x4d\x3c\xb2\xa1", b"\xa1\
 GZIP_MAGIC = b"\x1f\x8b"
 #: bytes read from a capture file at a time
 CHUNK_BYTES = 8 << 20
-#: records per Arrow batch a task emits (a batch of heartbeats is ~10 MB: small enough for the allocator to reuse)
-BATCH_RECORDS = 16384
+#: records per Arrow batch a task emits
+BATCH_RECORDS = 65536
 #: losses listed one by one in findings.json (all are counted)
 MAX_LISTED = 200
 CAPTURE_ROLE = "_capture"  # rows of a scan task that carry its capture's summary (sub_key = JSON)
@@ -177,23 +177,17 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
         return rec
 
     for path in capture.files:
+        carry = b""
         try:
             with _open(path) as f:
-                buf = bytearray(chunk_bytes)  # read into one buffer; what feed leaves (a cut record) moves to its start
-                fill = 0
                 while True:
-                    if fill == len(buf):  # a record larger than the buffer
-                        buf.extend(bytes(len(buf)))
-                    with memoryview(buf) as mv:
-                        n = f.readinto(mv[fill:])
-                        if not n:
-                            dec.end_file(fill)
-                            break
-                        fill += n
-                        used = dec.feed(mv[:fill])
-                    if used:
-                        buf[:fill - used] = buf[used:fill]
-                        fill -= used
+                    chunk = f.read(chunk_bytes)
+                    data = carry + chunk if carry else chunk
+                    if not chunk:
+                        dec.end_file(len(data))
+                        break
+                    used = dec.feed(data)
+                    carry = data[used:]
                     if dec.pending_records >= batch_records:
                         yield drain()
         except CaptureError as e:

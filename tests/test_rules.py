@@ -204,3 +204,20 @@ def test_registry_events_and_topic_index(rules):
         assert r.ext_fields == {"IS_SUPPORT_HEART_BEAT_V2": "true", "IS_SUB_CHANGE": "false"}
         assert reg.find_subscription("demo_consumer_group", "TopicTest") is not None
     reg.check_invariants()
+
+
+@pytest.mark.parametrize("rules", [4, 5])
+def test_empty_producer_groups_are_dropped_under_both(rules):
+    """4.9 keeps a producer group whose last channel closed (a leak of every producer group name ever seen); this
+    broker drops it under both settings (README: conformance table)."""
+    import engine
+
+    reg = ClientRegistry(RegistryConfig(client_management_rules=rules), clock=lambda: 1000)
+    reg.heartbeat(1, engine.decode_heartbeat(hb_body(client_id="a@1")))
+    assert sorted(reg.producer_groups()) == ["CLIENT_INNER_PRODUCER", "demo_producer_group"]
+    assert reg.close_channel(1) is True
+    assert reg.producer_groups() == [] and reg.producer_connection("demo_producer_group") is None
+    reg.heartbeat(2, engine.decode_heartbeat(hb_body(client_id="b@1")))
+    assert reg.scan_expired(now=1000 + 130_000) == [2]
+    assert reg.producer_groups() == [] and reg.consumer_groups() == []
+    reg.check_invariants()

@@ -520,6 +520,15 @@ def parse_lines(lines, base_line: int = 0):
     return batch, stats
 
 
+def line_ends(data):
+    """int64 numpy array of the offsets just past each b"\\n" in ``data`` (any buffer of bytes): where the lines
+    of a chunk of a log file end."""
+    import numpy as np
+
+    arr = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8)
+    return (np.flatnonzero(arr == 10) + 1).astype(np.int64)
+
+
 def merge_stats(a: dict, b: dict) -> dict:
     """Sum of two stats dicts (examples: the first one seen)."""
     counts = dict(a.get("counts", {}))

@@ -24,10 +24,11 @@ from engine._brokerlog_py import (
     event_schema,
 )
 
-__all__ = ["parse_lines", "BrokerLogError"]
+__all__ = ["parse_lines", "line_ends", "BrokerLogError"]
 
 cdef extern from "string.h" nogil:
     void *memmem(const void *haystack, size_t haystacklen, const void *needle, size_t needlelen)
+    void *memchr(const void *s, int c, size_t n)
 
 # string columns (order of EVENT_COLUMNS' string columns)
 DEF S_KIND = 0
@@ -185,10 +186,22 @@ for _i, (_p, _k, _r, _h) in enumerate(_MESSAGES):
 # --- helpers: every one returns -1 when the text does not match --------------------------------------------------
 
 cdef inline Py_ssize_t find(const char *b, const char *sub, Py_ssize_t n, Py_ssize_t p, Py_ssize_t e) noexcept nogil:
-    if e - p < n:
-        return -1
-    cdef const char *r = <const char *>memmem(b + p, e - p, sub, n)
-    return -1 if r == NULL else r - b
+    # the fields are short and come in order, so the needle is near: memchr on its last byte (mostly '=' or
+    # ' ', a few hits) and memcmp beat memmem's per-call set-up (measured: memmem was a quarter of the time)
+    if n <= 0 or e - p < n:
+        return -1 if n > 0 else p
+    cdef char last = sub[n - 1]
+    cdef const char *q = b + p + n - 1
+    cdef const char *end = b + e
+    cdef const char *r
+    while q < end:
+        r = <const char *>memchr(q, last, end - q)
+        if r == NULL:
+            return -1
+        if memcmp(r - (n - 1), sub, n - 1) == 0:
+            return (r - (n - 1)) - b
+        q = r + 1
+    return -1
 
 
 cdef inline Py_ssize_t expect(const char *b, const char *lit, Py_ssize_t n, Py_ssize_t p, Py_ssize_t e) noexcept nogil:
@@ -759,6 +772,36 @@ cdef inline Py_ssize_t _strlen(const char *s) noexcept nogil:
     while s[n]:
         n += 1
     return n
+
+
+def line_ends(data):
+    """int64 numpy array of the offsets just past each b"\\n" in ``data`` (any buffer of bytes): where the lines
+    of a chunk of a log file end (engine._brokerlog_py.line_ends, with memchr)."""
+    cdef const uint8_t[:] buf = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else data.view(np.uint8)
+    cdef Py_ssize_t n = buf.shape[0], count = 0, i = 0
+    cdef const uint8_t *base
+    cdef const uint8_t *hit
+    if n == 0:
+        return np.zeros(0, np.int64)
+    base = &buf[0]
+    with nogil:
+        while i < n:
+            hit = <const uint8_t *>memchr(base + i, 10, n - i)
+            if hit == NULL:
+                break
+            count += 1
+            i = (hit - base) + 1
+    out = np.empty(count, np.int64)
+    cdef int64_t[:] o = out
+    cdef Py_ssize_t k = 0
+    i = 0
+    with nogil:
+        while k < count:
+            hit = <const uint8_t *>memchr(base + i, 10, n - i)
+            i = (hit - base) + 1
+            o[k] = i
+            k += 1
+    return out
 
 
 def _validity(mask):

@@ -510,3 +510,24 @@ def test_scan_input_kind_detection(tmp_path):
     assert main(["scan", str(rec), str(logs)] + out) == 2
     assert main(["scan", str(rec), "--format", "parquet"] + out) == 2
     assert main(["scan", str(logs), "--format", "recording"] + out) == 2  # no segments there
+
+
+@pytest.mark.parametrize("native_cut", [False] + ([True] if native is not None else []))
+def test_line_batches_cut_files_exactly(tmp_path, native_cut):
+    """Lines cut from a plain file (mmap windows) and from its .gz (reads) are the file's lines, line ends kept,
+    whatever the window size: empty file, blank lines, CRLF, a line longer than the window, no final newline."""
+    import gzip as gz
+
+    text = b"a\n\nb\r\n" + b"x" * 5000 + b"\n" + b"".join(b"line %d\n" % i for i in range(300)) + b"last"
+    for name, data in (("empty.log", b""), ("one.log", b"no newline"), ("many.log", text), ("nl.log", b"\n")):
+        plain = tmp_path / name
+        plain.write_bytes(data)
+        with gz.open(str(plain) + ".gz", "wb") as f:
+            f.write(data)
+        want = data.splitlines(keepends=True)
+        for path in (plain, str(plain) + ".gz"):
+            for chunk in (64, 4096, 8 << 20):
+                arrs = list(bl.line_batches(str(path), batch_lines=7, chunk_bytes=chunk, native=native_cut))
+                got = [x for a in arrs for x in a.to_pylist()]
+                assert got == want, (path, chunk)
+                assert all(len(a) <= 7 for a in arrs)

@@ -6,7 +6,10 @@ with scripts/pcap_drive.py (bench/loadgen.py's simulated clients), stop tcpdump,
 gets a manifest (``<name>.json``: what every client sent, received and how it closed). The derived captures
 (pcapng, rotated files, injected loss / reordering) are written by scripts/pcap_tool.py from these.
 
-    .venv/bin/python scripts/make_pcap_captures.py tests/data/pcap
+    .venv/bin/python scripts/make_pcap_captures.py tests/data/pcap [NAME...]
+
+``ons-lo-ipv4`` needs ali-ons: ``npm ci`` with tests/interop/node's lockfile in $ONS_NODE_DIR (default
+tests/interop/.node, where the interop tests install it).
 """
 from __future__ import annotations
 
@@ -29,7 +32,12 @@ SCENARIOS = {
     "lo-eth-ipv4": (["-i", "lo"], "127.0.0.1", 7, 6),
     "any-sll-ipv4": (["-i", "any", "-y", "LINUX_SLL"], "127.0.0.1", 5, 4),
     "any-sll2-ipv6": (["-i", "any", "-y", "LINUX_SLL2"], "::1", 6, 4),
+    # the real Node.js client (npm ali-ons 3.12.0, tests/interop/ons_driver.js): a producer and a consumer of one
+    # client instance, 35 s (its first and second heartbeats), then closed (UNREGISTER_CLIENT, FIN)
+    "ons-lo-ipv4": (["-i", "lo"], "127.0.0.1", 0, 0),
 }
+#: where ali-ons is installed (npm ci in tests/interop/node's lockfile), for the ons-lo-ipv4 capture
+ONS_NODE_DIR = Path(os.environ.get("ONS_NODE_DIR", ROOT / "tests" / "interop" / ".node"))
 
 
 def free_port(host: str) -> int:
@@ -50,6 +58,28 @@ def wait_port(host: str, port: int, timeout: float = 20.0) -> None:
     raise RuntimeError(f"broker did not listen on {host}:{port}")
 
 
+def drive_ons(host: str, port: int, manifest: Path) -> None:
+    """ali-ons: one producer and one consumer (TagA) in one client instance, the broker as its name server."""
+    import json
+
+    spec = {"nameSrv": f"{host}:{port}", "producerGroup": "PID_ons_cap",
+            "consumers": [{"group": "CID_ons_cap", "topic": "TopicOnsCap", "expr": "TagA"}]}
+    env = dict(os.environ, ONS_NODE_DIR=str(ONS_NODE_DIR))
+    p = subprocess.Popen(["node", str(ROOT / "tests" / "interop" / "ons_driver.js"), json.dumps(spec)], env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    ready = p.stdout.readline().strip()
+    if not ready.startswith("READY"):
+        p.kill()
+        raise RuntimeError(f"ali-ons did not start: {ready!r}")
+    time.sleep(35)
+    p.stdin.write("close\n")
+    p.stdin.flush()
+    closed = p.stdout.readline().strip()
+    p.wait(30)
+    manifest.write_text(json.dumps({"broker": f"{host}:{port}", "client": "ali-ons 3.12.0", "spec": spec,
+                                    "client_id": ready.split(" ", 1)[1], "closed": closed == "CLOSED"}, indent=1))
+
+
 def capture(name: str, out: Path) -> None:
     dump_args, host, clients, heartbeats = SCENARIOS[name]
     port = free_port(host)
@@ -66,9 +96,12 @@ def capture(name: str, out: Path) -> None:
             dump = subprocess.Popen(["tcpdump", "--immediate-mode", "-U", "-s", "0", "-w", str(pcap), *dump_args, f"tcp port {port}"],
                                     stderr=subprocess.DEVNULL)
             time.sleep(1.0)
-            subprocess.run([PY, str(ROOT / "scripts" / "pcap_drive.py"), "--broker",
-                            f"[{host}]:{port}" if ":" in host else f"{host}:{port}", "--clients", str(clients),
-                            "--heartbeats", str(heartbeats), "--manifest", str(out / f"{name}.json")], check=True)
+            if name.startswith("ons-"):
+                drive_ons(host, port, out / f"{name}.json")
+            else:
+                subprocess.run([PY, str(ROOT / "scripts" / "pcap_drive.py"), "--broker",
+                                f"[{host}]:{port}" if ":" in host else f"{host}:{port}", "--clients", str(clients),
+                                "--heartbeats", str(heartbeats), "--manifest", str(out / f"{name}.json")], check=True)
             time.sleep(0.5)
             dump.send_signal(signal.SIGINT)
             dump.wait(10)

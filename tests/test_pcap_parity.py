@@ -130,3 +130,92 @@ def test_random_segmentations(tmp_path_factory, ops, size):
         args += [f"--{op}", str(i)]
     tool.main(args)
     both([out.read_bytes()])
+
+
+def _capture_of(frames, client=(bytes([10, 0, 0, 1]), 40001), server=(bytes([10, 0, 0, 2]), 10911)):
+    """A pcap (Ethernet, IPv4) of one connection: SYN handshake, then each frame from the client in its own
+    packet, answered by an ACK."""
+    import struct
+
+    def pkt(src, sport, dst, dport, seq, ack, flags, payload=b""):
+        tcp = struct.pack(">HHIIBBHHH", sport, dport, seq & 0xFFFFFFFF, ack, 5 << 4, flags, 65535, 0, 0)
+        ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 40 + len(payload), 0, 0x4000, 64, 6, 0, src, dst)
+        return b"\0" * 12 + b"\x08\x00" + ip + tcp + payload
+
+    out = [struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 262144, 1)]
+    t = [0]
+
+    def emit(data):
+        t[0] += 1000
+        out.append(struct.pack("<IIII", 1_700_000_000 + t[0] // 1_000_000, t[0] % 1_000_000, len(data), len(data)))
+        out.append(data)
+
+    cseq, sseq = 1000, 9000
+    emit(pkt(*client, *server, cseq, 0, 0x02))
+    emit(pkt(*server, *client, sseq, cseq + 1, 0x12))
+    cseq, sseq = cseq + 1, sseq + 1
+    for f in frames:
+        emit(pkt(*client, *server, cseq, sseq, 0x18, f))
+        cseq += len(f)
+        emit(pkt(*server, *client, sseq, cseq, 0x10))
+    emit(pkt(*client, *server, cseq, sseq, 0x11))
+    return b"".join(out)
+
+
+def _json_frame(header: bytes, body: bytes = b'{"clientID":"x@1"}') -> bytes:
+    import struct
+
+    return struct.pack(">ii", 4 + len(header) + len(body), len(header)) + header + body
+
+
+HEADERS = [
+    b'{"code":34,"extFields":{},"flag":0,"language":"JAVA","opaque":2147483647,"serializeTypeCurrentRPC":"JSON","version":479}',
+    b'{"code":34,"flag":0,"language":"GO","opaque":-2147483648,"version":317}',
+    b'{"code":34,"flag":0,"language":"NODE_JS","opaque":2147483648,"version":1}',  # opaque out of int32: bad
+    b'{"code":34,"language":"KLINGON","version":-5}',  # unknown language: None
+    b'{"code":34,"language":13,"version":1}',
+    b'{"code":34,"language":99,"version":1}',
+    b'{"code":34,"language":null,"version":null,"remark":null,"extFields":null}',
+    b'{ "code" : 34 , "language" : "CPP" }',  # whitespace: decode_frame's path
+    b'{"code":34,"remark":"caf\\u00e9","language":"PHP"}',  # an escape: decode_frame's path
+    b'{"code":"34","language":"RUST"}',  # a numeric string
+    b'{"code":34,"code":35,"extFields":{"clientID":"c1","consumerGroup":"g"}}',  # duplicate key: the last wins
+    b'{"code":34,"flag":1}',  # a response: not a heartbeat
+    b'{"code":34,"extFields":{"a":1}}',
+    b'{"code":34,"version":1.5}',  # not an int32: bad
+    b'{"code":34}trailing',
+    b'{"code":34,}',
+    b'{"code":35,"extFields":{"clientID":"c2","producerGroup":"p"}}',
+    b'{"code":40,"flag":2,"extFields":{"consumerGroup":"g2"}}',
+    b'{}',
+    b'{"code":34,"language":"JAVA","extFields":{"k":"v","n":null}}',
+    b'{"code":34,"opaque":00}',
+]
+
+
+@pytest.mark.parametrize("header", HEADERS, ids=range(len(HEADERS)))
+def test_header_shapes(header):
+    out = both([_capture_of([_json_frame(header)])])
+    assert out[0] != "error"
+
+
+def test_rocketmq_headers():
+    import engine
+
+    frames = [engine.RemotingCommand(34, language=lang, version=v, opaque=o, remark=r, ext_fields=e,
+                                     body=b'{"clientID":"r"}', serialize_type="ROCKETMQ").encode()
+              for lang, v, o, r, e in [(engine.LanguageCode.JAVA, 479, 1, None, None),
+                                       (engine.LanguageCode.CPP, -3, 2, "remark", None),
+                                       (engine.LanguageCode.GO, 32767, 3, None, {"a": "b"})]]
+    bad = bytearray(frames[0])
+    bad[10] = 200  # an unknown language byte: None
+    frames.append(bytes(bad))
+    out = both([_capture_of(frames)])
+    assert out[0]["language"] == [0, 1, 9, 255] and out[0]["version"] == [479, -3, 32767, 479]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(HEADERS), min_size=1, max_size=6), st.lists(st.binary(max_size=40), max_size=3))
+def test_header_mixtures(headers, junk):
+    frames = [_json_frame(h) for h in headers] + list(junk)
+    both([_capture_of(frames)])

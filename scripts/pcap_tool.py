@@ -3,6 +3,8 @@
     pcap_tool.py pcapng IN.pcap OUT.pcapng [--big-endian] [--nanos]    the same packets as pcapng (SHB, IDB, EPBs)
     pcap_tool.py split IN.pcap OUTDIR --packets N                      rotated files as tcpdump -C names them
     pcap_tool.py mutate IN.pcap OUT.pcap --port P --size S [ops]       damage one connection's client->server bytes
+    pcap_tool.py from-recording REC_DIR OUT.pcap                       a recording's heartbeats as the capture of
+                                                                       the broker's port would show them
 
 ``mutate`` cuts every data packet the client on port P sends into segments of S payload bytes (sequence numbers,
 IP lengths and capture lengths adjusted; checksums are not recomputed, the reader does not check them) and then,
@@ -154,6 +156,66 @@ def mutate(args):
     print(f"{args.output}: {len(out)} packets, {seg_index} segments of port {args.port}")
 
 
+def from_recording(args):
+    """Every record of a recording (engine.recorder) as a heartbeat request on its connection: one TCP connection
+    per conn_id from the record's address to 10.255.255.254:10911 (SYN handshake before its first heartbeat, FIN
+    after its last), each heartbeat answered by the broker's SUCCESS and ACKed, Ethernet, time = receive time."""
+    import json
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from engine.recorder import iter_records
+
+    records = sorted(iter_records(args.input), key=lambda r: (r.recv_ms, r.conn_id))
+    last = {r.conn_id: i for i, r in enumerate(records)}
+    server = (bytes([10, 255, 255, 254]), 10911)
+    ok = _frame(b'{"code":0,"extFields":{},"flag":1,"language":"JAVA","opaque":0,"serializeTypeCurrentRPC":"JSON",'
+                b'"version":479}', b"")
+    conns = {}
+    out = [struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 262144, 1)]
+
+    def emit(us, data):
+        out.append(struct.pack("<IIII", us // 1_000_000, us % 1_000_000, len(data), len(data)) + data)
+
+    for i, r in enumerate(records):
+        us = r.recv_ms * 1000
+        c = conns.get(r.conn_id)
+        if c is None:
+            host, port = r.remote_addr.rsplit(":", 1)
+            ip = bytes(int(x) for x in host.split("."))
+            c = conns[r.conn_id] = [ip, int(port), 1000 + len(conns) * 7919, 50000 + len(conns) * 104729]
+            emit(us - 3, _tcp(c[0], c[1], *server, c[2], 0, 0x02))
+            emit(us - 2, _tcp(*server, c[0], c[1], c[3], c[2] + 1, 0x12))
+            emit(us - 1, _tcp(c[0], c[1], *server, c[2] + 1, c[3] + 1, 0x10))
+            c[2] += 1
+            c[3] += 1
+        lang = "null" if r.language is None else f'"{r.language.name}"'
+        head = (f'{{"code":34,"extFields":{{}},"flag":0,"language":{lang},"opaque":{i},'
+                f'"serializeTypeCurrentRPC":"JSON","version":{r.version}}}').encode()
+        req = _frame(head, r.body)
+        emit(us, _tcp(c[0], c[1], *server, c[2], c[3], 0x18, req))
+        c[2] += len(req)
+        emit(us, _tcp(*server, c[0], c[1], c[3], c[2], 0x18, ok))
+        c[3] += len(ok)
+        emit(us, _tcp(c[0], c[1], *server, c[2], c[3], 0x10))
+        if last[r.conn_id] == i:
+            emit(us + 1, _tcp(c[0], c[1], *server, c[2], c[3], 0x11))
+            emit(us + 1, _tcp(*server, c[0], c[1], c[3], c[2] + 1, 0x11))
+            emit(us + 1, _tcp(c[0], c[1], *server, c[2] + 1, c[3] + 1, 0x10))
+            del conns[r.conn_id]
+    Path(args.output).write_bytes(b"".join(out))
+    print(json.dumps({"output": str(args.output), "records": len(records), "connections": len(last)}))
+
+
+def _frame(header: bytes, body: bytes) -> bytes:
+    return struct.pack(">ii", 4 + len(header) + len(body), len(header)) + header + body
+
+
+def _tcp(src, sport, dst, dport, seq, ack, flags, payload=b""):
+    tcp = struct.pack(">HHIIBBHHH", sport, dport, seq & 0xFFFFFFFF, ack & 0xFFFFFFFF, 5 << 4, flags, 65535, 0, 0)
+    ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 40 + len(payload), 0, 0x4000, 64, 6, 0, src, dst)
+    return b"\0" * 12 + b"\x08\x00" + ip + tcp + payload
+
+
 def to_pcapng(args):
     header, e, nano, link, packets = read_pcap(args.input)
     o = ">" if args.big_endian else "<"
@@ -199,12 +261,15 @@ def main(argv=None) -> int:
     n.add_argument("output")
     n.add_argument("--big-endian", action="store_true")
     n.add_argument("--nanos", action="store_true")
+    r = sub.add_parser("from-recording")
+    r.add_argument("input")
+    r.add_argument("output")
     s = sub.add_parser("split")
     s.add_argument("input")
     s.add_argument("outdir")
     s.add_argument("--packets", type=int, required=True)
     args = p.parse_args(argv)
-    {"mutate": mutate, "pcapng": to_pcapng, "split": split}[args.cmd](args)
+    {"mutate": mutate, "pcapng": to_pcapng, "split": split, "from-recording": from_recording}[args.cmd](args)
     return 0
 
 

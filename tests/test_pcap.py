@@ -364,3 +364,44 @@ def test_native_module_registered():
         assert pcap.decoder_class() is pcap._NativeDecoder
     else:
         assert pcap.decoder_class() is sys.modules["engine._pcap_py"].CaptureDecoder
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a generated fleet (rmqhb generate: injected anomalies and a manifest) as the capture of the broker's port
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    from engine import synth
+
+    d = tmp_path_factory.mktemp("gen")
+    rec = d / "rec"
+    manifest = synth.generate(rec, synth.FleetConfig(clients=40, groups=6, days=0.25, seed=3))
+    cap = d / "fleet.pcap"
+    run_tool("from-recording", rec, cap)
+    return rec, cap, manifest
+
+
+def _by_addr_conn(findings, rec_dir):
+    """Capture connection ids replaced by the recording's (the same connection: the same client address)."""
+    conn_of = {r.remote_addr: r.conn_id for r in iter_records(rec_dir)}
+    out = dict(findings)
+    out["expired_clients"] = [dict(r, conn_id=conn_of[r["addr"]]) for r in findings["expired_clients"]]
+    return out
+
+
+def test_generated_fleet_capture_gives_the_injected_findings(generated):
+    from engine import scan_py, synth
+
+    rec, cap, manifest = generated
+    f = _by_addr_conn(pcap.scan_local([cap]), rec)
+    ref = scan_py.scan(rec)
+    for k in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "group_sizes", "expired_clients"):
+        assert f[k] == ref[k], k
+    assert f["summary"] == ref["summary"]
+    assert synth.compare_with_manifest(f, manifest) == []
+    inj = manifest["anomalies"]
+    assert len(f["flapping_clients"]) == len(inj["flapping_clients"]) > 0
+    st = f["capture"]["stats"]
+    assert st["heartbeats"] == f["summary"]["records"] and st["holes"] == st["discarded_bytes"] == 0
+    assert f["capture"]["connection_ends"] == {"fin_by_client": st["connections"]}

@@ -45,8 +45,8 @@ MAGICS = (b"\xd4\xc3\xb2\xa1", b"\xa1\xb2\xc3\xd4", b"\x4d\x3c\xb2\xa1", b"\xa1\
 GZIP_MAGIC = b"\x1f\x8b"
 #: bytes read from a capture file at a time
 CHUNK_BYTES = 8 << 20
-#: records per Arrow batch a task emits
-BATCH_RECORDS = 65536
+#: records per Arrow batch a task emits (a batch of heartbeats is ~10 MB: small enough for the allocator to reuse)
+BATCH_RECORDS = 16384
 #: losses listed one by one in findings.json (all are counted)
 MAX_LISTED = 200
 CAPTURE_ROLE = "_capture"  # rows of a scan task that carry its capture's summary (sub_key = JSON)
@@ -89,17 +89,35 @@ def is_capture_file(path) -> bool:
 
 
 def _first_ms(path: Path) -> int:
-    """Time of a file's first packet (ms; 0 if unknown): orders rotated files."""
-    d = twin.CaptureDecoder()
+    """Time of a file's first packet (ms; 0 if unknown), from its first record or block: orders rotated files."""
+    import struct
+
     try:
         with _open(path) as f:
-            data = f.read(1 << 20)
-        d.feed(data)
-        rec, events, _ = d.take()
-    except (CaptureError, OSError, EOFError):
+            head = f.read(1 << 16)
+    except (OSError, EOFError):
         return 0
-    times = [e[0] for e in events] + rec["recv_ms"].tolist()
-    return min(times) if times else 0
+    magic = head[:4]
+    if magic in MAGICS[:4]:
+        e = "<" if magic in (MAGICS[0], MAGICS[2]) else ">"
+        if len(head) < 32:
+            return 0
+        sec, frac = struct.unpack_from(e + "II", head, 24)
+        return sec * 1000 + (frac // 1_000_000 if magic in MAGICS[2:4] else frac // 1000)
+    pos, e, res = 0, "<", []
+    while len(head) - pos >= 12:  # pcapng: the first packet block, with its interface's time resolution
+        if head[pos:pos + 4] == MAGICS[4]:
+            e = ">" if head[pos + 8:pos + 12] == b"\x1a\x2b\x3c\x4d" else "<"
+        btype, blen = struct.unpack_from(e + "II", head, pos)
+        if blen < 12 or len(head) - pos < blen:
+            return 0
+        if btype == 1:
+            res.append(twin.CaptureDecoder._tsresol(head, pos + 16, pos + blen - 4, e))
+        elif btype == 6 and blen >= 32:
+            iface, hi, lo = struct.unpack_from(e + "III", head, pos + 8)
+            return max(twin._ts_ms((hi << 32) | lo, res[iface]), 0) if iface < len(res) else 0
+        pos += blen
+    return 0
 
 
 @dataclass
@@ -177,17 +195,23 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
         return rec
 
     for path in capture.files:
-        carry = b""
         try:
             with _open(path) as f:
+                buf = bytearray(chunk_bytes)  # read into one buffer; what feed leaves (a cut record) moves to its start
+                fill = 0
                 while True:
-                    chunk = f.read(chunk_bytes)
-                    data = carry + chunk if carry else chunk
-                    if not chunk:
-                        dec.end_file(len(data))
-                        break
-                    used = dec.feed(data)
-                    carry = data[used:]
+                    if fill == len(buf):  # a record larger than the buffer
+                        buf.extend(bytes(len(buf)))
+                    with memoryview(buf) as mv:
+                        n = f.readinto(mv[fill:])
+                        if not n:
+                            dec.end_file(fill)
+                            break
+                        fill += n
+                        used = dec.feed(mv[:fill])
+                    if used:
+                        buf[:fill - used] = buf[used:fill]
+                        fill -= used
                     if dec.pending_records >= batch_records:
                         yield drain()
         except CaptureError as e:
@@ -383,22 +407,27 @@ def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = 
 
     from .segments import RUN_SCHEMA, BodyDeduper, merge_run_batches, runs_from_ids
 
-    parts, result = [], None
+    # batch by batch: only the distinct bodies (a client repeats its heartbeat) and three columns are kept
+    result, recv, conns, ids, addrs, dense_of = None, [], [], [], {}, {}
+    d = BodyDeduper()
     for item in iter_capture(capture, native=native, **options):
         if isinstance(item, CaptureResult):
             result = item
-        else:
-            parts.append(item)
-    rec = concat_records(parts)
-    conn = rec["conn_id"]
-    _, dense = np.unique(conn, return_inverse=True)
-    d = BodyDeduper()
-    ids = d.add(np.ascontiguousarray(dense.reshape(-1), np.int64), np.ascontiguousarray(rec["body_offsets"], np.int32),
-                rec["body_data"])
-    out = merge_run_batches(runs_from_ids(rec["recv_ms"], conn, np.asarray(ids, np.int64), d.bodies, params), params)
-    ao, ad = rec["addr_offsets"], rec["addr_data"]
-    first = np.unique(conn, return_index=True)[1]
-    addrs = {int(conn[i]): ad[ao[i]:ao[i + 1]].decode("utf-8", "replace") for i in first.tolist()}
+            continue
+        conn = item["conn_id"]
+        uniq, first, inverse = np.unique(conn, return_index=True, return_inverse=True)
+        ao, ad = item["addr_offsets"], item["addr_data"]
+        for c, i in zip(uniq.tolist(), first.tolist()):
+            if c not in dense_of:
+                dense_of[c] = len(dense_of)
+                addrs[c] = ad[ao[i]:ao[i + 1]].decode("utf-8", "replace")
+        dense = np.array([dense_of[c] for c in uniq.tolist()], np.int64)[inverse.reshape(-1)]
+        ids.append(np.asarray(d.add(np.ascontiguousarray(dense), np.ascontiguousarray(item["body_offsets"], np.int32),
+                                    item["body_data"]), np.int64))
+        recv.append(item["recv_ms"])
+        conns.append(conn)
+    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
+    out = merge_run_batches(runs_from_ids(cat(recv), cat(conns), cat(ids), d.bodies, params), params)
     payload = json.dumps({"name": result.name, "files": result.files, "stats": result.stats,
                           "events": result.events, "losses": result.losses, "damaged": result.damaged,
                           "addrs": [[c, a] for c, a in addrs.items()]})

@@ -134,6 +134,13 @@ def test_pcapng_gzip_and_rotated_files_give_the_same_records(tmp_path):
     got, (res,) = records_of([rot])
     assert got == base and len(res.files) == 6
     assert res.stats["midstream_connections"] == 0  # connections carry over from file to file
+    # files are read in the order of their first packet, whatever their names say
+    shuffled = tmp_path / "shuffled"
+    shuffled.mkdir()
+    for k, f in enumerate(files):
+        (shuffled / f"part-{(7 * k) % 6}.pcap").write_bytes(f.read_bytes())
+    got, (res,) = records_of([shuffled])
+    assert got == base and res.stats["midstream_connections"] == 0
 
 
 def test_committed_derived_captures():

@@ -482,8 +482,9 @@ class CaptureDecoder:
         if flags & 0x02:  # SYN
             if not (flags & 0x10):
                 flow.client = side
+                if flow.syn_isn < 0:  # not again for a retransmitted SYN
+                    self._event(ms, flow, "open", side)
                 flow.syn_isn = seq
-                self._event(ms, flow, "open", side)
             elif flow.client < 0:
                 flow.client = 1 - side
             if not st.init or (not flow.data_seen and not st.buf and not st.pending):

@@ -12,7 +12,7 @@ header shapes, UNREGISTER_CLIENT / NOTIFY frames, resynchronisation candidates) 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy, memmove
+from libc.string cimport memcmp, memcpy, memmove
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 import socket
@@ -155,20 +155,26 @@ cdef int fast_json(const unsigned char* h, Py_ssize_t n, int* code, int* flag, i
         if i >= n:
             return 0
         which = 0
-        if key_is(h, ks, ke, "code", 4):
-            which = 1
-        elif key_is(h, ks, ke, "flag", 4):
-            which = 2
-        elif key_is(h, ks, ke, "opaque", 6):
-            which = 3
-        elif key_is(h, ks, ke, "version", 7):
-            which = 4
-        elif key_is(h, ks, ke, "language", 8):
-            which = 5
-        elif key_is(h, ks, ke, "remark", 6):
-            which = 6
-        elif key_is(h, ks, ke, "extFields", 9):
-            which = 7
+        k = ke - ks
+        if k == 4:
+            if key_is(h, ks, ke, "code", 4):
+                which = 1
+            elif key_is(h, ks, ke, "flag", 4):
+                which = 2
+        elif k == 6:
+            if key_is(h, ks, ke, "opaque", 6):
+                which = 3
+            elif key_is(h, ks, ke, "remark", 6):
+                which = 6
+        elif k == 7:
+            if key_is(h, ks, ke, "version", 7):
+                which = 4
+        elif k == 8:
+            if key_is(h, ks, ke, "language", 8):
+                which = 5
+        elif k == 9:
+            if key_is(h, ks, ke, "extFields", 9):
+                which = 7
         v = 0
         if h[i] == 0x22:
             kind = 0
@@ -192,8 +198,10 @@ cdef int fast_json(const unsigned char* h, Py_ssize_t n, int* code, int* flag, i
                     v = v * 10 + (h[i] - 0x30)
                     i += 1
                     k += 1
-                    if k > 9:
+                    if k > 10:
                         return 0
+                if v > 2147483647 + (1 if neg else 0):  # int32, as decode_frame requires
+                    return 0
             if i < n and (h[i] == 0x2E or h[i] == 0x65 or h[i] == 0x45):
                 return 0
             if neg:
@@ -358,6 +366,11 @@ cdef class CaptureDecoder:
     cdef readonly long long max_frame_size, reorder_window_ms, max_pending_bytes
     cdef long long st[N_STATS]
     cdef dict _flows, _generation
+    # the last connection looked up (a steady fleet's packets come in runs of one connection's request, ACK,
+    # answer, ACK): its key is compared with memcmp before building a key object for the dict
+    cdef unsigned char _last_key[37]
+    cdef int _last_klen
+    cdef object _last_flow
     cdef long long _file_offset
     cdef int _fmt
     cdef bint _be, _nano
@@ -420,13 +433,13 @@ cdef class CaptureDecoder:
         if self.o_body.n >= 2 ** 31 or self.o_addr.n >= 2 ** 31:
             raise ValueError("records too large for 32-bit offsets: take() more often")
         rec = {
-            "recv_ms": np.frombuffer(PyBytes_FromStringAndSize(self.o_recv.p, self.o_recv.n), np.int64).copy(),
-            "conn_id": np.frombuffer(PyBytes_FromStringAndSize(self.o_conn.p, self.o_conn.n), np.int64).copy(),
-            "version": np.frombuffer(PyBytes_FromStringAndSize(self.o_ver.p, self.o_ver.n), np.int32).copy(),
-            "language": np.frombuffer(PyBytes_FromStringAndSize(self.o_lang.p, self.o_lang.n), np.uint8).copy(),
-            "addr_offsets": np.frombuffer(PyBytes_FromStringAndSize(self.o_addr_off.p, self.o_addr_off.n), np.int32).copy(),
+            "recv_ms": np.frombuffer(PyBytes_FromStringAndSize(self.o_recv.p, self.o_recv.n), np.int64),
+            "conn_id": np.frombuffer(PyBytes_FromStringAndSize(self.o_conn.p, self.o_conn.n), np.int64),
+            "version": np.frombuffer(PyBytes_FromStringAndSize(self.o_ver.p, self.o_ver.n), np.int32),
+            "language": np.frombuffer(PyBytes_FromStringAndSize(self.o_lang.p, self.o_lang.n), np.uint8),
+            "addr_offsets": np.frombuffer(PyBytes_FromStringAndSize(self.o_addr_off.p, self.o_addr_off.n), np.int32),
             "addr_data": PyBytes_FromStringAndSize(self.o_addr.p, self.o_addr.n),
-            "body_offsets": np.frombuffer(PyBytes_FromStringAndSize(self.o_body_off.p, self.o_body_off.n), np.int32).copy(),
+            "body_offsets": np.frombuffer(PyBytes_FromStringAndSize(self.o_body_off.p, self.o_body_off.n), np.int32),
             "body_data": PyBytes_FromStringAndSize(self.o_body.p, self.o_body.n),
         }
         out = (rec, self._events, self._losses)
@@ -756,12 +769,21 @@ cdef class CaptureDecoder:
             memcpy(key + 1, b, alen + 2)
             memcpy(key + 3 + alen, a, alen + 2)
         side_out[0] = side
-        kb = PyBytes_FromStringAndSize(<char*>key, 1 + 2 * (alen + 2))
+        cdef int klen = 1 + 2 * (alen + 2)
+        if klen == self._last_klen and memcmp(key, self._last_key, klen) == 0:
+            flow = <_Flow>self._last_flow
+            if not ((flags & 0x12) == 0x02 and (flow.closed or flow.data_seen
+                                                or (flow.syn_isn != -1 and flow.syn_isn != seq))):
+                return flow
+        kb = PyBytes_FromStringAndSize(<char*>key, klen)
         found = self._flows.get(kb)
         if found is not None:
             flow = <_Flow>found
             if not ((flags & 0x12) == 0x02 and (flow.closed or flow.data_seen
                                                 or (flow.syn_isn != -1 and flow.syn_isn != seq))):
+                memcpy(self._last_key, key, klen)
+                self._last_klen = klen
+                self._last_flow = flow
                 return flow
         gen = self._generation.get(kb, -1) + 1
         self._generation[kb] = gen
@@ -784,6 +806,9 @@ cdef class CaptureDecoder:
         flow.syn_isn = -1
         self._flows[kb] = flow
         self.st[S_CONNECTIONS] += 1
+        memcpy(self._last_key, key, klen)
+        self._last_klen = klen
+        self._last_flow = flow
         return flow
 
     cdef int _segment(self, int family, const unsigned char* src, unsigned int sport, const unsigned char* dst,
@@ -802,8 +827,9 @@ cdef class CaptureDecoder:
         if flags & 0x02:
             if not (flags & 0x10):
                 flow.client = side
+                if flow.syn_isn < 0:
+                    self._event(ms, flow, "open", side)
                 flow.syn_isn = seq32
-                self._event(ms, flow, "open", side)
             elif flow.client < 0:
                 flow.client = 1 - side
             if not d.init or (not flow.data_seen and not d.buf.n and not d.pending):
@@ -1177,6 +1203,9 @@ cdef class CaptureDecoder:
             if d.buf.n:
                 self.st[S_TAIL_BYTES] += d.buf.n
                 d.buf.n = 0
+            free(d.buf.p)  # a closed connection keeps only its identity (late packets are ignored)
+            d.buf.p = NULL
+            d.buf.cap = 0
         flow.closed = True
 
 

@@ -132,26 +132,29 @@ def test_random_segmentations(tmp_path_factory, ops, size):
     both([out.read_bytes()])
 
 
-def _capture_of(frames, client=(bytes([10, 0, 0, 1]), 40001), server=(bytes([10, 0, 0, 2]), 10911)):
+def _capture_of(frames, client=(bytes([10, 0, 0, 1]), 40001), server=(bytes([10, 0, 0, 2]), 10911), isn=1000,
+                t0=0, header=True, syn_twice=False):
     """A pcap (Ethernet, IPv4) of one connection: SYN handshake, then each frame from the client in its own
-    packet, answered by an ACK."""
+    packet, answered by an ACK, then FIN from both sides."""
     import struct
 
     def pkt(src, sport, dst, dport, seq, ack, flags, payload=b""):
-        tcp = struct.pack(">HHIIBBHHH", sport, dport, seq & 0xFFFFFFFF, ack, 5 << 4, flags, 65535, 0, 0)
+        tcp = struct.pack(">HHIIBBHHH", sport, dport, seq & 0xFFFFFFFF, ack & 0xFFFFFFFF, 5 << 4, flags, 65535, 0, 0)
         ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 40 + len(payload), 0, 0x4000, 64, 6, 0, src, dst)
         return b"\0" * 12 + b"\x08\x00" + ip + tcp + payload
 
-    out = [struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 262144, 1)]
-    t = [0]
+    out = [struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 262144, 1)] if header else []
+    t = [t0]
 
     def emit(data):
         t[0] += 1000
         out.append(struct.pack("<IIII", 1_700_000_000 + t[0] // 1_000_000, t[0] % 1_000_000, len(data), len(data)))
         out.append(data)
 
-    cseq, sseq = 1000, 9000
+    cseq, sseq = isn, 9000
     emit(pkt(*client, *server, cseq, 0, 0x02))
+    if syn_twice:
+        emit(pkt(*client, *server, cseq, 0, 0x02))
     emit(pkt(*server, *client, sseq, cseq + 1, 0x12))
     cseq, sseq = cseq + 1, sseq + 1
     for f in frames:
@@ -159,6 +162,7 @@ def _capture_of(frames, client=(bytes([10, 0, 0, 1]), 40001), server=(bytes([10,
         cseq += len(f)
         emit(pkt(*server, *client, sseq, cseq, 0x10))
     emit(pkt(*client, *server, cseq, sseq, 0x11))
+    emit(pkt(*server, *client, sseq, cseq + 1, 0x11))
     return b"".join(out)
 
 
@@ -219,3 +223,17 @@ def test_rocketmq_headers():
 def test_header_mixtures(headers, junk):
     frames = [_json_frame(h) for h in headers] + list(junk)
     both([_capture_of(frames)])
+
+
+def test_sequence_wrap_port_reuse_and_syn_retransmission():
+    hb = _json_frame(HEADERS[0], b'{"clientID":"w@1"}' + b" " * 300)
+    plain = both([_capture_of([hb] * 5)])
+    wrapped = both([_capture_of([hb] * 5, isn=0xFFFFFE00)])  # sequence numbers wrap inside the connection
+    assert wrapped[0] == plain[0] and wrapped[3]["holes"] == 0 and len(plain[0]["recv_ms"]) == 5
+    # the same 4-tuple twice (the second connection after the first closed), the second SYN sent twice
+    two = both([_capture_of([hb] * 2) + _capture_of([hb] * 3, header=False, t0=10_000_000, isn=777,
+                                                      syn_twice=True)])
+    rec, events, _, stats = two
+    assert len(rec["recv_ms"]) == 5 and len(set(rec["conn_id"])) == 2
+    assert [e[2] for e in events] == ["open", "fin", "open", "fin"]
+    assert stats["connections"] == 2 and stats["holes"] == 0

@@ -110,6 +110,7 @@ class Broker:
                                            self.server.executor(executor, caps[executor]))
         self._tasks: list[asyncio.Task] = []
         self._metrics_endpoint: MetricsEndpoint | None = None
+        self.grpc = None  # engine.grpc_endpoint.GrpcEndpoint with grpcServerPort (RocketMQ 5.x clients)
         self._namesrv = None
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
@@ -155,7 +156,7 @@ class Broker:
         encoded: dict[str, bytes] = {}
         sent = 0
         for conn in channels:
-            if getattr(conn, "closing", True):
+            if getattr(conn, "closing", True) or getattr(conn, "grpc_session", False):  # 5.x: QueryAssignment
                 continue
             data = encoded.get(conn.serialize_type)
             if data is None:
@@ -203,6 +204,11 @@ class Broker:
     async def start_async(self) -> "Broker":
         self.loop = asyncio.get_running_loop()
         self.ports = await self.server.start()
+        if self.config.grpc_server_port:
+            from .grpc_endpoint import GrpcEndpoint
+
+            self.grpc = GrpcEndpoint(self)
+            self.ports["grpc"] = await self.grpc.start()
         cfg = self.config
         self._tasks.append(asyncio.ensure_future(self._housekeeping()))
         self._tasks.append(asyncio.ensure_future(self._periodic(cfg.flush_consumer_offset_interval / 1000.0,
@@ -242,6 +248,8 @@ class Broker:
         if self._namesrv is not None:
             await self._namesrv.unregister_all()
             await self._namesrv.close()
+        if self.grpc is not None:
+            await self.grpc.stop()
         await self.server.stop()
         if self._metrics_endpoint is not None:
             await self._metrics_endpoint.stop()

@@ -166,6 +166,9 @@ class BrokerConfig:
     # -- observability (engine) --
     #: engine: port of the Prometheus endpoint (GET /metrics); 0 = off
     metrics_port: int = 0
+    #: engine: port of the gRPC endpoint of RocketMQ 5.x clients (the proxy's grpcServerPort; needs the grpc extra);
+    #: 0 = off
+    grpc_server_port: int = 0
     #: engine: address of the Prometheus endpoint
     metrics_host: str = "127.0.0.1"
     #: engine: per-group series (group_clients / group_channels) on /metrics at most: the groups with the most
@@ -278,7 +281,7 @@ class BrokerConfig:
                 # DLedger / the controller elect a node's role (it may become a slave): the same HA this broker lacks
                 raise ConfigError(f"{name}=true is not supported: this broker has no HA (roles are not elected "
                                   "here); remove it and run the broker as ASYNC_MASTER or SYNC_MASTER")
-        for name in ("listenPort", "metricsPort"):
+        for name in ("listenPort", "metricsPort", "grpcServerPort"):
             v = getattr(self, PROPERTIES[name].attr)
             if not 0 <= v <= 65535:
                 raise ConfigError(f"{name} must be between 0 and 65535, not {v}")

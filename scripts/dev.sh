@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${ENGINE_VENV:-.venv}
-EXTRAS=${ENGINE_EXTRAS:-test,bench,spark,fuzz}
+EXTRAS=${ENGINE_EXTRAS:-test,bench,spark,fuzz,grpc}
 
 setup() {
   if [ ! -x "$VENV/bin/python" ]; then

@@ -1,0 +1,707 @@
+"""The gRPC endpoint of RocketMQ 5.x clients (``apache.rocketmq.v2.MessagingService``), beside the remoting port.
+
+RocketMQ 5.x SDKs (Java, Go, C++, C#, Node.js, Rust, Python) do not speak the remoting protocol: they talk gRPC to a
+RocketMQ Proxy, which maps their client sessions onto the broker's client management. This endpoint is that
+mapping for this broker (the proxy's GrpcMessagingApplication / ClientActivity / GrpcClientSettingsManager /
+RouteActivity semantics, standalone): a 5.x Producer, PushConsumer and SimpleConsumer start against it, register
+and stay registered in the same :class:`engine.registry.ClientRegistry` as the 4.x clients, and are listed by
+``rmqhb consumerConnection`` / ``producerConnection`` next to them.
+
+Served: QueryRoute (this endpoint's address, queues from the topic config, auto-created as a route query of the
+remoting port does), Heartbeat, the Telemetry stream (the client's Settings in, the broker's merged Settings
+back), QueryAssignment, NotifyClientTermination, ReceiveMessage ("no new message" once the long-polling time has
+passed: this broker has no message store). Every other RPC answers the proxy's ``NOT_IMPLEMENTED`` status.
+
+A client session (:class:`GrpcSession`, one per client id as the proxy's GrpcChannelManager keeps them) is the
+registry's channel: client id, language and version from the ``x-mq-client-id`` / ``x-mq-language`` /
+``x-mq-client-version`` metadata, the address from the peer, the groups and subscriptions from the Telemetry
+Settings (a producer registers in one producer group per topic it publishes to, named after the topic, as the
+proxy does). Heartbeat refreshes it; the broker's housekeeping expires it like any channel (``close``); it is
+removed on NotifyClientTermination and when its Telemetry stream ends.
+
+grpcio's ``grpc.aio`` server runs on the broker's own asyncio loop: every handler, and so every registry call,
+runs on that loop's thread (grpcio's poller threads only hand completions to the loop).
+
+The generated protobuf code is the pinned PyPI client's own (``rocketmq-python-client==5.1.2`` ships
+``rocketmq/grpc_protocol/*_pb2*.py``, generated from apache/rocketmq-apis): the ``grpc`` extra installs it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import types
+from urllib.parse import unquote
+
+from .enums import BROKER_VERSION, ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel, ResponseCode
+from .errors import RemotingError
+
+log = logging.getLogger("engine.grpc")
+
+#: The PyPI package whose generated modules this endpoint uses (the ``grpc`` extra pins it).
+CLIENT_PACKAGE = "rocketmq-python-client==5.1.2"
+
+# -- budgets (README: "5.x clients (gRPC)") --
+#: client sessions held at once; a new client id past it is refused (RESOURCE_EXHAUSTED on its Telemetry stream,
+#: TOO_MANY_REQUESTS to its requests)
+MAX_SESSIONS = 100_000
+#: RPCs in progress at once, all connections together (grpc.aio ``maximum_concurrent_rpcs``): Telemetry streams
+#: and long-polling receives count; past it the call is refused with RESOURCE_EXHAUSTED
+MAX_CONCURRENT_RPCS = 200_000
+#: HTTP/2 streams open at once on one connection (``grpc.max_concurrent_streams``)
+MAX_STREAMS_PER_CONNECTION = 256
+#: bytes of one request or answer message (``grpc.max_receive_message_length`` / ``max_send_message_length``);
+#: the proxy's maxMessageSize (this broker stores no message body)
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: bytes of one call's metadata (``grpc.max_metadata_size``)
+MAX_METADATA_BYTES = 16 * 1024
+#: topics in one Settings' publishing, subscription entries in one Settings, addresses in one Endpoints
+MAX_SETTINGS_ENTRIES = 1024
+MAX_ENDPOINT_ADDRESSES = 16
+#: longest client id accepted (characters)
+MAX_CLIENT_ID = 1024
+#: long polling of ReceiveMessage, ms (the proxy's grpcClientConsumerMin/MaxLongPollingTimeoutMillis)
+MIN_LONG_POLLING_MS = 5_000
+MAX_LONG_POLLING_MS = 20_000
+
+# -- the proxy's defaults (ProxyConfig, SubscriptionGroupConfig, CustomizedRetryPolicy, ExponentialRetryPolicy) --
+_PRODUCER_MAX_ATTEMPTS = 3
+_PRODUCER_BACKOFF_MS = (10, 1000, 2)  # initial, max, multiplier
+_CONSUMER_BATCH_SIZE = 32
+_CUSTOMIZED_NEXT_MS = (1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000, 420_000,
+                       480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000)
+_EXPONENTIAL_MS = (5_000, 7_200_000, 2)
+
+_GROUP_MAX = 255
+_TOPIC_MAX = 127
+_LEGAL = frozenset("%|_-abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+#: x-mq-language values whose Java LanguageCode name differs
+_LANGUAGE_ALIASES = {"GOLANG": LanguageCode.GO, "DOT_NET": LanguageCode.DOTNET, "NODEJS": LanguageCode.NODE_JS}
+_PERM_READ, _PERM_WRITE = 4, 2
+
+
+class GrpcEndpointError(RemotingError, ValueError):
+    """The gRPC endpoint cannot start (the ``grpc`` extra is missing, the port cannot be bound)."""
+
+
+class _BadRequest(Exception):
+    """A request the proxy refuses with a status code (never carries Python internals)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+_protocol = None
+
+
+def load_protocol() -> types.SimpleNamespace:
+    """grpc, grpc.aio and the generated modules, or GrpcEndpointError naming the extra to install."""
+    global _protocol
+    if _protocol is None:
+        try:
+            import grpc
+            from grpc import aio
+            from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+        except ImportError as e:
+            raise GrpcEndpointError(
+                f"grpcServerPort needs the grpc extra (grpcio, {CLIENT_PACKAGE}): pip install "
+                f"'rocketmq-heartbeat-engine[grpc]' ({str(e)[:120]})") from None
+        _protocol = types.SimpleNamespace(grpc=grpc, aio=aio, d=definition_pb2, s=service_pb2, sg=service_pb2_grpc)
+    return _protocol
+
+
+def _short(text, limit: int = 80) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _legal_name(name: str, limit: int) -> bool:
+    return 0 < len(name) <= limit and _LEGAL.issuperset(name)
+
+
+def language_of(text: str | None):
+    """The remoting LanguageCode of an ``x-mq-language`` value (LanguageCode.valueOf; unknown names: OTHER)."""
+    name = (text or "").strip().upper()
+    code = LanguageCode.__members__.get(name)
+    if code is not None:
+        return code
+    return _LANGUAGE_ALIASES.get(name, LanguageCode.OTHER)
+
+
+def peer_address(peer: str) -> str:
+    """``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5`` (grpc's ``context.peer()``) as ``1.2.3.4:5`` / ``[::1]:5``."""
+    peer = unquote(peer or "")
+    for scheme in ("ipv4:", "ipv6:"):
+        if peer.startswith(scheme):
+            return peer[len(scheme):]
+    return peer
+
+
+class GrpcSession:
+    """One 5.x client (one client id) as a channel of the registry.
+
+    ``closing`` and ``close(reason, level)`` are what the broker's housekeeping uses on an expired channel;
+    ``grpc_session`` tells the broker's NOTIFY_CONSUMER_IDS_CHANGED sender that this channel takes no remoting
+    command (a 5.x client learns of membership changes by its periodic QueryAssignment, as from the proxy).
+    """
+
+    __slots__ = ("client_id", "language", "version", "sdk_version", "remote_addr", "settings", "client_type",
+                 "stream", "closing", "close_reason", "_endpoint", "_hb", "_hb_group", "__weakref__")
+    grpc_session = True
+
+    def __init__(self, endpoint, client_id: str, language, sdk_version: str, remote_addr: str):
+        self._endpoint = endpoint
+        self.client_id = client_id
+        self.language = language
+        self.sdk_version = sdk_version
+        # ClientActivity.parseClientVersion: a 5.x SDK sends "5.1.2", not a MQVersion.Version name: CURRENT_VERSION
+        self.version = BROKER_VERSION
+        self.remote_addr = remote_addr
+        self.settings = None  # the client's raw Settings (GrpcClientSettingsManager's CLIENT_SETTINGS_MAP entry)
+        self.client_type = 0
+        self.stream = None  # its current Telemetry stream (_Stream)
+        self.closing = False
+        self.close_reason = None
+        self._hb = None
+        self._hb_group = None
+
+    def close(self, reason: str = "", level=logging.INFO) -> None:
+        """Remove the session (the registry's entries, its table slot); its Telemetry stream is ended."""
+        self._endpoint.close_session(self, reason, level)
+
+    def __repr__(self):
+        return (f"GrpcSession(client_id={self.client_id!r}, language={getattr(self.language, 'name', self.language)}, "
+                f"sdk_version={self.sdk_version!r}, remote_addr={self.remote_addr!r})")
+
+
+class GrpcEndpoint:
+    """The gRPC server of one broker. ``await start()`` / ``await stop()`` on the broker's loop."""
+
+    def __init__(self, broker, port: int | None = None, host: str | None = None, *, max_sessions: int = MAX_SESSIONS,
+                 max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
+                 max_streams_per_connection: int = MAX_STREAMS_PER_CONNECTION,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, min_long_polling_ms: int = MIN_LONG_POLLING_MS,
+                 max_long_polling_ms: int = MAX_LONG_POLLING_MS):
+        self.broker = broker
+        cfg = broker.config
+        self.port = int(cfg.grpc_server_port if port is None else port)
+        self.host = cfg.listen_host if host is None else host
+        self.max_sessions = max_sessions
+        self.max_concurrent_rpcs = max_concurrent_rpcs
+        self.max_streams_per_connection = max_streams_per_connection
+        self.max_message_bytes = max_message_bytes
+        self.min_long_polling_ms = min_long_polling_ms
+        self.max_long_polling_ms = max_long_polling_ms
+        self.sessions: dict[str, GrpcSession] = {}
+        self.bound_port = 0
+        self._server = None
+        self._loop = None
+        self._stopping: asyncio.Event | None = None
+        #: requests answered with a non-OK status because they were bad, and handler failures (logged)
+        self.bad_requests = 0
+        self.internal_errors = 0
+        self.p = load_protocol()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> int:
+        """Bind and serve; returns the bound port."""
+        p = self.p
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        options = [
+            ("grpc.so_reuseport", 0),  # a port in use fails the start (grpc's default would share it)
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_concurrent_streams", self.max_streams_per_connection),
+            ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+        ]
+        server = p.aio.server(maximum_concurrent_rpcs=self.max_concurrent_rpcs, options=options)
+        p.sg.add_MessagingServiceServicer_to_server(_Servicer(self), server)
+        host = self.host or "0.0.0.0"
+        addr = f"[{host}]:{self.port}" if ":" in host and not host.startswith("[") else f"{host}:{self.port}"
+        try:
+            bound = server.add_insecure_port(addr)
+        except RuntimeError as e:
+            raise GrpcEndpointError(f"grpcServerPort {self.port}: cannot bind {addr} ({_short(e)})") from None
+        if not bound:
+            raise GrpcEndpointError(f"grpcServerPort {self.port}: cannot bind {addr}")
+        await server.start()
+        self._server = server
+        self.bound_port = bound
+        log.info("gRPC endpoint (RocketMQ 5.x clients) listening on %s:%d", host, bound)
+        return bound
+
+    async def stop(self, grace: float = 1.0) -> None:
+        if self._server is None:
+            return
+        self._stopping.set()
+        server, self._server = self._server, None
+        await server.stop(grace)
+        for session in list(self.sessions.values()):
+            self.close_session(session, "broker shutdown", logging.DEBUG)
+
+    # ------------------------------------------------------------------ sessions
+    def close_session(self, session: GrpcSession, reason: str = "", level=logging.INFO) -> None:
+        if session.closing:
+            return
+        session.closing = True
+        session.close_reason = reason
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        self.broker.registry.close_channel(session)
+        stream, session.stream = session.stream, None
+        if stream is not None:
+            stream.done.set()  # its Telemetry handler ends the stream
+        log.log(level, "gRPC client %s (%s) removed: %s", session.client_id, session.remote_addr, reason)
+
+    def _metadata(self, context) -> tuple[str, object, str]:
+        md = {}
+        for key, value in context.invocation_metadata() or ():
+            if key not in md and isinstance(value, str):
+                md[key] = value
+        client_id = md.get("x-mq-client-id", "").strip()
+        if not client_id:
+            raise _BadRequest(self.p.d.Code.CLIENT_ID_REQUIRED, "client id cannot be empty")
+        if len(client_id) > MAX_CLIENT_ID:
+            raise _BadRequest(self.p.d.Code.BAD_REQUEST, f"client id longer than {MAX_CLIENT_ID} characters")
+        return client_id, language_of(md.get("x-mq-language")), md.get("x-mq-client-version", "")[:64]
+
+    def _session(self, context, create: bool) -> GrpcSession | None:
+        client_id, language, version = self._metadata(context)
+        session = self.sessions.get(client_id)
+        if session is None and create:
+            if len(self.sessions) >= self.max_sessions:
+                raise _BadRequest(self.p.d.Code.TOO_MANY_REQUESTS, "too many client sessions")
+            session = GrpcSession(self, client_id, language, version, peer_address(context.peer()))
+            self.sessions[client_id] = session
+            self.broker.registry.open_channel(session, session.remote_addr)
+        return session
+
+    # ------------------------------------------------------------------ validation
+    def _topic(self, resource) -> str:
+        name = resource.name
+        if not _legal_name(name, _TOPIC_MAX):
+            raise _BadRequest(self.p.d.Code.ILLEGAL_TOPIC, f"topic name is illegal: {_short(name, 40)!r}")
+        return name
+
+    def _group(self, resource) -> str:
+        name = resource.name
+        if not _legal_name(name, _GROUP_MAX):
+            raise _BadRequest(self.p.d.Code.ILLEGAL_CONSUMER_GROUP,
+                              f"consumer group name is illegal: {_short(name, 40)!r}")
+        return name
+
+    def _status(self, code, message: str = ""):
+        return self.p.d.Status(code=code, message=message or self.p.d.Code.Name(code))
+
+    # ------------------------------------------------------------------ registration
+    def _heartbeat_data(self, session: GrpcSession, group: str | None):
+        """The HeartbeatData a session's Settings stand for (cached: a repeat is the registry's fast path)."""
+        if session._hb is not None and session._hb_group == group:
+            return session._hb
+        from . import ConsumerData, HeartbeatData, ProducerData, build_subscription
+
+        d = self.p.d
+        s = session.settings
+        if session.client_type == d.ClientType.PRODUCER:
+            hb = HeartbeatData(session.client_id, producers=[ProducerData(t.name) for t in s.publishing.topics])
+        else:
+            consume_type = (ConsumeType.CONSUME_ACTIVELY if session.client_type == d.ClientType.SIMPLE_CONSUMER
+                            else ConsumeType.CONSUME_PASSIVELY)
+            now = int(time.time() * 1000)
+            subs = []
+            for entry in s.subscription.subscriptions:
+                expr = entry.expression
+                kind = "SQL92" if expr.type == d.FilterType.SQL else "TAG"
+                try:
+                    subs.append(build_subscription(entry.topic.name, expr.expression, now, kind))
+                except ValueError:
+                    raise _BadRequest(d.Code.ILLEGAL_FILTER_EXPRESSION, "expression format is not correct") from None
+            hb = HeartbeatData(session.client_id, consumers=[ConsumerData(
+                group, consume_type, MessageModel.CLUSTERING, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+                subscriptions=subs)])
+        session._hb, session._hb_group = hb, group
+        return hb
+
+    def _register(self, session: GrpcSession, group: str | None):
+        d = self.p.d
+        result = self.broker.registry.heartbeat(session, self._heartbeat_data(session, group), session.language,
+                                                session.version)
+        if result.code == ResponseCode.SUCCESS:
+            return None
+        if result.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST:
+            return self._status(d.Code.CONSUMER_GROUP_NOT_FOUND, _short(result.remark or "", 120))
+        return self._status(d.Code.INTERNAL_ERROR, _short(result.remark or "registration failed", 120))
+
+    def _update_settings(self, session: GrpcSession, settings) -> None:
+        """ClientActivity.processAndWriteClientSettings: validate, register, keep the client's Settings."""
+        d = self.p.d
+        kind = settings.WhichOneof("pub_sub")
+        if kind is None:
+            raise _BadRequest(d.Code.BAD_REQUEST, "there is no publishing or subscription data in settings")
+        group = None
+        if kind == "publishing":
+            if len(settings.publishing.topics) > MAX_SETTINGS_ENTRIES:
+                raise _BadRequest(d.Code.BAD_REQUEST, f"more than {MAX_SETTINGS_ENTRIES} topics in settings")
+            for topic in settings.publishing.topics:
+                self._topic(topic)
+            client_type = d.ClientType.PRODUCER
+        else:
+            group = self._group(settings.subscription.group)
+            if len(settings.subscription.subscriptions) > MAX_SETTINGS_ENTRIES:
+                raise _BadRequest(d.Code.BAD_REQUEST, f"more than {MAX_SETTINGS_ENTRIES} subscriptions in settings")
+            for entry in settings.subscription.subscriptions:
+                self._topic(entry.topic)
+            client_type = settings.client_type
+            if client_type not in (d.ClientType.PUSH_CONSUMER, d.ClientType.SIMPLE_CONSUMER):
+                raise _BadRequest(d.Code.UNRECOGNIZED_CLIENT_TYPE, d.ClientType.Name(client_type)
+                                  if client_type in d.ClientType.values() else "unknown client type")
+        old = self.broker.registry.channel_groups(session)
+        session.settings = settings
+        session.client_type = client_type
+        session._hb = None
+        hb = self._heartbeat_data(session, group)
+        new = ((cd.group for cd in hb.consumers), (pd.group for pd in hb.producers))
+        if any(set(o) - set(n) for o, n in zip(old, new)):
+            # groups the client left: it is registered anew with what it now has (the channel stays)
+            self.broker.registry.close_channel(session)
+        return self._register(session, group)
+
+    def merged_settings(self, session: GrpcSession):
+        """GrpcClientSettingsManager.getClientSettings: the client's Settings with the broker's values merged in."""
+        d = self.p.d
+        raw = session.settings
+        if raw.HasField("publishing"):
+            s = d.Settings()
+            s.CopyFrom(raw)
+            bp = s.backoff_policy
+            bp.max_attempts = _PRODUCER_MAX_ATTEMPTS
+            bp.exponential_backoff.initial.FromMilliseconds(_PRODUCER_BACKOFF_MS[0])
+            bp.exponential_backoff.max.FromMilliseconds(_PRODUCER_BACKOFF_MS[1])
+            bp.exponential_backoff.multiplier = _PRODUCER_BACKOFF_MS[2]
+            s.publishing.validate_message_type = True
+            s.publishing.max_body_size = MAX_MESSAGE_BYTES
+        else:
+            # updateClientSettings: the defaults of a new SubscriptionGroupConfig, the client's values over them;
+            # then getClientSettings merges the group's own config, when it has one
+            s = d.Settings()
+            self._merge_group(s, None)
+            s.MergeFrom(raw)
+            sgc = self.broker.registry.subscription_group_config(raw.subscription.group.name)
+            if sgc is not None:
+                self._merge_group(s, sgc)
+        s.metric.Clear()
+        s.metric.on = False  # metricCollectorMode OFF
+        return s
+
+    def _merge_group(self, s, sgc) -> None:
+        """GrpcClientSettingsManager.mergeSubscriptionData."""
+        sub = s.subscription
+        sub.receive_batch_size = _CONSUMER_BATCH_SIZE
+        sub.long_polling_timeout.FromMilliseconds(self.max_long_polling_ms)
+        sub.fifo = bool(sgc.consume_message_orderly) if sgc is not None else False
+        bp = s.backoff_policy
+        bp.max_attempts = (int(sgc.retry_max_times) if sgc is not None else 16) + 1
+        policy = (sgc.group_retry_policy if sgc is not None else None) or {}
+        if str(policy.get("type", "CUSTOMIZED")).upper() == "EXPONENTIAL":
+            exp = policy.get("exponentialRetryPolicy") or {}
+            initial, maximum, mult = (int(exp.get(k, dflt)) for k, dflt in
+                                      zip(("initial", "max", "multiplier"), _EXPONENTIAL_MS))
+            bp.exponential_backoff.initial.FromMilliseconds(initial)
+            bp.exponential_backoff.max.FromMilliseconds(maximum)
+            bp.exponential_backoff.multiplier = mult
+        else:
+            nxt = (policy.get("customizedRetryPolicy") or {}).get("next") or _CUSTOMIZED_NEXT_MS
+            bp.customized_backoff.Clear()
+            for ms in list(nxt)[:64]:
+                bp.customized_backoff.next.add().FromMilliseconds(int(ms))
+
+    # ------------------------------------------------------------------ routes
+    def _broker_message(self, request_endpoints):
+        """This broker as a route's Broker: the address the client used (RouteActivity.convertToAddressList, with
+        this endpoint's port), brokerIP1 when set, else 127.0.0.1."""
+        d = self.p.d
+        ep = d.Endpoints()
+        cfg = self.broker.config
+        if cfg.broker_ip1:
+            ep.scheme = d.AddressScheme.IPv6 if ":" in cfg.broker_ip1 else d.AddressScheme.IPv4
+            ep.addresses.add(host=cfg.broker_ip1, port=self.bound_port)
+        elif request_endpoints is not None and request_endpoints.addresses:
+            ep.scheme = request_endpoints.scheme or d.AddressScheme.IPv4
+            for a in list(request_endpoints.addresses)[:MAX_ENDPOINT_ADDRESSES]:
+                ep.addresses.add(host=a.host[:255], port=self.bound_port)
+        else:
+            ep.scheme = d.AddressScheme.IPv4
+            ep.addresses.add(host="127.0.0.1", port=self.bound_port)
+        return d.Broker(name=cfg.broker_name, id=0, endpoints=ep)
+
+    def _topic_config(self, topic: str):
+        if self.broker.ensure_topic(topic) is None:
+            raise _BadRequest(self.p.d.Code.TOPIC_NOT_FOUND, f"topic not found: {topic}")
+        return self.broker.registry.topic_config(topic)
+
+    def query_route(self, request):
+        d = self.p.d
+        topic = self._topic(request.topic)
+        tc = self._topic_config(topic)
+        broker = self._broker_message(request.endpoints if request.HasField("endpoints") else None)
+        dflt = self.broker.config.default_topic_queue_nums
+        reads = int(getattr(tc, "read_queue_nums", dflt)) if tc is not None else dflt
+        writes = int(getattr(tc, "write_queue_nums", dflt)) if tc is not None else dflt
+        perm = int(getattr(tc, "perm", _PERM_READ | _PERM_WRITE)) if tc is not None else _PERM_READ | _PERM_WRITE
+        mtype = str(((getattr(tc, "attributes", None) or {}).get("message.type")
+                     or (getattr(tc, "attributes", None) or {}).get("+message.type") or "NORMAL")).upper()
+        accept = ([d.MessageType.NORMAL, d.MessageType.FIFO, d.MessageType.DELAY, d.MessageType.TRANSACTION]
+                  if mtype == "MIXED" else [d.MessageType.Value(mtype) if mtype in d.MessageType.keys()
+                                            else d.MessageType.MESSAGE_TYPE_UNSPECIFIED])
+        # RouteActivity.genMessageQueueFromQueueData: read-only, write-only, read-write queues, ids in that order
+        r = w = rw = n = 0
+        readable, writable = bool(perm & _PERM_READ), bool(perm & _PERM_WRITE)
+        if readable and writable:
+            rw = min(reads, writes)
+            r, w = reads - rw, writes - rw
+        elif writable:
+            w = writes
+        elif readable:
+            r = reads
+        else:
+            n = max(1, reads, writes)
+        resp = self.p.s.QueryRouteResponse(status=self._status(d.Code.OK))
+        qid = 0
+        for count, permission in ((r, d.Permission.READ), (w, d.Permission.WRITE), (rw, d.Permission.READ_WRITE),
+                                  (n, d.Permission.NONE)):
+            for _ in range(count):
+                q = resp.message_queues.add(id=qid, permission=permission, accept_message_types=accept)
+                q.topic.CopyFrom(request.topic)
+                q.broker.CopyFrom(broker)
+                qid += 1
+        return resp
+
+    def query_assignment(self, request):
+        d = self.p.d
+        topic = self._topic(request.topic)
+        group = self._group(request.group)
+        tc = self._topic_config(topic)
+        reads = int(getattr(tc, "read_queue_nums", 0)) if tc is not None else self.broker.config.default_topic_queue_nums
+        perm = int(getattr(tc, "perm", _PERM_READ | _PERM_WRITE)) if tc is not None else _PERM_READ | _PERM_WRITE
+        if not perm & _PERM_READ or reads <= 0:
+            return self.p.s.QueryAssignmentResponse(status=self._status(d.Code.FORBIDDEN, "no readable queue"))
+        sgc = self.broker.registry.subscription_group_config(group)
+        permission = d.Permission.READ_WRITE if perm & _PERM_WRITE else d.Permission.READ
+        broker = self._broker_message(request.endpoints if request.HasField("endpoints") else None)
+        resp = self.p.s.QueryAssignmentResponse(status=self._status(d.Code.OK))
+        # RouteActivity.queryAssignment: a FIFO group gets every queue, any other one queue id -1 (the broker's
+        # pop service picks the queue)
+        for qid in (range(reads) if sgc is not None and sgc.consume_message_orderly else (-1,)):
+            q = resp.assignments.add().message_queue
+            q.topic.CopyFrom(request.topic)
+            q.id = qid
+            q.permission = permission
+            q.broker.CopyFrom(broker)
+        return resp
+
+
+def _unsupported(name: str, response_type: str):
+    async def handler(self, request, context):
+        ep = self.ep
+        ep.bad_requests += 1
+        return getattr(ep.p.s, response_type)(status=ep._status(
+            ep.p.d.Code.NOT_IMPLEMENTED, f"{name} is not supported by this broker (it has no message store)"))
+    handler.__name__ = name
+    return handler
+
+
+class _Stream:
+    """One Telemetry stream of a session; ``done`` set: its handler ends it (replaced, terminated, expired)."""
+
+    __slots__ = ("context", "done")
+
+    def __init__(self, context):
+        self.context = context
+        self.done = asyncio.Event()
+
+
+class _Servicer:
+    """MessagingService handlers: coroutines on the broker's loop. A bad request gets a status; a failure is logged
+    and answered INTERNAL_ERROR "internal error" (never its text); neither stops the endpoint."""
+
+    def __init__(self, endpoint: GrpcEndpoint):
+        self.ep = endpoint
+
+    async def _unary(self, response_type: str, fn, request, context):
+        ep = self.ep
+        make = getattr(ep.p.s, response_type)
+        try:
+            return await fn(request, context)
+        except _BadRequest as e:
+            ep.bad_requests += 1
+            return make(status=ep._status(e.code, e.message))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            ep.internal_errors += 1
+            log.exception("gRPC %s failed", response_type[:-8])
+            return make(status=ep._status(ep.p.d.Code.INTERNAL_ERROR, "internal error"))
+
+    # -- served
+    async def QueryRoute(self, request, context):
+        async def run(request, context):
+            self.ep._metadata(context)
+            return self.ep.query_route(request)
+        return await self._unary("QueryRouteResponse", run, request, context)
+
+    async def QueryAssignment(self, request, context):
+        async def run(request, context):
+            self.ep._metadata(context)
+            return self.ep.query_assignment(request)
+        return await self._unary("QueryAssignmentResponse", run, request, context)
+
+    async def Heartbeat(self, request, context):
+        ep = self.ep
+
+        async def run(request, context):
+            d = ep.p.d
+            session = ep._session(context, create=False)
+            if session is None or session.settings is None:
+                return ep.p.s.HeartbeatResponse(status=ep._status(
+                    d.Code.UNRECOGNIZED_CLIENT_TYPE, "cannot find client settings for this client"))
+            group = None
+            if session.client_type != d.ClientType.PRODUCER:
+                group = ep._group(request.group)
+            status = ep._register(session, group)
+            return ep.p.s.HeartbeatResponse(status=status or ep._status(d.Code.OK))
+        return await self._unary("HeartbeatResponse", run, request, context)
+
+    async def NotifyClientTermination(self, request, context):
+        ep = self.ep
+
+        async def run(request, context):
+            d = ep.p.d
+            session = ep._session(context, create=False)
+            if session is None or session.settings is None:
+                return ep.p.s.NotifyClientTerminationResponse(status=ep._status(
+                    d.Code.UNRECOGNIZED_CLIENT_TYPE, "cannot find client settings for this client"))
+            registry = ep.broker.registry
+            if session.client_type == d.ClientType.PRODUCER:
+                for topic in session.settings.publishing.topics:
+                    registry.unregister(session, session.client_id, producer_group=topic.name,
+                                        language=session.language, version=session.version)
+            else:
+                group = ep._group(request.group)
+                registry.unregister(session, session.client_id, consumer_group=group, language=session.language,
+                                    version=session.version)
+            ep.close_session(session, "NotifyClientTermination")
+            return ep.p.s.NotifyClientTerminationResponse(status=ep._status(d.Code.OK))
+        return await self._unary("NotifyClientTerminationResponse", run, request, context)
+
+    async def ReceiveMessage(self, request, context):
+        ep = self.ep
+        d = ep.p.d
+        try:
+            ep._metadata(context)
+            ep._group(request.group)
+            ep._topic(request.message_queue.topic)
+            remaining = context.time_remaining()
+            remaining_ms = None if remaining is None else int(remaining * 1000)
+            if request.HasField("long_polling_timeout"):
+                polling = request.long_polling_timeout.ToMilliseconds()
+            else:
+                polling = (remaining_ms if remaining_ms is not None else ep.max_long_polling_ms) - 1_500
+            polling = max(ep.min_long_polling_ms, min(polling, ep.max_long_polling_ms))
+            if remaining_ms is not None and polling > remaining_ms:
+                if remaining_ms < ep.min_long_polling_ms:
+                    raise _BadRequest(d.Code.ILLEGAL_POLLING_TIME, "The deadline time remaining is not enough for "
+                                                                  "polling, please check network condition")
+                polling = remaining_ms
+            try:
+                await asyncio.wait_for(ep._stopping.wait(), polling / 1000.0)
+            except asyncio.TimeoutError:
+                pass
+            status = ep._status(d.Code.MESSAGE_NOT_FOUND, "no new message")
+        except _BadRequest as e:
+            ep.bad_requests += 1
+            status = ep._status(e.code, e.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            ep.internal_errors += 1
+            log.exception("gRPC ReceiveMessage failed")
+            status = ep._status(d.Code.INTERNAL_ERROR, "internal error")
+        await context.write(ep.p.s.ReceiveMessageResponse(status=status))
+
+    async def PullMessage(self, request, context):
+        ep = self.ep
+        ep.bad_requests += 1
+        await context.write(ep.p.s.PullMessageResponse(status=ep._status(
+            ep.p.d.Code.NOT_IMPLEMENTED, "PullMessage is not supported by this broker (it has no message store)")))
+
+    async def Telemetry(self, request_iterator, context):
+        """ClientActivity.telemetry: each Settings command registers the client and is answered with the merged
+        Settings; a bad one ends the stream with INVALID_ARGUMENT; the stream's end removes the session."""
+        ep = self.ep
+        p = ep.p
+        session = None
+        stream = _Stream(context)
+        reader = None
+        try:
+            try:
+                session = ep._session(context, create=True)
+            except _BadRequest as e:
+                ep.bad_requests += 1
+                code = (p.grpc.StatusCode.RESOURCE_EXHAUSTED if e.code == p.d.Code.TOO_MANY_REQUESTS
+                        else p.grpc.StatusCode.INVALID_ARGUMENT)
+                await context.abort(code, e.message)
+            if session.stream is not None:
+                session.stream.done.set()  # a newer stream of the same client replaces the older one
+            session.stream = stream
+            while True:
+                reader = asyncio.ensure_future(context.read())
+                done_wait = asyncio.ensure_future(stream.done.wait())
+                await asyncio.wait((reader, done_wait), return_when=asyncio.FIRST_COMPLETED)
+                done_wait.cancel()
+                if not reader.done():
+                    reader.cancel()
+                    break  # replaced, terminated or expired: end the stream
+                command = reader.result()
+                reader = None
+                if command is p.aio.EOF:
+                    break
+                which = command.WhichOneof("command")
+                if which != "settings":
+                    continue  # thread stack traces, verify results: answers to commands this broker never sends
+                try:
+                    status = ep._update_settings(session, command.settings)
+                except _BadRequest as e:
+                    ep.bad_requests += 1
+                    await context.abort(p.grpc.StatusCode.INVALID_ARGUMENT,
+                                        f"process client telemetryCommand failed. {e.message}")
+                answer = p.s.TelemetryCommand(status=status or ep._status(p.d.Code.OK),
+                                              settings=ep.merged_settings(session))
+                await context.write(answer)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            if isinstance(e, p.aio.AbortError):
+                raise
+            ep.internal_errors += 1
+            log.exception("gRPC Telemetry failed")
+            await context.abort(p.grpc.StatusCode.INTERNAL, "internal error")
+        finally:
+            if reader is not None and not reader.done():
+                reader.cancel()
+            if session is not None and session.stream is stream and not session.closing:
+                session.stream = None
+                ep.close_session(session, "telemetry stream ended")
+
+
+for _name, _resp in (("SendMessage", "SendMessageResponse"), ("AckMessage", "AckMessageResponse"),
+                     ("ForwardMessageToDeadLetterQueue", "ForwardMessageToDeadLetterQueueResponse"),
+                     ("UpdateOffset", "UpdateOffsetResponse"), ("GetOffset", "GetOffsetResponse"),
+                     ("QueryOffset", "QueryOffsetResponse"), ("EndTransaction", "EndTransactionResponse"),
+                     ("ChangeInvisibleDuration", "ChangeInvisibleDurationResponse"),
+                     ("RecallMessage", "RecallMessageResponse"),
+                     ("SyncLiteSubscription", "SyncLiteSubscriptionResponse")):
+    setattr(_Servicer, _name, _unsupported(_name, _resp))
+del _name, _resp

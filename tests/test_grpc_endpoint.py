@@ -1,0 +1,372 @@
+"""The gRPC endpoint of RocketMQ 5.x clients (engine.grpc_endpoint) driven with a grpcio client stub: routes,
+the Telemetry settings exchange, heartbeats, termination, expiry, a mixed 4.x/5.x group, and bad input."""
+import json
+import queue
+import socket
+import threading
+import time
+
+import pytest
+
+from conftest import require_module
+from engine.admin import AdminClient, AdminError
+from engine.broker import Broker
+from engine.config import BrokerConfig, ConfigError
+from engine.enums import RequestCode
+
+grpc = require_module("grpc")
+require_module("rocketmq.grpc_protocol")
+from rocketmq.grpc_protocol import definition_pb2 as d  # noqa: E402
+from rocketmq.grpc_protocol import service_pb2 as s  # noqa: E402
+from rocketmq.grpc_protocol import service_pb2_grpc as sg  # noqa: E402
+
+from test_server import Client, hb_body, make_config  # noqa: E402
+
+Code = d.Code
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(fn, timeout=20.0):
+    """Polls ``fn`` until it is true (a state change the broker makes on its own loop); fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def gbroker(tmp_path):
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port())).start()
+    # a short long-polling window: ReceiveMessage answers sooner (the limits are read per request)
+    b.grpc.min_long_polling_ms, b.grpc.max_long_polling_ms = 50, 200
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def stub(gbroker):
+    channel = grpc.insecure_channel(f"127.0.0.1:{gbroker.ports['grpc']}")
+    yield sg.MessagingServiceStub(channel)
+    channel.close()
+
+
+def md(client_id="py-client@1", language="PYTHON", version="5.1.2"):
+    out = [("x-mq-language", language), ("x-mq-client-version", version), ("x-mq-protocol", "GRPC_V2")]
+    if client_id is not None:
+        out.append(("x-mq-client-id", client_id))
+    return out
+
+
+class Telemetry:
+    """One Telemetry stream: send commands, read the broker's answers."""
+
+    def __init__(self, stub, metadata):
+        self.q = queue.Queue()
+        self.call = stub.Telemetry(iter(self.q.get, None), metadata=metadata)
+
+    def send(self, **kw):
+        self.q.put(s.TelemetryCommand(**kw))
+
+    def recv(self):
+        return next(self.call)
+
+    def end(self):
+        self.q.put(None)
+
+    def cancel(self):
+        self.call.cancel()
+
+
+def producer_settings(*topics):
+    st = d.Settings(client_type=d.ClientType.PRODUCER)
+    for t in topics:
+        st.publishing.topics.add(name=t)
+    st.user_agent.language = d.Language.PYTHON
+    return st
+
+
+def consumer_settings(group, subs, client_type=d.ClientType.PUSH_CONSUMER):
+    st = d.Settings(client_type=client_type)
+    st.subscription.group.name = group
+    for topic, expr in subs:
+        e = st.subscription.subscriptions.add()
+        e.topic.name = topic
+        e.expression.type = d.FilterType.TAG
+        e.expression.expression = expr
+    return st
+
+
+def admin(broker):
+    return AdminClient("127.0.0.1", broker.ports["main"])
+
+
+def consumers(broker, group):
+    try:
+        return admin(broker).consumer_connection(group)
+    except AdminError:
+        return None
+
+
+def producers(broker, group):
+    try:
+        return admin(broker).producer_connection(group)
+    except AdminError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_grpc_server_port_property():
+    cfg = BrokerConfig.load(None, {"grpcServerPort": "8081"})
+    assert cfg.grpc_server_port == 8081 and BrokerConfig().grpc_server_port == 0
+    with pytest.raises(ConfigError, match="grpcServerPort must be between 0 and 65535"):
+        BrokerConfig(grpc_server_port=70000).validate()
+
+
+def test_off_by_default(tmp_path):
+    with Broker(make_config(tmp_path)) as b:
+        assert b.grpc is None and "grpc" not in b.ports
+
+
+def test_port_in_use_fails_start(tmp_path, gbroker):
+    with pytest.raises(ValueError, match="grpcServerPort"):
+        Broker(make_config(tmp_path / "b2", grpc_server_port=gbroker.ports["grpc"])).start()
+
+
+def test_query_route(gbroker, stub):
+    port = gbroker.ports["grpc"]
+    req = s.QueryRouteRequest()
+    req.topic.name = "TopicA"
+    req.endpoints.scheme = d.AddressScheme.IPv4
+    req.endpoints.addresses.add(host="127.0.0.1", port=port)
+    r = stub.QueryRoute(req, metadata=md())
+    assert r.status.code == Code.OK
+    assert [q.id for q in r.message_queues] == [0, 1, 2, 3]  # defaultTopicQueueNums, auto-created
+    for q in r.message_queues:
+        assert q.topic.name == "TopicA" and q.permission == d.Permission.READ_WRITE
+        assert list(q.accept_message_types) == [d.MessageType.NORMAL]
+        assert q.broker.name == gbroker.config.broker_name and q.broker.id == 0
+        assert [(a.host, a.port) for a in q.broker.endpoints.addresses] == [("127.0.0.1", port)]
+    # the remoting port routes the same topic now
+    assert admin(gbroker).route("TopicA")["queueDatas"][0]["readQueueNums"] == 4
+
+
+def test_query_route_bad_requests(stub):
+    req = s.QueryRouteRequest()
+    req.topic.name = "bad topic!"
+    assert stub.QueryRoute(req, metadata=md()).status.code == Code.ILLEGAL_TOPIC
+    req.topic.name = "TopicA"
+    r = stub.QueryRoute(req, metadata=md(client_id=None))
+    assert (r.status.code, r.status.message) == (Code.CLIENT_ID_REQUIRED, "client id cannot be empty")
+
+
+def test_heartbeat_needs_settings(stub):
+    r = stub.Heartbeat(s.HeartbeatRequest(client_type=d.ClientType.PRODUCER), metadata=md())
+    assert (r.status.code, r.status.message) == (Code.UNRECOGNIZED_CLIENT_TYPE,
+                                                 "cannot find client settings for this client")
+
+
+def test_producer_settings_exchange_heartbeat_and_termination(gbroker, stub):
+    t = Telemetry(stub, md("prod@1"))
+    t.send(settings=producer_settings("TopicP", "TopicQ"))
+    answer = t.recv()
+    assert answer.status.code == Code.OK
+    st = answer.settings
+    assert st.client_type == d.ClientType.PRODUCER
+    assert [x.name for x in st.publishing.topics] == ["TopicP", "TopicQ"]
+    assert st.publishing.max_body_size == 4 * 1024 * 1024 and st.publishing.validate_message_type
+    assert st.backoff_policy.max_attempts == 3
+    assert st.backoff_policy.exponential_backoff.initial.ToMilliseconds() == 10
+    assert st.backoff_policy.exponential_backoff.max.ToMilliseconds() == 1000
+    assert st.metric.on is False
+    # the proxy's producer group of a 5.x producer is the topic
+    for group in ("TopicP", "TopicQ"):
+        conns = producers(gbroker, group)["connectionSet"]
+        assert len(conns) == 1
+        assert conns[0]["clientId"] == "prod@1" and conns[0]["language"] == "PYTHON"
+        assert conns[0]["clientAddr"].startswith("127.0.0.1:")
+    hb = stub.Heartbeat(s.HeartbeatRequest(client_type=d.ClientType.PRODUCER), metadata=md("prod@1"))
+    assert hb.status.code == Code.OK
+    r = stub.NotifyClientTermination(s.NotifyClientTerminationRequest(), metadata=md("prod@1"))
+    assert r.status.code == Code.OK
+    assert producers(gbroker, "TopicP") is None and producers(gbroker, "TopicQ") is None
+    # the terminated session's stream is ended by the broker
+    assert list(t.call) == []
+    assert gbroker.grpc.sessions == {}
+
+
+def test_consumer_settings_listed_and_removed_when_the_stream_ends(gbroker, stub):
+    t = Telemetry(stub, md("push@1"))
+    t.send(settings=consumer_settings("GroupC", [("TopicC", "TagA || TagB"), ("TopicD", "*")]))
+    st = t.recv().settings
+    sub = st.subscription
+    assert sub.receive_batch_size == 32 and sub.long_polling_timeout.ToMilliseconds() == 200 and not sub.fifo
+    assert st.backoff_policy.max_attempts == 17  # retryMaxTimes 16 + 1
+    assert [x.ToMilliseconds() for x in st.backoff_policy.customized_backoff.next][:4] == [1000, 5000, 10000, 30000]
+    cc = consumers(gbroker, "GroupC")
+    assert [(c["clientId"], c["language"], c["version"]) for c in cc["connectionSet"]] == [("push@1", "PYTHON", 479)]
+    assert cc["consumeType"] == "CONSUME_PASSIVELY" and cc["messageModel"] == "CLUSTERING"
+    table = cc["subscriptionTable"]
+    assert sorted(table) == ["TopicC", "TopicD"]
+    assert table["TopicC"]["tagsSet"] == ["TagA", "TagB"] and table["TopicD"]["subString"] == "*"
+    hb = s.HeartbeatRequest(client_type=d.ClientType.PUSH_CONSUMER)
+    hb.group.name = "GroupC"
+    assert stub.Heartbeat(hb, metadata=md("push@1")).status.code == Code.OK
+    a = s.QueryAssignmentRequest()
+    a.topic.name, a.group.name = "TopicC", "GroupC"
+    r = stub.QueryAssignment(a, metadata=md("push@1"))
+    assert r.status.code == Code.OK and [x.message_queue.id for x in r.assignments] == [-1]
+    assert r.assignments[0].message_queue.broker.endpoints.addresses[0].port == gbroker.ports["grpc"]
+    t.cancel()
+    wait_until(lambda: consumers(gbroker, "GroupC") is None)
+    assert gbroker.grpc.sessions == {}
+
+
+def test_simple_consumer_and_receive_answers_no_message(gbroker, stub):
+    t = Telemetry(stub, md("simple@1"))
+    t.send(settings=consumer_settings("GroupS", [("TopicS", "*")], d.ClientType.SIMPLE_CONSUMER))
+    assert t.recv().status.code == Code.OK
+    assert consumers(gbroker, "GroupS")["consumeType"] == "CONSUME_ACTIVELY"
+    req = s.ReceiveMessageRequest(batch_size=16, auto_renew=False)
+    req.group.name = "GroupS"
+    req.message_queue.topic.name = "TopicS"
+    req.message_queue.id = -1
+    req.long_polling_timeout.FromMilliseconds(100)
+    answers = list(stub.ReceiveMessage(req, metadata=md("simple@1"), timeout=30))
+    assert [(a.status.code, a.status.message) for a in answers] == [(Code.MESSAGE_NOT_FOUND, "no new message")]
+    t.end()
+
+
+def test_expired_session_is_closed_by_the_housekeeping(gbroker, stub):
+    t = Telemetry(stub, md("old@1"))
+    t.send(settings=consumer_settings("GroupE", [("TopicE", "*")]))
+    t.recv()
+    assert consumers(gbroker, "GroupE") is not None
+    later = gbroker.call(gbroker.registry._clock) + gbroker.config.channel_expired_timeout + 1000
+    assert gbroker.call(gbroker.scan_expired, later) == 1
+    assert consumers(gbroker, "GroupE") is None
+    assert gbroker.grpc.sessions == {}
+    assert list(t.call) == []  # its stream was ended
+
+
+def test_mixed_group_is_listed_whole_and_notify_reaches_the_remoting_client(gbroker, stub):
+    c = Client(gbroker.ports["main"])
+    assert c.heartbeat(client_id="java@1", group="MixedGroup").code == 0
+    c.read(pred=lambda x: x.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED)
+    t = Telemetry(stub, md("py@1"))
+    t.send(settings=consumer_settings("MixedGroup", [("TopicM", "*")]))
+    assert t.recv().status.code == Code.OK
+    n = c.read(pred=lambda x: x.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED)  # the 5.x join reaches 4.x
+    assert n.ext_fields == {"consumerGroup": "MixedGroup"}
+    conns = consumers(gbroker, "MixedGroup")["connectionSet"]
+    assert sorted((x["clientId"], x["language"]) for x in conns) == [("java@1", "JAVA"), ("py@1", "PYTHON")]
+    r = c.call(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "MixedGroup"})
+    assert sorted(json.loads(r.body)["consumerIdList"]) == ["java@1", "py@1"]
+    t.end()
+    wait_until(lambda: [x["clientId"] for x in consumers(gbroker, "MixedGroup")["connectionSet"]] == ["java@1"])
+
+
+def test_registry_is_only_touched_on_the_broker_loop(gbroker, stub):
+    seen = []
+    reg = gbroker.registry
+    for name in ("heartbeat", "open_channel", "close_channel", "unregister"):
+        orig = getattr(reg, name)
+
+        def wrapped(*a, _orig=orig, **kw):
+            seen.append(threading.current_thread())
+            return _orig(*a, **kw)
+        setattr(reg, name, wrapped)
+    t = Telemetry(stub, md("thr@1"))
+    t.send(settings=consumer_settings("GroupT", [("TopicT", "*")]))
+    t.recv()
+    hb = s.HeartbeatRequest(client_type=d.ClientType.PUSH_CONSUMER)
+    hb.group.name = "GroupT"
+    stub.Heartbeat(hb, metadata=md("thr@1"))
+    r = s.NotifyClientTerminationRequest()
+    r.group.name = "GroupT"
+    stub.NotifyClientTermination(r, metadata=md("thr@1"))
+    assert len(seen) >= 4 and set(seen) == {gbroker._thread}
+
+
+def test_unsupported_rpcs_answer_not_implemented(stub):
+    r = stub.SendMessage(s.SendMessageRequest(), metadata=md())
+    assert r.status.code == Code.NOT_IMPLEMENTED and "not supported" in r.status.message
+    assert stub.AckMessage(s.AckMessageRequest(), metadata=md()).status.code == Code.NOT_IMPLEMENTED
+    pulled = list(stub.PullMessage(s.PullMessageRequest(), metadata=md()))
+    assert [p.status.code for p in pulled] == [Code.NOT_IMPLEMENTED]
+
+
+def test_bad_settings_end_the_stream_and_the_endpoint_keeps_serving(gbroker, stub):
+    t = Telemetry(stub, md("bad@1"))
+    t.send(settings=d.Settings(client_type=d.ClientType.PRODUCER))  # neither publishing nor subscription
+    with pytest.raises(grpc.RpcError) as e:
+        t.recv()
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "no publishing or subscription" in e.value.details()
+    t2 = Telemetry(stub, md("bad@2"))
+    t2.send(settings=consumer_settings("bad group!", [("TopicB", "*")]))
+    with pytest.raises(grpc.RpcError) as e:
+        t2.recv()
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "Traceback" not in e.value.details()
+    wait_until(lambda: gbroker.grpc.sessions == {})
+    # undecodable bytes, an oversized message: refused by grpc; the endpoint answers the next request
+    raw = grpc.insecure_channel(f"127.0.0.1:{gbroker.ports['grpc']}")
+    call = raw.unary_unary("/apache.rocketmq.v2.MessagingService/QueryRoute")
+    with pytest.raises(grpc.RpcError) as e:
+        call(b"\xff\xff\xff\xff", metadata=md())
+    assert "Traceback" not in (e.value.details() or "")
+    with pytest.raises(grpc.RpcError) as e:
+        call(b"\x0a" + b"\x80\x80\x80\x03" + b"x" * (5 * 1024 * 1024), metadata=md())
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    raw.close()
+    req = s.QueryRouteRequest()
+    req.topic.name = "StillServing"
+    assert stub.QueryRoute(req, metadata=md()).status.code == Code.OK
+
+
+def test_a_failing_handler_answers_internal_error_without_its_text(gbroker, stub, monkeypatch):
+    def boom(request):
+        raise RuntimeError("secret detail")
+    monkeypatch.setattr(gbroker.grpc, "query_route", boom)
+    req = s.QueryRouteRequest()
+    req.topic.name = "TopicX"
+    r = stub.QueryRoute(req, metadata=md())
+    assert (r.status.code, r.status.message) == (Code.INTERNAL_ERROR, "internal error")
+    assert gbroker.grpc.internal_errors == 1
+
+
+def test_session_budget(gbroker, stub):
+    gbroker.grpc.max_sessions = 1
+    t = Telemetry(stub, md("one@1"))
+    t.send(settings=producer_settings("TopicOne"))
+    assert t.recv().status.code == Code.OK
+    t2 = Telemetry(stub, md("two@1"))
+    t2.send(settings=producer_settings("TopicOne"))
+    with pytest.raises(grpc.RpcError) as e:
+        t2.recv()
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert [c["clientId"] for c in producers(gbroker, "TopicOne")["connectionSet"]] == ["one@1"]
+    t.end()
+
+
+def test_a_new_stream_of_the_same_client_replaces_the_old_one(gbroker, stub):
+    t1 = Telemetry(stub, md("re@1"))
+    t1.send(settings=producer_settings("TopicR"))
+    t1.recv()
+    t2 = Telemetry(stub, md("re@1"))
+    t2.send(settings=producer_settings("TopicR"))
+    t2.recv()
+    assert list(t1.call) == []  # the older stream is ended; the session stays
+    assert [c["clientId"] for c in producers(gbroker, "TopicR")["connectionSet"]] == ["re@1"]
+    t2.end()
+    wait_until(lambda: producers(gbroker, "TopicR") is None)

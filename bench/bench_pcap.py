@@ -1,7 +1,7 @@
 """Capture reading speed, side by side on one file: a steady fleet's capture (mostly heartbeats) -> heartbeat
 records, heartbeats/s on one core.
 
-    .venv/bin/python bench/bench_pcap.py [--heartbeats 300000] [--clients 2000] [--twin-heartbeats 30000]
+    .venv/bin/python bench/bench_pcap.py [--heartbeats 300000] [--clients 2000] [--twin-heartbeats 30000] [--spark]
 
 The capture is written first (Ethernet, IPv4, like ``tcpdump -i lo``): ``--clients`` connections (SYN handshake)
 of bench/loadgen.py's simulated clients, each heartbeating in turn (30 s apart per client, spread over the
@@ -16,11 +16,15 @@ Contenders, each from the file on disk (page cache) to the records as numpy/byte
            read by the compiled engine.decode_frame (no retransmission, reordering or loss handling at all)
 
 Every contender must give the same records (checked). CPU time is the process's (one thread: per core).
+With --spark: read_pcaps on local[1] (the records frame counted; its bodies' lengths summed), wall time.
 """
 from __future__ import annotations
 
-import argparse
 import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one core: numpy's BLAS threads would spin on others
+
+import argparse
 import struct
 import sys
 import tempfile
@@ -33,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
 import engine  # noqa: E402
-from engine import _pcap_py  # noqa: E402
 from engine.bindings import pcap  # noqa: E402
 
 BROKER = (bytes([127, 0, 0, 1]), 10911)
@@ -109,11 +112,12 @@ def prefix_file(src: Path, dst: Path, packets: int) -> None:
 
 
 def read_engine(path: Path, native: bool):
+    """The records in batches, as a Spark task emits them (bindings.pcap.iter_capture)."""
     parts = []
     for item in pcap.iter_capture(pcap.Capture(path.name, [str(path)]), native=native):
         if not isinstance(item, pcap.CaptureResult):
             parts.append(item)
-    return pcap.concat_records(parts)
+    return parts
 
 
 def read_dpkt(path: Path):
@@ -179,6 +183,8 @@ def main(argv=None) -> int:
     p.add_argument("--clients", type=int, default=2000)
     p.add_argument("--twin-heartbeats", type=int, default=30_000)
     p.add_argument("--keep", type=Path, help="write the capture here and keep it")
+    p.add_argument("--spark", action="store_true",
+                   help="also read_pcaps on local[1] (one core): the records frame counted, and its bodies summed")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         path = args.keep or Path(tmp) / "fleet.pcap"
@@ -188,13 +194,20 @@ def main(argv=None) -> int:
               f"({args.clients} connections), written in {time.perf_counter() - t0:.1f} s")
         path.read_bytes()  # into the page cache
         rows = []
-        nat, wall, cpu = timed(read_engine, path, True)
+        runs = [timed(read_engine, path, True) for _ in range(3)]
+        nat = pcap.concat_records(runs[0][0])
         assert len(nat["recv_ms"]) == args.heartbeats, len(nat["recv_ms"])
-        rows.append(("native (engine._pcap)", args.heartbeats, info["bytes"], wall, cpu))
+        # the first run also pays the first touch of the memory its buffers take (page faults); a Spark task
+        # reading a large capture reuses its buffers from batch to batch, like the later runs
+        rows.append(("native (engine._pcap), first run", args.heartbeats, info["bytes"], runs[0][1], runs[0][2]))
+        best = min(runs[1:], key=lambda r: r[2])
+        rows.append(("native (engine._pcap), best of 2 more", args.heartbeats, info["bytes"], best[1], best[2]))
+        runs = None
         small = Path(tmp) / "prefix.pcap"
         n_small = min(args.twin_heartbeats, args.heartbeats)
         prefix_file(path, small, 3 * args.clients + n_small * 4 + n_small // 50)
         tw, wall, cpu = timed(read_engine, small, False)
+        tw = pcap.concat_records(tw)
         assert len(tw["recv_ms"]) == n_small and same(tw, nat, n_small)
         rows.append((f"twin (engine._pcap_py), first {n_small:,}", n_small, small.stat().st_size, wall, cpu))
         try:
@@ -209,7 +222,29 @@ def main(argv=None) -> int:
         for name, n, size, wall, cpu in rows:
             print(f"{name:44} {n:>10,} {size / 1e6:>7.1f} {wall:>7.2f} {cpu:>7.2f} {n / cpu:>14,.0f} "
                   f"{size / 1e6 / cpu:>7.1f}")
+        if args.spark:
+            spark_rows(path, args.heartbeats, info["bytes"])
     return 0
+
+
+def spark_rows(path: Path, heartbeats: int, size: int) -> None:
+    """read_pcaps on local[1]: the Python task reads the capture, Arrow batches go to the JVM (wall time: the
+    executor's Python worker and the JVM share the one core Spark may use)."""
+    from pyspark.sql import functions as F
+
+    from engine.bindings.spark import spark_session
+
+    spark = spark_session("local[1]", "bench-pcap")
+    try:
+        for what, run in (("read_pcaps(...).count()", lambda: pcap.read_pcaps(spark, [path]).count()),
+                          ("read_pcaps(...) sum(length(body))",
+                           lambda: pcap.read_pcaps(spark, [path]).agg(F.sum(F.length("body"))).collect()[0][0])):
+            run()  # warm: the Python worker starts, the code is imported
+            best = min(timed(run)[1] for _ in range(2))
+            print(f"spark local[1] {what:36} {heartbeats:>10,} {size / 1e6:>7.1f} {best:>7.2f} {'':>7} "
+                  f"{heartbeats / best:>14,.0f} {size / 1e6 / best:>7.1f}  (wall)")
+    finally:
+        spark.stop()
 
 
 if __name__ == "__main__":

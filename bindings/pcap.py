@@ -32,7 +32,7 @@ from typing import Iterator, List, Optional, Sequence
 import numpy as np
 
 from engine import _pcap_py as twin
-from engine._pcap_py import EVENT_KINDS, STAT_NAMES, CaptureError
+from engine._pcap_py import STAT_NAMES, CaptureError
 from engine.scan_py import FINDING_KEYS, ScanParams, separate_data_loss
 
 try:

@@ -243,7 +243,10 @@ class GrpcEndpoint:
             self.close_session(session, "broker shutdown", logging.DEBUG)
 
     # ------------------------------------------------------------------ sessions
-    def close_session(self, session: GrpcSession, reason: str = "", level=logging.INFO) -> None:
+    def close_session(self, session: GrpcSession, reason: str = "", level=logging.INFO,
+                      end_stream: bool = True) -> None:
+        """Remove a session: its registry entries and slot, its table entry; ``end_stream``: its Telemetry stream
+        is ended too (expiry, broker shutdown; a terminated client closes its stream itself)."""
         if session.closing:
             return
         session.closing = True
@@ -252,7 +255,7 @@ class GrpcEndpoint:
             del self.sessions[session.client_id]
         self.broker.registry.close_channel(session)
         stream, session.stream = session.stream, None
-        if stream is not None:
+        if stream is not None and end_stream:
             stream.done.set()  # its Telemetry handler ends the stream
         log.log(level, "gRPC client %s (%s) removed: %s", session.client_id, session.remote_addr, reason)
 
@@ -592,7 +595,9 @@ class _Servicer:
                 group = ep._group(request.group)
                 registry.unregister(session, session.client_id, consumer_group=group, language=session.language,
                                     version=session.version)
-            ep.close_session(session, "NotifyClientTermination")
+            # the proxy leaves the stream to the client, which closes it right after (reading an EOF the Python
+            # client 5.1.2 would log as an error)
+            ep.close_session(session, "NotifyClientTermination", end_stream=False)
             return ep.p.s.NotifyClientTerminationResponse(status=ep._status(d.Code.OK))
         return await self._unary("NotifyClientTerminationResponse", run, request, context)
 
@@ -671,6 +676,9 @@ class _Servicer:
                 which = command.WhichOneof("command")
                 if which != "settings":
                     continue  # thread stack traces, verify results: answers to commands this broker never sends
+                if session.closing:  # terminated, and now it sends Settings again: a new session
+                    session = ep._session(context, create=True)
+                    session.stream = stream
                 try:
                     status = ep._update_settings(session, command.settings)
                 except _BadRequest as e:

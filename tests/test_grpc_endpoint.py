@@ -200,9 +200,14 @@ def test_producer_settings_exchange_heartbeat_and_termination(gbroker, stub):
     r = stub.NotifyClientTermination(s.NotifyClientTerminationRequest(), metadata=md("prod@1"))
     assert r.status.code == Code.OK
     assert producers(gbroker, "TopicP") is None and producers(gbroker, "TopicQ") is None
-    # the terminated session's stream is ended by the broker
-    assert list(t.call) == []
     assert gbroker.grpc.sessions == {}
+    # a terminated client closes its stream itself (as from the proxy); Settings sent again first register it anew
+    t.send(settings=producer_settings("TopicP"))
+    assert t.recv().status.code == Code.OK
+    assert [c["clientId"] for c in producers(gbroker, "TopicP")["connectionSet"]] == ["prod@1"]
+    t.end()
+    assert list(t.call) == []
+    wait_until(lambda: producers(gbroker, "TopicP") is None and gbroker.grpc.sessions == {})
 
 
 def test_consumer_settings_listed_and_removed_when_the_stream_ends(gbroker, stub):

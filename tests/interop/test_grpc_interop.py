@@ -1,0 +1,148 @@
+"""The official RocketMQ 5.x Python client (PyPI rocketmq-python-client 5.1.2, gRPC) against the broker's gRPC
+endpoint (grpcServerPort): a producer, a push consumer and a simple consumer start, are listed with language PYTHON
+next to 4.x clients, and are gone after their shutdown.
+
+The test installs the client itself, pinned with its whole dependency tree (tests/interop/v5/requirements.txt),
+into a venv of its own, tests/interop/.v5 (gitignored): the 5.x client's top-level package is ``rocketmq``, the
+same name as PyPI ``rocketmq`` 0.4.4 (the 4.x C++ client of test_interop, pip --target tests/interop/.cpp, run with
+PYTHONPATH pointing there), so the two never share an interpreter's path. Outside CI a registry that cannot be
+reached skips; under ``CI=true`` / ``ENGINE_REQUIRE_PEERS=1`` any install failure fails the test.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import test_interop as ti
+from test_interop import cpp_dir, drivers  # noqa: F401  (fixtures)
+from conftest import require_module
+from engine.admin import AdminClient, AdminError
+from engine.broker import Broker
+from engine.config import BrokerConfig
+
+pytestmark = pytest.mark.interop
+
+V5_DIR = ti.HERE / ".v5"
+V5_REQUIREMENTS = ti.HERE / "v5" / "requirements.txt"
+V5_VERSION = "5.1.2"
+
+
+def _v5_python():
+    return V5_DIR / "bin" / "python"
+
+
+def _installed_v5_version():
+    try:
+        p = subprocess.run([str(_v5_python()), "-c", "import importlib.metadata as m; "
+                            "print(m.version('rocketmq-python-client'))"], capture_output=True, text=True, timeout=60)
+    except OSError:
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+@pytest.fixture(scope="session")
+def v5_python():
+    """The interpreter of tests/interop/.v5, with the pinned 5.x client installed (installed here when missing)."""
+    req = V5_REQUIREMENTS.read_bytes()
+    stamp = V5_DIR / ".requirements-installed"
+    if not stamp.is_file() or stamp.read_bytes() != req or _installed_v5_version() != V5_VERSION:
+        if not _v5_python().is_file():
+            ti._install([sys.executable, "-m", "venv", "--clear", str(V5_DIR)], "python -m venv tests/interop/.v5")
+        ti._install([str(_v5_python()), "-m", "pip", "install", "-q", "-r", str(V5_REQUIREMENTS)],
+                    f"pip rocketmq-python-client=={V5_VERSION} (tests/interop/v5/requirements.txt)", timeout=600)
+        stamp.write_bytes(req)
+    assert _installed_v5_version() == V5_VERSION
+    return _v5_python()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def gbroker(tmp_path):
+    require_module("grpc")  # the broker's grpc extra (its own interpreter): a failure under CI, never a skip
+    b = Broker(BrokerConfig(listen_port=0, listen_host="127.0.0.1", store_path_root_dir=str(tmp_path / "store"),
+                            grpc_server_port=free_port())).start()
+    yield b
+    b.stop()
+
+
+def start_v5(v5_python, drivers, broker, scratch, **spec):  # noqa: F811
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HOME"] = str(scratch)
+    spec = dict(spec, endpoint=f"127.0.0.1:{broker.ports['grpc']}")
+    d = ti.Driver([str(v5_python), str(ti.HERE / "v5_driver.py"), json.dumps(spec)], env)
+    drivers.append(d)
+    return d
+
+
+def connections(broker, group, producer=False):
+    try:
+        with AdminClient("127.0.0.1", broker.ports["main"]) as c:
+            body = c.producer_connection(group) if producer else c.consumer_connection(group)
+    except AdminError:
+        return None
+    return sorted((x["clientId"], x["language"]) for x in body.get("connectionSet") or [])
+
+
+def test_producer_push_and_simple_consumer_register_are_listed_and_leave(v5_python, drivers, gbroker,  # noqa: F811
+                                                                         tmp_path):
+    d = start_v5(v5_python, drivers, gbroker, tmp_path / "scratch", producerTopics=["TopicV5"],
+                 pushConsumers=[{"group": "GID_V5_PUSH", "topic": "TopicV5", "expr": "TagA || TagB"}],
+                 simpleConsumers=[{"group": "GID_V5_SIMPLE", "topic": "TopicV5"}], receive=True)
+    producer_id, push_id, simple_id = d.ready_line.split()[1:]
+    assert ti.wait_for(lambda: connections(gbroker, "GID_V5_PUSH") == [(push_id, "PYTHON")])
+    assert ti.wait_for(lambda: connections(gbroker, "GID_V5_SIMPLE") == [(simple_id, "PYTHON")])
+    # the proxy's producer group of a 5.x producer is its topic
+    assert ti.wait_for(lambda: connections(gbroker, "TopicV5", producer=True) == [(producer_id, "PYTHON")])
+    # as a user lists them: rmqhb consumerConnection over the remoting port
+    rc, out, err = ti.admin_cli("consumerConnection", "-g", "GID_V5_PUSH", "-b",
+                                f"127.0.0.1:{gbroker.ports['main']}", "--json")
+    assert rc == 0, err
+    body = json.loads(out)
+    assert body["consumeType"] == "CONSUME_PASSIVELY"
+    assert body["subscriptionTable"]["TopicV5"]["tagsSet"] == ["TagA", "TagB"]
+    # the simple consumer's receive is answered "no new message" after its long poll (no message store)
+    assert d._expect("RECEIVED", 60) == "RECEIVED 0"
+    assert d.close() == 0
+    # NotifyClientTermination at shutdown: every registration is gone at once
+    assert connections(gbroker, "GID_V5_PUSH") is None and connections(gbroker, "GID_V5_SIMPLE") is None
+    assert connections(gbroker, "TopicV5", producer=True) is None
+    assert ti.wait_for(lambda: gbroker.grpc.sessions == {})
+
+
+def test_a_mixed_group_of_a_5x_python_and_a_4x_cpp_consumer_is_listed_whole(v5_python, cpp_dir, drivers,  # noqa
+                                                                              gbroker, tmp_path):
+    cpp = ti.start_cpp(cpp_dir, drivers, gbroker.ports["main"], tmp_path / "cpp",
+                       consumers=[{"group": "GID_MIXED", "topic": "TopicMixed", "expr": "*"}])
+    v5 = start_v5(v5_python, drivers, gbroker, tmp_path / "v5",
+                  pushConsumers=[{"group": "GID_MIXED", "topic": "TopicMixed", "expr": "*"}])
+    v5_id = v5.ready_line.split()[1]
+    assert ti.wait_for(lambda: sorted(lang for _, lang in connections(gbroker, "GID_MIXED") or []) == ["CPP", "PYTHON"])
+    assert (v5_id, "PYTHON") in connections(gbroker, "GID_MIXED")
+    assert v5.close() == 0
+    assert [lang for _, lang in connections(gbroker, "GID_MIXED")] == ["CPP"]
+    cpp.close(tolerate_crash=True)
+    assert ti.wait_for(lambda: connections(gbroker, "GID_MIXED") is None)
+
+
+def test_the_two_rocketmq_packages_stay_apart(v5_python, cpp_dir):  # noqa: F811
+    """The 4.x C++ client (PYTHONPATH=tests/interop/.cpp under the broker's interpreter, which has the 5.x client's
+    generated modules through the grpc extra) and the 5.x client (its own venv) each import their own package."""
+    code = "import rocketmq; print(rocketmq.__file__)"
+    cpp = subprocess.run([sys.executable, "-c", code + "; import rocketmq.client"], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ, PYTHONPATH=str(cpp_dir)))
+    assert cpp.returncode == 0, cpp.stderr
+    assert cpp.stdout.strip().startswith(str(cpp_dir))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    v5 = subprocess.run([str(v5_python), "-c", code + "; import rocketmq.v5.producer"], capture_output=True,
+                        text=True, timeout=60, env=env)
+    assert v5.returncode == 0, v5.stderr
+    assert v5.stdout.strip().startswith(str(V5_DIR))

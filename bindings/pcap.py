@@ -124,12 +124,22 @@ def _first_ms(path: Path) -> int:
 class Capture:
     name: str
     files: List[str] = field(default_factory=list)
+    #: (n, i): this reader takes the connections whose 4-tuple hashes to i modulo n (see CaptureDecoder)
+    shard: tuple = (1, 0)
 
 
-def plan_captures(paths) -> List[Capture]:
-    """One Capture per file given, one per directory (its capture files, oldest first)."""
+#: statistics every shard of a capture counts alike (each reads every packet): merged from one shard only
+PACKET_STATS = ("files", "packets", "tcp_packets", "non_tcp_packets", "unsupported_link_packets", "ip_fragments",
+                "truncated_packets", "malformed_packets", "filtered_packets", "truncated_file_tails")
+
+
+def plan_captures(paths, shards: int = 1) -> List[Capture]:
+    """One Capture per file given, one per directory (its capture files, oldest first); with ``shards`` > 1 each
+    is read by that many tasks, each taking its share of the connections (every task reads the whole file)."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
+    if shards < 1:
+        raise ValueError("shards must be >= 1")
     out = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -144,7 +154,7 @@ def plan_captures(paths) -> List[Capture]:
             out.append(Capture(p.name, [str(p)]))
         else:
             raise FileNotFoundError(f"no such capture file or directory: {p}")
-    return out
+    return [Capture(c.name, c.files, (shards, i)) for c in out for i in range(shards)]
 
 
 def looks_like_captures(paths) -> bool:
@@ -179,13 +189,34 @@ class CaptureResult:
     events: list
     losses: list
     damaged: list  # files whose structure broke: {"file", "offset"/"reason"}
+    shard: tuple = (1, 0)
 
+
+def merge_shards(results: Sequence[CaptureResult]) -> List[CaptureResult]:
+    """One CaptureResult per capture from its shards' (disjoint connections; packet statistics from one shard)."""
+    by: dict = {}
+    for r in results:
+        by.setdefault(r.name, []).append(r)
+    out = []
+    for name, parts in by.items():
+        parts.sort(key=lambda r: r.shard[1])
+        if len(parts) == 1:
+            out.append(parts[0])
+            continue
+        stats = merge_stats([r.stats for r in parts])
+        for k in PACKET_STATS:
+            stats[k] = parts[0].stats.get(k, 0)
+        out.append(CaptureResult(name, parts[0].files, stats,
+                                 sorted((e for r in parts for e in r.events), key=lambda e: (e[0], e[1], e[2])),
+                                 sorted((lo for r in parts for lo in r.losses), key=lambda lo: (lo[3], lo[0])),
+                                 parts[0].damaged, (1, 0)))
+    return out
 
 def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None, batch_records: int = BATCH_RECORDS,
                  chunk_bytes: int = CHUNK_BYTES, **decoder_options) -> Iterator:
     """Yields the capture's records (dicts of columns, see CaptureDecoder.take) as they come, then its
     CaptureResult. A file whose structure breaks is reported in ``damaged`` and the next file is read."""
-    dec = decoder_class(native)(ports=ports, **decoder_options)
+    dec = decoder_class(native)(ports=ports, shard=capture.shard, **decoder_options)
     events, losses, damaged = [], [], []
 
     def drain():
@@ -224,16 +255,16 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
     rec = drain()
     if len(rec["recv_ms"]):
         yield rec
-    yield CaptureResult(capture.name, list(capture.files), dec.stats, events, losses, damaged)
+    yield CaptureResult(capture.name, list(capture.files), dec.stats, events, losses, damaged, capture.shard)
 
 
-def read_local(paths, *, native: Optional[bool] = None, ports=None, **options):
+def read_local(paths, *, native: Optional[bool] = None, ports=None, shards: int = 1, **options):
     """(records as one dict of numpy columns, [CaptureResult]) of captures, without Spark."""
     parts, results = [], []
-    for cap in plan_captures(paths):
+    for cap in plan_captures(paths, shards):
         for item in iter_capture(cap, native=native, ports=ports, **options):
             (results if isinstance(item, CaptureResult) else parts).append(item)
-    return concat_records(parts), results
+    return concat_records(parts), merge_shards(results)
 
 
 def concat_records(parts) -> dict:
@@ -355,14 +386,15 @@ def _records_task(plan, native, options, batches):
                     yield record_batch(item)
 
 
-def read_pcaps(spark, paths, *, native: Optional[bool] = None, ports=None, **options):
+def read_pcaps(spark, paths, *, native: Optional[bool] = None, ports=None, shards: int = 1, **options):
     """The heartbeat records of packet captures as the recording reader's records frame (recv_ms, conn_id,
-    remote_addr, language, version, body); one task per capture (file, or directory of rotated files)."""
+    remote_addr, language, version, body); one task per capture (file, or directory of rotated files), or
+    ``shards`` tasks per capture, each with its share of the connections."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from .segments import RECORD_SCHEMA
 
-    plan = plan_captures(paths)
+    plan = plan_captures(paths, shards)
     fn = functools.partial(_records_task, plan, native, dict(options, ports=ports))
     return _plan_ids(spark, len(plan)).mapInArrow(fn, from_arrow_schema(RECORD_SCHEMA))
 
@@ -391,11 +423,12 @@ def _events_task(plan, native, options, batches):
                     yield _events_batch(item.name, item.events)
 
 
-def read_capture_events(spark, paths, *, native: Optional[bool] = None, ports=None, **options):
+def read_capture_events(spark, paths, *, native: Optional[bool] = None, ports=None, shards: int = 1,
+                        **options):
     """Connection opens / ends, UNREGISTER_CLIENT requests and NOTIFY_CONSUMER_IDS_CHANGED pushes of captures."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    plan = plan_captures(paths)
+    plan = plan_captures(paths, shards)
     fn = functools.partial(_events_task, plan, native, dict(options, ports=ports))
     return _plan_ids(spark, len(plan)).mapInArrow(fn, from_arrow_schema(events_schema()))
 
@@ -430,7 +463,7 @@ def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = 
     out = merge_run_batches(runs_from_ids(cat(recv), cat(conns), cat(ids), d.bodies, params), params)
     payload = json.dumps({"name": result.name, "files": result.files, "stats": result.stats,
                           "events": result.events, "losses": result.losses, "damaged": result.damaged,
-                          "addrs": [[c, a] for c, a in addrs.items()]})
+                          "shard": list(result.shard), "addrs": [[c, a] for c, a in addrs.items()]})
     out.append(pa.RecordBatch.from_arrays(
         [pa.array([CAPTURE_ROLE]), pa.array([""]), pa.array([""]), pa.array([0], pa.int64()), pa.array([payload]),
          pa.array([None], pa.int64()), pa.array([None], pa.int64()), pa.array([0], pa.int64())], schema=RUN_SCHEMA))
@@ -444,15 +477,16 @@ def _runs_task(plan, params, native, options, batches):
 
 
 def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bool] = None, ports=None,
-         **options) -> dict:
-    """Every recording analysis over the heartbeats of packet captures, plus the ``capture`` section."""
+         shards: int = 1, **options) -> dict:
+    """Every recording analysis over the heartbeats of packet captures, plus the ``capture`` section (``shards``
+    tasks per capture: see read_pcaps)."""
     from pyspark.sql import functions as F
 
     from . import spark as sp
 
     params.validate()
     t0 = time.perf_counter()
-    plan = plan_captures(paths)
+    plan = plan_captures(paths, shards)
     fn = functools.partial(_runs_task, plan, params, native, dict(options, ports=ports))
     raw = _plan_ids(spark, len(plan)).mapInArrow(fn, sp.RUN_STRUCT).persist()
     saved = {}
@@ -462,7 +496,8 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
             p = json.loads(r["sub_key"])
             addrs.update((int(c), a) for c, a in p["addrs"])
             results.append(CaptureResult(p["name"], p["files"], p["stats"], [tuple(e) for e in p["events"]],
-                                         [tuple(x) for x in p["losses"]], p["damaged"]))
+                                         [tuple(x) for x in p["losses"]], p["damaged"], tuple(p["shard"])))
+        results = merge_shards(results)
         runs = raw.where(F.col("role") != CAPTURE_ROLE).transform(sp.merge_runs(params)).persist()
         try:
             stats = sp._stats(runs)
@@ -495,7 +530,8 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
     summary = capture_summary(results)
     findings["capture"] = summary
     damage = loss_damage(summary)
-    findings["scan"] = {"method": "pcap", "captures": len(plan), "files": sum(len(c.files) for c in plan),
+    findings["scan"] = {"method": "pcap", "captures": len(results), "tasks": len(plan),
+                        "files": sum(len(r.files) for r in results),
                         "seconds": round(time.perf_counter() - t0, 3),
                         "reader": "native" if decoder_class(native) is _NativeDecoder else "twin",
                         "torn_tails": [], "corrupt": damage}
@@ -556,6 +592,8 @@ def scan_main(argv=None) -> int:
     p.add_argument("--format", "--input", dest="format", default="pcap", choices=["pcap"], help="input kind")
     p.add_argument("--port", type=int, action="append", default=[],
                    help="read only TCP connections with this port (repeatable; default: every connection)")
+    p.add_argument("--shards", type=int, default=1,
+                   help="Spark tasks per capture, each reading the file and taking its share of the connections")
     p.add_argument("--reorder-window-ms", type=int, default=twin.DEFAULT_REORDER_WINDOW_MS,
                    help="capture time a hole in a connection's bytes may wait for its segment before it is lost")
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
@@ -572,7 +610,7 @@ def scan_main(argv=None) -> int:
     try:
         params = ScanParams(args.expiry, args.gap_threshold, args.min_duration, args.flap_window,
                             args.flap_min).validate()
-        plan_captures(args.paths)
+        plan_captures(args.paths, args.shards)
     except (ValueError, FileNotFoundError) as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)
         return 2
@@ -585,7 +623,7 @@ def scan_main(argv=None) -> int:
     spark = running or spark_session(args.master, "rmqhb-scan-pcap", driver_memory=args.driver_memory)
     try:
         findings = scan(spark, args.paths, params, native=False if args.twin else None, ports=args.port or None,
-                        reorder_window_ms=args.reorder_window_ms)
+                        shards=args.shards, reorder_window_ms=args.reorder_window_ms)
     finally:
         if running is None:
             spark.stop()

@@ -142,9 +142,16 @@ class CaptureDecoder:
     """Capture files -> heartbeat records, events, losses (see the module docstring)."""
 
     def __init__(self, ports=None, max_frame_size=DEFAULT_MAX_FRAME_SIZE,
-                 reorder_window_ms=DEFAULT_REORDER_WINDOW_MS, max_pending_bytes=DEFAULT_MAX_PENDING_BYTES):
+                 reorder_window_ms=DEFAULT_REORDER_WINDOW_MS, max_pending_bytes=DEFAULT_MAX_PENDING_BYTES,
+                 shard=(1, 0)):
+        """``shard=(n, i)``: read only the connections whose 4-tuple hashes to i modulo n (n readers of one
+        capture split its connections between them; packet-level statistics are the same in each)."""
         import engine
 
+        n, i = (int(x) for x in shard)
+        if not (n >= 1 and 0 <= i < n):
+            raise ValueError("shard must be (n, i) with n >= 1 and 0 <= i < n")
+        self.shard = (n, i)
         self._decode_frame = engine.decode_frame
         self.ports = frozenset(int(p) for p in ports) if ports else None
         if max_frame_size < 12 or reorder_window_ms < 0 or max_pending_bytes < 0:
@@ -455,6 +462,8 @@ class CaptureDecoder:
             key, side = fam + a + b, 0
         else:
             key, side = fam + b + a, 1
+        if self.shard[0] > 1 and conn_hash(key, 0) % self.shard[0] != self.shard[1]:
+            return None, side  # another reader's connection
         flow = self._flows.get(key)
         syn_only = (flags & 0x12) == 0x02
         if flow is not None and syn_only and (flow.closed or flow.data_seen or (flow.syn_isn not in (-1, seq))):
@@ -473,6 +482,8 @@ class CaptureDecoder:
 
     def _segment(self, family, src, sport, dst, dport, seq, flags, payload, payload_len, ms):
         flow, side = self._flow(family, src, sport, dst, dport, flags, seq)
+        if flow is None:
+            return
         st = flow.dirs[side]
         stats = self.stats
         if flow.closed:

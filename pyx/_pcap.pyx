@@ -364,6 +364,7 @@ cdef class CaptureDecoder:
     cdef bint _has_ports
     cdef unsigned char _port_set[8192]
     cdef readonly long long max_frame_size, reorder_window_ms, max_pending_bytes
+    cdef uint64_t _shard_n, _shard_i
     cdef long long st[N_STATS]
     cdef dict _flows, _generation
     # the last connection looked up (a steady fleet's packets come in runs of one connection's request, ACK,
@@ -383,9 +384,15 @@ cdef class CaptureDecoder:
     cdef list _events, _losses
 
     def __init__(self, ports=None, max_frame_size=DEFAULT_MAX_FRAME_SIZE,
-                 reorder_window_ms=DEFAULT_REORDER_WINDOW_MS, max_pending_bytes=DEFAULT_MAX_PENDING_BYTES):
+                 reorder_window_ms=DEFAULT_REORDER_WINDOW_MS, max_pending_bytes=DEFAULT_MAX_PENDING_BYTES,
+                 shard=(1, 0)):
         import engine
 
+        n, i = (int(x) for x in shard)
+        if not (n >= 1 and 0 <= i < n):
+            raise ValueError("shard must be (n, i) with n >= 1 and 0 <= i < n")
+        self._shard_n = n
+        self._shard_i = i
         self._decode_frame = engine.decode_frame
         self.ports = frozenset(int(p) for p in ports) if ports else None
         if max_frame_size < 12 or reorder_window_ms < 0 or max_pending_bytes < 0:
@@ -411,6 +418,10 @@ cdef class CaptureDecoder:
         free(self.o_addr.p)
         free(self.o_body_off.p)
         free(self.o_body.p)
+
+    @property
+    def shard(self):
+        return (int(self._shard_n), int(self._shard_i))
 
     @property
     def stats(self):
@@ -770,6 +781,8 @@ cdef class CaptureDecoder:
             memcpy(key + 3 + alen, a, alen + 2)
         side_out[0] = side
         cdef int klen = 1 + 2 * (alen + 2)
+        if self._shard_n > 1 and conn_hash_c(key, klen, 0) % self._shard_n != self._shard_i:
+            return None
         if klen == self._last_klen and memcmp(key, self._last_key, klen) == 0:
             flow = <_Flow>self._last_flow
             if not ((flags & 0x12) == 0x02 and (flow.closed or flow.data_seen
@@ -816,6 +829,8 @@ cdef class CaptureDecoder:
                       Py_ssize_t have, Py_ssize_t payload_len, long long ms) except -1:
         cdef int side
         cdef _Flow flow = self._flow(family, src, sport, dst, dport, alen, flags, seq32, &side)
+        if flow is None:
+            return 0
         cdef _Dir d = flow.d0 if side == 0 else flow.d1
         cdef long long* st = self.st
         cdef long long seq = seq32

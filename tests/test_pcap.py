@@ -412,3 +412,18 @@ def test_generated_fleet_capture_gives_the_injected_findings(generated):
     st = f["capture"]["stats"]
     assert st["heartbeats"] == f["summary"]["records"] and st["holes"] == st["discarded_bytes"] == 0
     assert f["capture"]["connection_ends"] == {"fin_by_client": st["connections"]}
+
+
+def test_shards_split_the_connections_and_add_up(generated):
+    rec_dir, cap, _ = generated
+    inputs = [cap, CAPTURES["lo-eth-ipv4"], DATA / "rotated-ipv6"]
+    whole, res1 = records_of(inputs)
+    parts, res3 = records_of(inputs, shards=3)
+    assert sorted(parts) == sorted(whole)
+    assert [r.name for r in res3] == [r.name for r in res1]
+    for a, b in zip(res1, res3):
+        assert a.stats == b.stats
+        assert sorted(a.events) == b.events and sorted(a.losses) == sorted(b.losses)
+    assert pcap.capture_summary(res3)["notifications"] == pcap.capture_summary(res1)["notifications"]
+    with pytest.raises(ValueError):
+        pcap.plan_captures(inputs, 0)

@@ -237,3 +237,13 @@ def test_sequence_wrap_port_reuse_and_syn_retransmission():
     assert len(rec["recv_ms"]) == 5 and len(set(rec["conn_id"])) == 2
     assert [e[2] for e in events] == ["open", "fin", "open", "fin"]
     assert stats["connections"] == 2 and stats["holes"] == 0
+
+
+@pytest.mark.parametrize("shard", [(2, 0), (2, 1), (5, 3)])
+def test_shards(shard):
+    both([_raw(DATA / "lo-eth-ipv4.pcap")], shard=shard)
+    for bad in ((0, 0), (2, 2), (2, -1)):
+        with pytest.raises(ValueError):
+            twin.CaptureDecoder(shard=bad)
+        with pytest.raises(ValueError):
+            native.CaptureDecoder(shard=bad)

@@ -121,3 +121,13 @@ def test_scan_of_a_generated_fleet_capture_finds_the_injected_anomalies(spark, t
         assert f[k] == ref[k], k
     assert synth.compare_with_manifest(f, manifest) == []
     assert f["summary"]["records"] == manifest["records"]
+
+
+def test_sharded_scan_equals_the_unsharded(spark):
+    one = pcap.scan(spark, INPUTS)
+    three = pcap.scan(spark, INPUTS, shards=3)
+    assert _comparable(three) == _comparable(one)
+    assert three["capture"]["stats"] == one["capture"]["stats"]
+    assert three["capture"]["notifications"] == one["capture"]["notifications"]
+    assert three["capture"]["unregisters"] == one["capture"]["unregisters"]
+    assert three["scan"]["tasks"] == 3 * len(INPUTS) and three["scan"]["captures"] == len(INPUTS)

@@ -203,11 +203,12 @@ class Broker:
     # ------------------------------------------------------------------ lifecycle (asyncio)
     async def start_async(self) -> "Broker":
         self.loop = asyncio.get_running_loop()
-        self.ports = await self.server.start()
         if self.config.grpc_server_port:
             from .grpc_endpoint import GrpcEndpoint
 
-            self.grpc = GrpcEndpoint(self)
+            self.grpc = GrpcEndpoint(self)  # a missing grpc extra fails the start before any port is bound
+        self.ports = await self.server.start()
+        if self.grpc is not None:
             self.ports["grpc"] = await self.grpc.start()
         cfg = self.config
         self._tasks.append(asyncio.ensure_future(self._housekeeping()))

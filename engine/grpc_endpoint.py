@@ -186,6 +186,10 @@ class GrpcEndpoint:
                  max_long_polling_ms: int = MAX_LONG_POLLING_MS):
         self.broker = broker
         cfg = broker.config
+        if getattr(broker, "acl", None) is not None:
+            # an endpoint that checked no signature would let every client past aclEnable
+            raise GrpcEndpointError("grpcServerPort with aclEnable=true is not supported yet: the gRPC endpoint does "
+                                    "not check the 5.x signature (authorization metadata)")
         self.port = int(cfg.grpc_server_port if port is None else port)
         self.host = cfg.listen_host if host is None else host
         self.max_sessions = max_sessions

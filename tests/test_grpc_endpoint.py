@@ -138,9 +138,29 @@ def test_off_by_default(tmp_path):
         assert b.grpc is None and "grpc" not in b.ports
 
 
+def test_missing_extra_fails_the_start_before_any_port_is_bound(tmp_path, monkeypatch):
+    import engine.grpc_endpoint as ge
+
+    def missing():
+        raise ge.GrpcEndpointError("grpcServerPort needs the grpc extra")
+    monkeypatch.setattr(ge, "load_protocol", missing)
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port()))
+    with pytest.raises(ValueError, match="grpc extra"):
+        b.start()
+    assert b.ports == {}
+
+
 def test_port_in_use_fails_start(tmp_path, gbroker):
     with pytest.raises(ValueError, match="grpcServerPort"):
         Broker(make_config(tmp_path / "b2", grpc_server_port=gbroker.ports["grpc"])).start()
+
+
+def test_acl_enable_is_refused(tmp_path):
+    """No signature check on the gRPC port yet: with aclEnable it would let any client in, so the start fails."""
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text("accounts:\n- accessKey: rocketmq2\n  secretKey: 12345678\n  admin: true\n")
+    with pytest.raises(ConfigError, match="grpcServerPort with aclEnable=true is not supported"):
+        Broker(make_config(tmp_path, grpc_server_port=free_port(), acl_enable=True, acl_file=str(acl)))
 
 
 def test_query_route(gbroker, stub):
@@ -375,3 +395,28 @@ def test_a_new_stream_of_the_same_client_replaces_the_old_one(gbroker, stub):
     assert [c["clientId"] for c in producers(gbroker, "TopicR")["connectionSet"]] == ["re@1"]
     t2.end()
     wait_until(lambda: producers(gbroker, "TopicR") is None)
+
+
+def test_settings_budgets_and_client_id_length(gbroker, stub):
+    t = Telemetry(stub, md("many@1"))
+    t.send(settings=producer_settings(*(f"T{i}" for i in range(1025))))
+    with pytest.raises(grpc.RpcError) as e:
+        t.recv()
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "more than 1024 topics" in e.value.details()
+    t = Telemetry(stub, md("x" * 1025))
+    t.send(settings=producer_settings("TopicL"))
+    with pytest.raises(grpc.RpcError) as e:
+        t.recv()
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert producers(gbroker, "TopicL") is None and producers(gbroker, "T0") is None
+
+
+def test_languages_and_peer_addresses():
+    from engine.enums import LanguageCode
+    from engine.grpc_endpoint import language_of, peer_address
+
+    assert [language_of(x) for x in ("PYTHON", "java", "GOLANG", "DOT_NET", "NODE_JS", "COBOL", None)] == [
+        LanguageCode.PYTHON, LanguageCode.JAVA, LanguageCode.GO, LanguageCode.DOTNET, LanguageCode.NODE_JS,
+        LanguageCode.OTHER, LanguageCode.OTHER]
+    assert peer_address("ipv4:127.0.0.1:4321") == "127.0.0.1:4321"
+    assert peer_address("ipv6:%5B::1%5D:4321") == "[::1]:4321"

@@ -5,6 +5,9 @@
     pcap_tool.py mutate IN.pcap OUT.pcap --port P --size S [ops]       damage one connection's client->server bytes
     pcap_tool.py from-recording REC_DIR OUT.pcap                       a recording's heartbeats as the capture of
                                                                        the broker's port would show them
+    pcap_tool.py relink IN.pcap OUT.pcap --link raw|ipv4|null|loop|vlan  the same IP packets under another link
+                                                                       layer (raw IP 101 / 228-229, BSD loopback
+                                                                       0 / 108, Ethernet with an 802.1Q tag)
 
 ``mutate`` cuts every data packet the client on port P sends into segments of S payload bytes (sequence numbers,
 IP lengths and capture lengths adjusted; checksums are not recomputed, the reader does not check them) and then,
@@ -216,6 +219,29 @@ def _tcp(src, sport, dst, dport, seq, ack, flags, payload=b""):
     return b"\0" * 12 + b"\x08\x00" + ip + tcp + payload
 
 
+def relink(args):
+    header, e, nano, link, packets = read_pcap(args.input)
+    out = []
+    new_link = {"raw": 101, "ipv4": 228, "null": 0, "loop": 108, "vlan": 1}[args.link]
+    for sec, frac, orig, data in packets:
+        ip = data[ip_offset(link, data):]
+        v = ip[0] >> 4
+        if args.link in ("raw", "ipv4"):
+            new = ip
+            if args.link == "ipv4" and v != 4:
+                raise SystemExit("--link ipv4 needs an IPv4 capture")
+        elif args.link == "null":  # the capturing host's byte order (little-endian here), AF_INET 2 / AF_INET6 30
+            new = struct.pack("<I", 2 if v == 4 else 30) + ip
+        elif args.link == "loop":  # network byte order
+            new = struct.pack(">I", 2 if v == 4 else 30) + ip
+        else:
+            new = b"\0" * 12 + struct.pack(">HHH", 0x8100, 42, 0x0800 if v == 4 else 0x86DD) + ip
+        out.append((sec, frac, orig - len(data) + len(new), new))
+    header = header[:20] + struct.pack(e + "I", new_link)
+    write_pcap(args.output, header, e, out)
+    print(f"{args.output}: {len(out)} packets, link type {new_link}")
+
+
 def to_pcapng(args):
     header, e, nano, link, packets = read_pcap(args.input)
     o = ">" if args.big_endian else "<"
@@ -264,12 +290,17 @@ def main(argv=None) -> int:
     r = sub.add_parser("from-recording")
     r.add_argument("input")
     r.add_argument("output")
+    k = sub.add_parser("relink")
+    k.add_argument("input")
+    k.add_argument("output")
+    k.add_argument("--link", required=True, choices=["raw", "ipv4", "null", "loop", "vlan"])
     s = sub.add_parser("split")
     s.add_argument("input")
     s.add_argument("outdir")
     s.add_argument("--packets", type=int, required=True)
     args = p.parse_args(argv)
-    {"mutate": mutate, "pcapng": to_pcapng, "split": split, "from-recording": from_recording}[args.cmd](args)
+    {"mutate": mutate, "pcapng": to_pcapng, "split": split, "from-recording": from_recording,
+     "relink": relink}[args.cmd](args)
     return 0
 
 

@@ -427,3 +427,27 @@ def test_shards_split_the_connections_and_add_up(generated):
     assert pcap.capture_summary(res3)["notifications"] == pcap.capture_summary(res1)["notifications"]
     with pytest.raises(ValueError):
         pcap.plan_captures(inputs, 0)
+
+
+@pytest.mark.parametrize("name,link", [(n, k) for n in ("lo-eth-ipv4", "any-sll2-ipv6")
+                                       for k in ("raw", "ipv4", "null", "loop", "vlan") if not (k == "ipv4" and "6" in n)])
+def test_other_link_layers(tmp_path, link, name):
+    """Raw IP (101, 228), BSD loopback (0 in the host's order, 108 in network order), Ethernet with a VLAN tag."""
+    base, (res0,) = records_of([CAPTURES[name]])
+    out = tmp_path / f"{link}.pcap"
+    run_tool("relink", CAPTURES[name], out, "--link", link)
+    got, (res,) = records_of([out])
+    assert got == base and res.events == res0.events
+    assert res.stats["malformed_packets"] == res.stats["non_tcp_packets"] == 0
+
+
+def test_pcapng_sections_with_different_link_types(tmp_path):
+    """One pcapng file of two sections (another byte order, another link type): both read, in order."""
+    a, b = tmp_path / "a.pcapng", tmp_path / "b.pcapng"
+    run_tool("pcapng", CAPTURES["lo-eth-ipv4"], a)
+    run_tool("pcapng", CAPTURES["any-sll2-ipv6"], b, "--big-endian", "--nanos")
+    both_ = tmp_path / "both.pcapng"
+    both_.write_bytes(a.read_bytes() + b.read_bytes())
+    got, (res,) = records_of([both_])
+    want = records_of([CAPTURES["lo-eth-ipv4"]])[0] + records_of([CAPTURES["any-sll2-ipv6"]])[0]
+    assert got == want and res.stats["files"] == 1

@@ -554,27 +554,7 @@ def scan_local(paths, params: ScanParams = ScanParams(), *, native: Optional[boo
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# rmqhb scan CAPTURE...
-
-
-def wants_pcaps(argv) -> bool:
-    """Whether an ``rmqhb scan`` command line is for packet captures (``--input pcap`` or capture inputs)."""
-    argv = list(argv or [])
-    for i, a in enumerate(argv):
-        if a == "--input" and i + 1 < len(argv):
-            return argv[i + 1] == "pcap"
-        if a.startswith("--input="):
-            return a.split("=", 1)[1] == "pcap"
-    pos, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a.startswith("--"):
-            skip = "=" not in a and a not in ("--no-plots", "--no-dedupe", "--strict", "--allow-damage", "--debug",
-                                              "--twin")
-        else:
-            pos.append(a)
-    return bool(pos) and looks_like_captures(pos)
+# rmqhb scan CAPTURE... (bindings.spark.scan_main routes captures here: --format pcap, or inputs detected as captures)
 
 
 def scan_main(argv=None) -> int:

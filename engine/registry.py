@@ -35,7 +35,7 @@ timeout is ``channelExpiredTimeout``, the producer one a fixed 120 s). The expir
 one nogil pass) finds the slots with an expired membership; only those are then examined in Python.
 
 Fast path. A heartbeat that repeats the previous one on its channel (same 64-bit digest of the fields the rules
-read, :mod:`engine._digest`), when nothing it depends on changed since (per-group epochs and a config epoch), is
+read, :mod:`engine._digest`; a Java client's sets in another HashSet order are the same digest), when nothing it depends on changed since (per-group epochs and a config epoch), is
 answered by refreshing two timestamps: the rules would change nothing else. The fast path is armed only after a
 slow-path run of the same heartbeat changed nothing, so it only ever replays a verified no-op.
 

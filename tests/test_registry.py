@@ -618,6 +618,28 @@ def test_an_equal_heartbeat_decoded_anew_still_takes_the_fast_path(h):
     assert h.reg._mv_armed[slot] == armed and h.reg.producer_channels("P")[0].last_update_timestamp == h.now
 
 
+def test_a_heartbeat_in_another_set_order_takes_the_fast_path(h, monkeypatch):
+    """A Java client's HashSets come out in another order between heartbeats of one registration: no change."""
+    slow = []
+    real = h.reg._heartbeat
+    monkeypatch.setattr(h.reg, "_heartbeat", lambda *a: (slow.append(1), real(*a))[1])
+    groups = [("G1", ["T1", "T2", "%RETRY%G1"]), ("G2", ["T3", "T4"])]
+    h.reg.heartbeat(1, hb(A, consumers=groups, producers=["P", "CLIENT_INNER_PRODUCER"]))
+    h.reg.heartbeat(1, hb(A, consumers=groups, producers=["P", "CLIENT_INNER_PRODUCER"]))  # arms
+    assert len(slow) == 2
+    h.take()
+    h.now += 10_000
+    reordered = [(g, topics[::-1]) for g, topics in groups[::-1]]
+    h.reg.heartbeat(1, hb(A, consumers=reordered, producers=["CLIENT_INNER_PRODUCER", "P"]))
+    assert len(slow) == 2  # answered by the fast path
+    assert {c.last_update_timestamp for c in h.reg.consumer_group_info("G1").channels} == {h.now}
+    assert h.take() == [(CE.REGISTER, "G2"), (CE.REGISTER, "G1")]
+    h.reg.heartbeat(1, hb(A, consumers=[("G1", ["T1", "T2"]), ("G2", ["T3", "T4"])],
+                          producers=["P", "CLIENT_INNER_PRODUCER"]))  # a topic less: a change, the full path
+    assert len(slow) == 3
+    h.reg.check_invariants()
+
+
 def test_fast_path_is_invalidated_by_another_members_change(h):
     h.reg.heartbeat(1, hb(A, consumers=[("G", ["T1"])]))
     h.reg.heartbeat(1, hb(A, consumers=[("G", ["T1"])]))

@@ -102,3 +102,65 @@ def test_any_object_with_the_attributes(pair):
 def test_out_of_range_ints_same_error(impl, version):
     with pytest.raises(OverflowError, match="too large to convert"):
         impl.digest.heartbeat_digest(base(), None, version)
+
+
+def _subs(*topics, version=1):
+    return tuple(engine.SubscriptionData(t, sub_version=version) for t in topics)
+
+
+def _reordered(hb):
+    """The same registration in another set order (what a Java client's HashSet does between heartbeats)."""
+    return engine.HeartbeatData(
+        hb.client_id, hb.producers[::-1],
+        tuple(engine.ConsumerData(c.group, c.consume_type, c.message_model, c.consume_from_where, c.unit_mode,
+                                  c.subscriptions[::-1]) for c in hb.consumers[::-1]),
+        hb.fingerprint, hb.without_sub)
+
+
+def test_reordered_sets_give_the_same_digest(impl):
+    d = impl.digest.heartbeat_digest
+    many = tuple(f"T{i}" for i in range(40))   # past the native module's pairwise check (a Python set there)
+    hb = engine.HeartbeatData("c", (engine.ProducerData("P"), engine.ProducerData("CLIENT_INNER_PRODUCER")), (
+        engine.ConsumerData("G1", subscriptions=_subs("T", "%RETRY%G1", "U")),
+        engine.ConsumerData("G2", subscriptions=_subs(*many)),
+    ))
+    assert d(hb, None, 0) == d(_reordered(hb), None, 0)
+
+
+def test_duplicates_keep_their_order_in_the_digest(impl):
+    """Two consumers of one group, or two subscriptions of one topic: which one wins depends on their order, so
+    their order stays in the digest (a reordered heartbeat of that shape takes the full path)."""
+    d = impl.digest.heartbeat_digest
+    g1 = engine.ConsumerData("G", subscriptions=_subs("T"))
+    g2 = engine.ConsumerData("G", subscriptions=_subs("U"))
+    assert d(engine.HeartbeatData("c", (), (g1, g2)), None, 0) != d(engine.HeartbeatData("c", (), (g2, g1)), None, 0)
+    a = engine.ConsumerData("G", subscriptions=(engine.SubscriptionData("T", sub_version=1),
+                                                engine.SubscriptionData("T", sub_version=2)))
+    b = engine.ConsumerData("G", subscriptions=a.subscriptions[::-1])
+    assert d(engine.HeartbeatData("c", (), (a,)), None, 0) != d(engine.HeartbeatData("c", (), (b,)), None, 0)
+
+
+@SETTINGS
+@given(hb=heartbeats)
+def test_reordering_any_heartbeat_without_duplicates_keeps_the_digest(pair, hb):
+    for impl in pair:
+        d = impl.digest.heartbeat_digest
+        groups = [c.group for c in hb.consumers]
+        topics_unique = all(len({s.topic for s in c.subscriptions}) == len(c.subscriptions) for c in hb.consumers)
+        if len(set(groups)) == len(groups) and topics_unique:
+            assert d(hb, None, 0) == d(_reordered(hb), None, 0)
+
+
+@pytest.mark.parametrize("duplicate", [False, True])
+@pytest.mark.parametrize("size", [15, 16, 17, 40])
+def test_sets_on_both_sides_of_the_native_small_set_limit(pair, size, duplicate):
+    """The native module checks up to 16 keys pairwise in C arrays and larger sets with a Python set."""
+    topics = [f"T{i}" for i in range(size)]
+    groups = [f"G{i}" for i in range(size)]
+    if duplicate:
+        topics[-1], groups[-1] = topics[0], groups[0]
+    hb = engine.HeartbeatData("c", (), tuple(engine.ConsumerData(g, subscriptions=_subs(*topics)) for g in groups))
+    native, twin = (impl.digest.heartbeat_digest for impl in pair)
+    assert native(hb, None, 0) == twin(hb, None, 0)
+    assert native(_reordered(hb), None, 0) == twin(_reordered(hb), None, 0)
+    assert (native(hb, None, 0) == native(_reordered(hb), None, 0)) is not duplicate

@@ -574,8 +574,7 @@ class CaptureDecoder:
     def _drain(self, flow, side, st, ms):
         """Deliver the waiting segments that now follow on; a frame they complete gets the later of ``ms`` and
         their own packet time (``ms`` < 0: their own time: the bytes after a lost hole)."""
-        while st.pending:
-            first = min(st.pending)
+        for first in sorted(st.pending):  # delivering adds no waiting segment: one sort per drain
             if first > st.nxt:
                 return
             data, t = st.pending.pop(first)

@@ -925,11 +925,11 @@ cdef class CaptureDecoder:
     cdef int _drain(self, _Flow flow, int side, _Dir d, long long ms) except -1:
         cdef long long first, t, end, cut
         cdef bytes data
-        while d.pending:
-            first = min(d.pending)
+        for key in sorted(d.pending):
+            first = key
             if first > d.nxt:
                 return 0
-            data, t = d.pending.pop(first)
+            data, t = d.pending.pop(key)
             if ms > t:
                 t = ms
             d.pending_bytes -= len(data)

@@ -148,7 +148,7 @@ class GrpcSession:
     """
 
     __slots__ = ("client_id", "language", "version", "sdk_version", "remote_addr", "settings", "client_type",
-                 "stream", "closing", "close_reason", "_endpoint", "_hb", "_hb_group", "__weakref__")
+                 "stream", "closing", "close_reason", "id", "_endpoint", "_hb", "_hb_group", "_hb_body", "__weakref__")
     grpc_session = True
 
     def __init__(self, endpoint, client_id: str, language, sdk_version: str, remote_addr: str):
@@ -166,6 +166,9 @@ class GrpcSession:
         self.close_reason = None
         self._hb = None
         self._hb_group = None
+        self._hb_body = None  # its HeartbeatData as a remoting heartbeat body (the recorder's records)
+        #: the recorder's connection id (the remoting server's sequence: no clash with a connection's)
+        self.id = endpoint.broker.server._next_conn_id()
 
     def close(self, reason: str = "", level=logging.INFO) -> None:
         """Remove the session (the registry's entries, its table slot); its Telemetry stream is ended."""
@@ -206,6 +209,9 @@ class GrpcEndpoint:
         #: requests answered with a non-OK status because they were bad, and handler failures (logged)
         self.bad_requests = 0
         self.internal_errors = 0
+        #: ``fn(method, metadata, request)`` called with every request before it is handled (captures, tests);
+        #: its failures are logged, never the client's problem
+        self.on_request = None
         self.p = load_protocol()
 
     # ------------------------------------------------------------------ lifecycle
@@ -300,6 +306,13 @@ class GrpcEndpoint:
                               f"consumer group name is illegal: {_short(name, 40)!r}")
         return name
 
+    def trace(self, method: str, request, context) -> None:
+        if self.on_request is not None:
+            try:
+                self.on_request(method, tuple(context.invocation_metadata() or ()), request)
+            except Exception:
+                log.exception("gRPC on_request hook failed")
+
     def _status(self, code, message: str = ""):
         return self.p.d.Status(code=code, message=message or self.p.d.Code.Name(code))
 
@@ -329,13 +342,21 @@ class GrpcEndpoint:
             hb = HeartbeatData(session.client_id, consumers=[ConsumerData(
                 group, consume_type, MessageModel.CLUSTERING, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
                 subscriptions=subs)])
-        session._hb, session._hb_group = hb, group
+        session._hb, session._hb_group, session._hb_body = hb, group, None
         return hb
 
     def _register(self, session: GrpcSession, group: str | None):
         d = self.p.d
-        result = self.broker.registry.heartbeat(session, self._heartbeat_data(session, group), session.language,
-                                                session.version)
+        hb = self._heartbeat_data(session, group)
+        recorder = self.broker.recorder
+        if recorder is not None:  # recorded as a remoting heartbeat of the same client would be: the scan reads both
+            if session._hb_body is None:
+                from . import encode_heartbeat
+
+                session._hb_body = encode_heartbeat(hb)
+            recorder.record(int(time.time() * 1000), session.id, session.remote_addr, session.language,
+                            session.version, session._hb_body)
+        result = self.broker.registry.heartbeat(session, hb, session.language, session.version)
         if result.code == ResponseCode.SUCCESS:
             return None
         if result.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST:
@@ -513,6 +534,7 @@ class GrpcEndpoint:
 def _unsupported(name: str, response_type: str):
     async def handler(self, request, context):
         ep = self.ep
+        ep.trace(name, request, context)
         ep.bad_requests += 1
         return getattr(ep.p.s, response_type)(status=ep._status(
             ep.p.d.Code.NOT_IMPLEMENTED, f"{name} is not supported by this broker (it has no message store)"))
@@ -554,18 +576,21 @@ class _Servicer:
 
     # -- served
     async def QueryRoute(self, request, context):
+        self.ep.trace("QueryRoute", request, context)
         async def run(request, context):
             self.ep._metadata(context)
             return self.ep.query_route(request)
         return await self._unary("QueryRouteResponse", run, request, context)
 
     async def QueryAssignment(self, request, context):
+        self.ep.trace("QueryAssignment", request, context)
         async def run(request, context):
             self.ep._metadata(context)
             return self.ep.query_assignment(request)
         return await self._unary("QueryAssignmentResponse", run, request, context)
 
     async def Heartbeat(self, request, context):
+        self.ep.trace("Heartbeat", request, context)
         ep = self.ep
 
         async def run(request, context):
@@ -582,6 +607,7 @@ class _Servicer:
         return await self._unary("HeartbeatResponse", run, request, context)
 
     async def NotifyClientTermination(self, request, context):
+        self.ep.trace("NotifyClientTermination", request, context)
         ep = self.ep
 
         async def run(request, context):
@@ -606,6 +632,7 @@ class _Servicer:
         return await self._unary("NotifyClientTerminationResponse", run, request, context)
 
     async def ReceiveMessage(self, request, context):
+        self.ep.trace("ReceiveMessage", request, context)
         ep = self.ep
         d = ep.p.d
         try:
@@ -641,6 +668,7 @@ class _Servicer:
         await context.write(ep.p.s.ReceiveMessageResponse(status=status))
 
     async def PullMessage(self, request, context):
+        self.ep.trace("PullMessage", request, context)
         ep = self.ep
         ep.bad_requests += 1
         await context.write(ep.p.s.PullMessageResponse(status=ep._status(
@@ -653,7 +681,7 @@ class _Servicer:
         p = ep.p
         session = None
         stream = _Stream(context)
-        reader = None
+        reader = done_wait = None
         try:
             try:
                 session = ep._session(context, create=True)
@@ -670,6 +698,7 @@ class _Servicer:
                 done_wait = asyncio.ensure_future(stream.done.wait())
                 await asyncio.wait((reader, done_wait), return_when=asyncio.FIRST_COMPLETED)
                 done_wait.cancel()
+                done_wait = None
                 if not reader.done():
                     reader.cancel()
                     break  # replaced, terminated or expired: end the stream
@@ -677,18 +706,20 @@ class _Servicer:
                 reader = None
                 if command is p.aio.EOF:
                     break
+                ep.trace("Telemetry", command, context)
                 which = command.WhichOneof("command")
                 if which != "settings":
                     continue  # thread stack traces, verify results: answers to commands this broker never sends
-                if session.closing:  # terminated, and now it sends Settings again: a new session
-                    session = ep._session(context, create=True)
-                    session.stream = stream
                 try:
+                    if session.closing:  # terminated, and now it sends Settings again: a new session
+                        session = ep._session(context, create=True)
+                        session.stream = stream
                     status = ep._update_settings(session, command.settings)
                 except _BadRequest as e:
                     ep.bad_requests += 1
-                    await context.abort(p.grpc.StatusCode.INVALID_ARGUMENT,
-                                        f"process client telemetryCommand failed. {e.message}")
+                    code = (p.grpc.StatusCode.RESOURCE_EXHAUSTED if e.code == p.d.Code.TOO_MANY_REQUESTS
+                            else p.grpc.StatusCode.INVALID_ARGUMENT)
+                    await context.abort(code, f"process client telemetryCommand failed. {e.message}")
                 answer = p.s.TelemetryCommand(status=status or ep._status(p.d.Code.OK),
                                               settings=ep.merged_settings(session))
                 await context.write(answer)
@@ -701,8 +732,9 @@ class _Servicer:
             log.exception("gRPC Telemetry failed")
             await context.abort(p.grpc.StatusCode.INTERNAL, "internal error")
         finally:
-            if reader is not None and not reader.done():
-                reader.cancel()
+            for task in (reader, done_wait):
+                if task is not None and not task.done():
+                    task.cancel()
             if session is not None and session.stream is stream and not session.closing:
                 session.stream = None
                 ep.close_session(session, "telemetry stream ended")
@@ -717,3 +749,68 @@ for _name, _resp in (("SendMessage", "SendMessageResponse"), ("AckMessage", "Ack
                      ("SyncLiteSubscription", "SyncLiteSubscriptionResponse")):
     setattr(_Servicer, _name, _unsupported(_name, _resp))
 del _name, _resp
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# captures of a client's requests, as protobuf text (tests/data/grpc; scripts/grpc_capture.py writes them)
+
+#: request metadata a capture keeps (the signature, date and request id change with every request)
+CAPTURE_METADATA = ("x-mq-client-id", "x-mq-language", "x-mq-client-version", "x-mq-protocol", "x-mq-namespace")
+
+
+def format_capture(entries) -> str:
+    """``[(method, metadata pairs, request message)]`` as text: per request a ``=== Method`` line, its kept
+    metadata as ``key: value`` lines, ``---``, then the request in protobuf text format."""
+    from google.protobuf import text_format
+
+    out = []
+    for method, metadata, request in entries:
+        out.append(f"=== {method}")
+        out.extend(f"{k}: {v}" for k, v in metadata if k in CAPTURE_METADATA)
+        out.append("---")
+        text = text_format.MessageToString(request, as_utf8=True)
+        out.append(text.rstrip("\n"))
+    return "\n".join(out) + "\n"
+
+
+class CaptureError(RemotingError, ValueError):
+    """A capture text :func:`parse_capture` cannot read (the message names the entry)."""
+
+
+def parse_capture(text: str):
+    """The entries of :func:`format_capture`'s text: ``[(method, metadata pairs, request message)]``.
+
+    Entries start at lines beginning with ``=== `` (protobuf text format escapes line breaks inside strings, so no
+    request line can); a malformed entry raises :class:`CaptureError`."""
+    from google.protobuf import text_format
+
+    p = load_protocol()
+    request_types = {"Telemetry": p.s.TelemetryCommand}
+    lines = text.splitlines()
+    starts = [n for n, line in enumerate(lines) if line.startswith("=== ")]
+    if any(line.strip() for line in lines[:starts[0] if starts else len(lines)]):
+        raise CaptureError("capture: text before the first '=== <method>' line")
+    entries = []
+    for k, start in enumerate(starts):
+        block = lines[start:starts[k + 1] if k + 1 < len(starts) else len(lines)]
+        method = block[0][4:].strip()
+        where = f"capture entry {k + 1} ({_short(method, 40)!r})"
+        cls = request_types.get(method) or getattr(p.s, f"{method}Request", None)
+        if cls is None or not method.isidentifier():
+            raise CaptureError(f"{where}: not a MessagingService method")
+        try:
+            sep = block.index("---")
+        except ValueError:
+            raise CaptureError(f"{where}: no '---' line after the metadata") from None
+        metadata = []
+        for line in block[1:sep]:
+            key, colon, value = line.partition(":")
+            if not colon or not key.strip():
+                raise CaptureError(f"{where}: metadata line without 'key: value'")
+            metadata.append((key.strip(), value.strip()))
+        try:
+            request = text_format.Parse("\n".join(block[sep + 1:]), cls())
+        except text_format.ParseError as e:
+            raise CaptureError(f"{where}: {_short(e, 160)}") from None
+        entries.append((method, tuple(metadata), request))
+    return entries

@@ -1,10 +1,12 @@
 """The gRPC endpoint of RocketMQ 5.x clients (engine.grpc_endpoint) driven with a grpcio client stub: routes,
 the Telemetry settings exchange, heartbeats, termination, expiry, a mixed 4.x/5.x group, and bad input."""
 import json
+import logging
 import queue
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +77,9 @@ class Telemetry:
 
     def send(self, **kw):
         self.q.put(s.TelemetryCommand(**kw))
+
+    def send_command(self, command):
+        self.q.put(command)
 
     def recv(self):
         return next(self.call)
@@ -420,3 +425,150 @@ def test_languages_and_peer_addresses():
         LanguageCode.OTHER, LanguageCode.OTHER]
     assert peer_address("ipv4:127.0.0.1:4321") == "127.0.0.1:4321"
     assert peer_address("ipv6:%5B::1%5D:4321") == "[::1]:4321"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# recorded like any member; the capture of the real 5.x Python client; the on_request hook
+
+CAPTURE = Path(__file__).parent / "data" / "grpc" / "python-5.1.2.txtpb"
+
+
+def test_a_grpc_session_is_recorded_and_scanned_like_any_member(tmp_path):
+    from engine import ConsumerData, HeartbeatData, build_subscription, decode_heartbeat, encode_heartbeat
+    from engine.enums import ConsumeFromWhere, ConsumeType, MessageModel
+    from engine.recorder import iter_records
+    from engine.scan_py import scan
+
+    rec = tmp_path / "rec"
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port(), record_dir=str(rec))).start()
+    try:
+        stub = sg.MessagingServiceStub(grpc.insecure_channel(f"127.0.0.1:{b.ports['grpc']}"))
+        t = Telemetry(stub, md("rec@1"))
+        t.send(settings=consumer_settings("GroupRec", [("TopicRec", "TagA || TagB")]))
+        assert t.recv().status.code == Code.OK
+        hb = s.HeartbeatRequest(client_type=d.ClientType.PUSH_CONSUMER)
+        hb.group.name = "GroupRec"
+        assert stub.Heartbeat(hb, metadata=md("rec@1")).status.code == Code.OK
+        session_id = b.grpc.sessions["rec@1"].id
+        # a 4.x member of the same group with another subscription: the scan sees the two disagree
+        c = Client(b.ports["main"])
+        java = HeartbeatData("java@1", consumers=[ConsumerData(
+            "GroupRec", ConsumeType.CONSUME_PASSIVELY, MessageModel.CLUSTERING,
+            ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, subscriptions=[build_subscription("TopicOther", "*", 1)])])
+        assert c.call(RequestCode.HEART_BEAT, {}, encode_heartbeat(java)).code == 0
+        t.end()
+    finally:
+        b.stop()
+    records = [r for r in iter_records(rec) if r.conn_id == session_id]
+    assert len(records) == 2  # the Settings and the Heartbeat
+    for r in records:
+        assert r.language.name == "PYTHON" and r.remote_addr.startswith("127.0.0.1:")
+        data = decode_heartbeat(r.body)
+        assert data.client_id == "rec@1" and not data.producers
+        [consumer] = data.consumers
+        assert consumer.group == "GroupRec" and consumer.consume_type == ConsumeType.CONSUME_PASSIVELY
+        assert [(x.topic, sorted(x.tags)) for x in consumer.subscriptions] == [("TopicRec", ["TagA", "TagB"])]
+    assert len({r.conn_id for r in iter_records(rec)}) == 2  # the session's id is not a connection's
+    findings = scan(rec)
+    [size] = [g for g in findings["group_sizes"] if g["group"] == "GroupRec"]
+    assert size["role"] == "consumer" and size["members"] == 2 and size["max_members"] == 2
+    [span] = [x for x in findings["inconsistent_subscriptions"] if x["group"] == "GroupRec"]
+    assert sorted(c for v in span["variants"] for c in v["clients"]) == ["java@1", "rec@1"]
+
+
+def test_capture_format_round_trip_and_bad_text():
+    from engine.grpc_endpoint import CaptureError, format_capture, parse_capture
+
+    req = s.QueryRouteRequest()
+    req.topic.name = "T === x\n=== y"  # a string that looks like an entry line stays inside its request
+    term = s.NotifyClientTerminationRequest()  # an empty request
+    cmd = s.TelemetryCommand(settings=producer_settings("T"))
+    meta = (("x-mq-client-id", "c@1"), ("authorization", "MQv2-HMAC-SHA1 Credential=ak"), ("x-mq-namespace", ""))
+    text = format_capture([("QueryRoute", meta, req), ("NotifyClientTermination", meta, term),
+                           ("Telemetry", meta, cmd)])
+    assert "authorization" not in text  # signatures and dates are not kept
+    entries = parse_capture(text)
+    assert [(m, md_, r) for m, md_, r in entries] == [
+        ("QueryRoute", (("x-mq-client-id", "c@1"), ("x-mq-namespace", "")), req),
+        ("NotifyClientTermination", (("x-mq-client-id", "c@1"), ("x-mq-namespace", "")), term),
+        ("Telemetry", (("x-mq-client-id", "c@1"), ("x-mq-namespace", "")), cmd)]
+    for bad, match in (("junk\n=== QueryRoute\n---\n", "before the first"),
+                       ("=== NoSuchRpc\n---\n", "not a MessagingService method"),
+                       ("=== QueryRoute\nx-mq-client-id: a\n", "no '---' line"),
+                       ("=== QueryRoute\nno colon here\n---\n", "key: value"),
+                       ("=== QueryRoute\n---\ntopic { nme: 1 }\n", "capture entry 1")):
+        with pytest.raises(CaptureError, match=match):
+            parse_capture(bad)
+
+
+def test_the_real_python_clients_capture_replayed_registers_what_the_live_client_did(gbroker, stub):
+    """tests/data/grpc/python-5.1.2.txtpb (scripts/grpc_capture.py: the official client's producer, push consumer
+    and simple consumer against this broker) sent again: the same groups as the live client had, then none."""
+    from engine.grpc_endpoint import parse_capture
+
+    entries = parse_capture(CAPTURE.read_text())
+    assert {m for m, _, _ in entries} == {"QueryRoute", "Telemetry", "Heartbeat", "QueryAssignment",
+                                          "ReceiveMessage", "NotifyClientTermination"}
+    ids = {}
+    for _, meta, req in entries:
+        if isinstance(req, s.TelemetryCommand):
+            ids[d.ClientType.Name(req.settings.client_type)] = dict(meta)["x-mq-client-id"]
+    assert sorted(ids) == ["PRODUCER", "PUSH_CONSUMER", "SIMPLE_CONSUMER"]
+    assert all(dict(meta)["x-mq-language"] == "PYTHON" for _, meta, _ in entries)
+    streams, listed = {}, None
+    for method, meta, req in entries:
+        client_id = dict(meta)["x-mq-client-id"]
+        if method == "NotifyClientTermination" and listed is None:  # before the first client leaves
+            listed = (producers(gbroker, "TopicCapture"), consumers(gbroker, "GID_CAPTURE_PUSH"),
+                      consumers(gbroker, "GID_CAPTURE_SIMPLE"))
+        if method == "Telemetry":
+            if client_id not in streams:
+                streams[client_id] = Telemetry(stub, list(meta))
+            streams[client_id].send_command(req)
+            assert streams[client_id].recv().status.code == Code.OK
+        elif method == "ReceiveMessage":
+            answers = list(stub.ReceiveMessage(req, metadata=list(meta), timeout=30))
+            assert [a.status.code for a in answers] == [Code.MESSAGE_NOT_FOUND]
+        else:
+            answer = getattr(stub, method)(req, metadata=list(meta))
+            assert answer.status.code == Code.OK, (method, answer.status)
+    prod, push, simple = listed
+    assert [(c["clientId"], c["language"]) for c in prod["connectionSet"]] == [(ids["PRODUCER"], "PYTHON")]
+    assert [(c["clientId"], c["language"]) for c in push["connectionSet"]] == [(ids["PUSH_CONSUMER"], "PYTHON")]
+    assert push["consumeType"] == "CONSUME_PASSIVELY"
+    assert push["subscriptionTable"]["TopicCapture"]["tagsSet"] == ["TagA", "TagB"]
+    assert [(c["clientId"], c["language"]) for c in simple["connectionSet"]] == [(ids["SIMPLE_CONSUMER"], "PYTHON")]
+    assert simple["consumeType"] == "CONSUME_ACTIVELY"
+    assert simple["subscriptionTable"]["TopicCapture"]["subString"] == "*"
+    # the terminations at the end of the capture: every registration gone, as after the live client's shutdown
+    assert producers(gbroker, "TopicCapture") is None
+    assert consumers(gbroker, "GID_CAPTURE_PUSH") is None and consumers(gbroker, "GID_CAPTURE_SIMPLE") is None
+    for t in streams.values():
+        t.end()
+    wait_until(lambda: gbroker.grpc.sessions == {})
+
+
+def test_the_on_request_hook_sees_requests_and_its_failure_is_only_logged(gbroker, stub, caplog):
+    seen = []
+    gbroker.grpc.on_request = lambda method, meta, req: seen.append((method, dict(meta)["x-mq-client-id"], req))
+    req = s.QueryRouteRequest()
+    req.topic.name = "TopicHook"
+    assert stub.QueryRoute(req, metadata=md("hook@1")).status.code == Code.OK
+    t = Telemetry(stub, md("hook@1"))
+    t.send(settings=producer_settings("TopicHook"))
+    assert t.recv().status.code == Code.OK
+    assert [(m, c) for m, c, _ in seen] == [("QueryRoute", "hook@1"), ("Telemetry", "hook@1")]
+    assert seen[0][2] == req and seen[1][2].settings.publishing.topics[0].name == "TopicHook"
+
+    def boom(method, meta, request):
+        raise RuntimeError("hook bug")
+    gbroker.grpc.on_request = boom
+    with caplog.at_level(logging.ERROR, logger="engine.grpc"):
+        assert stub.QueryRoute(req, metadata=md("hook@1")).status.code == Code.OK
+        hb = stub.Heartbeat(s.HeartbeatRequest(client_type=d.ClientType.PRODUCER), metadata=md("hook@1"))
+        assert hb.status.code == Code.OK
+        t.send(settings=producer_settings("TopicHook"))
+        assert t.recv().status.code == Code.OK
+    assert [r.getMessage() for r in caplog.records if r.name == "engine.grpc"] == ["gRPC on_request hook failed"] * 3
+    assert gbroker.grpc.internal_errors == 0
+    t.end()

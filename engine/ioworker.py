@@ -434,6 +434,8 @@ class IOWorkerPool:
     START_TIMEOUT = 30.0
 
     def __init__(self, server, n: int, core_connections: int = 0):
+        #: the remoting server (engine.server.RemotingServer); its ``new_connection(port_name)`` makes the protocol
+        #: object of an accepted socket, so this module does not import engine.server (which imports this one)
         self.server = server
         self.n = n
         #: connections the core serves in-process before handing off (``ioCoreConnections``)
@@ -523,8 +525,6 @@ class IOWorkerPool:
             self.loop.add_reader(lsock.fileno(), self._accept, lsock, port_name)
 
     def _hand_off(self, sock: socket.socket, peer, port_name: str) -> None:
-        from .server import Connection
-
         server = self.server
         best = None
         if self.core_connections and self.core_count() < self.core_connections:
@@ -541,7 +541,7 @@ class IOWorkerPool:
             self.loop.create_task(self._serve_here(sock, port_name))
             return
         sockname = sock.getsockname()
-        conn = Connection(server, port_name)
+        conn = server.new_connection(port_name)
         vt = VirtualTransport(best, conn, peer, sockname)
         best.conns[conn.id] = vt
         meta = f"{port_name}\n{peer[0]}\n{peer[1]}\n{sockname[0]}\n{sockname[1]}".encode()
@@ -549,10 +549,8 @@ class IOWorkerPool:
         conn.connection_made(vt)
 
     async def _serve_here(self, sock: socket.socket, port_name: str) -> None:
-        from .server import Connection
-
         try:
-            await self.loop.connect_accepted_socket(lambda: Connection(self.server, port_name), sock)
+            await self.loop.connect_accepted_socket(lambda: self.server.new_connection(port_name), sock)
         except OSError:
             sock.close()
         finally:

@@ -476,6 +476,11 @@ class RemotingServer:
         for conn in conns:
             conn._flush_soon()
 
+    def new_connection(self, port_name: str) -> Connection:
+        """The protocol object of a client connection accepted on ``port_name`` (asyncio's protocol factory, and
+        the I/O worker pool's for the sockets it hands off)."""
+        return Connection(self, port_name)
+
     def _next_conn_id(self) -> int:
         self._conn_seq += 1
         return self._conn_seq
@@ -519,13 +524,13 @@ class RemotingServer:
                                         min(cfg.io_core_connections, connection_capacity(cfg.max_connections)))
         pooled = self.io_pool is not None  # then the pool accepts on the bound sockets and hands them off
         host = cfg.listen_host or None
-        main = await self.loop.create_server(lambda: Connection(self, "main"), host, cfg.listen_port,
+        main = await self.loop.create_server(lambda: self.new_connection("main"), host, cfg.listen_port,
                                              reuse_address=True, backlog=4096, start_serving=not pooled)
         self.servers.append(main)
         self.ports["main"] = main.sockets[0].getsockname()[1]
         if cfg.fast_port_enable:
             fast_port = max(0, self.ports["main"] - 2) if cfg.listen_port else 0
-            fast = await self.loop.create_server(lambda: Connection(self, "fast"), host, fast_port,
+            fast = await self.loop.create_server(lambda: self.new_connection("fast"), host, fast_port,
                                                  reuse_address=True, backlog=4096, start_serving=not pooled)
             self.servers.append(fast)
             self.ports["fast"] = fast.sockets[0].getsockname()[1]

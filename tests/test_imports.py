@@ -1,0 +1,140 @@
+"""engine's modules import each other without cycles (issue 15: server <-> ioworker was one), and each one imports
+on its own in a fresh interpreter.
+
+The graph is read with ast from every ``engine/**/*.py``: every import statement counts, at module level or inside a
+function (a lazy import hides a cycle from the interpreter, not from the reader). The package's ``__init__`` is left
+out of the cycle check: Python runs it before any submodule, so a submodule taking a name from its package
+(``from . import FrameDecoder``) cannot deadlock, and ``__init__`` importing its submodules is what a facade does.
+"""
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+ENGINE = Path(ROOT) / "engine"
+
+
+def _module_name(path: Path, root: Path) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _resolve(importer: str, is_package: bool, level: int, module: str | None) -> str:
+    """The absolute name of ``from <level dots><module> import ...`` written in ``importer``."""
+    if level == 0:
+        return module or ""
+    base = importer.split(".")
+    if not is_package:
+        base = base[:-1]  # a module's own package
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([module] if module else []))
+
+
+def import_graph(root: Path = ENGINE) -> dict[str, set[str]]:
+    """engine module -> the engine modules it imports (the package itself as 'engine')."""
+    files = {_module_name(p, root): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        is_package = path.name == "__init__.py"
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(name, is_package, node.level, node.module)
+                # `from pkg import x`: the submodule pkg.x if there is one, else a name of pkg itself
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in files:  # engine.a.b where only engine.a is a file: the nearest module
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    deps.add(t)
+        graph[name] = deps
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]], skip=frozenset()) -> list[str] | None:
+    """One cycle of the graph (its nodes in import order, the first repeated at the end), or None."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    color = dict.fromkeys(graph, WHITE)
+    stack: list[str] = []
+
+    def visit(n):
+        color[n] = GREY
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if m in skip or m not in graph:
+                continue
+            if color[m] == GREY:
+                return stack[stack.index(m):] + [m]
+            if color[m] == WHITE:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        color[n] = BLACK
+        return None
+
+    for n in sorted(graph):
+        if n not in skip and color[n] == WHITE:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_the_engine_import_graph_is_acyclic():
+    graph = import_graph()
+    assert "engine.server" in graph and "engine.ioworker" in graph and "engine.registry" in graph
+    assert "engine.ioworker" in graph["engine.server"]  # the edge that stays: the server starts the pool
+    assert "engine.server" not in graph["engine.ioworker"]
+    cycle = find_cycle(graph, skip={"engine"})
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_sees_lazy_imports(tmp_path):
+    """The check can fail: a function-level import back is a cycle, relative and absolute forms alike."""
+    pkg = tmp_path / "engine"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from .a import A\n")
+    (pkg / "a.py").write_text("import os\nfrom .sub import b\nA = 1\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..a import A\n    return A\n")
+    (pkg / "c.py").write_text("from engine import a\nfrom . import A\n")
+    graph = import_graph(pkg)
+    assert graph["engine.a"] == {"engine.sub.b"}
+    assert graph["engine.sub.b"] == {"engine.a"}
+    assert graph["engine.c"] == {"engine.a", "engine"}
+    assert find_cycle(graph, skip={"engine"}) == ["engine.a", "engine.sub.b", "engine.a"]
+    (pkg / "sub" / "b.py").write_text("def f():\n    return 1\n")
+    assert find_cycle(import_graph(pkg), skip={"engine"}) is None
+
+
+@pytest.mark.parametrize("no_extensions", ["0", "1"])
+def test_every_engine_module_imports_alone_in_a_fresh_interpreter(no_extensions):
+    """Each module first in its own interpreter (an import-order dependency shows as an ImportError there)."""
+    names = sorted(n for n in import_graph() if not n.endswith("__main__"))
+    env = {**os.environ}
+    if no_extensions == "1":
+        env["ENGINE_NO_EXTENSIONS"] = "1"
+    else:
+        env.pop("ENGINE_NO_EXTENSIONS", None)
+    procs = {n: subprocess.Popen([sys.executable, "-c", f"import {n}"], cwd=ROOT, env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for n in names}
+    failed = {}
+    for n, p in procs.items():
+        _, err = p.communicate(timeout=120)
+        if p.returncode:
+            failed[n] = err.decode(errors="replace").strip().splitlines()[-1:]
+    assert not failed, failed

@@ -1,22 +1,36 @@
 """Report writer for scan findings: findings.json, one CSV per finding, PNG plots and an index.html.
 
-Takes the findings dict of ``engine.bindings.spark.scan`` or ``engine.scan_py.scan`` (same format); needs
-matplotlib only for the plots (skipped with a note when it is missing).
+Takes the findings dict of ``engine.bindings.spark.scan``, ``engine.scan_py.scan``, the broker-log scan or the
+capture scan (same format; every ``rmqhb scan`` input kind ends here). The page is what an operator reads first:
+a banner when the input was damaged or partly unreadable, one summary line per finding kind with its worst case,
+then per finding what is wrong, where, since when and who -- subscription disagreements as a difference from the
+group's majority, reconnect and silence timelines per client, group sizes as small multiples of the groups that
+changed or have findings (every other group in one collapsed table). It is self-contained and offline: one HTML
+file with inline SVG timelines, the PNG plots and CSVs beside it, no network reference, a few lines of plain
+JavaScript (table sorting and filtering, opening the collapsed parts for printing) and a print stylesheet.
+Needs matplotlib only for the PNG plots (skipped when it is missing).
 """
 from __future__ import annotations
 
 import csv
 import html
 import json
+import math
+import re
+from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
-from engine.scan_py import FINDING_KEYS
+from engine.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS
 
-#: At most this many groups in the group-size plot, and clients in the flapping timeline.
-PLOT_GROUPS = 12
+#: At most this many groups in the group-size PNG (small multiples), and clients in the flapping PNG.
+PLOT_GROUPS = 24
 PLOT_CLIENTS = 30
+#: At most this many rows in an HTML table, findings drawn as cards, and group charts (the CSVs hold every row).
+TABLE_ROWS = 200
+CARDS = 40
+MULTIPLES = 48
 
 
 def utc(ms) -> str:
@@ -29,75 +43,270 @@ def _subs_text(subs) -> str:
     return "; ".join(f"{t} [{e}] {x}" for t, e, x in subs)
 
 
-def _write_csv(path: Path, header: List[str], rows) -> None:
+def _write_csv(path: Path, header: List[str], rows) -> List[int]:
+    """Write the CSV; returns the line number (1 = the header) of every row."""
+    rows = list(rows)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(header)
         w.writerows(rows)
+    return list(range(2, 2 + len(rows)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Subscription differences
+
+
+def _expression(etype: str, expr: str) -> str:
+    return expr if etype == "TAG" else f"{etype}: {expr}"
+
+
+def _tags(expr: str) -> set:
+    return {t.strip() for t in expr.split("||") if t.strip()}
+
+
+def majority_variant(variants: list) -> Tuple[int, bool]:
+    """(index of the variant held by the most members, whether another variant has as many: no majority)."""
+    counts = [len(v["clients"]) for v in variants]
+    best = max(range(len(counts)), key=lambda i: (counts[i], -i))
+    return best, counts.count(counts[best]) > 1
+
+
+def subscription_difference(majority, member) -> List[dict]:
+    """What a member's subscription set ([topic, type, expression] triples) differs in from the majority's, per
+    topic: subscribed by the member only, by the majority only, or with another expression (for tag expressions
+    also the tags only one side has)."""
+    def by_topic(subs):
+        out: Dict[str, List[Tuple[str, str]]] = defaultdict(list)
+        for t, e, x in subs:
+            out[t].append((e, x))
+        return {t: sorted(v) for t, v in out.items()}
+
+    maj, mem = by_topic(majority), by_topic(member)
+    rows = []
+    for topic in sorted(set(maj) | set(mem)):
+        a, b = maj.get(topic), mem.get(topic)
+        if a == b:
+            continue
+        row = {"topic": topic, "majority": " , ".join(_expression(e, x) for e, x in a) if a else None,
+               "member": " , ".join(_expression(e, x) for e, x in b) if b else None,
+               "only_member_tags": [], "only_majority_tags": []}
+        if a and b and len(a) == len(b) == 1 and a[0][0] == b[0][0] == "TAG" and "*" not in (a[0][1], b[0][1]):
+            ta, tb = _tags(a[0][1]), _tags(b[0][1])
+            row["only_member_tags"], row["only_majority_tags"] = sorted(tb - ta), sorted(ta - tb)
+        rows.append(row)
+    return rows
+
+
+def _difference_text(d: dict) -> str:
+    if d["majority"] is None:
+        return f"{d['topic']} [{d['member']}] only here"
+    if d["member"] is None:
+        return f"{d['topic']} [{d['majority']}] missing here"
+    extra = []
+    if d["only_member_tags"]:
+        extra.append("+" + " +".join(d["only_member_tags"]))
+    if d["only_majority_tags"]:
+        extra.append("-" + " -".join(d["only_majority_tags"]))
+    return f"{d['topic']} [{d['member']}] instead of [{d['majority']}]" + (f" ({' '.join(extra)})" if extra else "")
+
+
+def _member_spans(findings: dict) -> List[dict]:
+    """The members' disagreements (not the log's subscription-table flips), each with its majority and
+    deviating variants' differences."""
+    out = []
+    for i, r in enumerate(findings["inconsistent_subscriptions"]):
+        if r.get("source") == "group_table" or not r.get("variants"):
+            continue
+        m, tie = majority_variant(r["variants"])
+        maj = r["variants"][m]
+        deviating = [{"clients": v["clients"], "subscriptions": v["subscriptions"],
+                      "switched": sorted(set(v["clients"]) & set(maj["clients"])),
+                      "difference": subscription_difference(maj["subscriptions"], v["subscriptions"])}
+                     for k, v in enumerate(r["variants"]) if k != m]
+        out.append({"row": r, "index": i, "majority": maj, "tie": tie, "deviating": deviating})
+    return out
+
+
+_IP = re.compile(r"(?:\d{1,3}\.){3}\d{1,3}|\[?[0-9a-fA-F]*:[0-9a-fA-F:]+\]?")
+
+
+def client_addresses(findings: dict) -> Dict[Tuple[str, str], str]:
+    """{(broker, clientId): remote address} the findings know (expired clients' connections, captures'
+    unregisters)."""
+    out: Dict[Tuple[str, str], str] = {}
+    for r in findings.get("expired_clients") or []:
+        if r.get("addr"):
+            out.setdefault((r.get("broker", ""), r["client_id"]), r["addr"])
+    for r in (findings.get("capture") or {}).get("unregisters") or []:
+        if r.get("addr") and r.get("client_id"):
+            out.setdefault(("", r["client_id"]), r["addr"])
+    return out
+
+
+def address_of(addrs: dict, broker: str, client: str) -> str:
+    """The client's remote address when the findings know it, else the IP in its clientId (RocketMQ builds the
+    clientId from the client's IP and instance name), marked as such."""
+    a = addrs.get((broker or "", client))
+    if a:
+        return a
+    m = _IP.search(client.split("@")[0]) or _IP.search(client)
+    return f"{m.group(0)} (from clientId)" if m else ""
 
 
 def write_csvs(findings: dict, out: Path) -> List[str]:
-    names = []
+    return _write_all_csvs(findings, out)[0]
+
+
+def _write_all_csvs(findings: dict, out: Path) -> Tuple[List[str], Dict[str, list]]:
+    """Every CSV; returns the file names and, per finding list, the CSV lines of each finding (a list per
+    finding: the lines its rows are on), for the report's links."""
+    names, lines = [], {}
     rows = []
     for r in findings["inconsistent_subscriptions"]:
         variants = " | ".join(f"{', '.join(v['clients'])}: {_subs_text(v['subscriptions'])}" for v in r["variants"])
         rows.append([r["group"], r["start_ms"], r["end_ms"], utc(r["start_ms"]), utc(r["end_ms"]), r["duration_s"],
                      len(r["variants"]), variants])
-    _write_csv(out / "inconsistent_subscriptions.csv",
-               ["group", "start_ms", "end_ms", "start_utc", "end_utc", "duration_s", "n_variants", "variants"], rows)
+    lines["inconsistent_subscriptions"] = [[n] for n in _write_csv(
+        out / "inconsistent_subscriptions.csv",
+        ["group", "start_ms", "end_ms", "start_utc", "end_utc", "duration_s", "n_variants", "variants"], rows)]
     names.append("inconsistent_subscriptions.csv")
-    _write_csv(out / "flapping_clients.csv",
-               ["client_id", "groups", "reconnects", "max_reconnects_per_window", "flapping_windows",
-                "first_reconnect_utc", "last_reconnect_utc"],
-               [[r["client_id"], ";".join(r["groups"]), r["reconnects"], r["max_reconnects_per_window"],
-                 len(r["windows"]), utc(r["first_reconnect_ms"]), utc(r["last_reconnect_ms"])]
-                for r in findings["flapping_clients"]])
+    addrs = client_addresses(findings)
+    diff_rows, diff_of = [], {}
+    for s in _member_spans(findings):
+        r = s["row"]
+        first = len(diff_rows) + 2
+        for v in s["deviating"]:
+            for c in v["clients"]:
+                for d in v["difference"]:
+                    diff_rows.append([r.get("broker", ""), r["group"], utc(r["start_ms"]), utc(r["end_ms"]),
+                                      r["duration_s"], c, address_of(addrs, r.get("broker", ""), c), d["topic"],
+                                      "" if d["majority"] is None else d["majority"],
+                                      "" if d["member"] is None else d["member"], " ".join(d["only_member_tags"]),
+                                      " ".join(d["only_majority_tags"]), len(s["majority"]["clients"])])
+        diff_of[s["index"]] = list(range(first, len(diff_rows) + 2))
+    _write_csv(out / "subscription_differences.csv",
+               ["broker", "group", "start_utc", "end_utc", "duration_s", "client_id", "address", "topic",
+                "majority_expression", "member_expression", "tags_only_member", "tags_only_majority",
+                "majority_members"], diff_rows)
+    lines["subscription_differences"] = diff_of
+    names.append("subscription_differences.csv")
+    lines["flapping_clients"] = [[n] for n in _write_csv(
+        out / "flapping_clients.csv",
+        ["client_id", "groups", "reconnects", "max_reconnects_per_window", "flapping_windows",
+         "first_reconnect_utc", "last_reconnect_utc"],
+        [[r["client_id"], ";".join(r["groups"]), r["reconnects"], r["max_reconnects_per_window"],
+          len(r["windows"]), utc(r["first_reconnect_ms"]), utc(r["last_reconnect_ms"])]
+         for r in findings["flapping_clients"]])]
     _write_csv(out / "flapping_timeline.csv", ["client_id", "reconnect_ms", "reconnect_utc"],
                [[r["client_id"], t, utc(t)] for r in findings["flapping_clients"] for t in r["reconnect_ms"]])
-    _write_csv(out / "heartbeat_gaps.csv",
-               ["client_id", "groups", "start_ms", "end_ms", "start_utc", "end_utc", "gap_s"],
-               [[r["client_id"], ";".join(r["groups"]), r["start_ms"], r["end_ms"], utc(r["start_ms"]),
-                 utc(r["end_ms"]), r["gap_s"]] for r in findings["heartbeat_gaps"]])
+    lines["heartbeat_gaps"] = [[n] for n in _write_csv(
+        out / "heartbeat_gaps.csv", ["client_id", "groups", "start_ms", "end_ms", "start_utc", "end_utc", "gap_s"],
+        [[r["client_id"], ";".join(r["groups"]), r["start_ms"], r["end_ms"], utc(r["start_ms"]),
+          utc(r["end_ms"]), r["gap_s"]] for r in findings["heartbeat_gaps"]])]
+    size_lines, n = [], 2
+    for g in findings["group_sizes"]:
+        size_lines.append(list(range(n, n + len(g["series"]))))
+        n += len(g["series"])
     _write_csv(out / "group_sizes.csv", ["group", "role", "ms", "utc", "members"],
-               [[g["group"], g["role"], ms, utc(ms), n] for g in findings["group_sizes"] for ms, n in g["series"]])
+               [[g["group"], g["role"], ms, utc(ms), k] for g in findings["group_sizes"] for ms, k in g["series"]])
+    lines["group_sizes"] = size_lines
     names += ["flapping_clients.csv", "flapping_timeline.csv", "heartbeat_gaps.csv", "group_sizes.csv"]
-    _write_csv(out / "expired_clients.csv",
-               ["broker", "client_id", "addr", "groups", "connected_utc", "silent_since_before_utc", "expired_utc",
-                "returned_utc", "expired_ms"],
-               [[r.get("broker", ""), r["client_id"], r["addr"], ";".join(r["groups"]), utc(r["connected_ms"]),
-                 utc(r["silent_since_before_ms"]), utc(r["expired_ms"]), utc(r["returned_ms"]), r["expired_ms"]]
-                for r in findings.get("expired_clients", [])])
+    lines["expired_clients"] = [[n] for n in _write_csv(
+        out / "expired_clients.csv",
+        ["broker", "client_id", "addr", "groups", "connected_utc", "silent_since_before_utc", "expired_utc",
+         "returned_utc", "expired_ms"],
+        [[r.get("broker", ""), r["client_id"], r["addr"], ";".join(r["groups"]), utc(r["connected_ms"]),
+          utc(r["silent_since_before_ms"]), utc(r["expired_ms"]), utc(r["returned_ms"]), r["expired_ms"]]
+         for r in findings.get("expired_clients", [])])]
     names.append("expired_clients.csv")
     if "retry_topic_churn" in findings:
-        _write_csv(out / "retry_topic_churn.csv",
-                   ["broker", "group", "retry_topic", "adds", "changes", "removes", "max_per_window", "first_utc",
-                    "last_utc"],
-                   [[r["broker"], r["group"], r["retry_topic"], r["adds"], r["changes"], r["removes"],
-                     r["max_per_window"], utc(r["first_ms"]), utc(r["last_ms"])] for r in findings["retry_topic_churn"]])
+        lines["retry_topic_churn"] = [[n] for n in _write_csv(
+            out / "retry_topic_churn.csv",
+            ["broker", "group", "retry_topic", "adds", "changes", "removes", "max_per_window", "first_utc",
+             "last_utc"],
+            [[r["broker"], r["group"], r["retry_topic"], r["adds"], r["changes"], r["removes"],
+              r["max_per_window"], utc(r["first_ms"]), utc(r["last_ms"])] for r in findings["retry_topic_churn"]])]
         names.append("retry_topic_churn.csv")
     log = findings.get("log")
     if log:
         _write_csv(out / "log_lines.csv", ["kind", "lines", "example"],
                    [[k, v, (log.get("examples") or {}).get(k, "")] for k, v in sorted(log.get("counts", {}).items())])
         names.append("log_lines.csv")
-    return names
+    return names, lines
 
 
-def _interesting_groups(findings) -> list:
-    """Consumer groups whose size moved the most (ignoring the ramp-up and final expiry), then the largest."""
-    scored = []
+# ---------------------------------------------------------------------------------------------------------------
+# Which groups get a chart
+
+
+def steady_range(g: dict, first_ms, last_ms, expiry_ms: int) -> Tuple[int, int]:
+    """(fewest, most) live members of the group between the first expiry of the input (members of a running
+    fleet showing up one heartbeat after another) and its end (every member's last interval running out)."""
+    series = g["series"]
+    if not series or first_ms is None or last_ms is None:
+        return 0, 0
+    t0 = first_ms + expiry_ms
+    level = 0
+    for t, n in series:
+        if t > t0:
+            break
+        level = n
+    values = {level} | {n for t, n in series if t0 < t <= last_ms}
+    return min(values), max(values)
+
+
+def _steady_changed(g: dict, first_ms, last_ms, expiry_ms: int) -> bool:
+    lo, hi = steady_range(g, first_ms, last_ms, expiry_ms)
+    return lo != hi
+
+
+def group_findings(findings: dict) -> Dict[Tuple[str, str], Dict[str, int]]:
+    """{(broker, group): {finding kind: rows}} of the findings that name a group (the members' groups for the
+    client findings)."""
+    out: Dict[Tuple[str, str], Dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in findings["inconsistent_subscriptions"]:
+        kind = "subscription flips" if r.get("source") == "group_table" else "inconsistent subscriptions"
+        out[(r.get("broker", ""), r["group"])][kind] += 1
+    for key, kind in (("flapping_clients", "flapping members"), ("heartbeat_gaps", "heartbeat gaps"),
+                      ("expired_clients", "expired members")):
+        for r in findings.get(key) or []:
+            for g in r["groups"]:
+                out[(r.get("broker", ""), g)][kind] += 1
+    for r in findings.get("retry_topic_churn") or []:
+        out[(r.get("broker", ""), r["group"])]["retry-topic churn"] += 1
+    return out
+
+
+def chart_groups(findings: dict) -> Tuple[list, list]:
+    """(groups to chart, every other group): the groups whose size changed or that have findings (those with
+    findings first, then the largest change), at most MULTIPLES; each as (series dict, its findings,
+    changed)."""
+    s = findings["summary"]
+    expiry_ms = int(float(findings["parameters"].get("expiry_s", 120)) * 1000)
+    named = group_findings(findings)
+    chosen, rest = [], []
     for g in findings["group_sizes"]:
-        if g["role"] != "consumer" or not g["series"]:
-            continue
-        inner = [n for _, n in g["series"][:-1]] or [0]
-        steady = inner[len(inner) // 10:] or inner
-        scored.append((max(steady) - min(steady), g["max_members"], g["group"], g))
-    scored.sort(key=lambda s: (-s[0], -s[1], s[2]))
-    return [s[3] for s in scored[:PLOT_GROUPS]]
+        f = dict(named.get((g.get("broker", ""), g["group"])) or {})
+        if g["group"] == CLIENT_INNER_PRODUCER:
+            f = {}
+        changed = _steady_changed(g, s.get("first_ms"), s.get("last_ms"), expiry_ms)
+        (chosen if (changed or f) else rest).append((g, f, changed))
+    chosen.sort(key=lambda c: (-sum(c[1].values()), -_swing(c[0]), c[0]["group"]))
+    return chosen[:MULTIPLES], chosen[MULTIPLES:] + rest
+
+
+def _swing(g: dict) -> int:
+    ns = [n for _, n in g["series"][:-1]] or [0]
+    return max(ns) - min(ns)
 
 
 def _label(r: dict, name: str) -> str:
     return f"{r['broker']}: {name}" if r.get("broker") else name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# PNG plots (for tickets and chats; the page draws its own SVG)
 
 
 def write_plots(findings: dict, out: Path) -> List[str]:
@@ -114,19 +323,28 @@ def write_plots(findings: dict, out: Path) -> List[str]:
         return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
 
     names = []
-    fig, ax = plt.subplots(figsize=(11, 5))
-    for g in _interesting_groups(findings):
-        xs = [dt(ms) for ms, _ in g["series"]]
-        ys = [n for _, n in g["series"]]
-        ax.step(xs, ys, where="post", label=_label(g, g["group"]), linewidth=1.2)
-    ax.set_title("Consumer group sizes over time (live members)")
-    ax.set_ylabel("members")
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
-    if ax.lines:
-        ax.legend(fontsize=7, loc="upper left", ncol=2)
+    charted = chart_groups(findings)[0][:PLOT_GROUPS]
+    cols = 3
+    rows = max(1, math.ceil(len(charted) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(12, 1.9 * rows + 0.8), squeeze=False, sharex=True)
+    last = findings["summary"].get("last_ms")
+    for ax, (g, f, _) in zip(axes.flat, charted):
+        series = [(t, n) for t, n in g["series"] if last is None or t <= last]
+        if series:
+            ax.step([dt(t) for t, _ in series], [n for _, n in series], where="post", linewidth=1.2, color="#1f5fa8")
+        ax.set_title(_label(g, f"{g['group']} ({g['role']})") + (" *" if f else ""), fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.set_ylim(bottom=0)
+    for ax in list(axes.flat)[len(charted):]:
+        ax.axis("off")
+    if not charted:
+        axes.flat[0].text(0.5, 0.5, "no group changed size or has findings", ha="center", va="center",
+                          transform=axes.flat[0].transAxes)
+    axes.flat[0].xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
+    fig.suptitle("Live members of the groups that changed size or have findings (*), UTC", fontsize=10)
     fig.autofmt_xdate()
     fig.tight_layout()
-    fig.savefig(out / "group_sizes.png", dpi=110)
+    fig.savefig(out / "group_sizes.png", dpi=100)
     plt.close(fig)
     names.append("group_sizes.png")
 
@@ -142,7 +360,7 @@ def write_plots(findings: dict, out: Path) -> List[str]:
     ax.set_xlabel("gap (minutes)")
     ax.set_ylabel("gaps")
     fig.tight_layout()
-    fig.savefig(out / "gap_histogram.png", dpi=110)
+    fig.savefig(out / "gap_histogram.png", dpi=90)
     plt.close(fig)
     names.append("gap_histogram.png")
     return names + _flapping_plot(findings, out, plt, mdates, dt)
@@ -162,22 +380,533 @@ def _flapping_plot(findings, out, plt, mdates, dt) -> List[str]:
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
     fig.autofmt_xdate()
     fig.tight_layout()
-    fig.savefig(out / "flapping_timeline.png", dpi=110)
+    fig.savefig(out / "flapping_timeline.png", dpi=100)
     plt.close(fig)
     names.append("flapping_timeline.png")
     return names
 
 
-def _table(header, rows, limit=50) -> str:
-    e = html.escape
-    head = "".join(f"<th>{e(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in rows[:limit])
-    more = f"<p class=more>{len(rows) - limit} more rows in the CSV</p>" if len(rows) > limit else ""
+# ---------------------------------------------------------------------------------------------------------------
+# HTML pieces
+
+e = html.escape
+
+
+class Raw:
+    """A table cell of ready HTML, sorted by ``key`` (its text when None)."""
+
+    def __init__(self, markup: str, key=None):
+        self.markup, self.key = markup, key
+
+
+def _cell(c) -> str:
+    if isinstance(c, Raw):
+        key = "" if c.key is None else f" data-v='{e(str(c.key))}'"
+        return f"<td{key}>{c.markup}</td>"
+    if isinstance(c, bool) or c is None:
+        return f"<td>{e(str(c if c is not None else ''))}</td>"
+    if isinstance(c, (int, float)):
+        return f"<td class=num data-v='{c}'>{e(str(c))}</td>"
+    return f"<td>{e(str(c))}</td>"
+
+
+def _table(header, rows, limit=TABLE_ROWS, *, id=None, csv_name=None, cls="sortable") -> str:
+    """A sortable table (click a column's header) of at most ``limit`` rows, the rest named with its CSV."""
     if not rows:
-        return "<p>none</p>"
-    return f"<table><tr>{head}</tr>{body}</table>{more}"
+        return "<p class=none>none</p>"
+    head = "".join(f"<th>{e(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(_cell(c) for c in r) + "</tr>" for r in rows[:limit])
+    more = ""
+    if len(rows) > limit:
+        where = f"<a href='{e(csv_name)}'>{e(csv_name)}</a>" if csv_name else "the CSV"
+        more = f"<p class=more>{len(rows) - limit} more rows in {where}</p>"
+    ident = f" id={id}" if id else ""
+    return f"<table class='{cls}'{ident}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}"
 
 
+def _csv_link(name: str, lines) -> Raw:
+    """A link to a finding's rows in a CSV file: the file, and the lines its rows are on (line 1 = header)."""
+    lines = list(lines or [])
+    if not lines:
+        return Raw(f"<a class=csv href='{e(name)}'>{e(name)}</a>", 0)
+    where = f"line {lines[0]}" if len(lines) == 1 else f"lines {lines[0]}&ndash;{lines[-1]}"
+    return Raw(f"<a class=csv href='{e(name)}' title='{e(name)}: {where} (line 1 is the header)'>{e(name)}</a> "
+               f"<span class=lines>{where}</span>", lines[0])
+
+
+def _dur(seconds) -> str:
+    s = float(seconds or 0)
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60)} s" if s < 600 else f"{s / 60:.0f} min"
+    if s < 86400:
+        return f"{int(s // 3600)} h {int(s % 3600 // 60)} min"
+    return f"{int(s // 86400)} d {int(s % 86400 // 3600)} h"
+
+
+def _short(ms) -> str:
+    return utc(ms)[:16] if ms is not None else "?"
+
+
+def _cid(client: str, broker: str = "") -> str:
+    return f"<span class=cid>{e(client)}</span>" + (f" <span class=broker>{e(broker)}</span>" if broker else "")
+
+
+class _Axis:
+    """A UTC time axis from t0 to t1 (ms) drawn from x0 to x1 (px), with ticks at round times."""
+
+    STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
+             172800, 604800]
+
+    def __init__(self, t0, t1, x0: float, x1: float):
+        t0 = 0 if t0 is None else t0
+        t1 = t0 + 1000 if t1 is None or t1 <= t0 else t1
+        self.t0, self.t1, self.x0, self.x1 = t0, t1, x0, x1
+
+    def x(self, t) -> float:
+        t = min(max(t, self.t0), self.t1)
+        return self.x0 + (t - self.t0) * (self.x1 - self.x0) / (self.t1 - self.t0)
+
+    def ticks(self, n: int = 5) -> List[Tuple[float, str]]:
+        span_s = (self.t1 - self.t0) / 1000
+        step = next((s for s in self.STEPS if span_s / s <= n), self.STEPS[-1]) * 1000
+        fmt = "%H:%M:%S" if step < 60_000 else ("%m-%d" if step >= 86_400_000 else "%H:%M")
+        if fmt == "%H:%M" and span_s > 86400:
+            fmt = "%m-%d %H:%M"
+        out = []
+        t = math.ceil(self.t0 / step) * step
+        while t <= self.t1:
+            out.append((self.x(t), datetime.fromtimestamp(t / 1000, tz=timezone.utc).strftime(fmt)))
+            t += step
+        return out
+
+
+def _svg(width: int, height: int, body: str, label: str) -> str:
+    return (f"<svg class=strip width={width} height={height} viewBox='0 0 {width} {height}' role=img "
+            f"aria-label='{e(label)}'><title>{e(label)}</title>{body}</svg>")
+
+
+def _ticks_svg(axis: _Axis, y: float, n: int = 5) -> str:
+    out = [f"<line x1={axis.x0:.1f} x2={axis.x1:.1f} y1={y} y2={y} class=ax />"]
+    for x, text in axis.ticks(n):
+        out.append(f"<line x1={x:.1f} x2={x:.1f} y1={y} y2={y + 3} class=ax /><text x={x:.1f} y={y + 12} "
+                   f"class=tick>{e(text)}</text>")
+    return "".join(out)
+
+
+def _bar(axis: _Axis, a, b, y, h, cls, title) -> str:
+    x0, x1 = axis.x(a), axis.x(b)
+    return (f"<rect x={x0:.1f} y={y} width={max(2.0, x1 - x0):.1f} height={h} class={cls}>"
+            f"<title>{e(title)}</title></rect>")
+
+
+def _span_strip(t0, t1, a, b, label) -> str:
+    """The whole input's time axis with one span marked on it."""
+    w = 420
+    axis = _Axis(t0, t1, 4, w - 4)
+    body = (f"<rect x=4 y=3 width={w - 8} height=12 class=bg />"
+            + _bar(axis, a, b, 3, 12, "bad", f"{utc(a)} to {utc(b)} UTC") + _ticks_svg(axis, 17))
+    return _svg(w, 32, body, label)
+
+
+def _reconnect_strip(r: dict, window_ms: int) -> str:
+    """One mark per reconnect (a new connection: the old one closed) on the client's own time axis, its
+    flapping windows shaded."""
+    times = r["reconnect_ms"]
+    a, b = min(times), max(times)
+    pad = max((b - a) // 12, 60_000)
+    w = 340
+    axis = _Axis(a - pad, b + pad, 4, w - 4)
+    body = [f"<rect x=4 y=3 width={w - 8} height=14 class=bg />"]
+    for start, n in r.get("windows") or []:
+        body.append(_bar(axis, start, start + window_ms, 3, 14, "win",
+                         f"{n} reconnects in the window from {utc(start)} UTC"))
+    for t in times:
+        x = axis.x(t)
+        body.append(f"<line x1={x:.1f} x2={x:.1f} y1=2 y2=18 class=mark><title>{e(utc(t))} UTC</title></line>")
+    body.append(_ticks_svg(axis, 19, 4))
+    return _svg(w, 34, "".join(body), f"{len(times)} reconnects of {r['client_id']}, {utc(a)} to {utc(b)} UTC")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Banner and summary
+
+
+def _banner(findings: dict) -> str:
+    """DAMAGED INPUT (red) when records were lost; PARTLY UNREADABLE (amber) when some input could not be used
+    (undecodable bodies, unparsed log lines, capture files that broke); nothing when the input was read whole."""
+    s = findings["summary"]
+    log, cap = findings.get("log"), findings.get("capture")
+    warn = []
+    if log:
+        if log.get("unparseable"):
+            kinds = log.get("unparseable_by_kind") or {}
+            warn.append(f"{log['unparseable']:,} of {log['lines']:,} log lines could not be parsed"
+                        + (f" ({', '.join(f'{k} {v:,}' for k, v in sorted(kinds.items()))})" if kinds else "")
+                        + ": see Broker logs read")
+        un = log.get("unattributed_events") or {}
+        if un:
+            warn.append(f"{sum(un.values()):,} events could not be attached to a live member (older log files "
+                        "missing?)")
+    elif s.get("bad_bodies"):
+        warn.append(f"{s['bad_bodies']:,} of {s['records']:,} heartbeat bodies could not be decoded (left out)")
+    if cap:
+        st = cap.get("stats") or {}
+        if cap.get("damaged_files"):
+            warn.append(f"{len(cap['damaged_files'])} capture file(s) broke off: "
+                        + ", ".join(str(d.get("file", d)) for d in cap["damaged_files"][:5]))
+        bad = {k: st.get(k, 0) for k in ("truncated_packets", "malformed_packets", "frames_bad", "frames_cut")
+               if st.get(k)}
+        if bad:
+            warn.append("capture: " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in bad.items()))
+    line = damage_line(findings)
+    if line is None and not warn:
+        return ""
+    parts = [f"<div id=banner class='banner {'damaged' if line else 'partial'}' role=alert>"]
+    if line:
+        parts.append(f"<p><b>{e(line)}</b></p>")
+    if warn:
+        parts.append("<p><b>PARTLY UNREADABLE INPUT:</b> " + e("; ".join(warn)) + ".</p>")
+    scan = findings.get("scan") or {}
+    rows = [[d.get("broker", "") + (" " if d.get("broker") else "") + str(d["kind"]), d["segment"], d["offset"],
+             d["bytes"], utc(d["first_ms"]) if d.get("first_ms") else "?", utc(d["last_ms"]) if d.get("last_ms") else "?",
+             "?" if d.get("records_lost") is None else d["records_lost"], d["reason"]]
+            for d in (scan.get("corrupt") or []) + (scan.get("torn_tails") or [])]
+    rows += [["data loss", d["segment"], d["offset"], 40, utc(d["first_ms"]), utc(d["last_ms"]), d["records_lost"],
+              d["reason"]] for d in scan.get("data_loss") or []]
+    if rows:
+        parts.append(_table(["kind", "segment", "byte", "bytes", "from (UTC)", "to (UTC)", "records lost", "reason"],
+                            rows, limit=20))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _summary(findings: dict, lines: dict) -> str:
+    """One line per finding kind: how many, the worst case, where its rows are."""
+    unsupported = findings.get("unsupported") or {}
+    rows = []
+
+    def add(kind, anchor, count, worst, csv_name):
+        link = f"<a href='{e(csv_name)}'>{e(csv_name)}</a>" if csv_name else ""
+        cls = "zero" if count == 0 else "hit"
+        rows.append(f"<tr class={cls}><th scope=row><a href='#{anchor}'>{e(kind)}</a></th>"
+                    f"<td class=num>{count:,}</td><td>{worst}</td><td>{link}</td></tr>")
+
+    spans = _member_spans(findings)
+    if spans:
+        w = max(spans, key=lambda s: (s["row"]["duration_s"], s["row"]["group"]))
+        r = w["row"]
+        dev = [c for v in w["deviating"] for c in v["clients"]]
+        diff = next((d for v in w["deviating"] for d in v["difference"]), None)
+        worst = (f"<b>{e(_label(r, r['group']))}</b>: {len(dev)} member(s) ({e(', '.join(dev[:2]))}"
+                 f"{' ...' if len(dev) > 2 else ''}) {'differ' if not w['tie'] else 'split evenly'} from "
+                 f"{len(w['majority']['clients'])} for {_dur(r['duration_s'])} from {e(_short(r['start_ms']))} UTC"
+                 + (f"; {e(_difference_text(diff))}" if diff else ""))
+    else:
+        worst = "none: every group's members held one subscription set"
+    add("Inconsistent subscriptions", "inconsistent", len(spans), worst, "subscription_differences.csv")
+    flips = [r for r in findings["inconsistent_subscriptions"] if r.get("source") == "group_table"]
+    if findings.get("log"):
+        w = max(flips, key=lambda r: r.get("flips", 0)) if flips else None
+        add("Subscription flips", "flips", len(flips),
+            f"<b>{e(_label(w, w['group']))}</b> {e(str(w.get('topic', '')))}: {w.get('flips')} flips, "
+            f"{e(_short(w['start_ms']))} to {e(_short(w['end_ms']))} UTC" if w else "none",
+            "inconsistent_subscriptions.csv")
+    fl = findings["flapping_clients"]
+    if fl:
+        w = max(fl, key=lambda r: (r["reconnects"], r["max_reconnects_per_window"]))
+        worst = (f"<b>{e(_label(w, w['client_id']))}</b> ({e(', '.join(w['groups']))}): {w['reconnects']} reconnects, "
+                 f"up to {w['max_reconnects_per_window']} per {findings['parameters']['flap_window_s']:g} s, "
+                 f"{e(_short(w['first_reconnect_ms']))} to {e(_short(w['last_reconnect_ms']))} UTC")
+    else:
+        worst = "none"
+    add("Flapping clients", "flapping", len(fl), worst, "flapping_clients.csv")
+    if "heartbeat_gaps" in unsupported:
+        rows.append("<tr class=na><th scope=row><a href='#gaps'>Heartbeat gaps</a></th><td>&ndash;</td>"
+                    f"<td>not visible in this input: {e(unsupported['heartbeat_gaps'])}</td><td></td></tr>")
+    else:
+        gaps = findings["heartbeat_gaps"]
+        if gaps:
+            w = max(gaps, key=lambda r: r["gap_s"])
+            worst = (f"<b>{e(_label(w, w['client_id']))}</b> ({e(', '.join(w['groups']))}) silent "
+                     f"{_dur(w['gap_s'])} from {e(_short(w['start_ms']))} UTC")
+        else:
+            worst = "none"
+        over = len(findings.get("gaps_over_data_loss") or [])
+        if over:
+            worst += f"; {over} more over lost data (not counted)"
+        add("Heartbeat gaps", "gaps", len(gaps), worst, "heartbeat_gaps.csv")
+    ex = findings.get("expired_clients") or []
+    if ex:
+        gone = [r for r in ex if r.get("returned_ms") is None]
+        w = min(gone, key=lambda r: r["expired_ms"]) if gone else max(
+            ex, key=lambda r: ((r.get("returned_ms") or 0) - r["silent_since_before_ms"]))
+        worst = (f"{len(gone)} did not come back. " if gone else "every one came back. ") + (
+            f"<b>{e(_label(w, w['client_id']))}</b> ({e(', '.join(w['groups']))}) expired {e(_short(w['expired_ms']))} UTC"
+            + (" and did not come back" if w.get("returned_ms") is None else
+               f", back after {_dur((w['returned_ms'] - w['silent_since_before_ms']) / 1000)}"))
+    else:
+        worst = "none"
+    add("Expired clients", "expired", len(ex), worst, "expired_clients.csv")
+    if "retry_topic_churn" in findings:
+        ch = findings["retry_topic_churn"]
+        w = max(ch, key=lambda r: (r["max_per_window"], r["adds"] + r["changes"] + r["removes"])) if ch else None
+        add("Retry-topic churn", "churn", len(ch),
+            f"<b>{e(_label(w, w['group']))}</b>: {w['adds']} adds, {w['changes']} changes, {w['removes']} removes, "
+            f"up to {w['max_per_window']} per window" if w else "none", "retry_topic_churn.csv")
+    charted, rest = chart_groups(findings)
+    changed = [c for c in charted + rest if c[2]]
+    expiry_ms = int(float(findings["parameters"].get("expiry_s", 120)) * 1000)
+    ranges = {id(c[0]): steady_range(c[0], findings["summary"].get("first_ms"), findings["summary"].get("last_ms"),
+                                     expiry_ms) for c in changed}
+    groups = [c for c in changed if c[0]["group"] != CLIENT_INNER_PRODUCER] or changed
+    if changed:
+        g = max(groups, key=lambda c: (ranges[id(c[0])][1] - ranges[id(c[0])][0], c[0]["group"]))[0]
+        lo, hi = ranges[id(g)]
+        worst = (f"{len(changed)} changed size; the largest change: <b>{e(_label(g, g['group']))}</b> "
+                 f"({e(g['role'])}) between {lo} and {hi} live members")
+    else:
+        worst = "no group changed size"
+    rows.append(f"<tr class=info><th scope=row><a href='#sizes'>Group sizes</a></th>"
+                f"<td class=num>{len(findings['group_sizes']):,}</td><td>{worst}</td>"
+                "<td><a href='group_sizes.csv'>group_sizes.csv</a></td></tr>")
+    return ("<section id=summary><h2>Summary</h2><table class=summary><thead><tr><th>finding</th><th>count</th>"
+            "<th>worst case</th><th>rows</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table></section>")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding sections
+
+
+def _inconsistent_section(findings: dict, lines: dict) -> List[str]:
+    s = findings["summary"]
+    t0, t1 = s.get("first_ms"), s.get("last_ms")
+    addrs = client_addresses(findings)
+    spans = _member_spans(findings)
+    parts = ["<section id=inconsistent><h2>Inconsistent subscriptions</h2><p>Consumer groups whose live members "
+             "held different subscription sets (subVersion ignored): per group the majority's set and what each "
+             "deviating member subscribes differently, on the input's time axis. Every row: "
+             "<a href='subscription_differences.csv'>subscription_differences.csv</a> (one line per member and "
+             "topic), <a href='inconsistent_subscriptions.csv'>inconsistent_subscriptions.csv</a>.</p>"]
+    if not spans:
+        parts.append("<p class=none>none</p>")
+    for k, sp in enumerate(sorted(spans, key=lambda x: -x["row"]["duration_s"])[:CARDS]):
+        r, maj = sp["row"], sp["majority"]
+        broker = r.get("broker", "")
+        dev = [c for v in sp["deviating"] for c in v["clients"]]
+        head = (f"{len(dev)} member(s) differ from the {len(maj['clients'])} holding the majority set"
+                if not sp["tie"] else
+                f"no majority: {len(maj['clients'])} members on the first set, as many on another")
+        link = _csv_link("subscription_differences.csv", lines.get("subscription_differences", {}).get(sp["index"]))
+        parts.append(
+            f"<article class=card id=inc-{k} data-group='{e(r['group'])}'><h3>{e(r['group'])}"
+            + (f" <span class=broker>on {e(broker)}</span>" if broker else "") + "</h3>"
+            f"<p><b>{e(head)}</b> for <b>{_dur(r['duration_s'])}</b>: {e(utc(r['start_ms']))} to "
+            f"{e(utc(r['end_ms']))} UTC. {link.markup}</p>"
+            + _span_strip(t0, t1, r["start_ms"], r["end_ms"], f"{r['group']}: {utc(r['start_ms'])} to "
+                          f"{utc(r['end_ms'])} UTC")
+            + "<p class=majority>Majority set: " + " ".join(
+                f"<code>{e(t)} [{e(_expression(et, x))}]</code>" for t, et, x in maj["subscriptions"]) + "</p>")
+        for v in sp["deviating"]:
+            diff_rows = []
+            for d in v["difference"]:
+                diff_rows.append([d["topic"], d["majority"] if d["majority"] is not None else "(not subscribed)",
+                                  d["member"] if d["member"] is not None else "(not subscribed)",
+                                  " ".join(d["only_member_tags"]) or ("whole topic" if d["majority"] is None else ""),
+                                  " ".join(d["only_majority_tags"]) or ("whole topic" if d["member"] is None else "")])
+            members = [[Raw(_cid(c)), address_of(addrs, broker, c),
+                        "also held the majority set in this span" if c in v["switched"] else ""]
+                       for c in v["clients"]]
+            parts.append(
+                f"<div class=variant><p>{len(v['clients'])} deviating member(s):</p>"
+                + _table(["clientId", "address", "note"], members, limit=30, cls="members")
+                + "<p>Their difference from the majority:</p>"
+                + _table(["topic", "majority's expression", "their expression", "only they have",
+                          "only the majority has"], diff_rows, cls="diff") + "</div>")
+        parts.append(f"<details><summary>The {len(maj['clients'])} majority members</summary><p>"
+                     + ", ".join(_cid(c) for c in maj["clients"][:200])
+                     + (" ..." if len(maj["clients"]) > 200 else "") + "</p></details></article>")
+    if len(spans) > CARDS:
+        parts.append(f"<p class=more>{len(spans) - CARDS} more in subscription_differences.csv</p>")
+    parts.append("</section>")
+    return parts
+
+
+def _flapping_section(findings: dict, lines: dict, multi: bool) -> List[str]:
+    p = findings["parameters"]
+    window_ms = int(float(p["flap_window_s"]) * 1000)
+    fl = sorted(enumerate(findings["flapping_clients"]), key=lambda ir: -ir[1]["reconnects"])
+    rows = []
+    for i, r in fl:
+        rows.append(([r.get("broker", "")] if multi else []) + [
+            Raw(_cid(r["client_id"]), r["client_id"]), ", ".join(r["groups"]), r["reconnects"],
+            r["max_reconnects_per_window"], utc(r["first_reconnect_ms"]), utc(r["last_reconnect_ms"]),
+            Raw(_reconnect_strip(r, window_ms), r["first_reconnect_ms"]),
+            _csv_link("flapping_clients.csv", (lines.get("flapping_clients") or [[]] * (i + 1))[i])])
+    return ["<section id=flapping><h2>Flapping clients</h2>"
+            f"<p>Clients that connected again {p['flap_min_reconnects']} or more times in a {p['flap_window_s']:g} s "
+            "window. Per client one mark per reconnect (a new connection: the previous one closed) on its own time "
+            "axis, its flapping windows shaded; every reconnect in flapping_timeline.csv.</p>",
+            _table((["broker"] if multi else []) + ["client", "groups", "reconnects", "max per window",
+                                                    "first (UTC)", "last (UTC)", "reconnects over time", "rows"],
+                   rows, limit=CARDS * 2, id="flapping-table", csv_name="flapping_clients.csv"),
+            "</section>"]
+
+
+def _silences_section(findings: dict) -> List[str]:
+    """Per client a bar per silence (heartbeat gap, expiry) on the input's time axis."""
+    s = findings["summary"]
+    per: Dict[Tuple[str, str], list] = defaultdict(list)
+    groups: Dict[Tuple[str, str], set] = defaultdict(set)
+    for r in findings["heartbeat_gaps"]:
+        per[(r.get("broker", ""), r["client_id"])].append(("gap", r["start_ms"], r["end_ms"],
+                                                           f"gap of {_dur(r['gap_s'])}"))
+        groups[(r.get("broker", ""), r["client_id"])].update(r["groups"])
+    for r in findings.get("gaps_over_data_loss") or []:
+        per[(r.get("broker", ""), r["client_id"])].append(("lost", r["start_ms"], r["end_ms"],
+                                                           "gap over lost data (not counted)"))
+    for r in findings.get("expired_clients") or []:
+        end = r.get("returned_ms") or s.get("last_ms") or r["expired_ms"]
+        per[(r.get("broker", ""), r["client_id"])].append((
+            "expired", r["silent_since_before_ms"], end,
+            f"expired at {utc(r['expired_ms'])}, " + ("back at " + utc(r["returned_ms"]) if r.get("returned_ms")
+                                                      else "not back by the end of the input")))
+        groups[(r.get("broker", ""), r["client_id"])].update(r["groups"])
+    if not per:
+        return []
+    w = 460
+    axis = _Axis(s.get("first_ms"), s.get("last_ms"), 4, w - 4)
+    rows = []
+    for (broker, client), bars in sorted(per.items(), key=lambda kv: min(b[1] for b in kv[1])):
+        body = [f"<rect x=4 y=2 width={w - 8} height=18 class=bg />"]
+        for kind, a, b, title in bars:
+            y, h = {"gap": (2, 8), "lost": (2, 8), "expired": (11, 9)}[kind]
+            body.append(_bar(axis, a, b, y, h, kind, f"{title}: {utc(a)} to {utc(b)} UTC"))
+        body.append(_ticks_svg(axis, 21, 5))
+        longest = max(b[2] - b[1] for b in bars)
+        rows.append([broker, Raw(_cid(client), client), ", ".join(sorted(groups[(broker, client)])), len(bars),
+                     Raw(_dur(longest / 1000), longest), Raw(_svg(w, 36, "".join(body), f"silences of {client}"),
+                                                            min(b[1] for b in bars))])
+    if not any(r[0] for r in rows):
+        rows = [r[1:] for r in rows]
+        header = []
+    else:
+        header = ["broker"]
+    return ["<section id=silences><h2>Silences per client</h2><p>Each client with a heartbeat gap or an expiry, a "
+            "bar per silence on the input's time axis (<span class='key gap'></span> heartbeat gap, "
+            "<span class='key expired'></span> from its last heartbeat to its expiry and return, "
+            "<span class='key lost'></span> gap over lost data).</p>",
+            _table(header + ["client", "groups", "silences", "longest", "silences over time"], rows,
+                   limit=CARDS * 3, id="silences-table"), "</section>"]
+
+
+def _multiple(g: dict, f: dict, axis: _Axis, spans: list, expiries: list, last_ms) -> str:
+    w, h = 300, 86
+    top, bottom = 16, 58
+    series = [(t, n) for t, n in g["series"] if last_ms is None or t <= last_ms]
+    ymax = max([n for _, n in series] + [1])
+
+    def y(n):
+        return bottom - (bottom - top) * n / ymax
+
+    body = [f"<rect x={axis.x0} y={top} width={axis.x1 - axis.x0:.1f} height={bottom - top} class=bg />"]
+    for a, b in spans:
+        body.append(_bar(axis, a, b, top, bottom - top, "badspan", f"inconsistent subscriptions {utc(a)} to {utc(b)}"))
+    pts, level = [f"M{axis.x0:.1f},{y(0):.1f}"], 0
+    for t, n in series:
+        x = axis.x(t)
+        pts.append(f"H{x:.1f}V{y(n):.1f}")
+        level = n
+    pts.append(f"H{axis.x1:.1f}")
+    body.append(f"<path d='{''.join(pts)}' class=size />")
+    for t in expiries:
+        x = axis.x(t)
+        body.append(f"<line x1={x:.1f} x2={x:.1f} y1={bottom} y2={bottom + 4} class=exp><title>a member expired "
+                    f"{e(utc(t))} UTC</title></line>")
+    body.append(f"<text x={axis.x0 + 2} y={top - 3} class=tick text-anchor=start>max {ymax}</text>")
+    body.append(_ticks_svg(axis, bottom + 5, 3))
+    return _svg(w, h, "".join(body), f"live members of {g['group']} over time")
+
+
+def _sizes_section(findings: dict, lines: dict, multi: bool) -> List[str]:
+    s = findings["summary"]
+    charted, rest = chart_groups(findings)
+    index = {id(g): i for i, g in enumerate(findings["group_sizes"])}
+    axis = _Axis(s.get("first_ms"), s.get("last_ms"), 6, 294)
+    spans: Dict[Tuple[str, str], list] = defaultdict(list)
+    for r in findings["inconsistent_subscriptions"]:
+        spans[(r.get("broker", ""), r["group"])].append((r["start_ms"], r["end_ms"]))
+    expiries: Dict[Tuple[str, str], list] = defaultdict(list)
+    for r in findings.get("expired_clients") or []:
+        for grp in r["groups"]:
+            expiries[(r.get("broker", ""), grp)].append(r["expired_ms"])
+    size_lines = lines.get("group_sizes") or []
+    parts = ["<section id=sizes><h2>Group sizes</h2>",
+             f"<p>{len(findings['group_sizes'])} groups. One chart per group whose number of live members changed "
+             f"(after the first {float(findings['parameters'].get('expiry_s', 120)):g} s, when a running fleet's "
+             f"members show up one heartbeat after another) or that has findings: {len(charted)}, on the same time "
+             "axis (UTC), each with its own scale; red: inconsistent subscriptions, ticks under the axis: a member "
+             f"expired. The other {len(rest)} are in the table below (collapsed).</p><div class=multiples>"]
+    for g, f, changed in charted:
+        key = (g.get("broker", ""), g["group"])
+        badges = "".join(f"<span class=badge>{n} {e(k)}</span>" for k, n in sorted(f.items()))
+        if changed:
+            badges += "<span class='badge info'>size changed</span>"
+        if g.get("changes_over_data_loss"):
+            badges += f"<span class='badge warn'>{g['changes_over_data_loss']} changes around lost data</span>"
+        i = index.get(id(g))
+        link = _csv_link("group_sizes.csv", size_lines[i] if i is not None and i < len(size_lines) else [])
+        parts.append(f"<figure class=multiple data-group='{e(g['group'])}'><figcaption><b>{e(g['group'])}</b> "
+                     f"<span class=muted>{e(g['role'])}{(' on ' + e(g['broker'])) if g.get('broker') else ''}, "
+                     f"{g['members']} distinct, peak {g['max_members']}</span><br>{badges}</figcaption>"
+                     + _multiple(g, f, axis, spans.get(key, []), expiries.get(key, []), s.get("last_ms"))
+                     + f"<div class=lines>{link.markup}</div></figure>")
+    parts.append("</div>")
+    rows = []
+    for g, f, changed in rest:
+        i = index.get(id(g))
+        rows.append(([g.get("broker", "")] if multi else []) + [
+            g["group"], g["role"], g["members"], g["max_members"], len(g["series"]),
+            ", ".join(f"{n} {k}" for k, n in sorted(f.items())) or ("size changed" if changed else ""),
+            _csv_link("group_sizes.csv", size_lines[i] if i is not None and i < len(size_lines) else [])])
+    parts.append(f"<details id=other-groups><summary>The other {len(rest)} groups (steady size, no findings"
+                 + (", or beyond the charts above" if any(c[1] or c[2] for c in rest) else "") + ")</summary>"
+                 "<p><label>Filter: <input class=filter data-t=groups-table type=search "
+                 "placeholder='group, role, broker'></label></p>"
+                 + _table((["broker"] if multi else []) + ["group", "role", "distinct members", "peak live",
+                                                           "changes", "findings", "rows"], rows,
+                          limit=max(TABLE_ROWS, 2000), id="groups-table", csv_name="group_sizes.csv")
+                 + "</details></section>")
+    return parts
+
+
+def _capture_section(findings: dict) -> List[str]:
+    cap = findings["capture"]
+    st = cap.get("stats") or {}
+    parts = ["<section id=captures><h2>Packet captures read</h2>",
+             "<p>" + e(", ".join(c["name"] for c in cap.get("captures") or [])) + f": {st.get('packets', 0):,} "
+             f"packets, {st.get('connections', 0):,} TCP connections ({cap.get('connections_opened', 0):,} opened in "
+             f"the capture, {st.get('midstream_connections', 0):,} already open), {st.get('frames', 0):,} RocketMQ "
+             f"frames, {st.get('heartbeats', 0):,} heartbeats, {cap.get('unregister_count', 0):,} unregisters, "
+             f"{st.get('notifies', 0):,} consumer-change notifications.</p>",
+             "<p>Connection ends: " + e(", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in
+                                                  sorted((cap.get("connection_ends") or {}).items()))) + ".</p>"]
+    missed = {k: v for k, v in st.items() if v and k in ("holes", "hole_bytes", "frames_cut", "resyncs",
+                                                          "truncated_packets", "malformed_packets", "frames_bad",
+                                                          "discarded_bytes", "truncated_file_tails")}
+    parts.append("<p>Missed by the capture: " + (e(", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in missed.items()))
+                                                 if missed else "nothing") + ".</p>")
+    if cap.get("losses"):
+        parts.append(_table(["connection", "from (UTC)", "to (UTC)", "bytes"],
+                            [[x.get("addr", ""), utc(x.get("first_ms")), utc(x.get("last_ms")), x.get("bytes", "")]
+                             for x in cap["losses"]]))
+    if cap.get("notifications"):
+        parts.append("<p>Consumer-change notifications the broker sent, per group:</p>" + _table(
+            ["group", "notifications", "first (UTC)", "last (UTC)"],
+            [[n["group"], n["notifies"], utc(n["first_ms"]), utc(n["last_ms"])] for n in cap["notifications"]]))
+    parts.append("</section>")
+    return parts
 def damage_line(findings: dict) -> Optional[str]:
     """One line saying what of the input could not be read, or None when it was read whole."""
     scan = findings.get("scan") or {}
@@ -190,22 +919,6 @@ def damage_line(findings: dict) -> Optional[str]:
     return (f"DAMAGED INPUT: {len(corrupt)} corrupt ranges, {len(torn)} torn tails, {len(lost)} recorder data-loss "
             f"markers; {known:,} records lost" + (f" (+ {unknown} ranges of unknown size)" if unknown else "")
             + f"; {over} heartbeat gaps over lost data reported apart, not as client silence")
-
-
-def _damage_banner(findings: dict) -> List[str]:
-    line = damage_line(findings)
-    if line is None:
-        return []
-    scan = findings.get("scan") or {}
-    rows = [[d["kind"], d["segment"], d["offset"], d["bytes"], utc(d["first_ms"]) if d.get("first_ms") else "?",
-             utc(d["last_ms"]) if d.get("last_ms") else "?", "?" if d.get("records_lost") is None else d["records_lost"],
-             d["reason"]] for d in (scan.get("corrupt") or []) + (scan.get("torn_tails") or [])]
-    rows += [["data loss", d["segment"], d["offset"], 40, utc(d["first_ms"]), utc(d["last_ms"]), d["records_lost"],
-              d["reason"]] for d in scan.get("data_loss") or []]
-    return ["<div style='border:2px solid #c00;background:#fee;padding:8px;margin:1em 0'><b>"
-            + html.escape(line) + "</b>"
-            + _table(["kind", "segment", "byte", "bytes", "from (UTC)", "to (UTC)", "records lost", "reason"], rows)
-            + "</div>"]
 
 
 def _keys(findings: dict) -> List[str]:
@@ -273,48 +986,97 @@ def _log_section(findings: dict) -> List[str]:
     return parts
 
 
-def write_html(findings: dict, out: Path, csvs: List[str], plots: List[str]) -> Path:
-    e = html.escape
+
+
+CSS = """
+:root{--bad:#c62828;--warn:#b26a00;--ink:#1b1b1b;--muted:#666;--line:#d5d5d5}
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;color:var(--ink);margin:1.5em auto;
+ max-width:1280px;padding:0 1.5em}
+h1{font-size:1.5em;margin:.2em 0}h2{font-size:1.2em;margin:1.6em 0 .4em;border-bottom:2px solid #333}
+h3{font-size:1.05em;margin:.2em 0}
+table{border-collapse:collapse;font-size:13px;margin:.3em 0}
+td,th{border:1px solid var(--line);padding:3px 6px;text-align:left;vertical-align:top}
+thead th{background:#eee;position:sticky;top:0}
+table.sortable thead th{cursor:pointer;user-select:none}
+table.sortable thead th::after{content:' \\2195';color:#999;font-size:.8em}
+th[aria-sort=ascending]::after{content:' \\25B2'!important;color:#000!important}
+th[aria-sort=descending]::after{content:' \\25BC'!important;color:#000!important}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+table.summary{width:100%;font-size:14px}table.summary th[scope=row]{white-space:nowrap;background:#fafafa}
+table.summary tr.hit td.num{color:var(--bad);font-weight:bold}table.summary tr.zero td{color:#2e7d32}
+table.summary tr.na td{color:var(--muted)}
+.banner{border:2px solid var(--bad);background:#fdecea;padding:.5em 1em;margin:1em 0}
+.banner.partial{border-color:var(--warn);background:#fff4e0}.banner p{margin:.3em 0}
+.what{color:#333}.muted,.broker,.lines,.more{color:var(--muted)}.lines{font-size:12px}
+.none{color:#2e7d32}
+.cid{overflow-wrap:anywhere;font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
+code{background:#f3f3f3;padding:0 3px;border-radius:3px;font-size:12px;margin-right:3px;display:inline-block}
+.card{border:1px solid var(--line);border-left:4px solid var(--bad);padding:.5em 1em;margin:.8em 0;
+ break-inside:avoid}
+.variant{margin-left:1em}table.diff td:nth-child(4){color:var(--bad);font-weight:bold}
+table.diff td:nth-child(5){color:#1f5fa8;font-weight:bold}
+svg.strip{display:block;overflow:visible}svg .bg{fill:#f2f2f2}svg .bad,svg .expired{fill:var(--bad)}
+svg .gap{fill:#ef8a17}svg .lost{fill:#9e9e9e}svg .win{fill:#ffe0b2}svg .badspan{fill:#f8c7c4}
+svg .mark{stroke:#111;stroke-width:1.5}svg .ax{stroke:#888;stroke-width:1}svg .exp{stroke:var(--bad);stroke-width:2}
+svg .size{fill:none;stroke:#1f5fa8;stroke-width:1.6}
+svg .tick{font-size:9px;fill:#555;text-anchor:middle}
+.key{display:inline-block;width:1.2em;height:.7em;vertical-align:middle}.key.gap{background:#ef8a17}
+.key.expired{background:var(--bad)}.key.lost{background:#9e9e9e}
+.multiples{display:flex;flex-wrap:wrap;gap:10px}
+figure.multiple{margin:0;border:1px solid var(--line);padding:4px 6px;width:300px;break-inside:avoid}
+figcaption{font-size:12px;min-height:3em}
+.badge{display:inline-block;background:#fdecea;color:var(--bad);border-radius:8px;padding:0 6px;font-size:11px;
+ margin:1px 3px 1px 0}.badge.info{background:#e3eefa;color:#1f5fa8}.badge.warn{background:#fff4e0;color:var(--warn)}
+nav.toc a{margin-right:1em}details>summary{cursor:pointer;font-weight:bold;margin:.5em 0}
+@media print{
+ body{margin:0;max-width:none;font-size:11px;padding:0}nav.toc,input.filter,label{display:none}
+ a{color:inherit;text-decoration:none}thead th{position:static}h2{break-after:avoid}
+ .card,figure.multiple,tr{break-inside:avoid}table.sortable thead th::after{content:''}
+ .banner{-webkit-print-color-adjust:exact;print-color-adjust:exact}svg{print-color-adjust:exact}
+ details::details-content{content-visibility:visible;display:block}
+}
+"""
+
+#: The page's only script: sortable tables (click a header; data-v holds a cell's sort key), the group table's
+#: filter, and every collapsed part opened for printing.
+SCRIPT = """
+function key(td){var v=td.hasAttribute('data-v')?td.getAttribute('data-v'):td.textContent.trim();
+ return v!==''&&isFinite(v)?[0,+v]:[1,v.toLowerCase()];}
+document.querySelectorAll('table.sortable thead th').forEach(function(th){th.tabIndex=0;th.onclick=function(){
+ var t=th.closest('table'),b=t.tBodies[0],i=th.cellIndex,d=th.getAttribute('aria-sort')==='ascending'?-1:1;
+ t.querySelectorAll('thead th').forEach(function(h){h.removeAttribute('aria-sort');});
+ th.setAttribute('aria-sort',d>0?'ascending':'descending');
+ Array.prototype.slice.call(b.rows).map(function(r){return [key(r.cells[i]),r];}).sort(function(x,y){
+  return (x[0][0]-y[0][0]||(x[0][1]<y[0][1]?-1:x[0][1]>y[0][1]?1:0))*d;}).forEach(function(p){b.appendChild(p[1]);});};
+ th.onkeydown=function(ev){if(ev.key==='Enter')th.onclick();};});
+document.querySelectorAll('input.filter').forEach(function(f){f.oninput=function(){var q=f.value.toLowerCase();
+ document.getElementById(f.getAttribute('data-t')).tBodies[0].querySelectorAll('tr').forEach(function(r){
+  r.hidden=q!==''&&r.textContent.toLowerCase().indexOf(q)<0;});};});
+window.addEventListener('beforeprint',function(){document.querySelectorAll('details:not([open])').forEach(
+ function(d){d.setAttribute('open','');d.setAttribute('data-print','');});});
+window.addEventListener('afterprint',function(){document.querySelectorAll('details[data-print]').forEach(
+ function(d){d.removeAttribute('open');d.removeAttribute('data-print');});});
+"""
+
+
+def write_html(findings: dict, out: Path, csvs: List[str], plots: List[str], lines: Optional[dict] = None) -> Path:
     s = findings["summary"]
     p = findings["parameters"]
     log = findings.get("log")
+    cap = findings.get("capture")
+    lines = lines or {}
     unsupported = findings.get("unsupported") or {}
     if log:
-        what = (f"<p>{log['lines']:,} broker-log lines, {s['records']:,} client-management events "
+        kind = "broker logs"
+        what = (f"{log['lines']:,} broker-log lines, {s['records']:,} client-management events "
                 f"({s['bad_bodies']:,} unparseable lines) about {s['clients']:,} clients of {len(log['brokers'])} "
-                f"broker(s), {e(utc(s['first_ms']))} to {e(utc(s['last_ms']))} UTC (log zone {e(str(log['log_tz']))})."
-                "</p>")
+                f"broker(s), {e(utc(s['first_ms']))} to {e(utc(s['last_ms']))} UTC (log zone {e(str(log['log_tz']))}).")
     else:
-        what = (f"<p>{s['records']:,} heartbeats ({s['bad_bodies']:,} undecodable) from {s['clients']:,} clients, "
-                f"{e(utc(s['first_ms']))} to {e(utc(s['last_ms']))} UTC.</p>")
-    parts = [
-        "<!doctype html><meta charset=utf-8><title>Heartbeat scan report</title>",
-        "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;font-size:13px}"
-        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}th{background:#eee}"
-        "img{max-width:100%;border:1px solid #ddd}.more{color:#777}</style>",
-        "<h1>Heartbeat scan report</h1>",
-        *_damage_banner(findings),
-        what,
-        _table(["finding", "count"], [[k, "not supported by this input" if k in unsupported else len(findings[k])]
-                                      for k in _keys(findings)]),
-        "<p>Parameters: " + ", ".join(f"{e(k)} = {e(str(v))}" for k, v in p.items()) + "</p>",
-    ]
-    if unsupported:
-        parts.append("<h2>What this input cannot show</h2>" + _table(
-            ["analysis", "why"], [[k, v] for k, v in sorted(unsupported.items())]))
-    if findings.get("fleet"):
-        parts.append("<h2>Per broker</h2>" + _per_broker(findings))
-    scan = findings.get("scan")
-    if scan and log:
-        parts.append(f"<p>Scan: {scan.get('files')} log file(s) in {scan.get('seconds')} s, {e(str(scan.get('parser')))} "
-                     "line parser.</p>")
-    elif scan:
-        parts.append(f"<p>Scan: method {e(str(scan.get('method')))}, {scan.get('splits')} splits over "
-                     f"{scan.get('segments')} segments in {scan.get('seconds')} s; torn tails: "
-                     f"{len(scan.get('torn_tails', []))}, corrupt ranges: {len(scan.get('corrupt', []))}.</p>")
-    parts.append("<p>Files: " + ", ".join(f"<a href='{e(n)}'>{e(n)}</a>" for n in ["findings.json"] + csvs) + "</p>")
-    if log:
-        parts += _log_section(findings)
+        kind = "packet captures" if cap else "heartbeat recording" + ("s" if findings.get("fleet") else "")
+        what = (f"{s['records']:,} heartbeats ({s['bad_bodies']:,} undecodable) from {s['clients']:,} clients, "
+                f"{e(utc(s['first_ms']))} to {e(utc(s['last_ms']))} UTC"
+                + (f" ({_dur((s['last_ms'] - s['first_ms']) / 1000)})" if s.get("first_ms") is not None
+                   and s.get("last_ms") is not None else "") + ".")
     multi = bool(log) or bool(findings.get("fleet"))  # log findings and several brokers' rows carry their broker
 
     def cols(*names):
@@ -323,68 +1085,114 @@ def write_html(findings: dict, out: Path, csvs: List[str], plots: List[str]) -> 
     def row(r, *values):
         return ([r.get("broker", "")] if multi else []) + list(values)
 
-    parts.append("<h2>Inconsistent subscriptions</h2><p>Consumer groups whose live members held different "
-                 "subscription sets (subVersion ignored), with the span of the disagreement.</p>")
-    parts.append(_table(
-        cols("group", "from (UTC)", "to (UTC)", "duration s", "variants"),
-        [row(r, r["group"], utc(r["start_ms"]), utc(r["end_ms"]), r["duration_s"],
-             " | ".join(f"{len(v['clients'])} client(s) ({', '.join(v['clients'][:5])}"
-                        f"{' ...' if len(v['clients']) > 5 else ''}): {_subs_text(v['subscriptions'])}"
-                        for v in r["variants"]))
-         for r in findings["inconsistent_subscriptions"] if r.get("source") != "group_table"]))
+    def link(key, i):
+        got = lines.get(key) or []
+        return _csv_link(f"{key}.csv", got[i] if i < len(got) else [])
+
+    toc = [("summary", "Summary"), ("inconsistent", "Inconsistent subscriptions")]
     if log:
-        parts.append("<h2>Subscription flips</h2><p>Groups whose subscription table (the broker's, logged as "
-                     "<code>subscription changed ... OLD: ... NEW:</code>) went back to an expression it had before: "
-                     "members with different subscriptions overwriting each other at every heartbeat. The log line "
-                     "does not name the client.</p>")
+        toc.append(("flips", "Subscription flips"))
+    toc += [("flapping", "Flapping clients"), ("silences", "Silences"), ("gaps", "Heartbeat gaps"),
+            ("expired", "Expired clients")]
+    if "retry_topic_churn" in findings:
+        toc.append(("churn", "Retry-topic churn"))
+    toc += [("sizes", "Group sizes"), ("input", "Input and files")]
+    parts = [
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        "<meta name=viewport content='width=device-width,initial-scale=1'><title>Heartbeat scan report</title>"
+        f"<style>{CSS}</style></head><body>",
+        f"<header><h1>Heartbeat scan report</h1><p class=what>Scan of {e(kind)}: {what}</p></header>",
+        _banner(findings),
+        _summary(findings, lines),
+        "<nav class=toc>" + "".join(f"<a href='#{a}'>{e(t)}</a>" for a, t in toc) + "</nav>",
+    ]
+    parts += _inconsistent_section(findings, lines)
+    if log:
+        flips = [(i, r) for i, r in enumerate(findings["inconsistent_subscriptions"]) if r.get("source") == "group_table"]
+        parts.append("<section id=flips><h2>Subscription flips</h2><p>Groups whose subscription table (the broker's, "
+                     "logged as <code>subscription changed ... OLD: ... NEW:</code>) went back to an expression it had "
+                     "before: members with different subscriptions overwriting each other at every heartbeat. The log "
+                     "line does not name the client.</p>")
         parts.append(_table(
-            cols("group", "topic", "flips", "from (UTC)", "to (UTC)", "expressions"),
+            cols("group", "topic", "flips", "from (UTC)", "to (UTC)", "expressions", "rows"),
             [row(r, r["group"], r["topic"], r["flips"], utc(r["start_ms"]), utc(r["end_ms"]),
-                 " | ".join(_subs_text(v["subscriptions"]) for v in r["variants"]))
-             for r in findings["inconsistent_subscriptions"] if r.get("source") == "group_table"]))
-    parts.append("<h2>Expired clients</h2><p>Clients the broker's channel-expiry scan removes (SCAN): no heartbeat "
-                 f"for {p['expiry_s']:g} s while the connection stayed open"
+                 " | ".join(_subs_text(v["subscriptions"]) for v in r["variants"]),
+                 link("inconsistent_subscriptions", i)) for i, r in flips]) + "</section>")
+    parts += _flapping_section(findings, lines, multi)
+    parts += _silences_section(findings)
+    parts.append("<section id=gaps><h2>Heartbeat gaps</h2>")
+    if "heartbeat_gaps" in unsupported:
+        parts.append(f"<p><b>Not supported by this input</b>: {e(unsupported['heartbeat_gaps'])}.</p>")
+    else:
+        parts.append(f"<p>Clients silent for more than {p['gap_threshold_s']:g} s between two heartbeats (any "
+                     "connection, any group).</p>")
+        if "gap_histogram.png" in plots:
+            parts.append("<img src='gap_histogram.png' alt='histogram of the heartbeat gaps' class=hist "
+                         "width=480>")
+        gaps = sorted(enumerate(findings["heartbeat_gaps"]), key=lambda ir: -ir[1]["gap_s"])
+        parts.append(_table(cols("client", "groups", "from (UTC)", "to (UTC)", "gap s", "rows"),
+                            [row(r, Raw(_cid(r["client_id"]), r["client_id"]), ", ".join(r["groups"]),
+                                 utc(r["start_ms"]), utc(r["end_ms"]), r["gap_s"], link("heartbeat_gaps", i))
+                             for i, r in gaps], id="gaps-table", csv_name="heartbeat_gaps.csv"))
+        over = findings.get("gaps_over_data_loss") or []
+        if over:
+            parts.append(f"<p>{len(over)} more gaps overlap lost or damaged data and are not counted as client "
+                         "silence (findings.json: gaps_over_data_loss).</p>")
+    parts.append("</section>")
+    parts.append("<section id=expired><h2>Expired clients</h2><p>Clients the broker's channel-expiry scan removes "
+                 f"(SCAN): no heartbeat for {p['expiry_s']:g} s while the connection stayed open"
                  + (" (from the brokers' SCAN lines; silent since at most the expiry before)." if log else
                     " (a recording holds heartbeats only: a client that stopped for good is listed once the expiry has "
                     "passed, as the broker would if its connection stayed open).") + "</p>")
     parts.append(_table(
-        cols("client", "address", "groups", "connected (UTC)", "silent since (UTC)", "expired (UTC)", "back (UTC)"),
-        [row(r, r["client_id"], r["addr"], ", ".join(r["groups"]), utc(r["connected_ms"]),
-             utc(r["silent_since_before_ms"]), utc(r["expired_ms"]), utc(r["returned_ms"]) or "never")
-         for r in findings.get("expired_clients", [])]))
+        cols("client", "address", "groups", "connected (UTC)", "silent since (UTC)", "expired (UTC)", "back (UTC)",
+             "rows"),
+        [row(r, Raw(_cid(r["client_id"]), r["client_id"]), r["addr"], ", ".join(r["groups"]), utc(r["connected_ms"]),
+             utc(r["silent_since_before_ms"]), utc(r["expired_ms"]), utc(r["returned_ms"]) or "never",
+             link("expired_clients", i))
+         for i, r in enumerate(findings.get("expired_clients", []))], id="expired-table", csv_name="expired_clients.csv"))
     if findings.get("expired_over_data_loss"):
         parts.append(f"<p>{len(findings['expired_over_data_loss'])} more silences over lost or damaged data are not "
                      "counted as expiries (findings.json: expired_over_data_loss).</p>")
+    parts.append("</section>")
     if "retry_topic_churn" in findings:
-        parts.append("<h2>Retry-topic churn</h2><p>Consumer groups whose <code>%RETRY%</code> subscription was "
-                     f"added, changed (subVersion) or removed {p['flap_min_reconnects']} or more times in a "
-                     f"{p['flap_window_s']:g} s window: members restarting or flapping.</p>")
+        parts.append("<section id=churn><h2>Retry-topic churn</h2><p>Consumer groups whose <code>%RETRY%</code> "
+                     f"subscription was added, changed (subVersion) or removed {p['flap_min_reconnects']} or more times "
+                     f"in a {p['flap_window_s']:g} s window: members restarting or flapping.</p>")
         parts.append(_table(
-            cols("group", "retry topic", "adds", "changes", "removes", "max per window", "first (UTC)", "last (UTC)"),
+            cols("group", "retry topic", "adds", "changes", "removes", "max per window", "first (UTC)", "last (UTC)",
+                 "rows"),
             [row(r, r["group"], r["retry_topic"], r["adds"], r["changes"], r["removes"], r["max_per_window"],
-                 utc(r["first_ms"]), utc(r["last_ms"])) for r in findings["retry_topic_churn"]]))
-    parts.append("<h2>Group sizes</h2>")
-    if "group_sizes.png" in plots:
-        parts.append("<img src='group_sizes.png' alt='group sizes'>")
-    parts.append(_table(cols("group", "role", "distinct members", "peak live", "changes"),
-                        [row(g, g["group"], g["role"], g["members"], g["max_members"], len(g["series"]))
-                         for g in findings["group_sizes"]], limit=100))
-    parts.append("<h2>Heartbeat gaps</h2>")
-    if "heartbeat_gaps" in unsupported:
-        parts.append(f"<p><b>Not supported by this input</b>: {e(unsupported['heartbeat_gaps'])}.</p>")
-    else:
-        if "gap_histogram.png" in plots:
-            parts.append("<img src='gap_histogram.png' alt='gap histogram'>")
-        parts.append(_table(["client", "groups", "from (UTC)", "to (UTC)", "gap s"],
-                            [[r["client_id"], ", ".join(r["groups"]), utc(r["start_ms"]), utc(r["end_ms"]), r["gap_s"]]
-                             for r in findings["heartbeat_gaps"]]))
-    parts.append("<h2>Flapping clients</h2>")
-    if "flapping_timeline.png" in plots:
-        parts.append("<img src='flapping_timeline.png' alt='flapping timeline'>")
-    parts.append(_table(cols("client", "groups", "reconnects", "max per window", "first (UTC)", "last (UTC)"),
-                        [row(r, r["client_id"], ", ".join(r["groups"]), r["reconnects"], r["max_reconnects_per_window"],
-                             utc(r["first_reconnect_ms"]), utc(r["last_reconnect_ms"]))
-                         for r in findings["flapping_clients"]]))
+                 utc(r["first_ms"]), utc(r["last_ms"]), link("retry_topic_churn", i))
+             for i, r in enumerate(findings["retry_topic_churn"])]) + "</section>")
+    parts += _sizes_section(findings, lines, multi)
+    parts.append("<section id=input>")
+    if findings.get("fleet"):
+        parts.append("<h2>Per broker</h2>" + _per_broker(findings))
+    if log:
+        parts += _log_section(findings)
+    if cap:
+        parts += _capture_section(findings)
+    if unsupported:
+        parts.append("<h2>What this input cannot show</h2>" + _table(
+            ["analysis", "why"], [[k, v] for k, v in sorted(unsupported.items())]))
+    parts.append("<h2>Parameters and files</h2>")
+    parts.append("<p>Parameters: " + ", ".join(f"{e(k)} = {e(str(v))}" for k, v in p.items()) + "</p>")
+    scan = findings.get("scan")
+    if scan and log:
+        parts.append(f"<p>Scan: {scan.get('files')} log file(s) in {scan.get('seconds')} s, {e(str(scan.get('parser')))} "
+                     "line parser.</p>")
+    elif scan and scan.get("method"):
+        parts.append(f"<p>Scan: method {e(str(scan.get('method')))}, {scan.get('splits')} splits over "
+                     f"{scan.get('segments')} segments in {scan.get('seconds')} s; torn tails: "
+                     f"{len(scan.get('torn_tails', []))}, corrupt ranges: {len(scan.get('corrupt', []))}.</p>")
+    parts.append("<p>Files: " + ", ".join(f"<a href='{e(n)}'>{e(n)}</a>" for n in ["findings.json"] + csvs + plots)
+                 + "</p>")
+    if plots:
+        parts.append("<details id=png><summary>The plots as PNG images (for tickets and chats)</summary>"
+                     + "".join(f"<p><img src='{e(n)}' alt='{e(n)}' loading=lazy></p>" for n in plots) + "</details>")
+    parts.append("</section>")
+    parts.append(f"<script>{SCRIPT}</script></body></html>")
     path = out / "index.html"
     path.write_text("\n".join(parts))
     return path
@@ -395,10 +1203,9 @@ def write_report(findings: dict, out, plots: bool = True) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "findings.json").write_text(json.dumps(findings, indent=1))
-    csvs = write_csvs(findings, out)
+    csvs, lines = _write_all_csvs(findings, out)
     pngs = write_plots(findings, out) if plots else []
-    return write_html(findings, out, csvs, pngs)
-
+    return write_html(findings, out, csvs, pngs, lines)
 
 def print_summary(findings: dict, file) -> None:
     s = findings["summary"]

@@ -136,7 +136,7 @@ class BrokerConfig:
     #: engine: queue locks held at once across groups; a lock past it is not granted (the client retries)
     rebalance_lock_max_entries: int = 1_000_000
     # -- ACL --
-    #: check every request's signature against `aclFile` (plain_acl.yml)
+    #: check every request's signature against `aclFile` (plain_acl.yml); on `grpcServerPort` the 5.x signature
     acl_enable: bool = False
     #: the plain_acl.yml of `aclEnable`
     acl_file: str = ""
@@ -285,9 +285,6 @@ class BrokerConfig:
             v = getattr(self, PROPERTIES[name].attr)
             if not 0 <= v <= 65535:
                 raise ConfigError(f"{name} must be between 0 and 65535, not {v}")
-        if self.grpc_server_port and self.acl_enable:  # engine.grpc_endpoint checks no 5.x signature yet
-            raise ConfigError("grpcServerPort with aclEnable=true is not supported yet: the gRPC endpoint does not "
-                              "check the 5.x signature; leave grpcServerPort unset (0) or aclEnable false")
         if self.metrics_port and self.metrics_port in (self.listen_port, self.fast_listen_port):
             raise ConfigError(f"metricsPort {self.metrics_port} collides with the broker's ports")
         positive = ("channelExpiredTimeout", "maxConnections", "maxFrameSize", "incompleteFrameTimeoutMs",

@@ -189,10 +189,8 @@ class GrpcEndpoint:
                  max_long_polling_ms: int = MAX_LONG_POLLING_MS):
         self.broker = broker
         cfg = broker.config
-        if getattr(broker, "acl", None) is not None:
-            # an endpoint that checked no signature would let every client past aclEnable
-            raise GrpcEndpointError("grpcServerPort with aclEnable=true is not supported yet: the gRPC endpoint does "
-                                    "not check the 5.x signature (authorization metadata)")
+        #: engine.acl.AclValidator with aclEnable: every call's 5.x signature and the resources it names are checked
+        self.acl = getattr(broker, "acl", None)
         self.port = int(cfg.grpc_server_port if port is None else port)
         self.host = cfg.listen_host if host is None else host
         self.max_sessions = max_sessions
@@ -209,6 +207,8 @@ class GrpcEndpoint:
         #: requests answered with a non-OK status because they were bad, and handler failures (logged)
         self.bad_requests = 0
         self.internal_errors = 0
+        #: calls refused by the ACL (UNAUTHORIZED, FORBIDDEN)
+        self.acl_denied = 0
         #: ``fn(method, metadata, request)`` called with every request before it is handled (captures, tests);
         #: its failures are logged, never the client's problem
         self.on_request = None
@@ -312,6 +312,80 @@ class GrpcEndpoint:
                 self.on_request(method, tuple(context.invocation_metadata() or ()), request)
             except Exception:
                 log.exception("gRPC on_request hook failed")
+
+    # ------------------------------------------------------------------ ACL
+    def acl_resources(self, method: str, request) -> dict:
+        """PlainAccessResource.parse of a gRPC request (RocketMQ 5.0-5.2's acl module): the resources it names and
+        the permission each needs (engine.acl's bits; a group as its retry topic ``%RETRY%group``). Names are the
+        plain names this endpoint registers (the resource namespace is not applied, as nowhere here); an empty name
+        names nothing (the request is refused as illegal right after; RocketMQ would check ``%RETRY%`` for a
+        producer's NotifyClientTermination, which names no group)."""
+        from .acl import ANY, PUB, SUB, retry_topic
+
+        out: dict = {}
+
+        def topic(resource, perm):
+            if resource.name:
+                out[resource.name] = perm
+
+        def group(resource, perm):
+            if resource.name:
+                out[retry_topic(resource.name)] = perm
+
+        d = self.p.d
+        if method == "Heartbeat":
+            if request.client_type in (d.ClientType.PUSH_CONSUMER, d.ClientType.SIMPLE_CONSUMER):
+                group(request.group, SUB)
+        elif method == "Telemetry":
+            if request.WhichOneof("command") == "settings":
+                st = request.settings
+                if st.HasField("publishing"):
+                    for t in st.publishing.topics[:MAX_SETTINGS_ENTRIES]:
+                        topic(t, PUB)
+                if st.HasField("subscription"):
+                    group(st.subscription.group, SUB)
+                    for entry in st.subscription.subscriptions[:MAX_SETTINGS_ENTRIES]:
+                        topic(entry.topic, SUB)
+        elif method == "QueryRoute":
+            topic(request.topic, ANY)
+        elif method in ("QueryAssignment", "AckMessage", "ForwardMessageToDeadLetterQueue",
+                        "ChangeInvisibleDuration"):
+            group(request.group, SUB)
+            topic(request.topic, SUB)
+        elif method == "ReceiveMessage":
+            group(request.group, SUB)
+            topic(request.message_queue.topic, SUB)
+        elif method == "NotifyClientTermination":
+            group(request.group, SUB)
+        elif method == "SendMessage":
+            if request.messages:
+                topic(request.messages[0].topic, PUB)
+        elif method == "EndTransaction":
+            topic(request.topic, PUB)
+        return out
+
+    def authorize(self, method: str, request, context, authenticate_only: bool = False) -> None:
+        """With aclEnable: the call's signature (``authorization``, ``x-mq-date-time``) and the resources the
+        request names, against plain_acl.yml; _BadRequest UNAUTHORIZED / FORBIDDEN (the apache.rocketmq.v2 codes
+        of an authentication and a permission failure) when refused."""
+        acl = self.acl
+        if acl is None:
+            return
+        from .acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, UNAUTHORIZED
+
+        md = {}
+        for key, value in context.invocation_metadata() or ():
+            if key not in md and isinstance(value, str):
+                md[key] = value
+        host = peer_address(context.peer())
+        host = host.rpartition(":")[0].strip("[]") if ":" in host else host
+        resources = {} if authenticate_only else self.acl_resources(method, request)
+        denied = acl.check_grpc(md.get(GRPC_AUTHORIZATION), md.get(GRPC_DATE_TIME), host, resources)
+        if denied is not None:
+            self.acl_denied += 1
+            kind, remark = denied
+            code = self.p.d.Code.UNAUTHORIZED if kind == UNAUTHORIZED else self.p.d.Code.FORBIDDEN
+            raise _BadRequest(code, _short(remark, 200))
 
     def _status(self, code, message: str = ""):
         return self.p.d.Status(code=code, message=message or self.p.d.Code.Name(code))
@@ -535,8 +609,13 @@ def _unsupported(name: str, response_type: str):
     async def handler(self, request, context):
         ep = self.ep
         ep.trace(name, request, context)
+        make = getattr(ep.p.s, response_type)
+        try:
+            ep.authorize(name, request, context)
+        except _BadRequest as e:
+            return make(status=ep._status(e.code, e.message))
         ep.bad_requests += 1
-        return getattr(ep.p.s, response_type)(status=ep._status(
+        return make(status=ep._status(
             ep.p.d.Code.NOT_IMPLEMENTED, f"{name} is not supported by this broker (it has no message store)"))
     handler.__name__ = name
     return handler
@@ -578,6 +657,7 @@ class _Servicer:
     async def QueryRoute(self, request, context):
         self.ep.trace("QueryRoute", request, context)
         async def run(request, context):
+            self.ep.authorize("QueryRoute", request, context)
             self.ep._metadata(context)
             return self.ep.query_route(request)
         return await self._unary("QueryRouteResponse", run, request, context)
@@ -585,6 +665,7 @@ class _Servicer:
     async def QueryAssignment(self, request, context):
         self.ep.trace("QueryAssignment", request, context)
         async def run(request, context):
+            self.ep.authorize("QueryAssignment", request, context)
             self.ep._metadata(context)
             return self.ep.query_assignment(request)
         return await self._unary("QueryAssignmentResponse", run, request, context)
@@ -595,6 +676,7 @@ class _Servicer:
 
         async def run(request, context):
             d = ep.p.d
+            ep.authorize("Heartbeat", request, context)
             session = ep._session(context, create=False)
             if session is None or session.settings is None:
                 return ep.p.s.HeartbeatResponse(status=ep._status(
@@ -612,6 +694,7 @@ class _Servicer:
 
         async def run(request, context):
             d = ep.p.d
+            ep.authorize("NotifyClientTermination", request, context)
             session = ep._session(context, create=False)
             if session is None or session.settings is None:
                 return ep.p.s.NotifyClientTerminationResponse(status=ep._status(
@@ -636,6 +719,7 @@ class _Servicer:
         ep = self.ep
         d = ep.p.d
         try:
+            ep.authorize("ReceiveMessage", request, context)
             ep._metadata(context)
             ep._group(request.group)
             ep._topic(request.message_queue.topic)
@@ -670,9 +754,25 @@ class _Servicer:
     async def PullMessage(self, request, context):
         self.ep.trace("PullMessage", request, context)
         ep = self.ep
+        try:
+            ep.authorize("PullMessage", request, context)
+        except _BadRequest as e:
+            await context.write(ep.p.s.PullMessageResponse(status=ep._status(e.code, e.message)))
+            return
         ep.bad_requests += 1
         await context.write(ep.p.s.PullMessageResponse(status=ep._status(
             ep.p.d.Code.NOT_IMPLEMENTED, "PullMessage is not supported by this broker (it has no message store)")))
+
+    async def _refuse_stream(self, context, error: _BadRequest) -> None:
+        """Each command of a Telemetry stream that failed the ACL is answered with its status until the client
+        ends the stream (no session)."""
+        ep = self.ep
+        while True:
+            command = await context.read()
+            if command is ep.p.aio.EOF:
+                return
+            ep.trace("Telemetry", command, context)
+            await context.write(ep.p.s.TelemetryCommand(status=ep._status(error.code, error.message)))
 
     async def Telemetry(self, request_iterator, context):
         """ClientActivity.telemetry: each Settings command registers the client and is answered with the merged
@@ -683,6 +783,12 @@ class _Servicer:
         stream = _Stream(context)
         reader = done_wait = None
         try:
+            try:
+                ep.authorize("Telemetry", None, context, authenticate_only=True)
+            except _BadRequest as e:
+                # the proxy answers every command of an unauthenticated stream with the status, registering nothing
+                await self._refuse_stream(context, e)
+                return
             try:
                 session = ep._session(context, create=True)
             except _BadRequest as e:
@@ -710,6 +816,11 @@ class _Servicer:
                 which = command.WhichOneof("command")
                 if which != "settings":
                     continue  # thread stack traces, verify results: answers to commands this broker never sends
+                try:
+                    ep.authorize("Telemetry", command, context)
+                except _BadRequest as e:  # settings naming a resource the account may not use: not applied
+                    await context.write(p.s.TelemetryCommand(status=ep._status(e.code, e.message)))
+                    continue
                 try:
                     if session.closing:  # terminated, and now it sends Settings again: a new session
                         session = ep._session(context, create=True)

@@ -160,14 +160,6 @@ def test_port_in_use_fails_start(tmp_path, gbroker):
         Broker(make_config(tmp_path / "b2", grpc_server_port=gbroker.ports["grpc"])).start()
 
 
-def test_acl_enable_is_refused(tmp_path):
-    """No signature check on the gRPC port yet: with aclEnable it would let any client in, so the start fails."""
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text("accounts:\n- accessKey: rocketmq2\n  secretKey: 12345678\n  admin: true\n")
-    with pytest.raises(ConfigError, match="grpcServerPort with aclEnable=true is not supported"):
-        Broker(make_config(tmp_path, grpc_server_port=free_port(), acl_enable=True, acl_file=str(acl)))
-
-
 def test_query_route(gbroker, stub):
     port = gbroker.ports["grpc"]
     req = s.QueryRouteRequest()

@@ -73,19 +73,19 @@ def gbroker(tmp_path):
     b.stop()
 
 
-def start_v5(v5_python, drivers, broker, scratch, **spec):  # noqa: F811
+def start_v5(v5_python, drivers, broker, scratch, may_fail=False, **spec):  # noqa: F811
     scratch.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HOME"] = str(scratch)
     spec = dict(spec, endpoint=f"127.0.0.1:{broker.ports['grpc']}")
-    d = ti.Driver([str(v5_python), str(ti.HERE / "v5_driver.py"), json.dumps(spec)], env)
+    d = ti.Driver([str(v5_python), str(ti.HERE / "v5_driver.py"), json.dumps(spec)], env, may_fail)
     drivers.append(d)
     return d
 
 
-def connections(broker, group, producer=False):
+def connections(broker, group, producer=False, **kw):
     try:
-        with AdminClient("127.0.0.1", broker.ports["main"]) as c:
+        with AdminClient("127.0.0.1", broker.ports["main"], **kw) as c:
             body = c.producer_connection(group) if producer else c.consumer_connection(group)
     except AdminError:
         return None
@@ -146,3 +146,54 @@ def test_the_two_rocketmq_packages_stay_apart(v5_python, cpp_dir):  # noqa: F811
                         text=True, timeout=60, env=env)
     assert v5.returncode == 0, v5.stderr
     assert v5.stdout.strip().startswith(str(V5_DIR))
+
+
+ACL = """\
+accounts:
+- accessKey: rocketmq2
+  secretKey: "12345678"
+  admin: true
+- accessKey: v5ak
+  secretKey: v5-secret
+  defaultTopicPerm: DENY
+  defaultGroupPerm: DENY
+  topicPerms:
+  - TopicAcl=PUB|SUB
+  groupPerms:
+  - GID_ACL=SUB
+"""
+ADMIN = {"access_key": "rocketmq2", "secret_key": "12345678"}
+
+
+@pytest.fixture
+def acl_gbroker(tmp_path):
+    require_module("grpc")
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL)
+    b = Broker(BrokerConfig(listen_port=0, listen_host="127.0.0.1", store_path_root_dir=str(tmp_path / "store"),
+                            grpc_server_port=free_port(), acl_enable=True, acl_file=str(acl))).start()
+    yield b
+    b.stop()
+
+
+def test_signed_clients_are_checked_against_plain_acl(v5_python, drivers, acl_gbroker, tmp_path):  # noqa: F811
+    """aclEnable: the real 5.x client with Credentials(AK, SK) signs every call (MQv2-HMAC-SHA1 over
+    x-mq-date-time) and is let in by the plain_acl.yml account; with a wrong secret its start fails on the broker's
+    UNAUTHORIZED (40100) and nothing registers."""
+    spec = dict(producerTopics=["TopicAcl"], pushConsumers=[{"group": "GID_ACL", "topic": "TopicAcl", "expr": "*"}],
+                accessKey="v5ak")
+    d = start_v5(v5_python, drivers, acl_gbroker, tmp_path / "good", secretKey="v5-secret", **spec)
+    producer_id, push_id = d.ready_line.split()[1:]
+    assert ti.wait_for(lambda: connections(acl_gbroker, "GID_ACL", **ADMIN) == [(push_id, "PYTHON")])
+    assert ti.wait_for(lambda: connections(acl_gbroker, "TopicAcl", True, **ADMIN) == [(producer_id, "PYTHON")])
+    assert d.close() == 0
+    assert connections(acl_gbroker, "GID_ACL", **ADMIN) is None
+    assert acl_gbroker.grpc.acl_denied == 0
+    bad = start_v5(v5_python, drivers, acl_gbroker, tmp_path / "bad", may_fail=True, secretKey="not-the-secret",
+                   **spec)
+    assert bad.ready_line.startswith("FAILED")
+    log = (tmp_path / "bad" / "logs" / "rocketmq_python" / "rocketmq_client.log").read_text()
+    assert "40100, Check signature failed for accessKey='v5ak'" in log
+    assert acl_gbroker.grpc.acl_denied > 0 and acl_gbroker.grpc.sessions == {}
+    assert connections(acl_gbroker, "GID_ACL", **ADMIN) is None
+    assert connections(acl_gbroker, "TopicAcl", True, **ADMIN) is None

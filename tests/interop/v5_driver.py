@@ -3,7 +3,8 @@
 Run with the interpreter of its own venv (tests/interop/.v5: the 5.x client's top-level package ``rocketmq`` is
 not the 4.x C++ client's ``rocketmq`` the other interop tests use) and HOME pointed at a scratch folder (the client
 logs under $HOME/logs/rocketmq_python). argv[1]: JSON {endpoint, producerTopics?, pushConsumers?: [{group, topic,
-expr}], simpleConsumers?: [{group, topic, expr}], receive?: bool}. stdout: "READY <clientId> ..." once every client
+expr}], simpleConsumers?: [{group, topic, expr}], receive?: bool, accessKey?, secretKey?} (the credentials the
+clients sign their calls with: the 5.x ACL scheme). stdout: "READY <clientId> ..." once every client
 has started (one id per client, in the order producer, push consumers, simple consumers), "RECEIVED <n>" per
 simple consumer with ``receive`` (one receive call), then "CLOSED" after "close" on stdin.
 """
@@ -23,7 +24,7 @@ def main() -> int:
             return ConsumeResult.SUCCESS
 
     def config():
-        return ClientConfiguration(spec["endpoint"], Credentials())
+        return ClientConfiguration(spec["endpoint"], Credentials(spec.get("accessKey", ""), spec.get("secretKey", "")))
 
     clients = []
     try:

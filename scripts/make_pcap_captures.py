@@ -9,7 +9,9 @@ gets a manifest (``<name>.json``: what every client sent, received and how it cl
     .venv/bin/python scripts/make_pcap_captures.py tests/data/pcap [NAME...]
 
 ``ons-lo-ipv4`` needs ali-ons: ``npm ci`` with tests/interop/node's lockfile in $ONS_NODE_DIR (default
-tests/interop/.node, where the interop tests install it).
+tests/interop/.node, where the interop tests install it). ``cpp-lo-ipv4`` needs the C++ client (PyPI rocketmq
+0.4.4, bundling Apache rocketmq-client-cpp's librocketmq.so) in $CPP_CLIENT_DIR (default tests/interop/.cpp, where
+the interop tests ``pip install --target`` it).
 """
 from __future__ import annotations
 
@@ -35,9 +37,15 @@ SCENARIOS = {
     # the real Node.js client (npm ali-ons 3.12.0, tests/interop/ons_driver.js): a producer and a consumer of one
     # client instance, 35 s (its first and second heartbeats), then closed (UNREGISTER_CLIENT, FIN)
     "ons-lo-ipv4": (["-i", "lo"], "127.0.0.1", 0, 0),
+    # the real C++ client (PyPI rocketmq 0.4.4 = rocketmq-client-cpp, tests/interop/cpp_driver.py): two client
+    # processes, the first a producer and a consumer, the second a consumer of the same group joining 5 s later
+    # (NOTIFY_CONSUMER_IDS_CHANGED to the first); 35 s, then each shut down (UNREGISTER_CLIENT, FIN)
+    "cpp-lo-ipv4": (["-i", "lo"], "127.0.0.1", 0, 0),
 }
 #: where ali-ons is installed (npm ci in tests/interop/node's lockfile), for the ons-lo-ipv4 capture
 ONS_NODE_DIR = Path(os.environ.get("ONS_NODE_DIR", ROOT / "tests" / "interop" / ".node"))
+#: where the C++ client is installed (pip install --target, rocketmq==0.4.4), for the cpp-lo-ipv4 capture
+CPP_CLIENT_DIR = Path(os.environ.get("CPP_CLIENT_DIR", ROOT / "tests" / "interop" / ".cpp"))
 
 
 def free_port(host: str) -> int:
@@ -80,6 +88,50 @@ def drive_ons(host: str, port: int, manifest: Path) -> None:
                                     "client_id": ready.split(" ", 1)[1], "closed": closed == "CLOSED"}, indent=1))
 
 
+def drive_cpp(host: str, port: int, manifest: Path) -> None:
+    """rocketmq-client-cpp: client A (producer PID_cpp_cap + consumer CID_cpp_cap) and, 5 s later, client B (a
+    second consumer of CID_cpp_cap, other process); both heartbeat, B is shut down after 35 s, then A."""
+    import json
+
+    spec_a = {"nameSrv": f"{host}:{port}", "producerGroup": "PID_cpp_cap",
+              "consumers": [{"group": "CID_cpp_cap", "topic": "TopicCppCap", "expr": "TagA || TagB"}]}
+    spec_b = {"nameSrv": f"{host}:{port}",
+              "consumers": [{"group": "CID_cpp_cap", "topic": "TopicCppCap", "expr": "TagA || TagB"}]}
+    procs = []
+    with tempfile.TemporaryDirectory() as home:  # the library writes its logs under $HOME/logs/rocketmq-cpp
+        env = dict(os.environ, PYTHONPATH=str(CPP_CLIENT_DIR), HOME=home)
+        try:
+            for spec in (spec_a, spec_b):
+                p = subprocess.Popen([PY, str(ROOT / "tests" / "interop" / "cpp_driver.py"), json.dumps(spec)],
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+                procs.append(p)
+                ready = p.stdout.readline().strip()
+                if ready != "READY":
+                    raise RuntimeError(f"the C++ client did not start: {ready!r}")
+                if spec is spec_a:
+                    time.sleep(5)
+            time.sleep(35)
+            closed = []
+            for p in reversed(procs):  # B first, then A
+                p.stdin.write("close\n")
+                p.stdin.flush()
+                # rocketmq-client-cpp 0.4.4 sometimes aborts inside shutdown() after it has unregistered
+                line = p.stdout.readline().strip()
+                p.wait(60)
+                closed.append({"pid": p.pid, "said": line, "exit": p.returncode})
+                time.sleep(2)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+    manifest.write_text(json.dumps({
+        "broker": f"{host}:{port}", "client": "rocketmq-client-cpp (PyPI rocketmq 0.4.4)",
+        "clients": [{"name": n, "pid": p.pid, "client_id_prefix": f"{p.pid}-", "spec": s}
+                    for n, p, s in zip("AB", procs, (spec_a, spec_b))],
+        "shutdown_order": ["B", "A"], "closed": closed}, indent=1))
+
+
 def capture(name: str, out: Path) -> None:
     dump_args, host, clients, heartbeats = SCENARIOS[name]
     port = free_port(host)
@@ -98,6 +150,8 @@ def capture(name: str, out: Path) -> None:
             time.sleep(1.0)
             if name.startswith("ons-"):
                 drive_ons(host, port, out / f"{name}.json")
+            elif name.startswith("cpp-"):
+                drive_cpp(host, port, out / f"{name}.json")
             else:
                 subprocess.run([PY, str(ROOT / "scripts" / "pcap_drive.py"), "--broker",
                                 f"[{host}]:{port}" if ":" in host else f"{host}:{port}", "--clients", str(clients),

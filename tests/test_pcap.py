@@ -23,6 +23,7 @@ CAPTURES = {"lo-eth-ipv4": DATA / "lo-eth-ipv4.pcap", "any-sll-ipv4": DATA / "an
             "any-sll2-ipv6": DATA / "any-sll2-ipv6.pcap"}
 DRIVEN = sorted(CAPTURES)  # made with scripts/pcap_drive.py (a manifest per client)
 CAPTURES["ons-lo-ipv4"] = DATA / "ons-lo-ipv4.pcap"  # the real ali-ons client
+CAPTURES["cpp-lo-ipv4"] = DATA / "cpp-lo-ipv4.pcap"  # the real C++ client (rocketmq-client-cpp), two processes
 
 _spec = importlib.util.spec_from_file_location("pcap_tool", ROOT / "scripts" / "pcap_tool.py")
 tool = importlib.util.module_from_spec(_spec)
@@ -83,6 +84,46 @@ def test_real_client_capture_with_packets_tcpdump_missed():
         hb = eng.decode_heartbeat(r[5])
         assert hb.client_id == m["client_id"]
         assert [c.group for c in hb.consumers] == ["CID_ons_cap"]
+
+
+def test_real_cpp_client_capture():
+    """rocketmq-client-cpp (PyPI rocketmq 0.4.4) against rmqhb serve: client A (producer + consumer) and client B
+    (a second consumer of the group, joining 5 s later), each shut down after 35 s. Every heartbeat of both
+    (language CPP, version 63, client id <pid>-<ip>@DEFAULT), the NOTIFY pushes of both joins and of B's leave, the
+    three UNREGISTER_CLIENT requests (the C++ client sends one per group, the other group as an empty string) and
+    both FINs; nothing missed."""
+    m = manifest("cpp-lo-ipv4")
+    a, b = m["clients"]
+    got, (res,) = records_of([CAPTURES["cpp-lo-ipv4"]])
+    st = res.stats
+    assert (st["holes"], st["resyncs"], st["frames_bad"], st["midstream_connections"]) == (0, 0, 0, 0)
+    assert (st["connections"], st["heartbeats"], st["unregisters"], st["notifies"]) == (2, 6, 3, 4)
+    addr_of = {}
+    for r in got:
+        hb = engine.decode_heartbeat(r[5])
+        who = a if hb.client_id.startswith(a["client_id_prefix"]) else b
+        assert hb.client_id.startswith(who["client_id_prefix"]) and hb.client_id.endswith("@DEFAULT")
+        assert addr_of.setdefault(who["name"], r[2]) == r[2]  # one connection per client process
+        assert (r[3].name, r[4]) == ("CPP", 63)
+        assert [(c.group, sorted((s.topic, s.sub_string) for s in c.subscriptions)) for c in hb.consumers] == [
+            ("CID_cpp_cap", [("%RETRY%CID_cpp_cap", "*"), ("TopicCppCap", "TagA || TagB")])]
+        assert [p.group for p in hb.producers] == (["PID_cpp_cap"] if who is a else [])
+    assert Counter(r[2] for r in got) == {addr_of["A"]: 3, addr_of["B"]: 3}
+    ev = [(e[2], e[3], e[4], e[6], e[7]) for e in res.events]
+    A, B = addr_of["A"], addr_of["B"]
+    assert ev == [("open", A, "client", None, None), ("notify", A, "server", None, "CID_cpp_cap"),
+                  ("open", B, "client", None, None), ("notify", B, "server", None, "CID_cpp_cap"),
+                  ("notify", A, "server", None, "CID_cpp_cap"),  # B joined
+                  ("unregister", B, "client", "", "CID_cpp_cap"),
+                  ("notify", A, "server", None, "CID_cpp_cap"),  # B left
+                  ("fin", B, "client", None, None),
+                  ("unregister", A, "client", "", "CID_cpp_cap"), ("unregister", A, "client", "PID_cpp_cap", ""),
+                  ("fin", A, "client", None, None)]
+    f = pcap.scan_local([CAPTURES["cpp-lo-ipv4"]])
+    sizes = {g["group"]: g for g in f["group_sizes"]}
+    assert sizes["CID_cpp_cap"]["max_members"] == 2 and sizes["PID_cpp_cap"]["max_members"] == 1
+    assert f["inconsistent_subscriptions"] == [] and f["flapping_clients"] == [] and f["expired_clients"] == []
+    assert f["capture"]["connection_ends"] == {"fin_by_client": 2}
 
 
 @pytest.mark.parametrize("name", DRIVEN)

@@ -642,9 +642,10 @@ def _summary(findings: dict, lines: dict) -> str:
         gone = [r for r in ex if r.get("returned_ms") is None]
         w = min(gone, key=lambda r: r["expired_ms"]) if gone else max(
             ex, key=lambda r: ((r.get("returned_ms") or 0) - r["silent_since_before_ms"]))
-        worst = (f"{len(gone)} did not come back. " if gone else "every one came back. ") + (
+        worst = (f"{len(gone)} did not come back; the first: " if gone else "every one came back; the longest "
+                 "away: ") + (
             f"<b>{e(_label(w, w['client_id']))}</b> ({e(', '.join(w['groups']))}) expired {e(_short(w['expired_ms']))} UTC"
-            + (" and did not come back" if w.get("returned_ms") is None else
+            + ("" if w.get("returned_ms") is None else
                f", back after {_dur((w['returned_ms'] - w['silent_since_before_ms']) / 1000)}"))
     else:
         worst = "none"

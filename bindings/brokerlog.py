@@ -381,6 +381,14 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
     for ev in events:
         kind, role, group, t = ev["kind"], ev["role"], ev["group"], ev["ts_ms"]
         client, addr = ev.get("client_id"), ev.get("addr")
+        inherit = None
+        if kind == "client_changed":
+            # ConsumerGroupInfo.updateChannel replaced the channel's entry: the client that held this channel in
+            # the group leaves it (its subscriptions stay the channel's), the new client id registers
+            old = next((k for k, v in live[(role, group)].items() if addr and v[1] == addr and k != client), None)
+            st = end(role, group, old, t) if old is not None else None
+            inherit = st[2] if st is not None else None
+            kind = "register"
         if kind == "register":
             if not (role == "producer" and group == CLIENT_INNER_PRODUCER):
                 groups_of[client].add(group)
@@ -398,7 +406,7 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
             if cur is not None:
                 key = cur[2]
                 end(role, group, client, t)
-            live[(role, group)][client] = [t, addr, None if role == "producer" else key]
+            live[(role, group)][client] = [t, addr, None if role == "producer" else (key or inherit)]
         elif kind == "consumer_data":
             c = addr_client.get(addr)
             st = live[("consumer", group)].get(c) if c else None

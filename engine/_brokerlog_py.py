@@ -76,7 +76,7 @@ STRING_COLUMNS = tuple(n for n, t in EVENT_COLUMNS if t == "string")
 INT_COLUMNS = tuple(n for n, t in EVENT_COLUMNS if t != "string")
 
 EVENT_KINDS = ("register", "consumer_data", "sub_add", "sub_change", "sub_remove", "unregister", "group_removed",
-               "closed", "expired", "group_cleared", "group_created", "group_deleted")
+               "closed", "expired", "group_cleared", "group_created", "group_deleted", "client_changed")
 #: every category a non-event line is counted under
 CATEGORIES = ("other", "continuation", "blank", "unknown_format", "invalid_utf8") + tuple(
     "malformed_" + k for k in EVENT_KINDS)
@@ -249,6 +249,22 @@ def _m_new_producer(b, p, e, ev):
     _cci(b, q + 10, e, ev)
 
 
+def _m_client_changed(sep_old, sep_new):
+    """ConsumerGroupInfo.updateChannel: a consumer channel already in the group arrives with another client id, and
+    its entry is replaced (4.x ``[BUG] consumer channel exist in broker, but clientId not equal. GROUP: G OLD: I
+    NEW: I ``, 5.x ``ConsumerGroupInfo: consumer channel exists in broker, but clientId is not the same one,
+    group=G, old clientChannelInfo=I, new clientChannelInfo=I``): the event is the new ClientChannelInfo."""
+
+    def parse(b, p, e, ev):
+        q = _find(b, sep_old, p, e)
+        ev["group"] = _nonempty(b, p, q)
+        q = _cci(b, q + len(sep_old), e, {})
+        q = _expect(b, sep_new, q, e)
+        _cci(b, q, e, ev)
+
+    return parse
+
+
 def _m_sub_add(b, p, e, ev):
     q = _find(b, b" SubscriptionData [", p, e)
     ev["group"] = _nonempty(b, p, q)
@@ -358,6 +374,10 @@ MESSAGES = (
      b"consumer", _rest_group),
     (b"SCAN: remove expired channel from ProducerManager groupChannelTable, all clear, group=", b"group_cleared",
      b"producer", _rest_group),
+    (b"[BUG] consumer channel exist in broker, but clientId not equal. GROUP: ", b"client_changed", b"consumer",
+     _m_client_changed(b" OLD: ", b" NEW: ")),
+    (b"ConsumerGroupInfo: consumer channel exists in broker, but clientId is not the same one, group=",
+     b"client_changed", b"consumer", _m_client_changed(b", old clientChannelInfo=", b", new clientChannelInfo=")),
     (b"auto create a subscription group, ", b"group_created", b"consumer", _m_group_cfg),
     (b"create new subscription group, ", b"group_created", b"consumer", _m_group_cfg),
     (b"delete subscription group OK, subscription group:", b"group_deleted", b"consumer", _m_group_cfg),

@@ -68,7 +68,8 @@ DEF K_EXPIRED = 8
 DEF K_GROUP_CLEARED = 9
 DEF K_GROUP_CREATED = 10
 DEF K_GROUP_DELETED = 11
-DEF N_KINDS = 12
+DEF K_CLIENT_CHANGED = 12
+DEF N_KINDS = 13
 # categories (order of CATEGORIES: 5 plain ones, then malformed_<kind>)
 DEF C_OTHER = 0
 DEF C_CONT = 1
@@ -76,7 +77,7 @@ DEF C_BLANK = 2
 DEF C_UNKNOWN = 3
 DEF C_UTF8 = 4
 DEF C_MALFORMED = 5
-DEF N_CAT = 17
+DEF N_CAT = 18
 
 DEF MAX_SUBS = 256  # subscriptions per ConsumerData line; more is reported as malformed
 
@@ -101,7 +102,7 @@ cdef struct SCol:
 cdef struct Triple:
     Py_ssize_t ta, tb, ea, eb, sa, sb
 
-cdef const char *KIND_NAMES[12]
+cdef const char *KIND_NAMES[13]
 KIND_NAMES[0] = "register"
 KIND_NAMES[1] = "consumer_data"
 KIND_NAMES[2] = "sub_add"
@@ -114,6 +115,7 @@ KIND_NAMES[8] = "expired"
 KIND_NAMES[9] = "group_cleared"
 KIND_NAMES[10] = "group_created"
 KIND_NAMES[11] = "group_deleted"
+KIND_NAMES[12] = "client_changed"
 cdef const char *ROLE_NAMES[2]
 ROLE_NAMES[0] = "consumer"
 ROLE_NAMES[1] = "producer"
@@ -137,13 +139,15 @@ DEF H_NETTY_CONSUMER = 11
 DEF H_SCAN_PRODUCER = 12
 DEF H_SCAN_CONSUMER = 13
 DEF H_GROUP_CFG = 14
-DEF N_MSG = 21
+DEF H_CLIENT_CHANGED4 = 15
+DEF H_CLIENT_CHANGED5 = 16
+DEF N_MSG = 23
 
-cdef const char *MSG_PREFIX[21]
-cdef Py_ssize_t MSG_LEN[21]
-cdef int MSG_KIND[21]
-cdef int MSG_ROLE[21]
-cdef int MSG_HANDLER[21]
+cdef const char *MSG_PREFIX[23]
+cdef Py_ssize_t MSG_LEN[23]
+cdef int MSG_KIND[23]
+cdef int MSG_ROLE[23]
+cdef int MSG_HANDLER[23]
 
 _MESSAGES = [
     (b"new consumer connected, group: ", K_REGISTER, 0, H_NEW_CONSUMER),
@@ -166,6 +170,10 @@ _MESSAGES = [
      H_REST_GROUP),
     (b"SCAN: remove expired channel from ProducerManager groupChannelTable, all clear, group=", K_GROUP_CLEARED, 1,
      H_REST_GROUP),
+    (b"[BUG] consumer channel exist in broker, but clientId not equal. GROUP: ", K_CLIENT_CHANGED, 0,
+     H_CLIENT_CHANGED4),
+    (b"ConsumerGroupInfo: consumer channel exists in broker, but clientId is not the same one, group=",
+     K_CLIENT_CHANGED, 0, H_CLIENT_CHANGED5),
     (b"auto create a subscription group, ", K_GROUP_CREATED, 0, H_GROUP_CFG),
     (b"create new subscription group, ", K_GROUP_CREATED, 0, H_GROUP_CFG),
     (b"delete subscription group OK, subscription group:", K_GROUP_DELETED, 0, H_GROUP_CFG),
@@ -404,6 +412,7 @@ cdef bint parse_message(const char *b, int h, Py_ssize_t p, Py_ssize_t e, Ev *ev
     cdef Py_ssize_t q, r, i1, i2
     cdef int64_t v
     cdef Triple t
+    cdef Ev old
     if h == H_NEW_CONSUMER:
         q = find(b, b" channel: ", 10, p, e)
         if q < 0:
@@ -501,6 +510,25 @@ cdef bint parse_message(const char *b, int h, Py_ssize_t p, Py_ssize_t e, Ev *ev
         return q >= 0 and span(ev, S_ADDR, p, q, True) and span(ev, S_GROUP, q + 16, e, True)
     if h == H_GROUP_CFG:
         return group_cfg(b, p, e, ev)
+    if h == H_CLIENT_CHANGED4 or h == H_CLIENT_CHANGED5:
+        # ConsumerGroupInfo.updateChannel replaced a channel's entry (another client id): the old
+        # ClientChannelInfo is checked into a scratch event, the new one is the event's
+        if h == H_CLIENT_CHANGED4:
+            q = find(b, b" OLD: ", 6, p, e)
+            r = 6
+        else:
+            q = find(b, b", old clientChannelInfo=", 24, p, e)
+            r = 24
+        if q < 0 or not span(ev, S_GROUP, p, q, True):
+            return False
+        q = cci(b, q + r, e, &old)
+        if q < 0:
+            return False
+        if h == H_CLIENT_CHANGED4:
+            q = expect(b, b" NEW: ", 6, q, e)
+        else:
+            q = expect(b, b", new clientChannelInfo=", 24, q, e)
+        return q >= 0 and cci(b, q, e, ev) >= 0
     return False
 
 
@@ -856,8 +884,8 @@ def parse_lines(lines, base_line=0):
                 raise BrokerLogError("line offsets out of range")
             prev = a
     cdef _Batch out = _Batch(n)
-    cdef int64_t counts[17 + 12]
-    cdef Py_ssize_t first[17]
+    cdef int64_t counts[18 + 13]
+    cdef Py_ssize_t first[18]
     cdef int k, m, h, cat, nsubs
     cdef int64_t ts
     cdef SCol *c

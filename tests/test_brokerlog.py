@@ -259,7 +259,7 @@ _PIECES = [b"SubscriptionData [classFilterMode=", b", topic=", b", subString=", 
 def _lines(draw):
     out = []
     for _ in range(draw(st.integers(0, 8))):
-        base = draw(st.sampled_from(_SAMPLE_LINES + DAMAGED))
+        base = draw(st.sampled_from(_SAMPLE_LINES + DAMAGED + V5 + CHANGED))
         kind = draw(st.integers(0, 3))
         if kind == 1 and base:  # cut
             base = base[:draw(st.integers(0, len(base)))]
@@ -531,3 +531,62 @@ def test_line_batches_cut_files_exactly(tmp_path, native_cut):
                 got = [x for a in arrs for x in a.to_pylist()]
                 assert got == want, (path, chunk)
                 assert all(len(a) <= 7 for a in arrs)
+
+
+# --- a channel taken over by another client id (ConsumerGroupInfo.updateChannel) --------------------------------
+
+_CH = b"[id: 0x0a0b0c0d, L:/10.0.0.1:10911 - R:/10.0.0.7:5555]"
+
+
+def _cci(cid, lut):
+    return b"ClientChannelInfo [channel=" + _CH + b", clientId=" + cid + b", language=JAVA, version=409, " \
+        b"lastUpdateTimestamp=" + lut + b"]"
+
+
+CHANGED = [
+    b"2025-01-02 03:04:00 INFO HeartbeatThread_1 - new consumer connected, group: CG CONSUME_PASSIVELY CLUSTERING "
+    b"channel: " + _cci(b"10.0.0.7@A", b"1735787040000"),
+    # 4.x ConsumerGroupInfo (trailing space as Java writes it)
+    b"2025-01-02 03:04:30 ERROR HeartbeatThread_2 - [BUG] consumer channel exist in broker, but clientId not equal. "
+    b"GROUP: CG OLD: " + _cci(b"10.0.0.7@A", b"1735787040000") + b" NEW: " + _cci(b"10.0.0.7@B", b"1735787070000")
+    + b" ",
+    # 5.x ConsumerGroupInfo
+    b"2025-01-02 03:05:00 ERROR HeartbeatThread_1 - ConsumerGroupInfo: consumer channel exists in broker, but clientId "
+    b"is not the same one, group=CG, old clientChannelInfo=" + _cci(b"10.0.0.7@B", b"1735787070000") +
+    b", new clientChannelInfo=" + _cci(b"10.0.0.7@C", b"1735787100000"),
+    b"2025-01-02 03:06:00 INFO NettyEventExecutor - NETTY EVENT: remove not active channel[" +
+    _cci(b"10.0.0.7@C", b"1735787100000") + b"] from ConsumerGroupInfo groupChannelTable, consumer group: CG",
+    # malformed: the new ClientChannelInfo is cut
+    b"2025-01-02 03:06:01 ERROR HeartbeatThread_1 - ConsumerGroupInfo: consumer channel exists in broker, but clientId "
+    b"is not the same one, group=CG, old clientChannelInfo=" + _cci(b"10.0.0.7@B", b"1") + b", new clientChannelInfo="
+    b"ClientChannelInfo [channel=",
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_client_id_changed_on_a_channel(impl):
+    """Java logs an error (4.x '[BUG] ... clientId not equal', 5.x 'ConsumerGroupInfo: ... not the same one') and
+    gives the channel's entry to the new client id: a client_changed event with the new ClientChannelInfo."""
+    batch, stats = _parse(impl)(CHANGED)
+    rows = batch.to_pylist()
+    assert [(r["kind"], r["group"], r["client_id"], r["addr"], r["last_update_ms"]) for r in rows] == [
+        ("register", "CG", "10.0.0.7@A", "10.0.0.7:5555", 1735787040000),
+        ("client_changed", "CG", "10.0.0.7@B", "10.0.0.7:5555", 1735787070000),
+        ("client_changed", "CG", "10.0.0.7@C", "10.0.0.7:5555", 1735787100000),
+        ("closed", "CG", "10.0.0.7@C", "10.0.0.7:5555", 1735787100000)]
+    assert all(r["role"] == "consumer" and r["language"] == "JAVA" and r["version"] == 409 for r in rows)
+    assert stats["counts"] == {"event_register": 1, "event_client_changed": 2, "event_closed": 1,
+                               "malformed_client_changed": 1}
+
+
+def test_client_id_changed_hands_the_membership_over(tmp_path):
+    """The group keeps one member across the takeovers: A until 03:04:30, B until 03:05:00, C until the close."""
+    log = tmp_path / "broker-x" / "broker.log"
+    log.parent.mkdir()
+    log.write_bytes(b"\n".join(CHANGED) + b"\n")
+    f = bl.scan_local([log.parent], log_tz="UTC")
+    (cg,) = [g for g in f["group_sizes"] if g["group"] == "CG"]
+    assert cg["max_members"] == 1 and cg["members"] == 3
+    t0 = 1735787040000
+    assert [tuple(x) for x in cg["series"]] == [(t0, 1), (t0 + 120000, 0)]
+    assert f["log"]["unparseable_by_kind"] == {"malformed_client_changed": 1}

@@ -236,8 +236,9 @@ class Processors:
         # a client sends the same body every 30 s: decoding is pure, so an identical body reuses the decoded
         # (immutable) HeartbeatData of this connection's previous heartbeat (and the registry, seeing the same
         # object, skips hashing it)
-        if body == conn.hb_body:
-            hb = conn.hb
+        route = conn.route
+        if body == route.body:
+            hb = route.hb
         else:
             try:
                 hb = decode_heartbeat(body)
@@ -250,20 +251,20 @@ class Processors:
                 # a subscription without subVersion: Java stamps the decode time on it at every heartbeat (a
                 # newer subVersion replaces the subscription), so such a body is decoded every time: no cached
                 # decode, no repeat route
-                conn.hb_body = conn.hb = None
-                conn.hb_norepeat = body
+                route.body = route.hb = None
+                route.norepeat = body
             else:
-                conn.hb_body, conn.hb = body, hb
+                route.body, route.hb = body, hb
         result = self.registry.heartbeat(conn, hb, cmd.language, cmd.version)
         tpl = self._template(cmd, result)
         if tpl:
             # a candidate only where the route is on: there the connection's decoder watches heartbeats
-            if conn.decoder.watch_code is not None and body != conn.hb_norepeat:
+            if conn.decoder.watch_code is not None and body != route.norepeat:
                 token = self.registry.repeat_token(conn, hb, cmd.language, cmd.version)
                 if token is not None:
                     repeat_tpl = self._template(cmd, token[-1])  # token[-1]: the result a repeat gets
                     if repeat_tpl:  # the connection arms its decoder once the read is done
-                        conn.repeat_candidate = (HeartbeatRepeat(self, token, repeat_tpl, cmd.serialize_type), cmd)
+                        route.offer(HeartbeatRepeat(self, token, repeat_tpl, cmd.serialize_type), cmd)
             return tpl.frame(cmd.opaque)
         return cmd.response(result.code, remark=result.remark, ext_fields=result.ext_fields)
 

@@ -34,6 +34,7 @@ from . import FrameDecoder, FrameError, RemotingCommand
 from .enums import FLAG_ONEWAY, FLAG_RESPONSE, RequestCode, ResponseCode
 from .errors import RemotingError, clip
 from .logutil import RateLimitedLog
+from .repeat import RepeatRoute
 
 log = logging.getLogger("engine.server")
 
@@ -61,7 +62,7 @@ class Connection(asyncio.Protocol):
     __slots__ = ("server", "port_name", "id", "transport", "decoder", "remote_ip", "remote_port", "remote_addr",
                  "local_ip", "local_port", "closing", "close_reason", "rejected", "partial_since", "buffered",
                  "last_io", "inflight", "reading_paused", "write_paused_since", "serialize_type", "held_pulls",
-                 "hb_body", "hb", "_out", "_soon", "repeat", "repeat_candidate", "hb_norepeat", "__weakref__")
+                 "route", "_out", "_soon", "__weakref__")
 
     def __init__(self, server: "RemotingServer", port_name: str):
         self.server = server
@@ -85,13 +86,9 @@ class Connection(asyncio.Protocol):
         self.write_paused_since: float | None = None  # the client stopped reading what we write
         self.serialize_type = "JSON"  # of the client's last request: NOTIFY goes out in the same form
         self.held_pulls: dict = {}  # opaque -> TimerHandle of a held PULL_MESSAGE
-        self.hb_body: bytes | None = None  # body of the last heartbeat decoded on this connection, and its result
-        self.hb = None
-        # a heartbeat the client repeats: the decoder returns each repeat's opaque, answered by this
-        # (processors.HeartbeatRepeat); the candidate is armed once the read that produced it is done
-        self.repeat = None
-        self.repeat_candidate = None
-        self.hb_norepeat: bytes | None = None  # a body whose frames could not be armed (not tried again)
+        # the repeat route (a heartbeat the client repeats: the decoder returns each repeat's opaque, answered by
+        # the route's armed answer) and the cached decode of the last heartbeat body
+        self.route = RepeatRoute()
         if server.repeats:
             self.decoder.watch_code = RequestCode.HEART_BEAT
         self._out: list | None = None  # responses batched during one data_received
@@ -99,6 +96,16 @@ class Connection(asyncio.Protocol):
 
     def __repr__(self) -> str:
         return f"<Connection #{self.id} {self.remote_addr} {self.port_name}>"
+
+    @property
+    def repeat(self):
+        """The repeat route's armed answer (HeartbeatRepeat), or None (a view of ``route.armed``)."""
+        return self.route.armed
+
+    @property
+    def hb_body(self) -> bytes | None:
+        """The body of the last heartbeat decoded in full here (a view of ``route.body``)."""
+        return self.route.body
 
     # ---- asyncio callbacks ----
     def connection_made(self, transport) -> None:
@@ -126,18 +133,20 @@ class Connection(asyncio.Protocol):
             bad, commands = e, getattr(e, "commands", None)
         if commands:  # dispatched here, not in a helper: one call less per heartbeat read
             self._out = out = []
+            route = self.route
             replayed = False
             try:
                 for cmd in commands:
                     if self.closing:
                         break
                     if type(cmd) is int:  # a repeat of the armed heartbeat: only its opaque
-                        if self.repeat is not None:
-                            answer = self.repeat.answer(self, cmd)
+                        armed = route.armed
+                        if armed is not None:
+                            answer = armed.answer(self, cmd)
                             if answer is not None:
                                 out.append(answer)
                                 continue
-                            self.repeat = None
+                            route.armed = None
                         replayed = True  # the full path from here on; the read's later repeats too
                         cmd = self.decoder.repeat_command(cmd)
                     server.dispatch(self, cmd)
@@ -148,9 +157,9 @@ class Connection(asyncio.Protocol):
                 server._dispatch_failed(self)
             finally:
                 self._out = None
-                if self.repeat_candidate is not None:
-                    self._arm_repeat()
-                if replayed and self.repeat is None:
+                if route.candidate is not None:
+                    route.arm(self.closing, self.decoder)
+                if replayed and route.armed is None:
                     self.decoder.disarm_repeat()
                 if out and not self.closing:
                     self._write(b"".join(out) if len(out) > 1 else out[0])
@@ -185,30 +194,6 @@ class Connection(asyncio.Protocol):
         self.buffered = 0
         self.partial_since = None
         server.partial.discard(self)
-
-    def _arm_repeat(self) -> None:
-        """Take the candidate: on the decoder's armed frame if that is the candidate's request (the registry
-        re-armed after a change), else by arming the decoder on this read's last heartbeat frame if it is."""
-        repeat, cmd = self.repeat_candidate
-        self.repeat_candidate = None
-        if self.closing:
-            return
-        decoder = self.decoder
-        if decoder.repeating and decoder.repeat_command(cmd.opaque) == cmd:
-            self.repeat = repeat
-            return
-        self.repeat = None
-        frame = decoder.watched
-        if frame is None:
-            return
-        if decoder.arm_repeat(frame):
-            if decoder.repeat_command(cmd.opaque) == cmd:
-                self.repeat = repeat
-                if self.hb_body == cmd.body:
-                    self.hb_body = decoder.repeat_body  # one copy of the body per connection, not two
-                return
-            decoder.disarm_repeat()
-        self.hb_norepeat = cmd.body
 
     def connection_lost(self, exc) -> None:
         self.closing = True

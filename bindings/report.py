@@ -661,12 +661,18 @@ def _summary(findings: dict, lines: dict) -> str:
     expiry_ms = int(float(findings["parameters"].get("expiry_s", 120)) * 1000)
     ranges = {id(c[0]): steady_range(c[0], findings["summary"].get("first_ms"), findings["summary"].get("last_ms"),
                                      expiry_ms) for c in changed}
-    groups = [c for c in changed if c[0]["group"] != CLIENT_INNER_PRODUCER] or changed
+    # the largest change, preferring a group that is not the fleet-wide inner producer and whose changes are not
+    # around lost data (members seem to leave and rejoin there)
+    around = [c for c in changed if c[0].get("changes_over_data_loss")]
+    groups = ([c for c in changed if c[0]["group"] != CLIENT_INNER_PRODUCER and c not in around]
+              or [c for c in changed if c[0]["group"] != CLIENT_INNER_PRODUCER] or changed)
     if changed:
         g = max(groups, key=lambda c: (ranges[id(c[0])][1] - ranges[id(c[0])][0], c[0]["group"]))[0]
         lo, hi = ranges[id(g)]
-        worst = (f"{len(changed)} changed size; the largest change: <b>{e(_label(g, g['group']))}</b> "
-                 f"({e(g['role'])}) between {lo} and {hi} live members")
+        worst = (f"{len(changed)} changed size"
+                 + (f" ({len(around)} with changes around lost data, not necessarily real)" if around else "")
+                 + f"; the largest change: <b>{e(_label(g, g['group']))}</b> ({e(g['role'])}) between {lo} and "
+                 f"{hi} live members")
     else:
         worst = "no group changed size"
     rows.append(f"<tr class=info><th scope=row><a href='#sizes'>Group sizes</a></th>"

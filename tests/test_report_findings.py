@@ -102,3 +102,61 @@ def test_recording_report_lists_expired_clients(tmp_path):
     assert "Broker logs read" not in page and "Per broker" not in page and "Retry-topic churn" not in page
     assert "<img src='gap_histogram.png'" in page
     _self_contained(page)
+
+
+def test_subscription_difference_per_topic():
+    from engine.bindings.report import majority_variant, subscription_difference
+
+    majority = [["%RETRY%G", "TAG", "*"], ["A", "TAG", "t1 || t2"], ["B", "TAG", "*"], ["C", "SQL92", "a > 1"]]
+    member = [["%RETRY%G", "TAG", "*"], ["A", "TAG", "t2 || t3"], ["B", "TAG", "x"], ["D", "TAG", "*"]]
+    d = {r["topic"]: r for r in subscription_difference(majority, member)}
+    assert sorted(d) == ["A", "B", "C", "D"]  # the same retry subscription is no difference
+    assert (d["A"]["only_member_tags"], d["A"]["only_majority_tags"]) == (["t3"], ["t1"])
+    assert (d["B"]["majority"], d["B"]["member"], d["B"]["only_member_tags"]) == ("*", "x", [])  # '*' is every tag
+    assert (d["C"]["majority"], d["C"]["member"]) == ("SQL92: a > 1", None)
+    assert (d["D"]["majority"], d["D"]["member"]) == (None, "*")
+    assert subscription_difference(majority, majority) == []
+    assert majority_variant([{"clients": ["a"]}, {"clients": ["b", "c"]}]) == (1, False)
+    assert majority_variant([{"clients": ["a", "d"]}, {"clients": ["b", "c"]}]) == (0, True)
+
+
+def test_recording_report_summary_first_and_differences_csv(tmp_path):
+    import csv
+
+    m = generate(tmp_path / "rec", FleetConfig(clients=30, groups=6, days=0.15, seed=5))
+    f = scan_py.scan(tmp_path / "rec")
+    page = write_report(f, tmp_path / "r", plots=False).read_text()
+    assert page.index("<h2>Summary</h2>") < page.index("<h2>Inconsistent subscriptions</h2>")
+    assert "id=banner" not in page  # read whole: no banner
+    summary = _text(_section(page, "Summary"))
+    assert re.search(rf"Inconsistent subscriptions {len(f['inconsistent_subscriptions'])} ", summary), summary
+    rows = list(csv.DictReader(open(tmp_path / "r" / "subscription_differences.csv")))
+    for inj in m["anomalies"]["inconsistent_subscriptions"]:
+        if inj["kind"] != "inconsistent":
+            continue
+        base = {t: x for t, _, x in inj["subscriptions"]}
+        other = {t: x for t, _, x in inj["variant_subscriptions"]}
+        want = {(inj["clients"][0], t, base.get(t, ""), other.get(t, "")) for t in set(base) | set(other)
+                if base.get(t) != other.get(t)}
+        got = {(r["client_id"], r["topic"], r["majority_expression"], r["member_expression"]) for r in rows
+               if r["group"] == inj["group"]}
+        assert want and got == want
+    _self_contained(page)
+
+
+def test_partly_unreadable_banner(tmp_path):
+    import json as _json
+
+    from engine.recorder import HeartbeatRecorder
+
+    body = _json.dumps({"clientID": "10.0.0.1@x", "producerDataSet": [{"groupName": "P"}]}).encode()
+    with HeartbeatRecorder(tmp_path / "rec") as rec:
+        for i in range(5):
+            rec.record(1_700_000_000_000 + i * 30_000, 1, "10.0.0.1:1", "JAVA", 409, body)
+        rec.record(1_700_000_000_000 + 5 * 30_000, 1, "10.0.0.1:1", "JAVA", 409, b"{not json")
+    f = scan_py.scan(tmp_path / "rec")
+    assert f["summary"]["bad_bodies"] == 1
+    page = write_report(f, tmp_path / "r", plots=False).read_text()
+    assert "PARTLY UNREADABLE INPUT:</b> 1 of 6 heartbeat bodies could not be decoded" in page
+    assert "DAMAGED INPUT" not in page
+    assert page.index("id=banner") < page.index("<h2>Summary</h2>")

@@ -1139,8 +1139,16 @@ def input_format(argv) -> Tuple[Optional[str], str]:
             return argv[i + 1], a
         if a.startswith(("--format=", "--input=")):
             return a.split("=", 1)[1], a.split("=", 1)[0]
-    if any(a in ("--log-tz", "--broker") or a.startswith(("--log-tz=", "--broker=")) for a in argv):
-        return "broker-log", "--log-tz/--broker"
+    if any(a == "--log-tz" or a.startswith("--log-tz=") for a in argv):
+        return "broker-log", "--log-tz"
+    named = [a.split("=", 1)[1] if a.startswith("--broker=") else (argv[i + 1] if i + 1 < len(argv) else "")
+             for i, a in enumerate(argv) if a == "--broker" or a.startswith("--broker=")]
+    if named:
+        # --broker NAME=PATH: captures when every named path (and every other path) is a capture, else logs
+        paths = [spec.partition("=")[2] for spec in named] + _paths_of(argv)
+        if paths and all(path_kind(x) == "pcap" for x in paths):
+            return "pcap", "--broker (captures)"
+        return "broker-log", "--broker"
     kinds = {}
     for p in _paths_of(argv):
         kinds.setdefault(path_kind(p), []).append(p)

@@ -477,9 +477,10 @@ def _runs_task(plan, params, native, options, batches):
 
 
 def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bool] = None, ports=None,
-         shards: int = 1, **options) -> dict:
+         shards: int = 1, client_ids: bool = False, **options) -> dict:
     """Every recording analysis over the heartbeats of packet captures, plus the ``capture`` section (``shards``
-    tasks per capture: see read_pcaps)."""
+    tasks per capture: see read_pcaps). ``client_ids``: also list the distinct clients (``_client_ids``, for
+    combining several brokers' scans: :func:`combine_capture_brokers`)."""
     from pyspark.sql import functions as F
 
     from . import spark as sp
@@ -516,6 +517,9 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
                                .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members")))
             findings["group_sizes"] = sp._size_records(sp._rows(runs.transform(sp.group_sizes(params))), members)
             findings["expired_clients"] = sp.expired_records(runs, params, stats["last_ms"], addrs)
+            if client_ids:
+                findings["_client_ids"] = sorted(r[0] for r in runs.where(F.col("role") == "client")
+                                                 .select("client_id").distinct().collect())
         finally:
             runs.unpersist()
     finally:
@@ -539,18 +543,75 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
     return findings
 
 
-def scan_local(paths, params: ScanParams = ScanParams(), *, native: Optional[bool] = None, **options) -> dict:
+def scan_local(paths, params: ScanParams = ScanParams(), *, native: Optional[bool] = None, client_ids: bool = False,
+               **options) -> dict:
     """The reference findings (engine.scan_py) over captures' heartbeats, with the same ``capture`` section."""
+    from engine import decode_heartbeat
     from engine.scan_py import scan_records
 
     rec, results = read_local(paths, native=native, **options)
     findings = scan_records(records_iter([rec]), params)
+    if client_ids:
+        ids = set()
+        for body in {r[5] for r in records_iter([rec])}:
+            try:
+                ids.add(decode_heartbeat(body).client_id)
+            except ValueError:
+                continue
+        findings["_client_ids"] = sorted(i for i in ids if i is not None)
     summary = capture_summary(results)
     findings["capture"] = summary
     damage = loss_damage(summary)
     findings["scan"] = {"torn_tails": [], "corrupt": damage}
     separate_data_loss(findings, [], damage)
     return findings
+
+
+def combine_capture_brokers(per_broker: dict) -> dict:
+    """One findings dict of several brokers' capture scans (``{broker: findings}`` of :func:`scan` or
+    :func:`scan_local`, with ``client_ids=True``): the recording scans' combination (engine.scan_py.combine_brokers:
+    every row tagged with its broker, the summary summed with clients counted once, damage per broker, ``fleet``)
+    and one ``capture`` section over all of them, its rows tagged with their broker."""
+    from engine.scan_py import combine_brokers
+
+    out = combine_brokers(per_broker)
+    caps = {b: f["capture"] for b, f in per_broker.items()}
+
+    def tagged(key):
+        return [{"broker": b, **r} for b, c in caps.items() for r in c[key]]
+
+    ends: Counter = Counter()
+    for c in caps.values():
+        ends.update(c["connection_ends"])
+    unregisters = sorted(tagged("unregisters"), key=lambda r: (r["ms"], r["client_id"] or "", r["broker"]))
+    out["capture"] = {
+        "brokers": list(caps),
+        "captures": tagged("captures"),
+        "stats": merge_stats([c["stats"] for c in caps.values()]),
+        "connections_opened": sum(c["connections_opened"] for c in caps.values()),
+        "connection_ends": dict(sorted(ends.items())),
+        "unregisters": unregisters[:MAX_LISTED],
+        "unregister_count": sum(c["unregister_count"] for c in caps.values()),
+        "notifications": sorted(tagged("notifications"), key=lambda r: (r["group"], r["broker"])),
+        "losses": tagged("losses")[:MAX_LISTED],
+        "loss_count": sum(c["loss_count"] for c in caps.values()),
+        "damaged_files": tagged("damaged_files"),
+    }
+    out["scan"].update({k: sum(sc.get(k, 0) for sc in out["scan"]["brokers"].values())
+                        for k in ("captures", "tasks", "files")})
+    out["scan"]["reader"] = next(iter(out["scan"]["brokers"].values())).get("reader")
+    return out
+
+
+def plan_brokers(specs: Sequence[str]) -> dict:
+    """``{broker: [paths]}`` of ``--broker NAME=PATH`` options (a NAME given again adds a capture to it)."""
+    out: dict = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--broker wants NAME=PATH, not {spec!r}")
+        out.setdefault(name, []).append(Path(path))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -560,14 +621,18 @@ def scan_local(paths, params: ScanParams = ScanParams(), *, native: Optional[boo
 def scan_main(argv=None) -> int:
     """`rmqhb scan CAPTURE... --out REPORT_DIR [--input pcap] [--port N]`: the recording analyses over the
     heartbeats of packet captures (pcap / pcapng, .gz; a directory = rotated files of one capture), written as the
-    recording scan's report plus a ``capture`` section. Exit 0; 3 when the capture missed data (listed as damage;
+    recording scan's report plus a ``capture`` section. `rmqhb scan --broker A=a.pcap --broker B=b.pcap ...`:
+    each broker's captures scanned apart, per-broker and fleet-wide findings. Exit 0; 3 when the capture missed data (listed as damage;
     --allow-damage: 0); 2 bad arguments; 4 no heartbeat in the captures."""
     import argparse
     import sys
 
     d = ScanParams()
     p = argparse.ArgumentParser(prog="rmqhb scan", description=scan_main.__doc__)
-    p.add_argument("paths", nargs="+", type=Path, help="capture files, or directories of rotated capture files")
+    p.add_argument("paths", nargs="*", type=Path, help="capture files, or directories of rotated capture files")
+    p.add_argument("--broker", action="append", default=[], metavar="NAME=PATH",
+                   help="a capture of broker NAME (repeatable, a NAME again adds a file): per-broker and fleet-wide "
+                        "findings; without it all captures are one broker's")
     p.add_argument("--out", type=Path, required=True, help="report directory (created)")
     p.add_argument("--format", "--input", dest="format", default="pcap", choices=["pcap"], help="input kind")
     p.add_argument("--port", type=int, action="append", default=[],
@@ -590,7 +655,13 @@ def scan_main(argv=None) -> int:
     try:
         params = ScanParams(args.expiry, args.gap_threshold, args.min_duration, args.flap_window,
                             args.flap_min).validate()
-        plan_captures(args.paths, args.shards)
+        brokers = plan_brokers(args.broker)
+        if brokers and args.paths:
+            raise ValueError("with --broker, give every capture as --broker NAME=PATH")
+        if not brokers and not args.paths:
+            raise ValueError("no capture given")
+        for paths in (brokers.values() if brokers else [args.paths]):
+            plan_captures(paths, args.shards)
     except (ValueError, FileNotFoundError) as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)
         return 2
@@ -602,8 +673,13 @@ def scan_main(argv=None) -> int:
     running = SparkSession.getActiveSession()
     spark = running or spark_session(args.master, "rmqhb-scan-pcap", driver_memory=args.driver_memory)
     try:
-        findings = scan(spark, args.paths, params, native=False if args.twin else None, ports=args.port or None,
-                        shards=args.shards, reorder_window_ms=args.reorder_window_ms)
+        kw = dict(native=False if args.twin else None, ports=args.port or None, shards=args.shards,
+                  reorder_window_ms=args.reorder_window_ms)
+        if brokers:
+            findings = combine_capture_brokers({b: scan(spark, paths, params, client_ids=True, **kw)
+                                                for b, paths in brokers.items()})
+        else:
+            findings = scan(spark, args.paths, params, **kw)
     finally:
         if running is None:
             spark.stop()

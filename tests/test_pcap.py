@@ -492,3 +492,45 @@ def test_pcapng_sections_with_different_link_types(tmp_path):
     got, (res,) = records_of([both_])
     want = records_of([CAPTURES["lo-eth-ipv4"]])[0] + records_of([CAPTURES["any-sll2-ipv6"]])[0]
     assert got == want and res.stats["files"] == 1
+
+
+def test_several_brokers_captures_give_per_broker_and_fleet_findings():
+    """--broker NAME=PATH captures: each broker's scanned apart; rows tagged with their broker, the summary summed
+    with clients counted once, the fleet view (the same fleet seen by two brokers: its groups on both, even), and one
+    capture section whose rows name their broker."""
+    per = {"broker-a": pcap.scan_local([DATA / "lo-eth-ipv4.pcap"], client_ids=True),
+           "broker-b": pcap.scan_local([DATA / "lo-eth-ipv4.pcapng"], client_ids=True),
+           "broker-c": pcap.scan_local([CAPTURES["cpp-lo-ipv4"]], client_ids=True)}
+    f = pcap.combine_capture_brokers(per)
+    for key in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "group_sizes", "expired_clients"):
+        for b, one in per.items():
+            assert [{k: v for k, v in r.items() if k != "broker"} for r in f[key] if r["broker"] == b] == one[key], key
+    a_clients = per["broker-a"]["_client_ids"]
+    assert a_clients == per["broker-b"]["_client_ids"] and len(a_clients) == 7
+    assert f["summary"]["records"] == 42 + 42 + 6 and f["summary"]["clients"] == 7 + 2
+    fleet = f["fleet"]
+    assert fleet["brokers"] == ["broker-a", "broker-b", "broker-c"]
+    assert fleet["per_broker"]["broker-a"] == fleet["per_broker"]["broker-b"]
+    assert fleet["per_broker"]["broker-c"]["inconsistent_subscriptions"] == 0
+    assert fleet["per_broker"]["broker-a"]["inconsistent_subscriptions"] == 1
+    spread = {(g["group"], g["role"]): g for g in fleet["groups_on_several_brokers"]}
+    assert spread and all(g["brokers"] == ["broker-a", "broker-b"] and not g["uneven"] for g in spread.values())
+    cap = f["capture"]
+    assert cap["brokers"] == ["broker-a", "broker-b", "broker-c"]
+    assert cap["stats"]["heartbeats"] == 90 and cap["unregister_count"] == 4 + 4 + 3
+    assert cap["connection_ends"] == {"fin_by_client": 6 + 6 + 2, "rst_by_client": 2}
+    assert {(n["broker"], n["group"]) for n in cap["notifications"]} >= {("broker-c", "CID_cpp_cap")}
+    assert sum(n["notifies"] for n in cap["notifications"]) == 13 + 13 + 4
+    assert [c["broker"] for c in cap["captures"]] == ["broker-a", "broker-b", "broker-c"]
+    assert f["scan"]["corrupt"] == [] and set(f["scan"]["brokers"]) == set(per)
+
+
+def test_broker_option_routes_captures():
+    from engine.bindings.brokerlog import input_format
+
+    a, b = str(DATA / "lo-eth-ipv4.pcap"), str(DATA / "cpp-lo-ipv4.pcap")
+    assert input_format(["--broker", f"a={a}", f"--broker=b={b}", "--out", "r"])[0] == "pcap"
+    assert input_format(["--broker", f"a={a}", "--out", "r", "--log-tz", "UTC"])[0] == "broker-log"
+    with pytest.raises(ValueError, match="NAME=PATH"):
+        pcap.plan_brokers(["a"])
+    assert pcap.plan_brokers([f"a={a}", f"a={b}"]) == {"a": [Path(a), Path(b)]}

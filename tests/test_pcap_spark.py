@@ -131,3 +131,27 @@ def test_sharded_scan_equals_the_unsharded(spark):
     assert three["capture"]["notifications"] == one["capture"]["notifications"]
     assert three["capture"]["unregisters"] == one["capture"]["unregisters"]
     assert three["scan"]["tasks"] == 3 * len(INPUTS) and three["scan"]["captures"] == len(INPUTS)
+
+
+def test_rmqhb_scan_several_brokers_captures(spark, tmp_path):
+    """`rmqhb scan --broker NAME=PATH ...` over captures: per-broker and fleet findings, as the local reference."""
+    from engine.cli import main
+
+    named = {"broker-a": [DATA / "lo-eth-ipv4.pcap"], "broker-b": [DATA / "any-sll2-ipv6.pcap"],
+             "broker-c": [DATA / "cpp-lo-ipv4.pcap", DATA / "ons-lo-ipv4.pcap"]}
+    rep = tmp_path / "r"
+    argv = [a for b, paths in named.items() for p in paths for a in ("--broker", f"{b}={p}")]
+    assert main(["scan", *argv, "--out", str(rep), "--no-plots", "--allow-damage"]) == 0
+    f = json.loads((rep / "findings.json").read_text())
+    ref = pcap.combine_capture_brokers({b: pcap.scan_local(paths, client_ids=True) for b, paths in named.items()})
+    for key in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "group_sizes", "expired_clients",
+                "fleet", "capture"):
+        assert f[key] == json.loads(json.dumps(ref[key])), key
+    for key in ("records", "clients", "bad_bodies"):
+        assert f["summary"][key] == ref["summary"][key], key
+    assert f["summary"]["records"] == 42 + 24 + 6 + 3
+    assert f["fleet"]["brokers"] == ["broker-a", "broker-b", "broker-c"] and f["scan"]["method"] == "pcap"
+    # the ons capture's two holes (tcpdump missed answer packets) are broker-c's damage
+    assert {d["broker"] for d in f["scan"]["corrupt"]} == {"broker-c"} and len(f["scan"]["corrupt"]) == 2
+    assert main(["scan", str(DATA / "lo-eth-ipv4.pcap"), "--broker", f"a={DATA / 'ons-lo-ipv4.pcap'}", "--out",
+                 str(rep)]) == 2

@@ -140,7 +140,7 @@ def client_addresses(findings: dict) -> Dict[Tuple[str, str], str]:
             out.setdefault((r.get("broker", ""), r["client_id"]), r["addr"])
     for r in (findings.get("capture") or {}).get("unregisters") or []:
         if r.get("addr") and r.get("client_id"):
-            out.setdefault(("", r["client_id"]), r["addr"])
+            out.setdefault((r.get("broker", ""), r["client_id"]), r["addr"])
     return out
 
 
@@ -888,11 +888,19 @@ def _sizes_section(findings: dict, lines: dict, multi: bool) -> List[str]:
     return parts
 
 
+def _broker_column(header: list, rows: list) -> Tuple[list, list]:
+    """Drop the leading broker column when no row names a broker (one capture, one broker)."""
+    if any(r[0] for r in rows):
+        return header, rows
+    return header[1:], [r[1:] for r in rows]
+
+
 def _capture_section(findings: dict) -> List[str]:
     cap = findings["capture"]
     st = cap.get("stats") or {}
     parts = ["<section id=captures><h2>Packet captures read</h2>",
-             "<p>" + e(", ".join(c["name"] for c in cap.get("captures") or [])) + f": {st.get('packets', 0):,} "
+             "<p>" + e(", ".join((c.get("broker", "") + ": " if c.get("broker") else "") + str(c.get("name", ""))
+                                for c in cap.get("captures") or [])) + f": {st.get('packets', 0):,} "
              f"packets, {st.get('connections', 0):,} TCP connections ({cap.get('connections_opened', 0):,} opened in "
              f"the capture, {st.get('midstream_connections', 0):,} already open), {st.get('frames', 0):,} RocketMQ "
              f"frames, {st.get('heartbeats', 0):,} heartbeats, {cap.get('unregister_count', 0):,} unregisters, "
@@ -905,13 +913,14 @@ def _capture_section(findings: dict) -> List[str]:
     parts.append("<p>Missed by the capture: " + (e(", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in missed.items()))
                                                  if missed else "nothing") + ".</p>")
     if cap.get("losses"):
-        parts.append(_table(["connection", "from (UTC)", "to (UTC)", "bytes"],
-                            [[x.get("addr", ""), utc(x.get("first_ms")), utc(x.get("last_ms")), x.get("bytes", "")]
-                             for x in cap["losses"]]))
+        parts.append(_table(*_broker_column(["broker", "connection", "from (UTC)", "to (UTC)", "bytes"],
+                            [[x.get("broker", ""), x.get("addr", ""), utc(x.get("first_ms")), utc(x.get("last_ms")),
+                              x.get("bytes", "")] for x in cap["losses"]])))
     if cap.get("notifications"):
-        parts.append("<p>Consumer-change notifications the broker sent, per group:</p>" + _table(
-            ["group", "notifications", "first (UTC)", "last (UTC)"],
-            [[n["group"], n["notifies"], utc(n["first_ms"]), utc(n["last_ms"])] for n in cap["notifications"]]))
+        parts.append("<p>Consumer-change notifications the broker sent, per group:</p>" + _table(*_broker_column(
+            ["broker", "group", "notifications", "first (UTC)", "last (UTC)"],
+            [[n.get("broker", ""), n["group"], n["notifies"], utc(n["first_ms"]), utc(n["last_ms"])]
+             for n in cap["notifications"]])))
     parts.append("</section>")
     return parts
 def damage_line(findings: dict) -> Optional[str]:

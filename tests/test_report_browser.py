@@ -285,3 +285,22 @@ def test_broker_log_and_capture_reports_render_the_same_way(browser, tmp_path):
         assert any(h.text == title for h in browser.find_elements(By.TAG_NAME, "h2") if h.is_displayed()), title
     assert "heartbeats" in _visible(browser.find_element(By.ID, "captures"))
     browser.save_screenshot(str(tmp_path / "pcap-report.png"))
+
+    # a capture that missed bytes of a connection: the DAMAGED INPUT banner names it
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("pcap_tool", ROOT / "scripts" / "pcap_tool.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    m = json.loads((data / "lo-eth-ipv4.json").read_text())
+    port = int(m["clients"][0]["addr"].rsplit(":", 1)[1])
+    tool.main(["mutate", str(data / "lo-eth-ipv4.pcap"), str(tmp_path / "lossy.pcap"), "--port", str(port),
+               "--size", "100", "--drop", "10"])
+    f = pcap.scan_local([tmp_path / "lossy.pcap"])
+    index = write_report(f, tmp_path / "lossy-report", plots=True)
+    _open(browser, index)
+    assert _severe(browser) == []
+    banner = _visible(browser.find_element(By.ID, "banner"))
+    assert "DAMAGED INPUT" in banner and "the capture missed 100 bytes" in banner
+    assert m["clients"][0]["addr"] in _visible(browser.find_element(By.ID, "captures"))

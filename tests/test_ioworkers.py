@@ -158,14 +158,26 @@ def test_faults_on_a_worker_leave_a_client_on_the_same_worker_served(broker_fact
     port = b.ports["main"]
     good = Client(port)
     assert good.heartbeat(client_id="good@1").code == 0
-    filler = Client(port)  # keeps the hand-off alternating so that every bad client lands next to the good one
+    filler = Client(port)  # a client on the other worker: the bad ones must share the good one's worker
     frame = engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=9, ext_fields={}, body=hb_body()).encode()
 
     def bad_client():
-        c = Client(port)
+        """A new connection on the good client's worker: the hand-off goes to the least-loaded worker, which
+        depends on how far the closes of earlier connections got (a loaded machine), so connect until one lands
+        there and close the others."""
+        home = worker_of(b, good)
+        others = []
+        for _ in range(8):
+            c = Client(port)
+            assert wait_until(lambda: worker_of(b, c) is not None)
+            if worker_of(b, c) == home:
+                break
+            others.append(c)
+        else:
+            pytest.fail("no new connection was handed to the good client's worker")
+        for o in others:
+            o.close()
         c.addr = "%s:%d" % c.sock.getsockname()[:2]
-        assert worker_of(b, c) == worker_of(b, good)
-        Client(port).close()  # the next one goes to the other worker... and is gone again
         return c
 
     garbage = bad_client()

@@ -328,7 +328,8 @@ def read_local(paths, *, log_tz: Optional[str] = None, brokers: Optional[Dict[st
 
 def _log_info(plan, stats, samples, tz, label, source) -> dict:
     counts = stats.get("counts", {})
-    bad = {k: v for k, v in counts.items() if k.startswith("malformed_") or k in ("unknown_format", "invalid_utf8")}
+    bad = {k: v for k, v in counts.items()
+           if k.startswith("malformed_") or k in ("unknown_format", "invalid_utf8", "unknown_client_message")}
     info = {"files": [f for _, f, _ in plan], "brokers": sorted({b for b, _, _ in plan}),
             "log_tz": label, "log_tz_source": source, "lines": stats.get("lines", 0),
             "events": stats.get("events", 0), "counts": counts, "unparseable": sum(bad.values()),

@@ -70,14 +70,15 @@ DEF K_GROUP_CREATED = 10
 DEF K_GROUP_DELETED = 11
 DEF K_CLIENT_CHANGED = 12
 DEF N_KINDS = 13
-# categories (order of CATEGORIES: 5 plain ones, then malformed_<kind>)
+# categories (order of CATEGORIES: 6 plain ones, then malformed_<kind>)
 DEF C_OTHER = 0
 DEF C_CONT = 1
 DEF C_BLANK = 2
 DEF C_UNKNOWN = 3
 DEF C_UTF8 = 4
-DEF C_MALFORMED = 5
-DEF N_CAT = 18
+DEF C_UNKNOWN_CLIENT = 5
+DEF C_MALFORMED = 6
+DEF N_CAT = 19
 
 DEF MAX_SUBS = 256  # subscriptions per ConsumerData line; more is reported as malformed
 
@@ -884,8 +885,8 @@ def parse_lines(lines, base_line=0):
                 raise BrokerLogError("line offsets out of range")
             prev = a
     cdef _Batch out = _Batch(n)
-    cdef int64_t counts[18 + 13]
-    cdef Py_ssize_t first[18]
+    cdef int64_t counts[19 + 13]
+    cdef Py_ssize_t first[19]
     cdef int k, m, h, cat, nsubs
     cdef int64_t ts
     cdef SCol *c
@@ -924,9 +925,17 @@ def parse_lines(lines, base_line=0):
                                 m = k
                                 break
                     if m < 0:
-                        counts[C_OTHER] += 1
-                        continue
-                    if not utf8_ok(<const unsigned char *>b, e):
+                        # CLIENT_NEEDLES (see the twin): a client-management line of an unknown form is listed
+                        if find(b, b"ClientChannelInfo [", 19, p, e) >= 0 or \
+                                find(b, b"groupChannelTable", 17, p, e) >= 0 or \
+                                find(b, b"consumerTable", 13, p, e) >= 0 or \
+                                find(b, b"subscription changed", 20, p, e) >= 0 or \
+                                find(b, b"registerConsumer", 16, p, e) >= 0:
+                            cat = C_UNKNOWN_CLIENT
+                        else:
+                            counts[C_OTHER] += 1
+                            continue
+                    elif not utf8_ok(<const unsigned char *>b, e):
                         cat = C_UTF8
                     else:
                         for k in range(N_S):

@@ -259,7 +259,7 @@ _PIECES = [b"SubscriptionData [classFilterMode=", b", topic=", b", subString=", 
 def _lines(draw):
     out = []
     for _ in range(draw(st.integers(0, 8))):
-        base = draw(st.sampled_from(_SAMPLE_LINES + DAMAGED + V5 + CHANGED))
+        base = draw(st.sampled_from(_SAMPLE_LINES + DAMAGED + V5 + CHANGED + UNKNOWN_CLIENT))
         kind = draw(st.integers(0, 3))
         if kind == 1 and base:  # cut
             base = base[:draw(st.integers(0, len(base)))]
@@ -590,3 +590,38 @@ def test_client_id_changed_hands_the_membership_over(tmp_path):
     t0 = 1735787040000
     assert [tuple(x) for x in cg["series"]] == [(t0, 1), (t0 + 120000, 0)]
     assert f["log"]["unparseable_by_kind"] == {"malformed_client_changed": 1}
+
+
+UNKNOWN_CLIENT = [
+    # a client-management statement in a wording the parser does not know (another version's): listed, not "other"
+    b"2025-01-02 03:04:00 INFO HeartbeatThread_1 - new consumer registered, group: CG channel: ClientChannelInfo "
+    b"[channel=[id: 0x01, L:/1.1.1.1:10911 - R:/2.2.2.2:3], clientId=X, language=JAVA, version=1, "
+    b"lastUpdateTimestamp=1]",
+    b"2025-01-02 03:04:01 WARN ClientHousekeepingScheduledThread1 - SCAN: drop expired channel[2.2.2.2:3] from "
+    b"ProducerManager groupChannelTable, group: P",
+    b"2025-01-02 03:04:02 INFO HeartbeatThread_1 - subscription changed (v9), group: CG topic T",
+    b"2025-01-02 03:04:03 INFO HeartbeatThread_1 - registerConsumer: info changed for 2.2.2.2:3",
+    b"2025-01-02 03:04:04 WARN ClientHousekeepingScheduledThread1 - SCAN: purge consumerTable, group=CG",
+    # the rest of a broker's log: not client management ("other")
+    b"2025-01-02 03:04:05 WARN PullMessageThread_1 - getConsumerGroupInfo failed, CID_J 127.0.0.1:46134",
+    b"2025-01-02 03:04:06 WARN PullMessageThread_1 - the consumer's group info not exist, group: CID_J",
+    b"2025-01-02 03:04:07 WARN ClientHousekeepingScheduledThread1 - channel close event, too many consumer groups "
+    b"one channel, 9000, 2.2.2.2:3, [CG]",
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_client_lines_of_an_unknown_form_are_listed(impl):
+    batch, stats = _parse(impl)(UNKNOWN_CLIENT)
+    assert batch.num_rows == 0
+    assert stats["counts"] == {"unknown_client_message": 5, "other": 3}
+    assert stats["examples"] == {"unknown_client_message": UNKNOWN_CLIENT[0].decode()}
+
+
+def test_unknown_client_lines_are_reported_as_unparseable(tmp_path):
+    log = tmp_path / "broker-u" / "broker.log"
+    log.parent.mkdir()
+    log.write_bytes(b"\n".join(UNKNOWN_CLIENT + SAMPLE.read_bytes().split(b"\n")[:20]))
+    f = bl.scan_local([log.parent], log_tz="+08:00")
+    assert f["log"]["unparseable_by_kind"] == {"unknown_client_message": 5}
+    assert f["log"]["examples"]["unknown_client_message"] == UNKNOWN_CLIENT[0].decode()

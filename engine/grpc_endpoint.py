@@ -60,6 +60,10 @@ MAX_SETTINGS_ENTRIES = 1024
 MAX_ENDPOINT_ADDRESSES = 16
 #: longest client id accepted (characters)
 MAX_CLIENT_ID = 1024
+#: file (in the store's config folder) of the sessions' Settings a graceful stop leaves for the next start
+SESSIONS_FILE = "grpcSessions.json"
+#: longest sessions file read at start, bytes (a file past it is ignored)
+MAX_SESSIONS_FILE_BYTES = 64 * 1024 * 1024
 #: long polling of ReceiveMessage, ms (the proxy's grpcClientConsumerMin/MaxLongPollingTimeoutMillis)
 MIN_LONG_POLLING_MS = 5_000
 MAX_LONG_POLLING_MS = 20_000
@@ -212,6 +216,10 @@ class GrpcEndpoint:
         #: ``fn(method, metadata, request)`` called with every request before it is handled (captures, tests);
         #: its failures are logged, never the client's problem
         self.on_request = None
+        #: client id -> (Settings, language, SDK version, restorable until ms): sessions of the broker before its
+        #: restart, restored by their client's next Heartbeat (see :meth:`_restore`)
+        self.dormant: dict = {}
+        self.restored = 0
         self.p = load_protocol()
 
     # ------------------------------------------------------------------ lifecycle
@@ -240,6 +248,7 @@ class GrpcEndpoint:
         await server.start()
         self._server = server
         self.bound_port = bound
+        self._load_sessions()
         log.info("gRPC endpoint (RocketMQ 5.x clients) listening on %s:%d", host, bound)
         return bound
 
@@ -247,10 +256,110 @@ class GrpcEndpoint:
         if self._server is None:
             return
         self._stopping.set()
+        # what the sessions are before their streams end with the server (ending a stream removes its session)
+        kept = [(x.client_id, x.language, x.sdk_version, x.settings) for x in self.sessions.values()
+                if x.settings is not None and not x.closing]
         server, self._server = self._server, None
         await server.stop(grace)
         for session in list(self.sessions.values()):
             self.close_session(session, "broker shutdown", logging.DEBUG)
+        self._save_sessions(kept)
+
+    # ------------------------------------------------------------------ sessions across a restart
+    def _sessions_path(self):
+        store = getattr(self.broker.registry, "store", None)
+        config_dir = getattr(store, "config_dir", None)
+        return None if config_dir is None else config_dir / SESSIONS_FILE
+
+    def _save_sessions(self, kept) -> None:
+        """A graceful stop writes each registered session's Settings (a 5.x client does not send them again when
+        its broker comes back: the Python client 5.1.2 only every 300 s on a stream it rebuilds after a failed
+        write). Never fails the stop."""
+        path = self._sessions_path()
+        if path is None or not kept:
+            return
+        import base64
+        import json
+        import os
+
+        doc = {"version": 1, "savedMs": int(time.time() * 1000), "sessions": [
+            {"clientId": cid, "language": getattr(lang, "name", str(lang)), "sdkVersion": ver,
+             "settings": base64.b64encode(st.SerializeToString()).decode("ascii")} for cid, lang, ver, st in kept]}
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(json.dumps(doc).encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("gRPC sessions not saved for the next start (%s): %s", path, _short(e, 120))
+
+    def _load_sessions(self) -> None:
+        """The sessions file of the previous run, read once (and removed: a later crash must not bring them back):
+        each entry restorable until channelExpiredTimeout after this start. A bad file is logged and ignored."""
+        path = self._sessions_path()
+        if path is None or not path.is_file():
+            return
+        import base64
+        import json
+
+        now = int(time.time() * 1000)
+        until = now + int(self.broker.config.channel_expired_timeout)
+        try:
+            if path.stat().st_size > MAX_SESSIONS_FILE_BYTES:
+                raise ValueError(f"larger than {MAX_SESSIONS_FILE_BYTES} bytes")
+            doc = json.loads(path.read_bytes())
+            entries = doc.get("sessions") if isinstance(doc, dict) else None
+            if not isinstance(entries, list):
+                raise ValueError("no 'sessions' list")
+            saved = int(doc.get("savedMs") or 0)
+            if now - saved <= int(self.broker.config.channel_expired_timeout):  # else they have expired meanwhile
+                for entry in entries[:self.max_sessions]:
+                    try:
+                        cid = str(entry["clientId"])
+                        settings = self.p.d.Settings.FromString(base64.b64decode(entry["settings"], validate=True))
+                        if 0 < len(cid) <= MAX_CLIENT_ID:
+                            self.dormant[cid] = (settings, language_of(entry.get("language")),
+                                                 str(entry.get("sdkVersion") or "")[:64], until)
+                    except Exception:  # one bad entry: skipped
+                        continue
+        except Exception as e:
+            log.warning("gRPC sessions file %s ignored: %s", path, _short(e, 120))
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        if self.dormant:
+            log.info("gRPC endpoint: %d sessions of the previous run restorable by their next Heartbeat",
+                     len(self.dormant))
+
+    def _restore(self, context):
+        """A Heartbeat of a client id with no session: the session it had before the broker's restart, registered
+        again from its saved Settings (with this call's peer; checked by the ACL as its Settings would be), or
+        None."""
+        client_id = self._metadata(context)[0]
+        entry = self.dormant.pop(client_id, None)
+        if entry is None:
+            return None
+        settings, _, _, until = entry
+        if int(time.time() * 1000) > until:
+            return None
+        self.authorize("Telemetry", self.p.s.TelemetryCommand(settings=settings), context)
+        session = self._session(context, create=True)
+        try:
+            status = self._update_settings(session, settings)
+        except _BadRequest:
+            self.close_session(session, "restore failed", logging.DEBUG)
+            raise
+        if status is not None:  # its group cannot register any more: the client's Settings will tell
+            self.close_session(session, "restore failed", logging.DEBUG)
+            return None
+        self.restored += 1
+        log.info("gRPC client %s (%s) restored from its Settings before the broker's restart", client_id,
+                 session.remote_addr)
+        return session
 
     # ------------------------------------------------------------------ sessions
     def close_session(self, session: GrpcSession, reason: str = "", level=logging.INFO,
@@ -678,6 +787,8 @@ class _Servicer:
             d = ep.p.d
             ep.authorize("Heartbeat", request, context)
             session = ep._session(context, create=False)
+            if session is None and ep.dormant:
+                session = ep._restore(context)
             if session is None or session.settings is None:
                 return ep.p.s.HeartbeatResponse(status=ep._status(
                     d.Code.UNRECOGNIZED_CLIENT_TYPE, "cannot find client settings for this client"))
@@ -696,6 +807,8 @@ class _Servicer:
             d = ep.p.d
             ep.authorize("NotifyClientTermination", request, context)
             session = ep._session(context, create=False)
+            if session is None and ep.dormant:
+                ep.dormant.pop(ep._metadata(context)[0], None)  # it leaves before it was restored
             if session is None or session.settings is None:
                 return ep.p.s.NotifyClientTerminationResponse(status=ep._status(
                     d.Code.UNRECOGNIZED_CLIENT_TYPE, "cannot find client settings for this client"))

@@ -265,3 +265,42 @@ def test_permissions_of_groups_and_topics(acl_broker, astub):
 
 def test_the_accounts_white_list_needs_no_signature(acl_broker, astub):
     assert route(astub, signed("w@1", "trusted", secret="not-the-secret")).code == Code.OK
+
+
+def test_a_restored_session_is_checked_again(tmp_path):
+    """Settings saved by a graceful stop register again at the client's next Heartbeat only if the account may
+    still use what they name (plain_acl.yml may have changed meanwhile)."""
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL)
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port(), acl_enable=True, acl_file=str(acl))).start()
+    stub = sg.MessagingServiceStub(grpc.insecure_channel(f"127.0.0.1:{b.ports['grpc']}"))
+    streams = [Telemetry(stub, signed(cid)) for cid in ("keep@1", "lose@1")]  # open until the stop
+    for t in streams:
+        t.send(settings=consumer_settings("GroupOK", [("TopicOK", "*")]))
+        assert t.recv().status.code == Code.OK
+    ports = b.ports
+    b.stop()
+    acl.write_text(ACL.replace("  - GroupOK=SUB\n", "  - GroupOK=SUB\n  - GroupGone=SUB\n"))
+    b = Broker(make_config(tmp_path, listen_port=ports["main"], grpc_server_port=ports["grpc"], acl_enable=True,
+                           acl_file=str(acl))).start()
+    try:
+        hb = s.HeartbeatRequest(client_type=d.ClientType.PUSH_CONSUMER)
+        hb.group.name = "GroupOK"
+        # a wrong signature restores nothing (the Heartbeat itself is refused first)
+        assert stub.Heartbeat(hb, metadata=signed("lose@1", secret="wrong")).status.code == Code.UNAUTHORIZED
+        assert "lose@1" in b.grpc.dormant
+        assert stub.Heartbeat(hb, metadata=signed("keep@1")).status.code == Code.OK
+        assert [c["clientId"] for c in consumers(b, "GroupOK")["connectionSet"]] == ["keep@1"]
+    finally:
+        b.stop()
+    # the account loses SUB on the group's topic: the saved Settings are refused when the client comes back
+    acl.write_text(ACL.replace("  - TopicOK=PUB|SUB\n", "  - TopicOK=PUB\n"))
+    b = Broker(make_config(tmp_path, listen_port=ports["main"], grpc_server_port=ports["grpc"], acl_enable=True,
+                           acl_file=str(acl))).start()
+    try:
+        assert "keep@1" in b.grpc.dormant
+        status = stub.Heartbeat(hb, metadata=signed("keep@1")).status
+        assert (status.code, status.message) == (Code.FORBIDDEN, "No default permission for topic:'TopicOK'")
+        assert consumers(b, "GroupOK") is None and b.grpc.sessions == {} and b.grpc.dormant == {}
+    finally:
+        b.stop()

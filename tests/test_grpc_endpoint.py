@@ -564,3 +564,87 @@ def test_the_on_request_hook_sees_requests_and_its_failure_is_only_logged(gbroke
     assert [r.getMessage() for r in caplog.records if r.name == "engine.grpc"] == ["gRPC on_request hook failed"] * 3
     assert gbroker.grpc.internal_errors == 0
     t.end()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sessions across a broker restart
+
+
+def _restart(tmp_path, b, **kw):
+    ports = b.ports
+    b.stop()
+    return Broker(make_config(tmp_path, listen_port=ports["main"], grpc_server_port=ports["grpc"], **kw)).start()
+
+
+def test_sessions_survive_a_graceful_restart_and_come_back_with_their_next_heartbeat(tmp_path):
+    """A 5.x client does not send its Settings again when its broker comes back (the Python client 5.1.2 only
+    every 300 s): the Settings a graceful stop saved register it again at its next Heartbeat."""
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port())).start()
+    stub = sg.MessagingServiceStub(grpc.insecure_channel(f"127.0.0.1:{b.ports['grpc']}"))
+    tc = Telemetry(stub, md("cons@1"))
+    tc.send(settings=consumer_settings("GroupRs", [("TopicRs", "TagA || TagB")]))
+    assert tc.recv().status.code == Code.OK
+    tp = Telemetry(stub, md("prod@1"))
+    tp.send(settings=producer_settings("TopicRs"))
+    assert tp.recv().status.code == Code.OK
+    tx = Telemetry(stub, md("gone@1"))
+    tx.send(settings=producer_settings("TopicGone"))
+    assert tx.recv().status.code == Code.OK
+    b = _restart(tmp_path, b)
+    try:
+        assert (tmp_path / "store" / "config" / "grpcSessions.json").exists() is False  # read once, removed
+        assert sorted(b.grpc.dormant) == ["cons@1", "gone@1", "prod@1"] and b.grpc.sessions == {}
+        assert consumers(b, "GroupRs") is None and producers(b, "TopicRs") is None
+        with pytest.raises(grpc.RpcError):  # the old streams ended with the old broker
+            tc.recv()
+        hb = s.HeartbeatRequest(client_type=d.ClientType.PUSH_CONSUMER)
+        hb.group.name = "GroupRs"
+        assert stub.Heartbeat(hb, metadata=md("cons@1")).status.code == Code.OK
+        cc = consumers(b, "GroupRs")
+        assert [(c["clientId"], c["language"]) for c in cc["connectionSet"]] == [("cons@1", "PYTHON")]
+        assert cc["subscriptionTable"]["TopicRs"]["tagsSet"] == ["TagA", "TagB"]
+        assert stub.Heartbeat(s.HeartbeatRequest(client_type=d.ClientType.PRODUCER),
+                              metadata=md("prod@1")).status.code == Code.OK
+        assert [c["clientId"] for c in producers(b, "TopicRs")["connectionSet"]] == ["prod@1"]
+        assert b.grpc.restored == 2
+        # a client unknown before the restart is not registered by a Heartbeat; one that leaves is forgotten
+        r = stub.Heartbeat(s.HeartbeatRequest(client_type=d.ClientType.PRODUCER), metadata=md("new@1"))
+        assert r.status.code == Code.UNRECOGNIZED_CLIENT_TYPE
+        r = stub.NotifyClientTermination(s.NotifyClientTerminationRequest(), metadata=md("gone@1"))
+        assert r.status.code == Code.UNRECOGNIZED_CLIENT_TYPE and "gone@1" not in b.grpc.dormant
+        # the restored session takes the client's new Telemetry stream when it opens one
+        t2 = Telemetry(stub, md("cons@1"))
+        t2.send(settings=consumer_settings("GroupRs", [("TopicRs", "*")]))
+        assert t2.recv().status.code == Code.OK
+        assert consumers(b, "GroupRs")["subscriptionTable"]["TopicRs"]["subString"] == "*"
+        t2.end()
+        wait_until(lambda: consumers(b, "GroupRs") is None)
+    finally:
+        b.stop()
+
+
+def test_saved_sessions_expire_and_a_bad_file_is_ignored(tmp_path, caplog):
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port())).start()
+    stub = sg.MessagingServiceStub(grpc.insecure_channel(f"127.0.0.1:{b.ports['grpc']}"))
+    t = Telemetry(stub, md("old@1"))
+    t.send(settings=producer_settings("TopicOld"))
+    assert t.recv().status.code == Code.OK
+    ports = b.ports
+    b.stop()
+    path = tmp_path / "store" / "config" / "grpcSessions.json"
+    doc = json.loads(path.read_text())
+    doc["savedMs"] -= 200_000  # stopped longer ago than channelExpiredTimeout (120 s): expired meanwhile
+    path.write_text(json.dumps(doc))
+    b = Broker(make_config(tmp_path, listen_port=ports["main"], grpc_server_port=ports["grpc"])).start()
+    assert b.grpc.dormant == {} and not path.exists()
+    b.stop()
+    path.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="engine.grpc"):
+        b = Broker(make_config(tmp_path, listen_port=ports["main"], grpc_server_port=ports["grpc"])).start()
+    try:
+        assert b.grpc.dormant == {} and not path.exists()
+        assert any("gRPC sessions file" in r.getMessage() and "ignored" in r.getMessage() for r in caplog.records)
+        r = stub.Heartbeat(s.HeartbeatRequest(client_type=d.ClientType.PRODUCER), metadata=md("old@1"))
+        assert r.status.code == Code.UNRECOGNIZED_CLIENT_TYPE
+    finally:
+        b.stop()

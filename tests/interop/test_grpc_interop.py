@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -197,3 +198,57 @@ def test_signed_clients_are_checked_against_plain_acl(v5_python, drivers, acl_gb
     assert acl_gbroker.grpc.acl_denied > 0 and acl_gbroker.grpc.sessions == {}
     assert connections(acl_gbroker, "GID_ACL", **ADMIN) is None
     assert connections(acl_gbroker, "TopicAcl", True, **ADMIN) is None
+
+
+def _serve(store, main_port, grpc_port, log_file):
+    """`rmqhb serve` with the gRPC endpoint, as its own process (SIGTERM: a graceful stop), its log to log_file."""
+    with open(log_file, "a") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--listenPort", str(main_port),
+                                 "--listenHost", "127.0.0.1", "--fastPortEnable", "false", "--grpcServerPort",
+                                 str(grpc_port), "--storePathRootDir", str(store), "--log-level", "WARNING"],
+                                cwd=str(ti.ROOT), env=dict(os.environ, PYTHONPATH=str(ti.ROOT)), stdout=subprocess.PIPE,
+                                stderr=err, text=True, start_new_session=True)
+    line = proc.stdout.readline()
+    if "boot success" not in line:
+        proc.kill()
+        raise AssertionError(f"rmqhb serve did not start: {line!r}")
+    return proc
+
+
+def test_clients_are_listed_again_after_a_broker_restart(v5_python, drivers, tmp_path):  # noqa: F811
+    """The broker process stops (SIGTERM) and starts again on the same ports and store: the running 5.x clients
+    (producer, push and simple consumer) are listed again at their first heartbeat once their channels have
+    reconnected (every 10 s; the Python client does not send its Settings again by itself before 300 s: the broker
+    registers them from the Settings its graceful stop saved), and are gone after their shutdown."""
+    require_module("grpc")
+    broker = types.SimpleNamespace(ports={"main": free_port(), "grpc": free_port()})
+    store = tmp_path / "store"
+    log_file = tmp_path / "broker.log"
+    proc = _serve(store, broker.ports["main"], broker.ports["grpc"], log_file)
+    try:
+        d = start_v5(v5_python, drivers, broker, tmp_path / "scratch", producerTopics=["TopicRestart"],
+                     pushConsumers=[{"group": "GID_RESTART_PUSH", "topic": "TopicRestart", "expr": "TagA"}],
+                     simpleConsumers=[{"group": "GID_RESTART_SIMPLE", "topic": "TopicRestart"}])
+        producer_id, push_id, simple_id = d.ready_line.split()[1:]
+
+        def listed():
+            return (connections(broker, "GID_RESTART_PUSH") == [(push_id, "PYTHON")]
+                    and connections(broker, "GID_RESTART_SIMPLE") == [(simple_id, "PYTHON")]
+                    and connections(broker, "TopicRestart", producer=True) == [(producer_id, "PYTHON")])
+
+        assert ti.wait_for(listed)
+        proc.terminate()
+        assert proc.wait(60) == 0
+        with pytest.raises(OSError):  # the broker is down
+            connections(broker, "GID_RESTART_PUSH")
+        proc = _serve(store, broker.ports["main"], broker.ports["grpc"], log_file)
+        # within a heartbeat interval of the client's channel reconnecting: grpc's reconnect backoff (1 s, x1.6 per
+        # failed attempt, jittered, at most 120 s) grows while the broker is down, longer on a loaded machine
+        assert ti.wait_for(listed, timeout=150), log_file.read_text()[-3000:]
+        assert d.close() == 0
+        assert ti.wait_for(lambda: connections(broker, "GID_RESTART_PUSH") is None
+                           and connections(broker, "GID_RESTART_SIMPLE") is None
+                           and connections(broker, "TopicRestart", producer=True) is None)
+    finally:
+        proc.terminate()
+        proc.wait(60)

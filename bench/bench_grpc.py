@@ -68,7 +68,6 @@ def _percentiles(lat: list) -> dict:
 
 
 async def _client(target: str, n: int, duration: float, inflight: int, broker_pid: int) -> dict:
-    import grpc
     from grpc import aio
     from rocketmq.grpc_protocol import definition_pb2 as d
     from rocketmq.grpc_protocol import service_pb2 as s

@@ -19,6 +19,11 @@ Settings (a producer registers in one producer group per topic it publishes to, 
 proxy does). Heartbeat refreshes it; the broker's housekeeping expires it like any channel (``close``); it is
 removed on NotifyClientTermination and when its Telemetry stream ends.
 
+With ``aclEnable`` every call is checked against plain_acl.yml with the 5.x signature scheme (:meth:`GrpcEndpoint
+.authorize`, engine.acl's ``check_grpc``): UNAUTHORIZED / FORBIDDEN statuses. With ``recordDir`` each registering
+Settings / Heartbeat is recorded as the remoting heartbeat of the same HeartbeatData. A graceful stop saves the
+sessions' Settings; a client's Heartbeat after the next start restores its session (:meth:`GrpcEndpoint._restore`).
+
 grpcio's ``grpc.aio`` server runs on the broker's own asyncio loop: every handler, and so every registry call,
 runs on that loop's thread (grpcio's poller threads only hand completions to the loop).
 

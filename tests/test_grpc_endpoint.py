@@ -648,3 +648,24 @@ def test_saved_sessions_expire_and_a_bad_file_is_ignored(tmp_path, caplog):
         assert r.status.code == Code.UNRECOGNIZED_CLIENT_TYPE
     finally:
         b.stop()
+
+
+def test_settings_again_after_termination_past_the_session_budget_end_the_stream_resource_exhausted(gbroker, stub):
+    """A terminated client sending Settings again on its stream needs a new session: past the budget its stream
+    ends RESOURCE_EXHAUSTED (not INVALID_ARGUMENT, not an internal error)."""
+    gbroker.grpc.max_sessions = 1
+    t = Telemetry(stub, md("first@1"))
+    t.send(settings=producer_settings("TopicBudget"))
+    assert t.recv().status.code == Code.OK
+    r = stub.NotifyClientTermination(s.NotifyClientTerminationRequest(), metadata=md("first@1"))
+    assert r.status.code == Code.OK
+    other = Telemetry(stub, md("second@1"))
+    other.send(settings=producer_settings("TopicBudget"))
+    assert other.recv().status.code == Code.OK  # takes the only slot
+    t.send(settings=producer_settings("TopicBudget"))
+    with pytest.raises(grpc.RpcError) as e:
+        t.recv()
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "too many client sessions" in e.value.details()
+    assert gbroker.grpc.internal_errors == 0
+    assert [c["clientId"] for c in producers(gbroker, "TopicBudget")["connectionSet"]] == ["second@1"]
+    other.end()

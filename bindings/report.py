@@ -132,9 +132,14 @@ _IP = re.compile(r"(?:\d{1,3}\.){3}\d{1,3}|\[?[0-9a-fA-F]*:[0-9a-fA-F:]+\]?")
 
 
 def client_addresses(findings: dict) -> Dict[Tuple[str, str], str]:
-    """{(broker, clientId): remote address} the findings know (expired clients' connections, captures'
-    unregisters)."""
+    """{(broker, clientId): remote address(es)} the findings know (the deviating members' connections, expired
+    clients' connections, captures' unregisters)."""
     out: Dict[Tuple[str, str], str] = {}
+    seen: Dict[Tuple[str, str], list] = defaultdict(list)
+    for r in findings.get("member_addresses") or []:  # the deviating members' connections during their spans
+        key = (r.get("broker", ""), r["client_id"])
+        seen[key] += [a for a in r["addrs"] if a not in seen[key]]
+    out.update({k: ", ".join(v) for k, v in seen.items() if v})
     for r in findings.get("expired_clients") or []:
         if r.get("addr"):
             out.setdefault((r.get("broker", ""), r["client_id"]), r["addr"])
@@ -445,6 +450,10 @@ def _dur(seconds) -> str:
     return f"{int(s // 86400)} d {int(s % 86400 // 3600)} h"
 
 
+def _n(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _short(ms) -> str:
     return utc(ms)[:16] if ms is not None else "?"
 
@@ -570,7 +579,8 @@ def _banner(findings: dict) -> str:
         parts.append("<p><b>PARTLY UNREADABLE INPUT:</b> " + e("; ".join(warn)) + ".</p>")
     scan = findings.get("scan") or {}
     rows = [[d.get("broker", "") + (" " if d.get("broker") else "") + str(d["kind"]), d["segment"], d["offset"],
-             d["bytes"], utc(d["first_ms"]) if d.get("first_ms") else "?", utc(d["last_ms"]) if d.get("last_ms") else "?",
+             d["bytes"], utc(d["first_ms"]) if d.get("first_ms") else "?",
+             utc(d["last_ms"]) if d.get("last_ms") else "?",
              "?" if d.get("records_lost") is None else d["records_lost"], d["reason"]]
             for d in (scan.get("corrupt") or []) + (scan.get("torn_tails") or [])]
     rows += [["data loss", d["segment"], d["offset"], 40, utc(d["first_ms"]), utc(d["last_ms"]), d["records_lost"],
@@ -599,8 +609,9 @@ def _summary(findings: dict, lines: dict) -> str:
         r = w["row"]
         dev = [c for v in w["deviating"] for c in v["clients"]]
         diff = next((d for v in w["deviating"] for d in v["difference"]), None)
-        worst = (f"<b>{e(_label(r, r['group']))}</b>: {len(dev)} member(s) ({e(', '.join(dev[:2]))}"
-                 f"{' ...' if len(dev) > 2 else ''}) {'differ' if not w['tie'] else 'split evenly'} from "
+        worst = (f"<b>{e(_label(r, r['group']))}</b>: {_n(len(dev), 'member')} ({e(', '.join(dev[:2]))}"
+                 f"{' ...' if len(dev) > 2 else ''}) "
+                 f"{'split evenly' if w['tie'] else 'differ' + ('s' if len(dev) == 1 else '')} from "
                  f"{len(w['majority']['clients'])} for {_dur(r['duration_s'])} from {e(_short(r['start_ms']))} UTC"
                  + (f"; {e(_difference_text(diff))}" if diff else ""))
     else:
@@ -644,7 +655,8 @@ def _summary(findings: dict, lines: dict) -> str:
             ex, key=lambda r: ((r.get("returned_ms") or 0) - r["silent_since_before_ms"]))
         worst = (f"{len(gone)} did not come back; the first: " if gone else "every one came back; the longest "
                  "away: ") + (
-            f"<b>{e(_label(w, w['client_id']))}</b> ({e(', '.join(w['groups']))}) expired {e(_short(w['expired_ms']))} UTC"
+            f"<b>{e(_label(w, w['client_id']))}</b> ({e(', '.join(w['groups']))}) expired "
+            f"{e(_short(w['expired_ms']))} UTC"
             + ("" if w.get("returned_ms") is None else
                f", back after {_dur((w['returned_ms'] - w['silent_since_before_ms']) / 1000)}"))
     else:
@@ -702,7 +714,8 @@ def _inconsistent_section(findings: dict, lines: dict) -> List[str]:
         r, maj = sp["row"], sp["majority"]
         broker = r.get("broker", "")
         dev = [c for v in sp["deviating"] for c in v["clients"]]
-        head = (f"{len(dev)} member(s) differ from the {len(maj['clients'])} holding the majority set"
+        head = (f"{_n(len(dev), 'member')} differ{'s' if len(dev) == 1 else ''} from the {len(maj['clients'])} "
+                "holding the majority set"
                 if not sp["tie"] else
                 f"no majority: {len(maj['clients'])} members on the first set, as many on another")
         link = _csv_link("subscription_differences.csv", lines.get("subscription_differences", {}).get(sp["index"]))
@@ -726,7 +739,7 @@ def _inconsistent_section(findings: dict, lines: dict) -> List[str]:
                         "also held the majority set in this span" if c in v["switched"] else ""]
                        for c in v["clients"]]
             parts.append(
-                f"<div class=variant><p>{len(v['clients'])} deviating member(s):</p>"
+                f"<div class=variant><p>{_n(len(v['clients']), 'deviating member')}:</p>"
                 + _table(["clientId", "address", "note"], members, limit=30, cls="members")
                 + "<p>Their difference from the majority:</p>"
                 + _table(["topic", "majority's expression", "their expression", "only they have",
@@ -1124,7 +1137,8 @@ def write_html(findings: dict, out: Path, csvs: List[str], plots: List[str], lin
     ]
     parts += _inconsistent_section(findings, lines)
     if log:
-        flips = [(i, r) for i, r in enumerate(findings["inconsistent_subscriptions"]) if r.get("source") == "group_table"]
+        flips = [(i, r) for i, r in enumerate(findings["inconsistent_subscriptions"])
+                 if r.get("source") == "group_table"]
         parts.append("<section id=flips><h2>Subscription flips</h2><p>Groups whose subscription table (the broker's, "
                      "logged as <code>subscription changed ... OLD: ... NEW:</code>) went back to an expression it had "
                      "before: members with different subscriptions overwriting each other at every heartbeat. The log "
@@ -1166,7 +1180,8 @@ def write_html(findings: dict, out: Path, csvs: List[str], plots: List[str], lin
         [row(r, Raw(_cid(r["client_id"]), r["client_id"]), r["addr"], ", ".join(r["groups"]), utc(r["connected_ms"]),
              utc(r["silent_since_before_ms"]), utc(r["expired_ms"]), utc(r["returned_ms"]) or "never",
              link("expired_clients", i))
-         for i, r in enumerate(findings.get("expired_clients", []))], id="expired-table", csv_name="expired_clients.csv"))
+         for i, r in enumerate(findings.get("expired_clients", []))],
+        id="expired-table", csv_name="expired_clients.csv"))
     if findings.get("expired_over_data_loss"):
         parts.append(f"<p>{len(findings['expired_over_data_loss'])} more silences over lost or damaged data are not "
                      "counted as expiries (findings.json: expired_over_data_loss).</p>")

@@ -32,6 +32,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
@@ -41,7 +42,8 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
-from engine.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, parse_key, separate_data_loss
+from engine.scan_py import (CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, deviating_members, parse_key,
+                            separate_data_loss)
 
 from . import segments as seg
 
@@ -574,6 +576,30 @@ def connection_addresses(plan: seg.Plan, wanted) -> dict:
     return out
 
 
+def member_address_records(runs: DataFrame, plan: seg.Plan, wanted, params: ScanParams) -> list:
+    """engine.scan_py's ``member_addresses`` from merged runs: the connections of the runs of each deviating member
+    ((group, client, start_ms, end_ms) of scan_py.deviating_members) live during its span (a run's observations are
+    at most min(expiry, gap threshold) apart, so ``first < end and last + expiry > start`` holds exactly when one
+    of its observations is live then), their addresses read on the driver (connection_addresses)."""
+    wanted = list(wanted)
+    if not wanted:
+        return []
+    spans: dict = defaultdict(list)
+    for group, client, start, end in wanted:
+        spans[(group, client)].append((start, end))
+    rows = runs.where((F.col("role") == "consumer") & F.col("group").isin(sorted({w[0] for w in wanted}))
+                      & F.col("client_id").isin(sorted({w[1] for w in wanted}))).select(
+        "group", "client_id", "conn_id", "first_ms", "last_ms").collect()
+    conns: dict = defaultdict(dict)
+    for r in rows:
+        key = (r["group"], r["client_id"])
+        if any(r["first_ms"] < end and r["last_ms"] + params.expiry_ms > start for start, end in spans.get(key, ())):
+            conns[key].setdefault(r["conn_id"], r["first_ms"])
+    addrs = connection_addresses(plan, [(c, t) for d in conns.values() for c, t in d.items()])
+    return [{"group": g, "client_id": c, "addrs": sorted({addrs[x] for x in d if addrs.get(x)})}
+            for (g, c), d in sorted(conns.items())]
+
+
 def reconnects():
     """merged runs -> client_id, reconnect_ms: every heartbeat on another connection than the client's previous."""
 
@@ -766,6 +792,8 @@ def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, m
         findings = {k: done[k] for k in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps")}
         findings["group_sizes"] = _size_records(done["group_sizes"], done["_members"])
         findings["expired_clients"] = done["expired_clients"]
+        findings["member_addresses"] = member_address_records(
+            runs, plan, deviating_members(findings["inconsistent_subscriptions"]), params)
         if client_ids:
             findings["_client_ids"] = sorted(done["_client_ids"])
         t_analyses = clock()

@@ -21,6 +21,10 @@ Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
   apart.
 * ``flapping_clients``: a *reconnect* is a heartbeat of a client on another connection than its previous one;
   a client flaps when some window (``flap_window``, aligned to the epoch) holds ``flap_min_reconnects`` or more.
+* ``member_addresses`` (for the report, not a finding): per (group, client) of a deviating member -- one of an
+  ``inconsistent_subscriptions`` span's variants after the first, which the most members hold -- the remote
+  addresses of the connections of its observations in that group live during the span (``t < end`` and
+  ``t + expiry > start``).
 * ``expired_clients``: what the broker's channel-expiry scan (SCAN) would remove: a client whose heartbeats (any
   connection) stop for more than ``expiry`` while the recording goes on at least that long. One row per silence:
   the connection of its last heartbeat (``conn_id``, ``addr``, ``connected_ms`` = that connection's first
@@ -151,6 +155,8 @@ def scan_records(records: Iterable, params: ScanParams = ScanParams()) -> dict:
         "group_sizes": _sizes(intervals),
         "expired_clients": _expired(client_obs, groups_of, conn_addr, t_max, params),
     }
+    findings["member_addresses"] = _member_addresses(findings["inconsistent_subscriptions"], member_obs, conn_addr,
+                                                     params)
     findings["summary"] = {
         "records": n_records,
         "bad_bodies": n_bad,
@@ -228,6 +234,23 @@ def _inconsistent(intervals, params: ScanParams) -> list:
             variants.sort(key=lambda v: (-len(v["clients"]), v["subscriptions"]))
             out.append({"group": group, "start_ms": s, "end_ms": e, "duration_s": (e - s) / 1000, "variants": variants})
     return out
+
+
+def deviating_members(inconsistent) -> list:
+    """(group, client, start_ms, end_ms) of every member of an inconsistent span's variants after the first (the
+    variants are sorted by members, most first: the first is the majority's)."""
+    return [(r["group"], c, r["start_ms"], r["end_ms"]) for r in inconsistent for v in r["variants"][1:]
+            for c in v["clients"]]
+
+
+def _member_addresses(inconsistent, member_obs, conn_addr, params: ScanParams) -> list:
+    conns: Dict[Tuple[str, str], set] = defaultdict(set)
+    for group, client, start, end in deviating_members(inconsistent):
+        for t, conn, _ in member_obs.get(("consumer", group, client), ()):
+            if t < end and t + params.expiry_ms > start:
+                conns[(group, client)].add(conn)
+    return [{"group": g, "client_id": c, "addrs": sorted({conn_addr[x] for x in cs if conn_addr.get(x)})}
+            for (g, c), cs in sorted(conns.items())]
 
 
 def _gaps(client_obs, groups_of, params: ScanParams) -> list:
@@ -384,6 +407,7 @@ def combine_brokers(per_broker: Dict[str, dict]) -> dict:
     listed per broker, and ``fleet`` (:func:`fleet_findings`)."""
     lists = FINDING_KEYS + ("gaps_over_data_loss", "expired_over_data_loss")
     out: dict = {k: [{"broker": b, **r} for b, f in per_broker.items() for r in f.get(k, [])] for k in lists}
+    out["member_addresses"] = [{"broker": b, **r} for b, f in per_broker.items() for r in f.get("member_addresses", [])]
     sums = [f["summary"] for f in per_broker.values()]
     ids = [f.get("_client_ids") for f in per_broker.values()]
     firsts = [x["first_ms"] for x in sums if x.get("first_ms") is not None]

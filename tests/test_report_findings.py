@@ -141,6 +141,11 @@ def test_recording_report_summary_first_and_differences_csv(tmp_path):
         got = {(r["client_id"], r["topic"], r["majority_expression"], r["member_expression"]) for r in rows
                if r["group"] == inj["group"]}
         assert want and got == want
+        # the member's address: its connection's (ip:port, from the recording), not the IP of its clientId
+        (ip,) = re.findall(r"\d+\.\d+\.\d+\.\d+", inj["clients"][0])
+        assert {r["address"] for r in rows if r["group"] == inj["group"]} == {
+            a for x in f["member_addresses"] if x["client_id"] == inj["clients"][0] for a in x["addrs"]}
+        assert all(re.fullmatch(rf"{re.escape(ip)}:\d+", r["address"]) for r in rows if r["group"] == inj["group"])
     _self_contained(page)
 
 

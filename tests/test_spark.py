@@ -129,6 +129,8 @@ def test_scan_main_writes_the_report(spark, recording, tmp_path, capsys):
     assert compare_with_manifest(findings, manifest) == []
     for key in FINDING_KEYS:
         assert findings[key] == json.loads(json.dumps(reference[key]))
+    # the report's addresses of the deviating members: the same connections as the reference scan's
+    assert findings["member_addresses"] and findings["member_addresses"] == reference["member_addresses"]
     for name in ("inconsistent_subscriptions.csv", "flapping_clients.csv", "flapping_timeline.csv",
                  "heartbeat_gaps.csv", "group_sizes.csv"):
         assert (out / name).stat().st_size > 0

@@ -5,6 +5,11 @@ ConsumerGroupInfo, ProducerManager, ClientHousekeepingService; PROTOCOL.md secti
 an embeddable object with no network code. The server feeds it decoded requests and connection events; it
 answers with results and reports consumer-group events to a listener.
 
+Managers (issue 15: named and split as in RocketMQ, over one channel table). ``ClientRegistry`` is the channel
+table (the slot columns and memberships below) and the facade: its public API is the broker's. The producer side
+is :class:`engine.producer_manager.ProducerManager` (``registry.producers``: the producer groups and the client
+channel table); the consumer side (ConsumerManager, ConsumerGroupInfo) is still in this module.
+
 Usage::
 
     reg = ClientRegistry(RegistryConfig(), clock=lambda: time.monotonic_ns() // 1_000_000, listener=on_event,
@@ -75,6 +80,10 @@ from . import clientlog as jl
 from .intern import StringPool
 from .logutil import RateLimitedLog
 from .store import FLAG_UNIT_SUB, PERM_READ, PERM_WRITE, Store, SubscriptionGroupConfig, TopicConfig
+from .client_channel import CONSUMER as _CONSUMER, PRODUCER as _PRODUCER, ClientChannelInfo, Connection
+from .client_channel import Members as _Members
+from .producer_manager import PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS, ProducerConnection, ProducerGroupEvent
+from .producer_manager import ProducerManager
 
 log = logging.getLogger("engine.registry")
 #: lines a client can cause on every heartbeat (Java logs them each time) are written at most once a minute per kind
@@ -130,10 +139,6 @@ if _heartbeat_digest is None:
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 IS_SUPPORT_HEART_BEAT_V2 = "IS_SUPPORT_HEART_BEAT_V2"
 IS_SUB_CHANGE = "IS_SUB_CHANGE"
-#: ProducerManager.CHANNEL_EXPIRED_TIMEOUT: Java does not make the producer expiry configurable.
-PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS = 120_000
-
-_CONSUMER, _PRODUCER = 0, 1  # membership kinds; a membership key is gid * 2 + kind
 _INLINE = 4  # memberships kept inline per slot; more go to an overflow dict
 _NO_LANGUAGE = 255
 _ADDR_IPV4 = 1 << 48
@@ -152,15 +157,7 @@ class ConsumerGroupEvent(enum.Enum):
     CLIENT_UNREGISTER = "CLIENT_UNREGISTER"
 
 
-class ProducerGroupEvent(enum.Enum):
-    """ProducerGroupEvent: what ProducerManager reports to its ProducerChangeListener."""
-
-    GROUP_UNREGISTER = "GROUP_UNREGISTER"
-    CLIENT_UNREGISTER = "CLIENT_UNREGISTER"
-
-
 _C_CLIENT_UNREGISTER = ConsumerGroupEvent.CLIENT_UNREGISTER
-_P_CLIENT_UNREGISTER = ProducerGroupEvent.CLIENT_UNREGISTER
 
 
 class RegistryEvent:
@@ -273,56 +270,6 @@ _RESULT_V2_SAME = HeartbeatResult(is_sub_change=False)
 _RESULT_V2_CHANGED = HeartbeatResult(is_sub_change=True)
 
 
-class ClientChannelInfo:
-    """One registration: the channel, the client id, language and version of the request that made it, its last
-    update time (ms, registry clock) and the channel's remote address."""
-
-    __slots__ = ("channel", "client_id", "language", "version", "last_update_timestamp", "remote_addr")
-
-    def __init__(self, channel, client_id, language, version, last_update_timestamp=0, remote_addr=""):
-        self.channel = channel
-        self.client_id = client_id
-        self.language = language
-        self.version = version
-        self.last_update_timestamp = last_update_timestamp
-        self.remote_addr = remote_addr
-
-    def _key(self):
-        return (self.client_id, self.language, self.version, self.last_update_timestamp, self.remote_addr)
-
-    def __eq__(self, other):
-        if not isinstance(other, ClientChannelInfo):
-            return NotImplemented
-        return self.channel is other.channel and self._key() == other._key()
-
-    __hash__ = None
-
-    def __repr__(self):
-        lang = self.language.name if isinstance(self.language, LanguageCode) else self.language
-        return (f"ClientChannelInfo(client_id={self.client_id!r}, language={lang}, version={self.version}, "
-                f"remote_addr={self.remote_addr!r}, last_update_timestamp={self.last_update_timestamp})")
-
-
-class Connection:
-    """An entry of a connection list (body of GET_CONSUMER/PRODUCER_CONNECTION_LIST)."""
-
-    __slots__ = ("client_id", "client_addr", "language", "version")
-
-    def __init__(self, client_id, client_addr, language, version):
-        self.client_id = client_id
-        self.client_addr = client_addr
-        self.language = language
-        self.version = version
-
-    def to_dict(self) -> dict:
-        lang = self.language.name if isinstance(self.language, LanguageCode) else self.language
-        return {"clientAddr": self.client_addr, "clientId": self.client_id, "language": lang,
-                "version": self.version}
-
-    def __repr__(self):
-        return f"Connection({self.to_dict()!r})"
-
-
 def subscription_to_dict(sd) -> dict:
     """A SubscriptionData in Java's JSON shape (fastjson key order)."""
     return {
@@ -363,18 +310,6 @@ class ConsumerConnection:
         return out
 
 
-class ProducerConnection:
-    """Data of GET_PRODUCER_CONNECTION_LIST (204)."""
-
-    __slots__ = ("connections",)
-
-    def __init__(self, connections):
-        self.connections = connections
-
-    def to_dict(self) -> dict:
-        return {"connectionSet": [c.to_dict() for c in self.connections]}
-
-
 class ConsumerGroupInfo:
     """A snapshot of one consumer group (ConsumerGroupInfo): members, subscription table and settings."""
 
@@ -405,40 +340,6 @@ class ConsumerGroupInfo:
 # Internal group state
 
 
-class _Members:
-    """A group's member slots: int32 array, removal by swapping the last member in."""
-
-    __slots__ = ("slots", "mv", "n")
-
-    def __init__(self):
-        self.slots = np.empty(4, np.int32)
-        self.mv = memoryview(self.slots)
-        self.n = 0
-
-    def append(self, slot: int) -> int:
-        if self.n == len(self.slots):
-            grown = np.empty(len(self.slots) * 2, np.int32)
-            grown[:self.n] = self.slots
-            self.slots = grown
-            self.mv = memoryview(grown)
-        self.mv[self.n] = slot
-        self.n += 1
-        return self.n - 1
-
-    def pop_at(self, pos: int) -> int:
-        """Remove the member at ``pos``; returns the slot moved into ``pos`` (-1 if none moved)."""
-        self.n -= 1
-        last = self.n
-        if pos == last:
-            return -1
-        moved = self.mv[last]
-        self.mv[pos] = moved
-        return moved
-
-    def tolist(self) -> list:
-        return self.slots[:self.n].tolist()
-
-
 class _ConsumerGroup:
     __slots__ = ("name", "gid", "key", "members", "subscriptions", "consume_type", "message_model",
                  "consume_from_where", "epoch")
@@ -453,16 +354,6 @@ class _ConsumerGroup:
         self.message_model = message_model
         self.consume_from_where = consume_from_where
         self.epoch = 0  # registry tick of the last change a repeated heartbeat would observe
-
-
-class _ProducerGroup:
-    __slots__ = ("name", "gid", "key", "members")
-
-    def __init__(self, name, gid):
-        self.name = name
-        self.gid = gid
-        self.key = gid * 2 + _PRODUCER
-        self.members = _Members()
 
 
 def _language_code(language) -> int:
@@ -552,16 +443,16 @@ class ClientRegistry:
         self._info: dict[int, dict[int, tuple]] = {}  # slot -> {key: (cid, language, version)} when != the slot's
 
         self._consumers: dict[str, _ConsumerGroup] = {}
-        self._producers: dict[str, _ProducerGroup] = {}
         self._gid: dict[str, int] = {}
         self._gnames: list = []
         self._grefs: list[int] = []
         self._gfree: list[int] = []
         self._cgroup: list = []  # gid -> _ConsumerGroup | None
-        self._pgroup: list = []  # gid -> _ProducerGroup | None
-        self._client_slot = np.full(64, -1, np.int32)  # ProducerManager.clientChannelTable: client id -> slot
-        self._mv_client_slot = memoryview(self._client_slot)
-        self._stale_client: dict[int, set] = {}  # slot -> client ids whose table entry may outlive its producers
+        #: ProducerManager: producer groups and the client channel table, over this channel table
+        self.producers = producers = ProducerManager(self)
+        self._producers = producers.group_table  # the same objects, for the facade's own reads
+        self._pgroup = producers.by_gid  # gid -> ProducerGroup | None (grown by _acquire_gid)
+        self._stale_client = producers.stale
         self._fingerprints: dict[str, int] = {}  # ClientManageProcessor.consumerGroupHeartbeatTable
         self._topic_groups: dict[str, set] = {}  # ConsumerManager.topicGroupTable
         self._pending: dict[str, int] = {}  # coalesced CHANGE: group -> time of the first one in the window
@@ -624,9 +515,10 @@ class ClientRegistry:
         return slot
 
     def _free_slot(self, slot: int) -> None:
-        for stale in self._stale_client.pop(slot, ()):
-            # Java keeps such an entry pointing at the closed channel; a freed slot is reused, so drop it
-            self._drop_client_slot(stale, only_slot=slot)
+        if self._stale_client:
+            stale = self._stale_client.pop(slot, None)
+            if stale:
+                self.producers.free_slot(slot, stale)
         cid = self._mv_cid[slot]
         if cid >= 0:
             self._pool.release(cid)
@@ -878,11 +770,6 @@ class ClientRegistry:
         self._cgroup[g.gid] = None
         self._release_gid(g.gid)
 
-    def _drop_producer_group(self, g: _ProducerGroup) -> None:
-        del self._producers[g.name]
-        self._pgroup[g.gid] = None
-        self._release_gid(g.gid)
-
     def _clear_topic_groups(self, g: _ConsumerGroup) -> None:
         """clearTopicGroupTable: only the group's current topics (Java keeps older ones, and so do we)."""
         for topic in g.subscriptions:
@@ -1111,8 +998,10 @@ class ClientRegistry:
             else:
                 self._register_consumer(group, slot, req, cd, sgc.notify_consumer_ids_changed_enable)
             refreshed.append(self._consumers[group].key)
-        for pd in hb.producers:
-            refreshed.append(self._register_producer(pd.group, slot, req))
+        if hb.producers:
+            register_producer = self.producers.register
+            for pd in hb.producers:
+                refreshed.append(register_producer(pd.group, slot, req))
         pool.release(cid)
         covered_all = self._refresh(slot, refreshed, now) if refreshed else False
         result = self._result_v1 if not v2 else (_RESULT_V2_CHANGED if sub_change else _RESULT_V2_SAME)
@@ -1283,39 +1172,6 @@ class ClientRegistry:
             jl.log.info("%sClientManageProcessor: registerConsumer info changed, SDK address=%s, consumerData=%s",
                         "heartBeatV2 " if self._request_v2 else "", addr, jl.consumer_data(cd))
 
-    def _register_producer(self, group: str, slot: int, req: tuple) -> int:
-        """ProducerManager.registerProducer; returns the membership key."""
-        g = self._producers.get(group)
-        if g is None:
-            g = _ProducerGroup(group, self._acquire_gid(group))
-            self._producers[group] = g
-            self._pgroup[g.gid] = g
-        if self._mem_pos(slot, g.key) < 0:
-            self._add_member(g, slot, req)
-            self._set_client_slot(req[0], slot)
-            self._dirty = True
-            if self.client_log.allow("new_producer", logging.INFO):
-                jl.log.info("new producer connected, group: %s channel: %s", jl._text(group), self._jinfo_request())
-        return g.key
-
-    # ----------------------------------------------------------------- ProducerManager.clientChannelTable
-    def _set_client_slot(self, cid: int, slot: int) -> None:
-        if cid >= len(self._client_slot):
-            grown = np.full(max(cid + 1, len(self._client_slot) * 2), -1, np.int32)
-            grown[:len(self._client_slot)] = self._client_slot
-            self._client_slot = grown
-            self._mv_client_slot = memoryview(grown)
-        if self._mv_client_slot[cid] < 0:
-            self._pool.acquire(cid)
-        self._mv_client_slot[cid] = slot
-
-    def _drop_client_slot(self, cid: int, only_slot: int = -1) -> None:
-        if 0 <= cid < len(self._client_slot):
-            cur = self._mv_client_slot[cid]
-            if cur >= 0 and (only_slot < 0 or cur == only_slot):
-                self._mv_client_slot[cid] = -1
-                self._pool.release(cid)
-
     # =========================================================================================== unregister
     def unregister(self, channel, client_id, producer_group=None, consumer_group=None, language=None,
                    version: int = 0) -> tuple:
@@ -1336,30 +1192,7 @@ class ClientRegistry:
             return req_info
 
         if producer_group:
-            g = self._producers.get(producer_group)
-            if g is not None and g.members.n:
-                member_cid = -1
-                if slot is not None and self._mem_pos(slot, g.key) >= 0:
-                    member_cid = self._member_info(slot, g.key)[0]
-                removed = slot is not None and self._remove_member(g, slot)
-                if removed and self.client_log.allow("unregister_producer", logging.INFO):
-                    # Java prints the request's ClientChannelInfo (built for the request: now)
-                    jl.log.info("unregister a producer[%s] from groupChannelTable %s", jl._text(producer_group),
-                                jl.client_channel_info(channel, client_id, language, version,
-                                                       int(time.time() * 1000)))
-                cid = self._pool.lookup(client_id)
-                if cid >= 0:
-                    self._drop_client_slot(cid)  # the request's client id, unconditionally, as Java does
-                if removed and member_cid != cid and 0 <= member_cid < len(self._client_slot) \
-                        and self._mv_client_slot[member_cid] == slot:
-                    self._stale_client.setdefault(slot, set()).add(member_cid)
-                if removed:
-                    self._emit(ProducerGroupEvent.CLIENT_UNREGISTER, producer_group, client=request_info())
-                if not g.members.n:
-                    self._drop_producer_group(g)
-                    self._emit(ProducerGroupEvent.GROUP_UNREGISTER, producer_group)
-                    if self.client_log.allow("producer_group_removed", logging.INFO):
-                        jl.log.info("unregister a producer group[%s] from groupChannelTable", jl._text(producer_group))
+            self.producers.unregister(channel, slot, client_id, producer_group, language, version, request_info)
         if consumer_group:
             sgc = self._find_subscription_group_config(consumer_group)  # may auto-create, as Java's does
             notify = sgc.notify_consumer_ids_changed_enable if sgc is not None else True
@@ -1402,22 +1235,8 @@ class ClientRegistry:
         keys = self._mem_keys(slot)
         removed = bool(keys)
         clog = self.client_log
-        for key in keys:
-            if key & 1 == _PRODUCER:
-                g = self._pgroup[key >> 1]
-                info = self._client_info(slot, key) if _P_CLIENT_UNREGISTER in self._wants else None
-                if clog.allow("closed_producer", logging.INFO):
-                    jl.log.info("NETTY EVENT: remove channel[%s][%s] from ProducerManager groupChannelTable, "
-                                "producer group: %s", self._jinfo(slot, key), self._jaddr(slot, channel),
-                                jl._text(g.name))
-                self._drop_client_slot(self._member_info(slot, key)[0])  # unconditionally, as Java does
-                self._remove_member(g, slot)
-                self._emit(ProducerGroupEvent.CLIENT_UNREGISTER, g.name, client=info)
-                if not g.members.n:
-                    self._drop_producer_group(g)  # 4.9 keeps the empty group (and says nothing)
-                    self._emit(ProducerGroupEvent.GROUP_UNREGISTER, g.name)
-                    if not self._rules4 and clog.allow("producer_group_removed", logging.INFO):
-                        jl.log.info("unregister a producer group[%s] from groupChannelTable", jl._text(g.name))
+        if self._mv_kinds[slot] & 2:  # producers first, as ClientHousekeepingService
+            self.producers.close_channel(slot, keys, channel)
         for key in keys:
             if key & 1 == _CONSUMER:
                 g = self._cgroup[key >> 1]
@@ -1457,28 +1276,9 @@ class ClientRegistry:
         for slot in candidates:
             keys = [k for k in self._mem_keys(slot) if now - self._member_time(slot, k) > timeouts[k & 1]]
             expired.append(keys)
-        # ProducerManager's scan runs before ConsumerManager's
+        self.producers.scan_expired(candidates, expired)  # ProducerManager's scan runs before ConsumerManager's
         clog = self.client_log
         channels = self._channels
-        for slot, keys in zip(candidates, expired):
-            for key in keys:
-                if key & 1 == _PRODUCER:
-                    g = self._pgroup[key >> 1]
-                    info = self._client_info(slot, key) if _P_CLIENT_UNREGISTER in self._wants else None
-                    if clog.allow("expired_producer", logging.WARNING):
-                        jl.log.warning("%s: remove expired channel[%s] from ProducerManager groupChannelTable, "
-                                       "producer group name: %s",
-                                       "SCAN" if self._rules4 else "ProducerManager#scanNotActiveChannel",
-                                       self._jaddr(slot, channels[slot]), jl._text(g.name))
-                    self._drop_client_slot(self._member_info(slot, key)[0], only_slot=slot)
-                    self._remove_member(g, slot)
-                    self._emit(ProducerGroupEvent.CLIENT_UNREGISTER, g.name, client=info)
-                    if not g.members.n:
-                        self._drop_producer_group(g)  # 4.9 keeps the empty group (and says nothing)
-                        self._emit(ProducerGroupEvent.GROUP_UNREGISTER, g.name)
-                        if not self._rules4 and clog.allow("expired_group_cleared", logging.WARNING):
-                            jl.log.warning("SCAN: remove expired channel from ProducerManager groupChannelTable, all "
-                                           "clear, group=%s", jl._text(g.name))
         for slot, keys in zip(candidates, expired):
             for key in keys:
                 if key & 1 == _CONSUMER:
@@ -1564,28 +1364,15 @@ class ClientRegistry:
 
     def producer_connection(self, group: str) -> ProducerConnection | None:
         """GET_PRODUCER_CONNECTION_LIST (204) data, or None when the group does not exist."""
-        g = self._producers.get(group)
-        if g is None:
-            return None
-        conns = []
-        for slot in g.members.tolist():
-            info = self._client_info(slot, g.key)
-            conns.append(Connection(info.client_id, info.remote_addr, info.language, info.version))
-        return ProducerConnection(conns)
+        return self.producers.connection(group)
 
     def producer_channels(self, group: str) -> list:
         """ClientChannelInfo of each channel of a producer group (table order)."""
-        g = self._producers.get(group)
-        return [] if g is None else [self._client_info(slot, g.key) for slot in g.members.tolist()]
+        return self.producers.channels(group)
 
     def find_producer_channel(self, client_id: str):
         """ProducerManager.findChannel: the channel last registered for a producer client id, or None."""
-        cid = self._pool.lookup(client_id)
-        if 0 <= cid < len(self._client_slot):
-            slot = self._mv_client_slot[cid]
-            if slot >= 0:
-                return self._channels[slot]
-        return None
+        return self.producers.find_channel(client_id)
 
     def find_subscription(self, group: str, topic: str):
         """ConsumerManager.findSubscriptionData: the group's SubscriptionData for a topic, or None."""
@@ -1607,7 +1394,7 @@ class ClientRegistry:
         return list(self._consumers)
 
     def producer_groups(self) -> list:
-        return list(self._producers)
+        return self.producers.groups()
 
     def groups(self) -> list:
         """Names of all consumer and producer groups, sorted."""
@@ -1669,7 +1456,7 @@ class ClientRegistry:
     def nbytes(self) -> int:
         """Bytes of the flat arrays (slot columns, string pool, client table); Python objects not included."""
         total = sum(getattr(self, name).nbytes for name, _, _ in self._COLUMNS)
-        return total + self._pool.nbytes() + self._client_slot.nbytes
+        return total + self._pool.nbytes() + self.producers.nbytes()
 
     # =========================================================================================== store
     def topic_config(self, topic: str) -> TopicConfig | None:
@@ -1787,11 +1574,10 @@ class ClientRegistry:
         for name, gid in self._gid.items():
             expected = (name in self._consumers) + (name in self._producers)
             assert self._grefs[gid] == expected > 0, f"group id of {name} has {self._grefs[gid]} refs"
-        for cid in range(len(self._client_slot)):
-            slot = self._mv_client_slot[cid]
-            if slot >= 0:
-                assert self._channels[slot] is not None
-                ref(cid)
+        for cid, slot in self.producers.client_table_items():
+            assert self._channels[slot] is not None
+            ref(cid)
+        self.producers.check_invariants()
         assert len(self._pool) == len(pool_refs), "interned strings without a reference"
         for cid, n in pool_refs.items():
             assert self._pool.refs(cid) == n, f"string {cid}: {self._pool.refs(cid)} refs, {n} expected"

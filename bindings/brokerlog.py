@@ -22,6 +22,13 @@ The analyses (``analyze_events``) run per broker (``groupBy("broker").applyInArr
   table flips a topic's expression back to one it had before (``source: group_table``, from the
   ``subscription changed ... OLD: ... NEW:`` lines; the clients behind a flip are not in the line).
 * ``flapping_clients``: a reconnect is a ``register`` of a client on another address than its previous one.
+  Each row also carries the client's connection marks (the report's timeline): ``connect_ms``, every register on
+  an address other than its previous one (its first register included), and ``closes``, ``[ms, how]`` per
+  connection (address) the broker logged leaving: ``closed`` (NETTY EVENT), ``unregister`` (UNREGISTER_CLIENT) or
+  ``expired`` (SCAN), the first such line of that address counted once.
+* ``member_addresses`` (for the report, not a finding): per (group, client) of a deviating member (as the
+  recording scan's), the remote addresses (``R:/`` of its ClientChannelInfo) of its registrations in the group live
+  during the span.
 * ``expired_clients`` (new): the broker's SCAN removed a client's channel because it sent no heartbeat for
   ``expiry`` (120 s) while the connection stayed open; one row per client and scan.
 * ``retry_topic_churn``: adds / subVersion changes / removals of a group's ``%RETRY%`` subscription, flagged like
@@ -44,7 +51,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from engine.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, _inconsistent, fleet_findings, parse_key
+from engine.scan_py import (CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, _inconsistent, deviating_members,
+                            fleet_findings, parse_key)
 
 try:
     from engine._brokerlog import parse_lines as _parse_native
@@ -364,6 +372,10 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
     addr_client: Dict[str, str] = {}
     last_addr: Dict[str, str] = {}
     reconnects: Dict[str, List[int]] = defaultdict(list)
+    connects: Dict[str, List[int]] = defaultdict(list)
+    closes: Dict[str, list] = defaultdict(list)
+    closed_addrs: Dict[str, set] = defaultdict(set)                   # client -> addresses whose close is counted
+    member_addrs: Dict[Tuple[str, str], list] = defaultdict(list)     # (group, client) -> [(s, e|None, addr)]
     registers: Dict[str, List[int]] = defaultdict(list)
     groups_of: Dict[str, set] = defaultdict(set)
     expiries: list = []
@@ -377,7 +389,14 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
         st = live[(role, group)].pop(client, None)
         if st is not None:
             intervals[(role, group)].append((st[0], t, client, st[2]))
+            if role == "consumer":
+                member_addrs[(group, client)].append((st[0], t, st[1]))
         return st
+
+    def close(client, addr, t, how):
+        if client is not None and addr and addr not in closed_addrs[client]:
+            closed_addrs[client].add(addr)
+            closes[client].append([t, how])
 
     for ev in events:
         kind, role, group, t = ev["kind"], ev["role"], ev["group"], ev["ts_ms"]
@@ -397,6 +416,9 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
             prev = last_addr.get(client)
             if prev is not None and prev != addr:
                 reconnects[client].append(t)
+            if prev is None or prev != addr:
+                connects[client].append(t)
+                closed_addrs[client].discard(addr)
             last_addr[client] = addr
             if addr:
                 addr_client[addr] = client
@@ -417,17 +439,22 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
             if st[2] != ev["sub_key"]:
                 if t > st[0]:
                     intervals[("consumer", group)].append((st[0], t, c, st[2]))
+                    member_addrs[(group, c)].append((st[0], t, st[1]))
                     st[0] = t
                 st[2] = ev["sub_key"]
         elif kind in ("unregister", "closed"):
             c = client
             if c is None or c not in live[(role, group)]:
                 c = next((k for k, v in live[(role, group)].items() if v[1] == addr), None)
-            if c is None or end(role, group, c, t) is None:
+            st = end(role, group, c, t) if c is not None else None
+            if st is None:
                 unattributed[kind] += 1
+            else:
+                close(c, addr or st[1], t, kind)
         elif kind == "expired":
             c = next((k for k, v in live[(role, group)].items() if v[1] == addr), None) or addr_client.get(addr)
             st = end(role, group, c, t) if c else None
+            close(c, addr, t, kind)
             expiries.append((addr, t, c, role, group, None if st is None else st[0]))
         elif kind in ("group_removed", "group_cleared"):
             for c in list(live[(role, group)]):
@@ -456,15 +483,18 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
     for (role, group), members in live.items():
         for c, st in members.items():
             intervals[(role, group)].append((st[0], None, c, st[2]))
+            if role == "consumer":
+                member_addrs[(group, c)].append((st[0], None, st[1]))
 
     findings = {
         "group_sizes": _sizes(intervals, broker),
         "inconsistent_subscriptions": _inconsistent_log(intervals, flips, end_of_log, params, broker),
-        "flapping_clients": _flapping_log(reconnects, groups_of, params, broker),
+        "flapping_clients": _flapping_log(reconnects, groups_of, params, broker, connects, closes),
         "heartbeat_gaps": [],
         "expired_clients": _expired(expiries, registers, groups_of, params, broker),
         "retry_topic_churn": _retry(retry, params, broker),
     }
+    findings["member_addresses"] = _member_addresses_log(findings["inconsistent_subscriptions"], member_addrs, broker)
     findings["_clients"] = sorted(registers)
     findings["_unattributed"] = dict(unattributed)
     return findings
@@ -506,7 +536,7 @@ def _inconsistent_log(intervals, flips, end_of_log, params, broker) -> list:
     return sorted(out, key=lambda r: (r["group"], r["start_ms"], r["source"]))
 
 
-def _flapping_log(reconnects, groups_of, params, broker) -> list:
+def _flapping_log(reconnects, groups_of, params, broker, connects, closes) -> list:
     out = []
     for client in sorted(reconnects):
         rc = sorted(reconnects[client])
@@ -515,8 +545,20 @@ def _flapping_log(reconnects, groups_of, params, broker) -> list:
             out.append({"broker": broker, "client_id": client, "groups": sorted(groups_of[client]),
                         "reconnects": len(rc), "max_reconnects_per_window": max(n for _, n in flagged),
                         "first_reconnect_ms": rc[0], "last_reconnect_ms": rc[-1], "windows": flagged,
-                        "reconnect_ms": rc})
+                        "reconnect_ms": rc, "connect_ms": sorted(connects[client]),
+                        "closes": sorted(closes[client])})
     return out
+
+
+def _member_addresses_log(inconsistent, member_addrs, broker) -> list:
+    """The deviating members' addresses (engine.scan_py's ``member_addresses``) from their registrations: the
+    address of every interval of the member in the group that overlaps the span (an open one runs to the end)."""
+    out: Dict[Tuple[str, str], set] = defaultdict(set)
+    for group, client, start, end in deviating_members([r for r in inconsistent if r.get("source") == "members"]):
+        for a, b, addr in member_addrs.get((group, client), ()):
+            if a < end and (b is None or b > start):
+                out[(group, client)].update([addr] if addr else [])
+    return [{"broker": broker, "group": g, "client_id": c, "addrs": sorted(x)} for (g, c), x in sorted(out.items())]
 
 
 def _expired(expiries, registers, groups_of, params, broker) -> list:
@@ -561,10 +603,11 @@ def _retry(retry, params, broker) -> list:
 def combine(per_broker: List[dict], info: dict, params: ScanParams) -> dict:
     """One findings dict (recording-scan format + log keys) from per-broker findings and the log info."""
     findings = {k: [] for k in LOG_FINDING_KEYS}
+    findings["member_addresses"] = []
     clients, unattributed = set(), defaultdict(int)
     for f in per_broker:
-        for k in LOG_FINDING_KEYS:
-            findings[k] += f[k]
+        for k in LOG_FINDING_KEYS + ("member_addresses",):
+            findings[k] += f.get(k, [])
         clients.update(f["_clients"])
         for k, v in f["_unattributed"].items():
             unattributed[k] += v
@@ -757,18 +800,21 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
         t = start_ms + 600_000
         c = conn(client)
         register(c, g, t)
-        rc = []
+        rc, connects, closes = [], [t], []
         for k in range(4):
             closed(c, g, t + 55_000)
+            closes.append([t + 55_000, "closed"])
             c = conn(client)
             t += 60_000
             register(c, g, t)
             rc.append(t)
+            connects.append(t)
             # the restarted client rebuilds its retry subscription with a newer subVersion (as in the sample log)
             w.add(t + 1000, "INFO", "HeartbeatThread_2", f"subscription changed, group: CID_G{g} OLD: "
                   f"{sd(f'%RETRY%CID_G{g}', '*', t - 60_000)} NEW: {sd(f'%RETRY%CID_G{g}', '*', t)}")
             manifest["counts"]["event_sub_change"] += 1
-        manifest["flapping"].append({"client_id": client, "groups": ["CID_G0", "PID_G0"], "reconnect_ms": rc})
+        manifest["flapping"].append({"client_id": client, "groups": ["CID_G0", "PID_G0"], "reconnect_ms": rc,
+                                     "connect_ms": connects, "closes": closes})
         manifest["retry_churn"] = [{"group": "CID_G0", "changes": 4, "ms": [x + 1000 for x in rc]}]
         # a frozen client in group 1 (or 0): expired by SCAN, back 20 s later on a new connection
         g = 1 % groups
@@ -864,8 +910,9 @@ def compare_with_manifest(findings: dict, manifest: dict, broker: Optional[str] 
         if got != want:
             problems.append(f"{what}{'' if broker is None else ' (' + broker + ')'}: found {got}, injected {want}")
 
-    check("flapping_clients", [(r["client_id"], r["groups"], r["reconnect_ms"]) for r in mine("flapping_clients")],
-          [(x["client_id"], x["groups"], x["reconnect_ms"]) for x in manifest["flapping"]])
+    check("flapping_clients", [(r["client_id"], r["groups"], r["reconnect_ms"], r["connect_ms"], r["closes"])
+                               for r in mine("flapping_clients")],
+          [(x["client_id"], x["groups"], x["reconnect_ms"], x["connect_ms"], x["closes"]) for x in manifest["flapping"]])
     check("expired_clients", [{k: r[k] for k in ("client_id", "addr", "expired_ms", "groups", "connected_ms",
                                                   "returned_ms")} for r in mine("expired_clients")],
           manifest["expired"])

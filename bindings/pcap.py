@@ -33,7 +33,7 @@ import numpy as np
 
 from engine import _pcap_py as twin
 from engine._pcap_py import STAT_NAMES, CaptureError
-from engine.scan_py import FINDING_KEYS, ScanParams, separate_data_loss
+from engine.scan_py import FINDING_KEYS, ScanParams, deviating_members, separate_data_loss
 
 try:
     from engine._pcap import CaptureDecoder as _NativeDecoder
@@ -358,6 +358,20 @@ def capture_summary(results: Sequence[CaptureResult]) -> dict:
     }
 
 
+def connection_events(results: Sequence[CaptureResult]) -> dict:
+    """{conn_id: {"open": ms, "end": [ms, how]}} of the connections whose SYN (``open``) or first FIN / RST the
+    captures saw (``how``: ``fin_by_client``, ``rst_by_server``, ...): the flapping clients' connect and close
+    marks (engine.scan_py.connection_marks)."""
+    out: dict = {}
+    for r in results:
+        for e in sorted(r.events, key=lambda x: (x[0], x[1])):
+            if e[2] == "open":
+                out.setdefault(e[1], {}).setdefault("open", e[0])
+            elif e[2] in ("fin", "rst"):
+                out.setdefault(e[1], {}).setdefault("end", [e[0], f"{e[2]}_by_{e[4]}"])
+    return out
+
+
 def loss_damage(summary: dict) -> List[dict]:
     """What the capture missed, as damage entries of the report (scan.corrupt): heartbeat gaps over these time
     ranges are not client silence."""
@@ -509,7 +523,9 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
             findings = {
                 "inconsistent_subscriptions": sp._inconsistent_records(
                     sp._rows(runs.transform(sp.inconsistent_subscriptions(params)))),
-                "flapping_clients": sp._flapping_records(sp._rows(runs.transform(sp.flapping_clients(params)))),
+                "flapping_clients": sp.with_connection_marks(
+                    runs, sp._flapping_records(sp._rows(runs.transform(sp.flapping_clients(params)))),
+                    connection_events(results)),
                 "heartbeat_gaps": sorted(sp._rows(runs.transform(sp.heartbeat_gaps(params)).select(
                     "client_id", "groups", "start_ms", "end_ms", "gap_s")), key=lambda r: (r["client_id"], r["start_ms"])),
             }
@@ -517,6 +533,8 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
                                .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members")))
             findings["group_sizes"] = sp._size_records(sp._rows(runs.transform(sp.group_sizes(params))), members)
             findings["expired_clients"] = sp.expired_records(runs, params, stats["last_ms"], addrs)
+            findings["member_addresses"] = sp.member_address_records(
+                runs, addrs, deviating_members(findings["inconsistent_subscriptions"]), params)
             if client_ids:
                 findings["_client_ids"] = sorted(r[0] for r in runs.where(F.col("role") == "client")
                                                  .select("client_id").distinct().collect())
@@ -550,7 +568,7 @@ def scan_local(paths, params: ScanParams = ScanParams(), *, native: Optional[boo
     from engine.scan_py import scan_records
 
     rec, results = read_local(paths, native=native, **options)
-    findings = scan_records(records_iter([rec]), params)
+    findings = scan_records(records_iter([rec]), params, connection_events(results))
     if client_ids:
         ids = set()
         for body in {r[5] for r in records_iter([rec])}:

@@ -205,6 +205,13 @@ def _write_all_csvs(findings: dict, out: Path) -> Tuple[List[str], Dict[str, lis
          for r in findings["flapping_clients"]])]
     _write_csv(out / "flapping_timeline.csv", ["client_id", "reconnect_ms", "reconnect_utc"],
                [[r["client_id"], t, utc(t)] for r in findings["flapping_clients"] for t in r["reconnect_ms"]])
+    if any("connect_ms" in r for r in findings["flapping_clients"]):
+        events = []
+        for r in findings["flapping_clients"]:
+            marks = [(t, "connect", "") for t in r.get("connect_ms") or []]
+            marks += [(t, "close", how) for t, how in r.get("closes") or []]
+            events += [[r.get("broker", ""), r["client_id"], kind, how, t, utc(t)] for t, kind, how in sorted(marks)]
+        _write_csv(out / "flapping_connections.csv", ["broker", "client_id", "event", "how", "ms", "utc"], events)
     lines["heartbeat_gaps"] = [[n] for n in _write_csv(
         out / "heartbeat_gaps.csv", ["client_id", "groups", "start_ms", "end_ms", "start_utc", "end_utc", "gap_s"],
         [[r["client_id"], ";".join(r["groups"]), r["start_ms"], r["end_ms"], utc(r["start_ms"]),
@@ -216,7 +223,10 @@ def _write_all_csvs(findings: dict, out: Path) -> Tuple[List[str], Dict[str, lis
     _write_csv(out / "group_sizes.csv", ["group", "role", "ms", "utc", "members"],
                [[g["group"], g["role"], ms, utc(ms), k] for g in findings["group_sizes"] for ms, k in g["series"]])
     lines["group_sizes"] = size_lines
-    names += ["flapping_clients.csv", "flapping_timeline.csv", "heartbeat_gaps.csv", "group_sizes.csv"]
+    names += ["flapping_clients.csv", "flapping_timeline.csv"]
+    if any("connect_ms" in r for r in findings["flapping_clients"]):
+        names.append("flapping_connections.csv")
+    names += ["heartbeat_gaps.csv", "group_sizes.csv"]
     lines["expired_clients"] = [[n] for n in _write_csv(
         out / "expired_clients.csv",
         ["broker", "client_id", "addr", "groups", "connected_utc", "silent_since_before_utc", "expired_utc",
@@ -375,13 +385,26 @@ def _flapping_plot(findings, out, plt, mdates, dt) -> List[str]:
     names = []
     flapping = sorted(findings["flapping_clients"], key=lambda r: -r["reconnects"])[:PLOT_CLIENTS]
     fig, ax = plt.subplots(figsize=(11, max(2.5, 0.35 * len(flapping) + 1.5)))
+    marked = any("connect_ms" in r for r in flapping)
     for i, r in enumerate(flapping):
-        ax.plot([dt(t) for t in r["reconnect_ms"]], [i] * len(r["reconnect_ms"]), "|", markersize=12)
+        if "connect_ms" in r:
+            ax.plot([dt(t) for t in r["connect_ms"]], [i + 0.12] * len(r["connect_ms"]), "^", markersize=6,
+                    color="#2e7d32", label="connect" if i == 0 else None)
+            seen = [t for t, how in r.get("closes") or [] if how != "last_heartbeat"]
+            bound = [t for t, how in r.get("closes") or [] if how == "last_heartbeat"]
+            ax.plot([dt(t) for t in seen], [i - 0.12] * len(seen), "s", markersize=5, color="#c62828",
+                    label="close" if i == 0 and seen else None)
+            ax.plot([dt(t) for t in bound], [i - 0.12] * len(bound), "s", markersize=5, markerfacecolor="white",
+                    color="#c62828", label="last heartbeat before a close" if i == 0 and bound else None)
+        else:
+            ax.plot([dt(t) for t in r["reconnect_ms"]], [i] * len(r["reconnect_ms"]), "|", markersize=12)
     ax.set_yticks(range(len(flapping)))
     ax.set_yticklabels([_label(r, r["client_id"]) for r in flapping], fontsize=7)
     if not flapping:
         ax.text(0.5, 0.5, "no flapping clients", ha="center", va="center", transform=ax.transAxes)
-    ax.set_title("Reconnects of flapping clients")
+    ax.set_title("Connects and closes of flapping clients" if marked else "Reconnects of flapping clients")
+    if marked:
+        ax.legend(loc="upper left", fontsize=7)
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
     fig.autofmt_xdate()
     fig.tight_layout()
@@ -519,23 +542,70 @@ def _span_strip(t0, t1, a, b, label) -> str:
     return _svg(w, 32, body, label)
 
 
+#: How a close mark was found, in words (the flapping rows' ``closes``: [ms, how]).
+CLOSE_HOW = {"last_heartbeat": "closed after this, its last heartbeat (the client went on on another connection)",
+             "closed": "channel closed (NETTY EVENT)", "unregister": "unregistered (UNREGISTER_CLIENT)",
+             "expired": "expired (the broker's SCAN)"}
+
+
+def close_how(how: str) -> str:
+    if how in CLOSE_HOW:
+        return CLOSE_HOW[how]
+    kind, _, by = how.partition("_by_")  # a capture's fin_by_client, rst_by_server, ...
+    return f"{kind.upper()} sent by the {by}" if by else how
+
+
+def _connect_mark(x: float, title: str, cls: str = "connect") -> str:
+    """A connect: a stem with a triangle on top."""
+    return (f"<path class='{cls}' d='M{x:.1f},18V6M{x - 4:.1f},1H{x + 4:.1f}L{x:.1f},6Z'>"
+            f"<title>{e(title)}</title></path>")
+
+
+def _close_mark(x: float, title: str, bound: bool) -> str:
+    """A close: a stem with a square at its foot; hollow and dashed when only bounded by a last heartbeat."""
+    return (f"<path class='{'closeby' if bound else 'close'}' d='M{x:.1f},3V14M{x - 3:.1f},14h6v6h-6Z'>"
+            f"<title>{e(title)}</title></path>")
+
+
 def _reconnect_strip(r: dict, window_ms: int) -> str:
-    """One mark per reconnect (a new connection: the old one closed) on the client's own time axis, its
-    flapping windows shaded."""
+    """The client's connects and closes (``connect_ms``, ``closes``; findings without them: one mark per reconnect)
+    on its own time axis around its reconnects, its flapping windows shaded. A mark before or after the axis (the
+    client's first connection, a capture's last FIN) sits at its edge, its time in its title."""
     times = r["reconnect_ms"]
-    a, b = min(times), max(times)
+    connects, closes = r.get("connect_ms"), r.get("closes")
+    marked = connects is not None and closes is not None
+    near = list(times) + ([c for c, _ in closes] if marked else [])
+    a, b = min(near), max(near)
     pad = max((b - a) // 12, 60_000)
-    w = 340
-    axis = _Axis(a - pad, b + pad, 4, w - 4)
-    body = [f"<rect x=4 y=3 width={w - 8} height=14 class=bg />"]
+    w = 360
+    axis = _Axis(a - pad, b + pad, 6, w - 6)
+    body = [f"<rect x=6 y=3 width={w - 12} height=14 class=bg />"]
     for start, n in r.get("windows") or []:
         body.append(_bar(axis, start, start + window_ms, 3, 14, "win",
                          f"{n} reconnects in the window from {utc(start)} UTC"))
-    for t in times:
-        x = axis.x(t)
-        body.append(f"<line x1={x:.1f} x2={x:.1f} y1=2 y2=18 class=mark><title>{e(utc(t))} UTC</title></line>")
-    body.append(_ticks_svg(axis, 19, 4))
-    return _svg(w, 34, "".join(body), f"{len(times)} reconnects of {r['client_id']}, {utc(a)} to {utc(b)} UTC")
+
+    def where(t):
+        return "" if axis.t0 <= t <= axis.t1 else (" (before this axis)" if t < axis.t0 else " (after this axis)")
+
+    if marked:
+        for t in connects:
+            body.append(_connect_mark(axis.x(t), f"connect {utc(t)} UTC{where(t)}"))
+        for t, how in closes:
+            body.append(_close_mark(axis.x(t), f"{close_how(how)}: {utc(t)} UTC{where(t)}",
+                                    how == "last_heartbeat"))
+        label = (f"{len(connects)} connects and {len(closes)} closes of {r['client_id']}, {len(times)} reconnects "
+                 f"from {utc(a)} to {utc(b)} UTC")
+    else:
+        for t in times:
+            x = axis.x(t)
+            body.append(f"<line x1={x:.1f} x2={x:.1f} y1=2 y2=18 class=mark><title>{e(utc(t))} UTC</title></line>")
+        label = f"{len(times)} reconnects of {r['client_id']}, {utc(a)} to {utc(b)} UTC"
+    body.append(_ticks_svg(axis, 21, 4))
+    return _svg(w, 36, "".join(body), label)
+
+
+def _legend_svg(mark: str) -> str:
+    return f"<svg class=legend width=12 height=21 viewBox='0 0 12 21' aria-hidden=true>{mark}</svg>"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -764,12 +834,24 @@ def _flapping_section(findings: dict, lines: dict, multi: bool) -> List[str]:
             r["max_reconnects_per_window"], utc(r["first_reconnect_ms"]), utc(r["last_reconnect_ms"]),
             Raw(_reconnect_strip(r, window_ms), r["first_reconnect_ms"]),
             _csv_link("flapping_clients.csv", (lines.get("flapping_clients") or [[]] * (i + 1))[i])])
+    marked = any("connect_ms" in r for r in findings["flapping_clients"])
+    legend = (f"{_legend_svg(_connect_mark(6, 'connect'))} a connect (a new connection), "
+              f"{_legend_svg(_close_mark(6, 'close', False))} a close the input shows (channel closed, unregister, "
+              f"expiry, FIN or RST: hover a mark for which), {_legend_svg(_close_mark(6, 'close', True))} the last "
+              "heartbeat on a connection the client left (a recording holds heartbeats only: it closed after that), "
+              "<span class='key win'></span> a flapping window" if marked else
+              "one mark per reconnect (a new connection: the previous one closed), <span class='key win'></span> a "
+              "flapping window")
     return ["<section id=flapping><h2>Flapping clients</h2>"
             f"<p>Clients that connected again {p['flap_min_reconnects']} or more times in a {p['flap_window_s']:g} s "
-            "window. Per client one mark per reconnect (a new connection: the previous one closed) on its own time "
-            "axis, its flapping windows shaded; every reconnect in flapping_timeline.csv.</p>",
+            f"window. Per client on its own time axis around its reconnects: {legend}. A mark beyond the axis (its "
+            "first connection, often long before) sits at the axis's edge. Every reconnect in "
+            "flapping_timeline.csv" + (", every connect and close in flapping_connections.csv" if marked else "")
+            + ".</p>",
             _table((["broker"] if multi else []) + ["client", "groups", "reconnects", "max per window",
-                                                    "first (UTC)", "last (UTC)", "reconnects over time", "rows"],
+                                                    "first (UTC)", "last (UTC)",
+                                                    "connects and closes over time" if marked else "reconnects over time",
+                                                    "rows"],
                    rows, limit=CARDS * 2, id="flapping-table", csv_name="flapping_clients.csv"),
             "</section>"]
 
@@ -1046,11 +1128,13 @@ code{background:#f3f3f3;padding:0 3px;border-radius:3px;font-size:12px;margin-ri
 table.diff td:nth-child(5){color:#1f5fa8;font-weight:bold}
 svg.strip{display:block;overflow:visible}svg .bg{fill:#f2f2f2}svg .bad,svg .expired{fill:var(--bad)}
 svg .gap{fill:#ef8a17}svg .lost{fill:#9e9e9e}svg .win{fill:#ffe0b2}svg .badspan{fill:#f8c7c4}
-svg .mark{stroke:#111;stroke-width:1.5}svg .ax{stroke:#888;stroke-width:1}svg .exp{stroke:var(--bad);stroke-width:2}
+svg .mark{stroke:#111;stroke-width:1.5}svg .connect{stroke:#2e7d32;fill:#2e7d32;stroke-width:1.5}
+svg .close{stroke:var(--bad);fill:var(--bad);stroke-width:1.5}
+svg .closeby{stroke:var(--bad);fill:#fff;stroke-width:1.3;stroke-dasharray:2 1.5}svg.legend{vertical-align:middle;overflow:visible}svg .ax{stroke:#888;stroke-width:1}svg .exp{stroke:var(--bad);stroke-width:2}
 svg .size{fill:none;stroke:#1f5fa8;stroke-width:1.6}
 svg .tick{font-size:9px;fill:#555;text-anchor:middle}
 .key{display:inline-block;width:1.2em;height:.7em;vertical-align:middle}.key.gap{background:#ef8a17}
-.key.expired{background:var(--bad)}.key.lost{background:#9e9e9e}
+.key.expired{background:var(--bad)}.key.lost{background:#9e9e9e}.key.win{background:#ffe0b2}
 .multiples{display:flex;flex-wrap:wrap;gap:10px}
 figure.multiple{margin:0;border:1px solid var(--line);padding:4px 6px;width:300px;break-inside:avoid}
 figcaption{font-size:12px;min-height:3em}

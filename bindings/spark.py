@@ -42,8 +42,8 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
-from engine.scan_py import (CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, deviating_members, parse_key,
-                            separate_data_loss)
+from engine.scan_py import (CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, connection_marks, deviating_members,
+                            parse_key, separate_data_loss)
 
 from . import segments as seg
 
@@ -576,11 +576,12 @@ def connection_addresses(plan: seg.Plan, wanted) -> dict:
     return out
 
 
-def member_address_records(runs: DataFrame, plan: seg.Plan, wanted, params: ScanParams) -> list:
+def member_address_records(runs: DataFrame, plan, wanted, params: ScanParams) -> list:
     """engine.scan_py's ``member_addresses`` from merged runs: the connections of the runs of each deviating member
     ((group, client, start_ms, end_ms) of scan_py.deviating_members) live during its span (a run's observations are
     at most min(expiry, gap threshold) apart, so ``first < end and last + expiry > start`` holds exactly when one
-    of its observations is live then), their addresses read on the driver (connection_addresses)."""
+    of its observations is live then), their addresses read on the driver (``plan``: a recording's seg.Plan,
+    read with connection_addresses) or given (``plan``: {conn_id: address}, a capture's)."""
     wanted = list(wanted)
     if not wanted:
         return []
@@ -595,7 +596,8 @@ def member_address_records(runs: DataFrame, plan: seg.Plan, wanted, params: Scan
         key = (r["group"], r["client_id"])
         if any(r["first_ms"] < end and r["last_ms"] + params.expiry_ms > start for start, end in spans.get(key, ())):
             conns[key].setdefault(r["conn_id"], r["first_ms"])
-    addrs = connection_addresses(plan, [(c, t) for d in conns.values() for c, t in d.items()])
+    addrs = plan if isinstance(plan, dict) else connection_addresses(
+        plan, [(c, t) for d in conns.values() for c, t in d.items()])
     return [{"group": g, "client_id": c, "addrs": sorted({addrs[x] for x in d if addrs.get(x)})}
             for (g, c), d in sorted(conns.items())]
 
@@ -775,7 +777,8 @@ def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, m
         jobs = {
             "inconsistent_subscriptions": lambda: _inconsistent_records(
                 _rows(runs.transform(inconsistent_subscriptions(params)))),
-            "flapping_clients": lambda: _flapping_records(_rows(runs.transform(flapping_clients(params)))),
+            "flapping_clients": lambda: with_connection_marks(
+                runs, _flapping_records(_rows(runs.transform(flapping_clients(params))))),
             "heartbeat_gaps": lambda: sorted(_rows(runs.transform(heartbeat_gaps(params)).select(
                 "client_id", "groups", "start_ms", "end_ms", "gap_s")), key=lambda r: (r["client_id"], r["start_ms"])),
             "group_sizes": lambda: _rows(runs.transform(group_sizes(params))),
@@ -835,6 +838,21 @@ def _flapping_records(rows) -> list:
         "reconnect_ms": list(r["reconnect_ms"]),
     } for r in rows]
     return sorted(out, key=lambda r: r["client_id"])
+
+
+def with_connection_marks(runs: DataFrame, rows: list, conn_events: Optional[dict] = None) -> list:
+    """The flapping rows with engine.scan_py's connection marks (``connect_ms``, ``closes``): the first and last
+    heartbeat of each connection of the flapping clients, from their merged client runs (collected: few clients),
+    and a capture's ``conn_events`` (scan_py.connection_marks)."""
+    if not rows:
+        return rows
+    conns: dict = defaultdict(dict)
+    for r in runs.where((F.col("role") == "client") & F.col("client_id").isin(sorted({x["client_id"] for x in rows}))) \
+            .groupBy("client_id", "conn_id").agg(F.min("first_ms").alias("a"), F.max("last_ms").alias("b")).collect():
+        conns[r["client_id"]][int(r["conn_id"])] = (int(r["a"]), int(r["b"]))
+    for x in rows:
+        x["connect_ms"], x["closes"] = connection_marks(conns[x["client_id"]], conn_events)
+    return rows
 
 
 def _size_records(rows, members) -> list:

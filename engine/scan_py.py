@@ -21,6 +21,12 @@ Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
   apart.
 * ``flapping_clients``: a *reconnect* is a heartbeat of a client on another connection than its previous one;
   a client flaps when some window (``flap_window``, aligned to the epoch) holds ``flap_min_reconnects`` or more.
+  Each flapping row also carries its client's connections as marks for the report's timeline (see
+  :func:`connection_marks`): ``connect_ms``, the first heartbeat of each of its connections (a new connection is a
+  connect), and ``closes``, ``[ms, how]`` per connection it left: ``how`` = ``last_heartbeat`` (the connection's
+  last heartbeat, when the client heartbeats on another connection later: the close came after it). A capture
+  scan replaces these with the capture's own TCP events where it saw them (``open``: the SYN; ``fin_by_client``,
+  ``rst_by_server``, ...: the first FIN or RST).
 * ``member_addresses`` (for the report, not a finding): per (group, client) of a deviating member -- one of an
   ``inconsistent_subscriptions`` span's variants after the first, which the most members hold -- the remote
   addresses of the connections of its observations in that group live during the span (``t < end`` and
@@ -99,8 +105,9 @@ def _sort_key(obs):
     return (t, conn, "" if key is None else "\x00" + key)  # None sorts first, like Spark's nulls-first
 
 
-def scan_records(records: Iterable, params: ScanParams = ScanParams()) -> dict:
-    """Findings of the reference scan over ``(recv_ms, conn_id, remote_addr, language, version, body)`` records."""
+def scan_records(records: Iterable, params: ScanParams = ScanParams(), conn_events: Optional[dict] = None) -> dict:
+    """Findings of the reference scan over ``(recv_ms, conn_id, remote_addr, language, version, body)`` records.
+    ``conn_events``: {conn_id: {"open": ms, "end": [ms, how]}} a capture saw (see :func:`connection_marks`)."""
     from . import HeartbeatError, decode_heartbeat
 
     params.validate()
@@ -150,7 +157,7 @@ def scan_records(records: Iterable, params: ScanParams = ScanParams()) -> dict:
 
     findings = {
         "inconsistent_subscriptions": _inconsistent(intervals, params),
-        "flapping_clients": _flapping(client_obs, groups_of, params),
+        "flapping_clients": _flapping(client_obs, groups_of, params, conn_events),
         "heartbeat_gaps": _gaps(client_obs, groups_of, params),
         "group_sizes": _sizes(intervals),
         "expired_clients": _expired(client_obs, groups_of, conn_addr, t_max, params),
@@ -292,7 +299,27 @@ def expired_row(client, conn, addr, groups, connected_ms, last_ms, returned_ms, 
             "returned_ms": returned_ms}
 
 
-def _flapping(client_obs, groups_of, params: ScanParams) -> list:
+def connection_marks(conns: Dict[int, Tuple[int, int]], conn_events: Optional[dict] = None) -> Tuple[list, list]:
+    """(connect_ms, closes) of a client's connections ``{conn_id: (first heartbeat, last heartbeat)}``: a connect
+    per connection at its first heartbeat; a close per connection the client left -- one whose last heartbeat is
+    earlier than the client's last heartbeat on any connection -- as ``[its last heartbeat, "last_heartbeat"]``
+    (the connection closed after it). ``conn_events`` (a capture's {conn_id: {"open": ms, "end": [ms, how]}})
+    takes the connect from the SYN and the close from the first FIN/RST where the capture saw them (a close
+    seen on the wire counts even on the connection the client was last on)."""
+    ev = conn_events or {}
+    last = max((b for _, b in conns.values()), default=None)
+    connects, closes = [], []
+    for c, (a, b) in conns.items():
+        e = ev.get(c) or {}
+        connects.append(int(e["open"]) if e.get("open") is not None else a)
+        if e.get("end") is not None:
+            closes.append([int(e["end"][0]), str(e["end"][1])])
+        elif b < last:
+            closes.append([b, "last_heartbeat"])
+    return sorted(connects), sorted(closes)
+
+
+def _flapping(client_obs, groups_of, params: ScanParams, conn_events: Optional[dict] = None) -> list:
     out = []
     w = params.window_ms
     for client in sorted(client_obs):
@@ -313,6 +340,11 @@ def _flapping(client_obs, groups_of, params: ScanParams) -> list:
                 "windows": [[s, n] for s, n in flagged],
                 "reconnect_ms": reconnects,
             })
+            conns: Dict[int, Tuple[int, int]] = {}
+            for t, c in obs:
+                a, b = conns.get(c, (t, t))
+                conns[c] = (min(a, t), max(b, t))
+            out[-1]["connect_ms"], out[-1]["closes"] = connection_marks(conns, conn_events)
     return out
 
 

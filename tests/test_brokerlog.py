@@ -3,6 +3,7 @@ under hypothesis, damaged lines, rolled/gzipped files, zones, and generated logs
 import gzip
 import importlib
 import os
+import re
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
@@ -403,6 +404,16 @@ def test_generated_log_findings_match_the_injected_anomalies(tmp_path, native_pa
     f = bl.scan_local([tmp_path / "broker-a"], log_tz="+08:00", native=native_parser)
     assert [(r["client_id"], r["groups"], r["reconnect_ms"]) for r in f["flapping_clients"]] == [
         (x["client_id"], x["groups"], x["reconnect_ms"]) for x in m["flapping"]]
+    # the report's timeline marks: its first register and every reconnect; one close per NETTY EVENT channel
+    # removal (three lines each: consumer, producer and inner producer group), counted once
+    (flap,) = f["flapping_clients"]
+    assert flap["connect_ms"] == [flap["reconnect_ms"][0] - 60_000] + flap["reconnect_ms"] == m["flapping"][0]["connect_ms"]
+    assert flap["closes"] == [[t - 5_000, "closed"] for t in flap["reconnect_ms"]] == m["flapping"][0]["closes"]
+    # the deviating member's address: the R:/ address of its register line (ClientChannelInfo), not its clientId's
+    log = (tmp_path / "broker-a" / "broker.log").read_text()
+    want = sorted(set(re.findall(r"R:/([0-9.]+:\d+)\], clientId=10\.9\.0\.3@odd", log)))
+    assert want and f["member_addresses"] == [{"broker": "broker-a", "group": "CID_G2", "client_id": "10.9.0.3@odd",
+                                                "addrs": want}]
     assert [{k: r[k] for k in ("client_id", "addr", "expired_ms", "groups", "connected_ms", "returned_ms")}
             for r in f["expired_clients"]] == m["expired"]
     members = [r for r in f["inconsistent_subscriptions"] if r["source"] == "members"]

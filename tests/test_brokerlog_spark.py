@@ -57,6 +57,14 @@ def test_scan_matches_local_analyses_per_broker(spark, fleet):
     assert f["scan"]["parser"] == ("native" if engine.native_modules()["_brokerlog"] else "twin")
     flapping = sorted((r["broker"], r["client_id"]) for r in f["flapping_clients"])
     assert flapping == [("broker-a", "10.9.0.1@flapper"), ("broker-b", "10.9.0.1@flapper")]
+    # (the whole findings are equal: the flapping rows' connect and close marks and the deviating members'
+    # addresses too) -- and they are the injected ones, the addresses those of the odd member's register lines
+    for r in f["flapping_clients"]:
+        m = (ma if r["broker"] == "broker-a" else mb)["flapping"][0]
+        assert (r["connect_ms"], r["closes"]) == (m["connect_ms"], m["closes"]) and len(r["closes"]) == 4
+    assert {(r["broker"], r["client_id"]) for r in f["member_addresses"]} == {("broker-a", "10.9.0.3@odd")}
+    assert not mb["inconsistent"]  # (broker-b's two groups leave no room for the odd member's disagreement)
+    assert all(r["addrs"] for r in f["member_addresses"])
     assert sorted((r["broker"], r["addr"], r["expired_ms"]) for r in f["expired_clients"]) == [
         ("broker-a", ma["expired"][0]["addr"], ma["expired"][0]["expired_ms"]),
         ("broker-b", mb["expired"][0]["addr"], mb["expired"][0]["expired_ms"])]

@@ -53,7 +53,8 @@ def test_events_frame(spark):
 
 
 def _comparable(f):
-    keys = ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "group_sizes", "expired_clients")
+    keys = ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "group_sizes", "expired_clients",
+            "member_addresses")
     return {k: f[k] for k in keys}, {k: f["summary"][k] for k in ("records", "bad_bodies", "clients")}
 
 
@@ -62,6 +63,8 @@ def test_scan_equals_the_reference_analyses(spark):
     ref = pcap.scan_local(INPUTS)
     assert _comparable(f) == _comparable(ref)
     assert f["capture"] == ref["capture"]
+    # the deviating member's address: its connection's (the capture's 4-tuple), as the local reader's
+    assert f["member_addresses"] and all(r["addrs"] for r in f["member_addresses"])
     assert f["summary"]["records"] == 86
     groups = {n["group"]: n["notifies"] for n in f["capture"]["notifications"]}
     assert sum(groups.values()) == 13 + 8 + 8
@@ -117,8 +120,17 @@ def test_scan_of_a_generated_fleet_capture_finds_the_injected_anomalies(spark, t
     conn_of = {r.remote_addr: r.conn_id for r in iter_records(rec)}
     f["expired_clients"] = [dict(r, conn_id=conn_of[r["addr"]]) for r in f["expired_clients"]]
     ref = scan_py.scan(rec)
-    for k in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "group_sizes", "expired_clients"):
-        assert f[k] == ref[k], k
+    marks = ("connect_ms", "closes")  # from the capture's SYN and FIN (tests/test_pcap.py checks them)
+    for k in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "group_sizes", "expired_clients",
+              "member_addresses"):
+        assert [{x: v for x, v in r.items() if x not in marks} for r in f[k]] == [
+            {x: v for x, v in r.items() if x not in marks} for r in ref[k]], k
+    # the Spark scan's marks are the local capture reference's (which tests/test_pcap.py checks against the SYNs
+    # and FINs), and its deviating members' addresses the recording's
+    local = pcap.scan_local([cap])
+    assert f["flapping_clients"] == local["flapping_clients"] and f["member_addresses"] == local["member_addresses"]
+    assert f["member_addresses"] and all(r["addrs"] for r in f["member_addresses"])
+    assert all({h for _, h in r["closes"]} == {"fin_by_client"} for r in f["flapping_clients"])
     assert synth.compare_with_manifest(f, manifest) == []
     assert f["summary"]["records"] == manifest["records"]
 
@@ -145,7 +157,7 @@ def test_rmqhb_scan_several_brokers_captures(spark, tmp_path):
     f = json.loads((rep / "findings.json").read_text())
     ref = pcap.combine_capture_brokers({b: pcap.scan_local(paths, client_ids=True) for b, paths in named.items()})
     for key in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "group_sizes", "expired_clients",
-                "fleet", "capture"):
+                "fleet", "capture", "member_addresses"):
         assert f[key] == json.loads(json.dumps(ref[key])), key
     for key in ("records", "clients", "bad_bodies"):
         assert f["summary"][key] == ref["summary"][key], key

@@ -25,6 +25,7 @@ from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 from engine import scan_py  # noqa: E402
+from engine.bindings.report import utc as scan_py_utc  # noqa: E402
 from engine.bindings.report import write_report  # noqa: E402
 from engine.synth import FleetConfig, generate  # noqa: E402
 
@@ -169,11 +170,24 @@ def test_flapping_silences_expiries_and_group_sizes(browser, recording_report):
     _open(browser, index)
     a = m["anomalies"]
     table = browser.find_element(By.ID, "flapping-table")
+    flapping = {r["client_id"]: r for r in f["flapping_clients"]}
     for inj in a["flapping_clients"]:
         (row,) = [r for r in table.find_elements(By.CSS_SELECTOR, "tbody tr") if inj["client_id"] in r.text]
         assert inj["group"] in _visible(row)
-        marks = row.find_elements(By.CSS_SELECTOR, "svg line.mark")
-        assert len(marks) == len(inj["expected_reconnect_ms"]) and all(x.is_displayed() for x in marks)
+        # one connect mark per connection (its first one and each injected reconnect), one close mark per
+        # connection it left (a recording bounds the close by the connection's last heartbeat): distinct shapes
+        connects = row.find_elements(By.CSS_SELECTOR, "svg path.connect")
+        closes = row.find_elements(By.CSS_SELECTOR, "svg path.closeby")
+        assert len(connects) == len(inj["expected_reconnect_ms"]) + 1 == len(flapping[inj["client_id"]]["connect_ms"])
+        assert len(closes) == len(inj["expected_reconnect_ms"]) and not row.find_elements(By.CSS_SELECTOR, "svg path.close")
+        assert all(x.is_displayed() for x in connects + closes)
+        titles = {x.find_element(By.TAG_NAME, "title").get_attribute("textContent") for x in connects}
+        assert {f"connect {scan_py_utc(t)} UTC" for t in inj["expected_reconnect_ms"]} <= titles, titles
+        assert browser.execute_script("return getComputedStyle(arguments[0]).stroke", connects[0]) != \
+            browser.execute_script("return getComputedStyle(arguments[0]).stroke", closes[0])
+    legend = _visible(browser.find_element(By.CSS_SELECTOR, "#flapping > p"))
+    assert "a connect" in legend and "a close the input shows" in legend and "last heartbeat" in legend
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#flapping > p svg.legend")) == 3
     silences = browser.find_element(By.ID, "silences-table")
     for inj in a["heartbeat_gaps"]:
         (row,) = [r for r in silences.find_elements(By.CSS_SELECTOR, "tbody tr") if inj["client_id"] in r.text]
@@ -273,6 +287,16 @@ def test_broker_log_and_capture_reports_render_the_same_way(browser, tmp_path):
         assert any(h.text == title for h in browser.find_elements(By.TAG_NAME, "h2") if h.is_displayed()), title
     card = browser.find_element(By.CSS_SELECTOR, "article.card[data-group='CID_G2']")
     assert "10.9.0.3@odd" in _visible(card) and "TagC" in card.text
+    # the deviating member's address: its channel's remote address from the register line, not its clientId's IP
+    (cells,) = [r.find_elements(By.TAG_NAME, "td") for r in card.find_elements(By.CSS_SELECTOR, "table.members tbody tr")]
+    assert [x["addrs"] for x in f["member_addresses"]] == [[cells[1].text]]
+    assert re.fullmatch(r"\d+\.\d+\.\d+\.\d+:\d+", cells[1].text) and "(from clientId)" not in card.text
+    # the flapping client's channel closes (NETTY EVENT) drawn as closes seen in the log, its registers as connects
+    (row,) = [r for r in browser.find_elements(By.CSS_SELECTOR, "#flapping-table tbody tr") if "flapper" in r.text]
+    assert len(row.find_elements(By.CSS_SELECTOR, "svg path.connect")) == 5
+    closes = row.find_elements(By.CSS_SELECTOR, "svg path.close")
+    assert len(closes) == 4 and all("NETTY EVENT" in x.find_element(By.TAG_NAME, "title").get_attribute("textContent")
+                                    for x in closes)
     browser.save_screenshot(str(tmp_path / "log-report.png"))
 
     data = ROOT / "tests" / "data" / "pcap"

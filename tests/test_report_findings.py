@@ -165,3 +165,31 @@ def test_partly_unreadable_banner(tmp_path):
     assert "PARTLY UNREADABLE INPUT:</b> 1 of 6 heartbeat bodies could not be decoded" in page
     assert "DAMAGED INPUT" not in page
     assert page.index("id=banner") < page.index("<h2>Summary</h2>")
+
+
+def test_connection_marks():
+    """A connect per connection at its first heartbeat; a close bound per connection the client left (its last
+    heartbeat earlier than the client's last); a capture's SYN and FIN/RST where it saw them."""
+    from engine.scan_py import connection_marks
+
+    conns = {1: (100, 400), 2: (200, 900), 3: (500, 900)}  # 1 left; 2 and 3 concurrent to the end
+    assert connection_marks(conns) == ([100, 200, 500], [[400, "last_heartbeat"]])
+    assert connection_marks({7: (5, 5), 8: (5, 5)}) == ([5, 5], [])  # a tie: neither was left
+    ev = {1: {"open": 99, "end": [401, "fin_by_client"]}, 3: {"end": [950, "rst_by_server"]}}
+    assert connection_marks(conns, ev) == ([99, 200, 500], [[401, "fin_by_client"], [950, "rst_by_server"]])
+
+
+def test_log_report_connects_and_closes_csv(log_report):
+    import csv
+
+    f, page, ma, mb, out = log_report
+    rows = list(csv.DictReader(open(out / "flapping_connections.csv")))
+    for broker, m in (("broker-a", ma), ("broker-b", mb)):
+        (want,) = m["flapping"]
+        mine = [r for r in rows if r["broker"] == broker and r["client_id"] == want["client_id"]]
+        assert [int(r["ms"]) for r in mine if r["event"] == "connect"] == want["connect_ms"]
+        assert [[int(r["ms"]), r["how"]] for r in mine if r["event"] == "close"] == want["closes"]
+    sec = _section(page, "Flapping clients")
+    table = sec[sec.index("id=flapping-table"):]
+    assert table.count("class='connect'") == 2 * 5 and table.count("class='close'") == 2 * 4
+    assert "channel closed (NETTY EVENT)" in sec and "flapping_connections.csv" in sec

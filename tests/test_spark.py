@@ -49,6 +49,12 @@ def test_scan_finds_exactly_the_injections(spark, recording, method):
     findings = scan(spark, d, method=method, split_records=5000)
     assert compare_with_manifest(findings, manifest) == []
     assert_same_findings(findings, reference)
+    # each flapping client's timeline marks: a connect per connection (its first one and every injected
+    # reconnect), a close bound (the left connection's last heartbeat) before each following connect
+    for r in findings["flapping_clients"]:
+        assert set(r["reconnect_ms"]) <= set(r["connect_ms"]) and len(r["connect_ms"]) == len(r["reconnect_ms"]) + 1
+        assert len(r["closes"]) == len(r["reconnect_ms"]) and {h for _, h in r["closes"]} == {"last_heartbeat"}
+        assert all(a <= c < b for (c, _), a, b in zip(r["closes"], r["connect_ms"], r["connect_ms"][1:]))
     assert findings["summary"]["bad_bodies"] == len(BAD_BODIES)
     assert findings["summary"]["records"] == manifest["records"] + len(BAD_BODIES)
     assert len(findings["scan"]["torn_tails"]) == 1 and findings["scan"]["splits"] > findings["scan"]["segments"]
@@ -166,6 +172,15 @@ def test_expired_clients_over_concurrent_connections(spark, tmp_path):
     want = scan_py.scan(tmp_path)["expired_clients"]
     assert [(r["client_id"], r["conn_id"]) for r in want] == [("b@2", 4), ("b@2", 4), ("e@5", 8), ("c@3", 5)]
     assert scan(spark, tmp_path, split_records=10)["expired_clients"] == want
+    # the flapping rows' connection marks (every client flagged): the same from merged runs as the reference's,
+    # concurrent connections (a@1: connection 1 left for 2, which it still uses) and a tie (e@5) included
+    every = ScanParams(flap_min_reconnects=1)
+    ref = scan_py.scan(tmp_path, every)["flapping_clients"]
+    marks = {r["client_id"]: (r["connect_ms"], r["closes"]) for r in ref}
+    assert marks["a@1"] == ([t0, t0 + 5], [[t0 + 4 * 30_000, "last_heartbeat"]])
+    assert marks["b@2"] == ([t0, t0 + 180_000], [[t0 + 4 * 30_000, "last_heartbeat"]])
+    assert marks["e@5"] == ([t0 + 900_000, t0 + 900_000], [])
+    assert scan(spark, tmp_path, every, split_records=10)["flapping_clients"] == ref
 
 
 def test_several_brokers_recordings_in_one_scan(spark, tmp_path):

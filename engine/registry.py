@@ -8,7 +8,10 @@ answers with results and reports consumer-group events to a listener.
 Managers (issue 15: named and split as in RocketMQ, over one channel table). ``ClientRegistry`` is the channel
 table (the slot columns and memberships below) and the facade: its public API is the broker's. The producer side
 is :class:`engine.producer_manager.ProducerManager` (``registry.producers``: the producer groups and the client
-channel table); the consumer side (ConsumerManager, ConsumerGroupInfo) is still in this module.
+channel table), the consumer side :class:`engine.consumer_manager.ConsumerManager` (``registry.consumers``: the
+consumer groups, their live ConsumerGroupInfo, and the topic -> groups table). What ClientManageProcessor decides
+before it registers (fingerprints, subscription group configs, retry topics, 4.x or 5.x rules), the fast path,
+the events and their coalescing are this module's.
 
 Usage::
 
@@ -66,7 +69,6 @@ Not thread-safe: one event loop owns a registry.
 """
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import time
@@ -74,20 +76,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .enums import ConsumeType, LanguageCode, MessageModel, ResponseCode
-from .errors import clip
+from .enums import ConsumeType, LanguageCode, ResponseCode
 from . import clientlog as jl
 from .intern import StringPool
-from .logutil import RateLimitedLog
 from .store import FLAG_UNIT_SUB, PERM_READ, PERM_WRITE, Store, SubscriptionGroupConfig, TopicConfig
 from .client_channel import CONSUMER as _CONSUMER, PRODUCER as _PRODUCER, ClientChannelInfo, Connection
 from .client_channel import Members as _Members
 from .producer_manager import PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS, ProducerConnection, ProducerGroupEvent
 from .producer_manager import ProducerManager
+from .consumer_manager import ConsumerConnection, ConsumerGroupEvent, ConsumerGroupInfo, ConsumerManager
+from .consumer_manager import subscription_to_dict  # noqa: F401 (part of this module's namespace)
 
 log = logging.getLogger("engine.registry")
-#: lines a client can cause on every heartbeat (Java logs them each time) are written at most once a minute per kind
-_client_log = RateLimitedLog(log)
 
 __all__ = [
     "ClientChannelInfo",
@@ -143,21 +143,9 @@ _INLINE = 4  # memberships kept inline per slot; more go to an overflow dict
 _NO_LANGUAGE = 255
 _ADDR_IPV4 = 1 << 48
 _CONSUME_ACTIVELY = ConsumeType.CONSUME_ACTIVELY
-_BROADCASTING = MessageModel.BROADCASTING
 _LANGUAGES = {m.value: m for m in LanguageCode}
 
 
-class ConsumerGroupEvent(enum.Enum):
-    """ConsumerGroupEvent: what ConsumerManager reports to its ConsumerIdsChangeListener."""
-
-    CHANGE = "CHANGE"
-    UNREGISTER = "UNREGISTER"
-    REGISTER = "REGISTER"
-    CLIENT_REGISTER = "CLIENT_REGISTER"
-    CLIENT_UNREGISTER = "CLIENT_UNREGISTER"
-
-
-_C_CLIENT_UNREGISTER = ConsumerGroupEvent.CLIENT_UNREGISTER
 
 
 class RegistryEvent:
@@ -270,92 +258,6 @@ _RESULT_V2_SAME = HeartbeatResult(is_sub_change=False)
 _RESULT_V2_CHANGED = HeartbeatResult(is_sub_change=True)
 
 
-def subscription_to_dict(sd) -> dict:
-    """A SubscriptionData in Java's JSON shape (fastjson key order)."""
-    return {
-        "classFilterMode": bool(sd.class_filter_mode),
-        "codeSet": list(sd.codes),
-        "expressionType": sd.expression_type,
-        "subString": sd.sub_string,
-        "subVersion": sd.sub_version,
-        "tagsSet": list(sd.tags),
-        "topic": sd.topic,
-    }
-
-
-def _enum_name(e):
-    return None if e is None else e.name
-
-
-class ConsumerConnection:
-    """Data of GET_CONSUMER_CONNECTION_LIST (203): connections, subscription table, consume type/model/where."""
-
-    __slots__ = ("connections", "subscription_table", "consume_type", "message_model", "consume_from_where")
-
-    def __init__(self, connections, subscription_table, consume_type, message_model, consume_from_where):
-        self.connections = connections
-        self.subscription_table = subscription_table
-        self.consume_type = consume_type
-        self.message_model = message_model
-        self.consume_from_where = consume_from_where
-
-    def to_dict(self) -> dict:
-        """Java's ConsumerConnection JSON (nulls omitted, as fastjson does)."""
-        out = {"connectionSet": [c.to_dict() for c in self.connections]}
-        for key, value in (("consumeFromWhere", self.consume_from_where), ("consumeType", self.consume_type),
-                           ("messageModel", self.message_model)):
-            if value is not None:
-                out[key] = value.name
-        out["subscriptionTable"] = {t: subscription_to_dict(s) for t, s in self.subscription_table.items()}
-        return out
-
-
-class ConsumerGroupInfo:
-    """A snapshot of one consumer group (ConsumerGroupInfo): members, subscription table and settings."""
-
-    __slots__ = ("group", "channels", "subscription_table", "consume_type", "message_model", "consume_from_where",
-                 "last_update_timestamp")
-
-    def __init__(self, group, channels, subscription_table, consume_type, message_model, consume_from_where,
-                 last_update_timestamp):
-        self.group = group
-        self.channels = channels  # list of ClientChannelInfo, table order
-        self.subscription_table = subscription_table
-        self.consume_type = consume_type
-        self.message_model = message_model
-        self.consume_from_where = consume_from_where
-        self.last_update_timestamp = last_update_timestamp
-
-    @property
-    def client_ids(self) -> list:
-        return [c.client_id for c in self.channels]
-
-    def __repr__(self):
-        return (f"ConsumerGroupInfo({self.group!r}, clients={self.client_ids!r}, "
-                f"topics={sorted(self.subscription_table)!r}, {_enum_name(self.consume_type)}, "
-                f"{_enum_name(self.message_model)}, {_enum_name(self.consume_from_where)})")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Internal group state
-
-
-class _ConsumerGroup:
-    __slots__ = ("name", "gid", "key", "members", "subscriptions", "consume_type", "message_model",
-                 "consume_from_where", "epoch")
-
-    def __init__(self, name, gid, consume_type, message_model, consume_from_where):
-        self.name = name
-        self.gid = gid
-        self.key = gid * 2 + _CONSUMER
-        self.members = _Members()
-        self.subscriptions = {}  # topic -> SubscriptionData (the objects of the heartbeat that set them)
-        self.consume_type = consume_type
-        self.message_model = message_model
-        self.consume_from_where = consume_from_where
-        self.epoch = 0  # registry tick of the last change a repeated heartbeat would observe
-
-
 def _language_code(language) -> int:
     if language is None:
         return _NO_LANGUAGE
@@ -442,19 +344,21 @@ class ClientRegistry:
         self._lag: dict[int, dict[int, int]] = {}  # slot -> {key: own older timestamp}
         self._info: dict[int, dict[int, tuple]] = {}  # slot -> {key: (cid, language, version)} when != the slot's
 
-        self._consumers: dict[str, _ConsumerGroup] = {}
         self._gid: dict[str, int] = {}
         self._gnames: list = []
         self._grefs: list[int] = []
         self._gfree: list[int] = []
-        self._cgroup: list = []  # gid -> _ConsumerGroup | None
         #: ProducerManager: producer groups and the client channel table, over this channel table
         self.producers = producers = ProducerManager(self)
         self._producers = producers.group_table  # the same objects, for the facade's own reads
         self._pgroup = producers.by_gid  # gid -> ProducerGroup | None (grown by _acquire_gid)
         self._stale_client = producers.stale
         self._fingerprints: dict[str, int] = {}  # ClientManageProcessor.consumerGroupHeartbeatTable
-        self._topic_groups: dict[str, set] = {}  # ConsumerManager.topicGroupTable
+        #: ConsumerManager: consumer groups and the topic -> groups table, over this channel table
+        self.consumers = consumers = ConsumerManager(self)
+        self._consumers = consumers.group_table  # the same objects: the fast path reads them
+        self._cgroup = consumers.by_gid  # gid -> ConsumerGroup | None (grown by _acquire_gid)
+        self._topic_groups = consumers.topic_groups  # ConsumerManager.topicGroupTable
         self._pending: dict[str, int] = {}  # coalesced CHANGE: group -> time of the first one in the window
         self._tick = 0
         self._config_epoch = 0
@@ -746,7 +650,7 @@ class ClientRegistry:
             self._gnames[gid] = None
             self._gfree.append(gid)
 
-    def _touch(self, group: _ConsumerGroup) -> None:
+    def _touch(self, group) -> None:
         """Record a change of the group that a repeated heartbeat would see (invalidates fast paths)."""
         self._tick += 1
         group.epoch = self._tick
@@ -756,28 +660,6 @@ class ClientRegistry:
         self._tick += 1
         self._config_epoch = self._tick
         self._dirty = True
-
-    def _new_consumer_group(self, name, consume_type, message_model, consume_from_where) -> _ConsumerGroup:
-        gid = self._acquire_gid(name)
-        g = _ConsumerGroup(name, gid, consume_type, message_model, consume_from_where)
-        self._consumers[name] = g
-        self._cgroup[gid] = g
-        self._touch(g)
-        return g
-
-    def _drop_consumer_group(self, g: _ConsumerGroup) -> None:
-        del self._consumers[g.name]
-        self._cgroup[g.gid] = None
-        self._release_gid(g.gid)
-
-    def _clear_topic_groups(self, g: _ConsumerGroup) -> None:
-        """clearTopicGroupTable: only the group's current topics (Java keeps older ones, and so do we)."""
-        for topic in g.subscriptions:
-            groups = self._topic_groups.get(topic)
-            if groups is not None:
-                groups.discard(g.name)
-                if not groups:
-                    del self._topic_groups[topic]
 
     def _group_channels(self, g) -> tuple:
         channels = self._channels
@@ -951,6 +833,7 @@ class ClientRegistry:
         self._request_v2 = v2
         sub_change = False
         refreshed = []
+        consumers = self.consumers
         for cd in hb.consumers:
             if self._reject_pull and cd.consume_type is _CONSUME_ACTIVELY:
                 continue
@@ -962,9 +845,8 @@ class ClientRegistry:
                 if sgc is not None:
                     self._create_retry_topic(group, sgc.retry_queue_nums, None,
                                              FLAG_UNIT_SUB if cd.unit_mode else 0)
-                self._register_consumer(group, slot, req, cd,
-                                        sgc.notify_consumer_ids_changed_enable if sgc is not None else True)
-                refreshed.append(self._consumers[group].key)
+                refreshed.append(consumers.register(group, slot, req, cd,
+                                                    sgc.notify_consumer_ids_changed_enable if sgc is not None else True))
                 continue
             prev = self._fingerprints.get(group)
             if v2:
@@ -994,10 +876,10 @@ class ClientRegistry:
             self._create_retry_topic(group, sgc.retry_queue_nums, has_order_topic_sub,
                                      FLAG_UNIT_SUB if cd.unit_mode else 0)
             if light:
-                self._register_consumer_without_sub(group, slot, req, cd, sgc.notify_consumer_ids_changed_enable)
+                refreshed.append(consumers.register_without_sub(group, slot, req, cd,
+                                                                sgc.notify_consumer_ids_changed_enable))
             else:
-                self._register_consumer(group, slot, req, cd, sgc.notify_consumer_ids_changed_enable)
-            refreshed.append(self._consumers[group].key)
+                refreshed.append(consumers.register(group, slot, req, cd, sgc.notify_consumer_ids_changed_enable))
         if hb.producers:
             register_producer = self.producers.register
             for pd in hb.producers:
@@ -1064,114 +946,6 @@ class ClientRegistry:
                     if g is not None:
                         self._touch(g)
 
-    # ------------------------------------------------------------------------------------- ConsumerManager
-    def _update_channel(self, g: _ConsumerGroup, slot: int, req: tuple, cd) -> bool:
-        """ConsumerGroupInfo.updateChannel: True only when the channel is new to the group."""
-        if (g.consume_type is not cd.consume_type or g.message_model is not cd.message_model
-                or g.consume_from_where is not cd.consume_from_where):
-            g.consume_type, g.message_model, g.consume_from_where = (cd.consume_type, cd.message_model,
-                                                                     cd.consume_from_where)
-            self._touch(g)
-        if self._mem_pos(slot, g.key) < 0:
-            self._add_member(g, slot, req)
-            self._dirty = True
-            if self.client_log.allow("new_consumer", logging.INFO):
-                jl.log.info("new consumer connected, group: %s %s %s channel: %s", jl._text(g.name),
-                            jl._enum(cd.consume_type), jl._enum(cd.message_model), self._jinfo_request())
-            return True
-        cur = self._member_info(slot, g.key)
-        if cur[0] != req[0]:
-            # same channel, another client id: Java logs an error and replaces the entry (not a change)
-            _client_log.log(logging.ERROR, "client_id_changed",
-                            "consumer channel exists in broker, but clientId is not the same one, group=%s, old=%s, "
-                            "new=%s", clip(g.name, 255), clip(str(self._pool.get(cur[0]) if cur[0] >= 0 else None),
-                                                               255), clip(self._pool.get(req[0]), 255))
-            self._set_member_info(slot, g.key, req)
-            self._mv_armed[slot] = 0
-            self._dirty = True
-        return False
-
-    def _update_subscription(self, g: _ConsumerGroup, subs) -> bool:
-        """ConsumerGroupInfo.updateSubscription: True only when topics were added or removed."""
-        table = g.subscriptions
-        changed = replaced = False
-        topics = set()
-        clog = self.client_log
-        for sd in subs:
-            topic = sd.topic
-            old = table.get(topic)
-            if old is None:
-                table[topic] = sd
-                changed = True
-                if clog.allow("sub_add", logging.INFO):
-                    jl.log.info("subscription changed, add new topic, group: %s %s", jl._text(g.name),
-                                jl.subscription_data(sd))
-            elif sd.sub_version > old.sub_version:
-                table[topic] = sd  # a newer subVersion replaces silently
-                replaced = True
-                if g.consume_type is ConsumeType.CONSUME_PASSIVELY and clog.allow("sub_change", logging.INFO):
-                    jl.log.info("subscription changed, group: %s OLD: %s NEW: %s", jl._text(g.name),
-                                jl.subscription_data(old), jl.subscription_data(sd))
-            topics.add(topic)
-        if len(table) != len(topics):
-            for topic in [t for t in table if t not in topics]:
-                if clog.allow("sub_remove", logging.WARNING):
-                    jl.log.warning("subscription changed, group: %s remove topic %s %s", jl._text(g.name),
-                                   jl._text(topic), jl.subscription_data(table[topic]))
-                del table[topic]
-                changed = True
-        if changed or replaced:
-            self._touch(g)
-        return changed
-
-    def _register_consumer(self, group: str, slot: int, req: tuple, cd, notify: bool) -> None:
-        subs = cd.subscriptions
-        g = self._consumers.get(group)
-        if g is None:
-            g = self._new_consumer_group(group, cd.consume_type, cd.message_model, cd.consume_from_where)
-        for sd in subs:
-            groups = self._topic_groups.get(sd.topic)
-            if groups is None:
-                self._topic_groups[sd.topic] = {group}
-            else:
-                groups.add(group)
-        r1 = self._update_channel(g, slot, req, cd)
-        if r1 and ConsumerGroupEvent.CLIENT_REGISTER in self._wants:
-            self._emit(ConsumerGroupEvent.CLIENT_REGISTER, group, client=self._request_info(),
-                       topics=frozenset(sd.topic for sd in subs))
-        r2 = self._update_subscription(g, subs)
-        if (r1 or r2) and notify and (self._rules4 or g.message_model is not _BROADCASTING):
-            self._change(group)  # 4.x: BROADCASTING groups are notified too
-        if (r1 or r2) and self.client_log.allow("consumer_data", logging.INFO):
-            self._log_consumer_data(slot, cd)
-        if self._want_register:
-            self._emit(ConsumerGroupEvent.REGISTER, group, client=self._request_info(), subscriptions=subs)
-
-    def _register_consumer_without_sub(self, group: str, slot: int, req: tuple, cd, notify: bool) -> None:
-        g = self._consumers.get(group)
-        if g is None:
-            g = self._new_consumer_group(group, cd.consume_type, cd.message_model, cd.consume_from_where)
-        for topic in g.subscriptions:
-            groups = self._topic_groups.get(topic)
-            if groups is None:
-                self._topic_groups[topic] = {group}
-            else:
-                groups.add(group)
-        if self._update_channel(g, slot, req, cd):
-            if notify and g.message_model is not _BROADCASTING:
-                self._change(group)
-            if self.client_log.allow("consumer_data", logging.INFO):
-                self._log_consumer_data(slot, cd)
-
-    def _log_consumer_data(self, slot: int, cd) -> None:
-        """ClientManageProcessor's line after a registerConsumer that changed something."""
-        addr = self._jaddr(slot, self._channels[slot])
-        if self._rules4:
-            jl.log.info("registerConsumer info changed %s %s", jl.consumer_data(cd), addr)
-        else:
-            jl.log.info("%sClientManageProcessor: registerConsumer info changed, SDK address=%s, consumerData=%s",
-                        "heartBeatV2 " if self._request_v2 else "", addr, jl.consumer_data(cd))
-
     # =========================================================================================== unregister
     def unregister(self, channel, client_id, producer_group=None, consumer_group=None, language=None,
                    version: int = 0) -> tuple:
@@ -1196,30 +970,8 @@ class ClientRegistry:
         if consumer_group:
             sgc = self._find_subscription_group_config(consumer_group)  # may auto-create, as Java's does
             notify = sgc.notify_consumer_ids_changed_enable if sgc is not None else True
-            g = self._consumers.get(consumer_group)
-            if g is not None:
-                old = None
-                if slot is not None and self._mem_pos(slot, g.key) >= 0 and self.client_log.allow(
-                        "unregister_consumer", logging.INFO):
-                    old = self._jinfo(slot, g.key)  # Java prints the entry it removed
-                if slot is not None and self._remove_member(g, slot):
-                    if old is not None:
-                        jl.log.info("unregister a consumer[%s] from consumerGroupInfo %s", jl._text(consumer_group),
-                                    old)
-                    self._emit(ConsumerGroupEvent.CLIENT_UNREGISTER, consumer_group, client=request_info(),
-                               topics=frozenset(g.subscriptions))
-                if not g.members.n:
-                    self._drop_consumer_group(g)
-                    self._emit(ConsumerGroupEvent.UNREGISTER, consumer_group)
-                    self._clear_topic_groups(g)
-                    self._log_consumer_group_removed(consumer_group)
-                if notify and (self._rules4 or g.message_model is not _BROADCASTING):
-                    self._change(consumer_group)  # even when nothing was removed (6.6.4); 4.x: BROADCASTING too
+            self.consumers.unregister(slot, consumer_group, notify, request_info)
         return ResponseCode.SUCCESS, None
-
-    def _log_consumer_group_removed(self, group: str) -> None:
-        if self.client_log.allow("consumer_group_removed", logging.INFO):
-            jl.log.info("unregister consumer ok, no any connection, and remove consumer group, %s", jl._text(group))
 
     # =========================================================================================== close
     def close_channel(self, channel) -> bool:
@@ -1234,26 +986,11 @@ class ClientRegistry:
             return False
         keys = self._mem_keys(slot)
         removed = bool(keys)
-        clog = self.client_log
-        if self._mv_kinds[slot] & 2:  # producers first, as ClientHousekeepingService
+        kinds = self._mv_kinds[slot]
+        if kinds & 2:  # producers first, as ClientHousekeepingService
             self.producers.close_channel(slot, keys, channel)
-        for key in keys:
-            if key & 1 == _CONSUMER:
-                g = self._cgroup[key >> 1]
-                info = self._client_info(slot, key) if _C_CLIENT_UNREGISTER in self._wants else None
-                if clog.allow("closed_consumer", logging.WARNING):
-                    jl.log.warning("NETTY EVENT: remove not active channel[%s] from ConsumerGroupInfo "
-                                   "groupChannelTable, consumer group: %s", self._jinfo(slot, key), jl._text(g.name))
-                self._remove_member(g, slot)
-                self._emit(ConsumerGroupEvent.CLIENT_UNREGISTER, g.name, client=info,
-                           topics=frozenset(g.subscriptions))
-                if not g.members.n:
-                    self._drop_consumer_group(g)
-                    self._emit(ConsumerGroupEvent.UNREGISTER, g.name)
-                    self._clear_topic_groups(g)
-                    self._log_consumer_group_removed(g.name)
-                if self._rules4 or g.message_model is not _BROADCASTING:
-                    self._change(g.name)  # 4.x: BROADCASTING groups too
+        if kinds & 1:
+            self.consumers.close_channel(slot, keys, channel)
         self._free_slot(slot)
         return removed
 
@@ -1277,24 +1014,8 @@ class ClientRegistry:
             keys = [k for k in self._mem_keys(slot) if now - self._member_time(slot, k) > timeouts[k & 1]]
             expired.append(keys)
         self.producers.scan_expired(candidates, expired)  # ProducerManager's scan runs before ConsumerManager's
-        clog = self.client_log
+        self.consumers.scan_expired(candidates, expired)
         channels = self._channels
-        for slot, keys in zip(candidates, expired):
-            for key in keys:
-                if key & 1 == _CONSUMER:
-                    g = self._cgroup[key >> 1]
-                    info = self._client_info(slot, key) if _C_CLIENT_UNREGISTER in self._wants else None
-                    if clog.allow("expired_consumer", logging.WARNING):
-                        jl.log.warning("SCAN: remove expired channel from ConsumerManager consumerTable. channel=%s, "
-                                       "consumerGroup=%s", self._jaddr(slot, channels[slot]), jl._text(g.name))
-                    self._emit(ConsumerGroupEvent.CLIENT_UNREGISTER, g.name, client=info,
-                               topics=frozenset(g.subscriptions))
-                    self._remove_member(g, slot)
-                    if not g.members.n:
-                        if clog.allow("expired_group_cleared", logging.WARNING):
-                            jl.log.warning("SCAN: remove expired channel from ConsumerManager consumerTable, all "
-                                           "clear, consumerGroup=%s", jl._text(g.name))
-                        self._drop_consumer_group(g)  # no UNREGISTER, no CHANGE, topicGroupTable kept (Java)
         return [channels[slot] for slot, keys in zip(candidates, expired) if keys]
 
     # =========================================================================================== config checks
@@ -1331,36 +1052,14 @@ class ClientRegistry:
     # =========================================================================================== queries
     def consumer_ids(self, group: str) -> list:
         """Client ids of the group's channels in table order (GET_CONSUMER_LIST_BY_GROUP); [] if unknown."""
-        g = self._consumers.get(group)
-        if g is None:
-            return []
-        pool = self._pool
-        out = []
-        for slot in g.members.tolist():
-            cid = self._member_info(slot, g.key)[0]
-            out.append(pool.get(cid) if cid >= 0 else None)
-        return out
+        return self.consumers.consumer_ids(group)
 
     def consumer_group_info(self, group: str) -> ConsumerGroupInfo | None:
-        g = self._consumers.get(group)
-        if g is None:
-            return None
-        channels = [self._client_info(slot, g.key) for slot in g.members.tolist()]
-        last = max((c.last_update_timestamp for c in channels), default=0)
-        return ConsumerGroupInfo(group, channels, dict(g.subscriptions), g.consume_type, g.message_model,
-                                 g.consume_from_where, last)
+        return self.consumers.group_info(group)
 
     def consumer_connection(self, group: str) -> ConsumerConnection | None:
         """GET_CONSUMER_CONNECTION_LIST (203) data, or None when the group is not online."""
-        g = self._consumers.get(group)
-        if g is None:
-            return None
-        conns = []
-        for slot in g.members.tolist():
-            info = self._client_info(slot, g.key)
-            conns.append(Connection(info.client_id, info.remote_addr, info.language, info.version))
-        return ConsumerConnection(conns, dict(g.subscriptions), g.consume_type, g.message_model,
-                                  g.consume_from_where)
+        return self.consumers.connection(group)
 
     def producer_connection(self, group: str) -> ProducerConnection | None:
         """GET_PRODUCER_CONNECTION_LIST (204) data, or None when the group does not exist."""
@@ -1376,22 +1075,19 @@ class ClientRegistry:
 
     def find_subscription(self, group: str, topic: str):
         """ConsumerManager.findSubscriptionData: the group's SubscriptionData for a topic, or None."""
-        g = self._consumers.get(group)
-        return None if g is None else g.subscriptions.get(topic)
+        return self.consumers.find_subscription(group, topic)
 
     def topic_consumed_by(self, topic: str) -> set:
         """queryTopicConsumeByWho: groups recorded for the topic (topicGroupTable, with Java's stale entries);
         under 4.x rules the live groups whose subscription table has the topic (4.9 has no topicGroupTable)."""
-        if self._rules4:
-            return {name for name, g in self._consumers.items() if topic in g.subscriptions}
-        return set(self._topic_groups.get(topic, ()))
+        return self.consumers.topic_consumed_by(topic)
 
     def fingerprint(self, group: str):
         """The last V2 fingerprint stored for a consumer group (0 after a V1 heartbeat), or None."""
         return self._fingerprints.get(group)
 
     def consumer_groups(self) -> list:
-        return list(self._consumers)
+        return self.consumers.groups()
 
     def producer_groups(self) -> list:
         return self.producers.groups()
@@ -1578,6 +1274,7 @@ class ClientRegistry:
             assert self._channels[slot] is not None
             ref(cid)
         self.producers.check_invariants()
+        self.consumers.check_invariants()
         assert len(self._pool) == len(pool_refs), "interned strings without a reference"
         for cid, n in pool_refs.items():
             assert self._pool.refs(cid) == n, f"string {cid}: {self._pool.refs(cid)} refs, {n} expected"

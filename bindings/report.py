@@ -757,6 +757,10 @@ def _summary(findings: dict, lines: dict) -> str:
                  f"{hi} live members")
     else:
         worst = "no group changed size"
+    noted = sum(1 for c in charted + rest if c[1] or c[2])
+    worst += (f"; {len(charted)} charted" + (f" (of {noted} changed or with findings: at most {MULTIPLES})"
+                                              if noted > len(charted) else "")
+              + f", {len(rest)} in the collapsed table")
     rows.append(f"<tr class=info><th scope=row><a href='#sizes'>Group sizes</a></th>"
                 f"<td class=num>{len(findings['group_sizes']):,}</td><td>{worst}</td>"
                 "<td><a href='group_sizes.csv'>group_sizes.csv</a></td></tr>")
@@ -926,7 +930,7 @@ def _multiple(g: dict, f: dict, axis: _Axis, spans: list, expiries: list, last_m
         x = axis.x(t)
         body.append(f"<line x1={x:.1f} x2={x:.1f} y1={bottom} y2={bottom + 4} class=exp><title>a member expired "
                     f"{e(utc(t))} UTC</title></line>")
-    body.append(f"<text x={axis.x0 + 2} y={top - 3} class=tick text-anchor=start>max {ymax}</text>")
+    body.append(f"<text x={axis.x0} y={top - 3} class='tick ylab'>max {ymax}</text>")
     body.append(_ticks_svg(axis, bottom + 5, 3))
     return _svg(w, h, "".join(body), f"live members of {g['group']} over time")
 
@@ -944,12 +948,17 @@ def _sizes_section(findings: dict, lines: dict, multi: bool) -> List[str]:
         for grp in r["groups"]:
             expiries[(r.get("broker", ""), grp)].append(r["expired_ms"])
     size_lines = lines.get("group_sizes") or []
+    noted = sum(1 for c in charted + rest if c[1] or c[2])
+    beyond = noted - len(charted)
     parts = ["<section id=sizes><h2>Group sizes</h2>",
              f"<p>{len(findings['group_sizes'])} groups. One chart per group whose number of live members changed "
              f"(after the first {float(findings['parameters'].get('expiry_s', 120)):g} s, when a running fleet's "
-             f"members show up one heartbeat after another) or that has findings: {len(charted)}, on the same time "
+             f"members show up one heartbeat after another) or that has findings ({noted} groups), on the same time "
              "axis (UTC), each with its own scale; red: inconsistent subscriptions, ticks under the axis: a member "
-             f"expired. The other {len(rest)} are in the table below (collapsed).</p><div class=multiples>"]
+             "expired."
+             + (f" At most {MULTIPLES} are charted (the most findings first, then the largest change): the other "
+                f"{beyond} head the table below." if beyond else "")
+             + f" The table below (collapsed) holds the other {len(rest)} groups.</p><div class=multiples>"]
     for g, f, changed in charted:
         key = (g.get("broker", ""), g["group"])
         badges = "".join(f"<span class=badge>{n} {e(k)}</span>" for k, n in sorted(f.items()))
@@ -959,7 +968,7 @@ def _sizes_section(findings: dict, lines: dict, multi: bool) -> List[str]:
             badges += f"<span class='badge warn'>{g['changes_over_data_loss']} changes around lost data</span>"
         i = index.get(id(g))
         link = _csv_link("group_sizes.csv", size_lines[i] if i is not None and i < len(size_lines) else [])
-        parts.append(f"<figure class=multiple data-group='{e(g['group'])}'><figcaption><b>{e(g['group'])}</b> "
+        parts.append(f"<figure class=multiple data-group='{e(g['group'])}' data-role='{e(g['role'])}'><figcaption><b>{e(g['group'])}</b> "
                      f"<span class=muted>{e(g['role'])}{(' on ' + e(g['broker'])) if g.get('broker') else ''}, "
                      f"{g['members']} distinct, peak {g['max_members']}</span><br>{badges}</figcaption>"
                      + _multiple(g, f, axis, spans.get(key, []), expiries.get(key, []), s.get("last_ms"))
@@ -1132,7 +1141,7 @@ svg .mark{stroke:#111;stroke-width:1.5}svg .connect{stroke:#2e7d32;fill:#2e7d32;
 svg .close{stroke:var(--bad);fill:var(--bad);stroke-width:1.5}
 svg .closeby{stroke:var(--bad);fill:#fff;stroke-width:1.3;stroke-dasharray:2 1.5}svg.legend{vertical-align:middle;overflow:visible}svg .ax{stroke:#888;stroke-width:1}svg .exp{stroke:var(--bad);stroke-width:2}
 svg .size{fill:none;stroke:#1f5fa8;stroke-width:1.6}
-svg .tick{font-size:9px;fill:#555;text-anchor:middle}
+svg .tick{font-size:9px;fill:#555;text-anchor:middle}svg .tick.ylab{text-anchor:start}
 .key{display:inline-block;width:1.2em;height:.7em;vertical-align:middle}.key.gap{background:#ef8a17}
 .key.expired{background:var(--bad)}.key.lost{background:#9e9e9e}.key.win{background:#ffe0b2}
 .multiples{display:flex;flex-wrap:wrap;gap:10px}

@@ -328,3 +328,65 @@ def test_broker_log_and_capture_reports_render_the_same_way(browser, tmp_path):
     banner = _visible(browser.find_element(By.ID, "banner"))
     assert "DAMAGED INPUT" in banner and "the capture missed 100 bytes" in banner
     assert m["clients"][0]["addr"] in _visible(browser.find_element(By.ID, "captures"))
+
+
+def test_a_large_fleet_caps_the_small_multiples_and_tables_the_rest(browser, tmp_path):
+    """The issue's own example at its scale: `rmqhb demo`'s fleet shape (2,000 clients in 100 groups: 191 group
+    series with the producer groups) and more groups with changes or findings than the report charts. The summary
+    says how many are charted and how many are in the table; there are exactly min(groups changed or with findings,
+    MULTIPLES) small multiples (the groups with the most findings first), and the collapsed table holds every other
+    group, the ones beyond the cap first. Groups and their findings are counted here from findings.json, not with
+    the report's own functions."""
+    from engine.bindings.report import MULTIPLES
+    from engine.scan_py import CLIENT_INNER_PRODUCER
+
+    cfg = FleetConfig(clients=2000, groups=100, days=0.03, seed=4, inconsistent=12, flapping=14, gaps=14, resizing=12)
+    generate(tmp_path / "rec", cfg)
+    f = scan_py.scan(tmp_path / "rec")
+    index = write_report(f, tmp_path / "report", plots=False)
+    series = {(g["group"], g["role"]): g for g in f["group_sizes"]}
+    assert len(series) == len(f["group_sizes"]) == 191
+    findings_of = {}
+    for r in f["inconsistent_subscriptions"]:
+        findings_of[r["group"]] = findings_of.get(r["group"], 0) + 1
+    for key in ("flapping_clients", "heartbeat_gaps", "expired_clients"):
+        for r in f[key]:
+            for grp in r["groups"]:
+                findings_of[grp] = findings_of.get(grp, 0) + 1
+    first, last, expiry = f["summary"]["first_ms"], f["summary"]["last_ms"], 120_000
+
+    def resized(g):  # its live-member count after the fleet's first expiry, up to the end of the input
+        before = [n for t, n in g["series"] if t <= first + expiry]
+        levels = set(before[-1:]) | {n for t, n in g["series"] if first + expiry < t <= last}
+        return len(levels) > 1
+
+    noted = {k for k, g in series.items() if resized(g) or (findings_of.get(k[0]) and k[0] != CLIENT_INNER_PRODUCER)}
+    assert len(noted) > MULTIPLES  # the cap is exercised
+
+    _open(browser, index)
+    assert _severe(browser) == []
+    summary = _visible(browser.find_element(By.ID, "summary"))
+    assert (f"{MULTIPLES} charted (of {len(noted)} changed or with findings: at most {MULTIPLES}), "
+            f"{len(series) - MULTIPLES} in the collapsed table") in summary, summary
+    figures = browser.find_elements(By.CSS_SELECTOR, "#sizes figure.multiple")
+    charted = [(x.get_attribute("data-group"), x.get_attribute("data-role")) for x in figures]
+    assert len(charted) == len(set(charted)) == MULTIPLES and set(charted) <= noted
+    assert all(x.is_displayed() for x in figures[:3])
+    beyond = noted - set(charted)
+    score = lambda k: findings_of.get(k[0], 0) if k[0] != CLIENT_INNER_PRODUCER else 0  # noqa: E731
+    assert min(map(score, charted)) >= max(map(score, beyond))  # the most findings are charted
+    para = _visible(browser.find_element(By.CSS_SELECTOR, "#sizes > p"))
+    assert f"or that has findings ({len(noted)} groups)" in para and f"At most {MULTIPLES} are charted" in para
+    assert f"the other {len(beyond)} head the table below" in para
+    assert f"holds the other {len(series) - MULTIPLES} groups" in para
+    # the rest: one collapsed table, the groups beyond the cap first (with what they have), then the steady ones
+    table = browser.find_element(By.ID, "groups-table")
+    assert not table.is_displayed()
+    browser.find_element(By.CSS_SELECTOR, "#other-groups > summary").click()
+    rows = [[c.text for c in r.find_elements(By.TAG_NAME, "td")] for r in table.find_elements(By.CSS_SELECTOR, "tbody tr")]
+    listed = [(r[0], r[1]) for r in rows]
+    assert len(listed) == len(set(listed)) == len(series) - MULTIPLES
+    assert set(listed) | set(charted) == set(series) and not set(listed) & set(charted)
+    assert set(listed[:len(beyond)]) == beyond and all(r[5] for r in rows[:len(beyond)])
+    assert not any(r[5] for r in rows[len(beyond):])
+    assert _severe(browser) == []

@@ -402,9 +402,10 @@ def _flapping_plot(findings, out, plt, mdates, dt) -> List[str]:
     ax.set_yticklabels([_label(r, r["client_id"]) for r in flapping], fontsize=7)
     if not flapping:
         ax.text(0.5, 0.5, "no flapping clients", ha="center", va="center", transform=ax.transAxes)
-    ax.set_title("Connects and closes of flapping clients" if marked else "Reconnects of flapping clients")
+    ax.set_title("Connects and closes of flapping clients" if marked else "Reconnects of flapping clients", loc="left")
     if marked:
-        ax.legend(loc="upper left", fontsize=7)
+        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, fontsize=7, frameon=False)
+        ax.set_ylim(-0.6, len(flapping) - 0.4)
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
     fig.autofmt_xdate()
     fig.tight_layout()

@@ -1,7 +1,7 @@
 """gRPC heartbeats (RocketMQ 5.x clients) beside remoting heartbeats (4.x clients), one broker process, same run.
 
     .venv/bin/python bench/bench_grpc.py [--sessions 1000,10000] [--duration 10] [--pin 0:1] [--inflight 256]
-        [--rounds 1] [--out results.json]
+        [--rounds 1] [--protocols grpc,remoting] [--out results.json]
 
 Per session count N: one broker (`rmqhb serve` with grpcServerPort, its own process and session; with --pin
 BROKER:LOAD it runs on CPU BROKER, pinned with taskset before it starts, and every load process on CPU LOAD), then,
@@ -226,6 +226,7 @@ def main(argv=None) -> int:
     p.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
     p.add_argument("--inflight", type=int, default=256, help="gRPC Heartbeat calls in flight (closed loop)")
     p.add_argument("--rounds", type=int, default=1, help="gRPC + remoting runs per session count, interleaved")
+    p.add_argument("--protocols", default="grpc,remoting", help="which runs, comma-separated (grpc, remoting)")
     p.add_argument("--pin", help="BROKER_CPU:LOAD_CPU, e.g. 0:1 (taskset)")
     p.add_argument("--out", help="also write the results (JSON) here")
     # the load process
@@ -253,10 +254,16 @@ def main(argv=None) -> int:
                     raise RuntimeError(f"the broker did not start: {line!r}")
                 if pin:
                     os.sched_setaffinity(0, {int(c) for c in pin[1].split(",")})  # loadgen's workers fork from here
+                protocols = a.protocols.split(",")
                 for r in range(a.rounds):
-                    res = _machine(lambda: run_grpc(grpc_port, proc.pid, n, a.duration, a.inflight, pin and pin[1]))
-                    _wait_sessions_gone(grpc_port, main_port)
-                    for res in (res, _machine(lambda: run_remoting(main_port, proc.pid, n, a.duration))):
+                    runs = []
+                    if "grpc" in protocols:
+                        runs.append(_machine(lambda: run_grpc(grpc_port, proc.pid, n, a.duration, a.inflight,
+                                                              pin and pin[1])))
+                        _wait_sessions_gone(grpc_port, main_port)
+                    if "remoting" in protocols:
+                        runs.append(_machine(lambda: run_remoting(main_port, proc.pid, n, a.duration)))
+                    for res in runs:
                         res.update(round=r + 1, pin=a.pin)
                         results.append(res)
                         print(json.dumps(res), flush=True)

@@ -87,6 +87,7 @@ _LEGAL = frozenset("%|_-abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 #: x-mq-language values whose Java LanguageCode name differs
 _LANGUAGE_ALIASES = {"GOLANG": LanguageCode.GO, "DOT_NET": LanguageCode.DOTNET, "NODEJS": LanguageCode.NODE_JS}
 _PERM_READ, _PERM_WRITE = 4, 2
+SERVICE = "apache.rocketmq.v2.MessagingService"
 
 
 class GrpcEndpointError(RemotingError, ValueError):
@@ -139,6 +140,14 @@ def language_of(text: str | None):
     return _LANGUAGE_ALIASES.get(name, LanguageCode.OTHER)
 
 
+def _client_id(context) -> str | None:
+    """The ``x-mq-client-id`` of a call (its first value, stripped), read without building a dict."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-mq-client-id":
+            return value.strip() if isinstance(value, str) else None
+    return None
+
+
 def peer_address(peer: str) -> str:
     """``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5`` (grpc's ``context.peer()``) as ``1.2.3.4:5`` / ``[::1]:5``."""
     peer = unquote(peer or "")
@@ -157,7 +166,8 @@ class GrpcSession:
     """
 
     __slots__ = ("client_id", "language", "version", "sdk_version", "remote_addr", "settings", "client_type",
-                 "stream", "closing", "close_reason", "id", "_endpoint", "_hb", "_hb_group", "_hb_body", "__weakref__")
+                 "stream", "closing", "close_reason", "id", "_endpoint", "_hb", "_hb_group", "_hb_body", "_hb_repeat",
+                 "__weakref__")
     grpc_session = True
 
     def __init__(self, endpoint, client_id: str, language, sdk_version: str, remote_addr: str):
@@ -176,6 +186,9 @@ class GrpcSession:
         self._hb = None
         self._hb_group = None
         self._hb_body = None  # its HeartbeatData as a remoting heartbeat body (the recorder's records)
+        #: (the serialized HeartbeatRequest, the registry's repeat token) of its last heartbeat that took the
+        #: registry's full path and armed its fast path: the same bytes again are a repeat (see _Servicer.Heartbeat)
+        self._hb_repeat = None
         #: the recorder's connection id (the remoting server's sequence: no clash with a connection's)
         self.id = endpoint.broker.server._next_conn_id()
 
@@ -225,7 +238,11 @@ class GrpcEndpoint:
         #: restart, restored by their client's next Heartbeat (see :meth:`_restore`)
         self.dormant: dict = {}
         self.restored = 0
+        #: heartbeats answered on the repeat path (see _Servicer.Heartbeat)
+        self.heartbeat_repeats = 0
         self.p = load_protocol()
+        #: the serialized answer of a heartbeat that registered (the Heartbeat handler answers with bytes)
+        self._heartbeat_ok = self.p.s.HeartbeatResponse(status=self._status(self.p.d.Code.OK)).SerializeToString()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> int:
@@ -241,7 +258,12 @@ class GrpcEndpoint:
             ("grpc.max_metadata_size", MAX_METADATA_BYTES),
         ]
         server = p.aio.server(maximum_concurrent_rpcs=self.max_concurrent_rpcs, options=options)
-        p.sg.add_MessagingServiceServicer_to_server(_Servicer(self), server)
+        servicer = _Servicer(self)
+        p.sg.add_MessagingServiceServicer_to_server(servicer, server)
+        # Heartbeat with bytes in and out (its repeat path compares the request's bytes, answers prepared bytes): a
+        # registered method's handler takes precedence over the generated (generic) one
+        server.add_registered_method_handlers(SERVICE, {
+            "Heartbeat": p.grpc.unary_unary_rpc_method_handler(servicer.Heartbeat)})
         host = self.host or "0.0.0.0"
         addr = f"[{host}]:{self.port}" if ":" in host and not host.startswith("[") else f"{host}:{self.port}"
         try:
@@ -530,26 +552,30 @@ class GrpcEndpoint:
             hb = HeartbeatData(session.client_id, consumers=[ConsumerData(
                 group, consume_type, MessageModel.CLUSTERING, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
                 subscriptions=subs)])
-        session._hb, session._hb_group, session._hb_body = hb, group, None
+        session._hb, session._hb_group, session._hb_body, session._hb_repeat = hb, group, None, None
         return hb
 
     def _register(self, session: GrpcSession, group: str | None):
         d = self.p.d
         hb = self._heartbeat_data(session, group)
-        recorder = self.broker.recorder
-        if recorder is not None:  # recorded as a remoting heartbeat of the same client would be: the scan reads both
-            if session._hb_body is None:
-                from . import encode_heartbeat
-
-                session._hb_body = encode_heartbeat(hb)
-            recorder.record(int(time.time() * 1000), session.id, session.remote_addr, session.language,
-                            session.version, session._hb_body)
+        if self.broker.recorder is not None:
+            self._record(session)
         result = self.broker.registry.heartbeat(session, hb, session.language, session.version)
         if result.code == ResponseCode.SUCCESS:
             return None
         if result.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST:
             return self._status(d.Code.CONSUMER_GROUP_NOT_FOUND, _short(result.remark or "", 120))
         return self._status(d.Code.INTERNAL_ERROR, _short(result.remark or "registration failed", 120))
+
+    def _record(self, session: GrpcSession) -> None:
+        """The recorder's record of a registering Settings / Heartbeat: the remoting heartbeat body of the same
+        HeartbeatData (the scan reads both generations alike)."""
+        if session._hb_body is None:
+            from . import encode_heartbeat
+
+            session._hb_body = encode_heartbeat(session._hb)
+        self.broker.recorder.record(int(time.time() * 1000), session.id, session.remote_addr, session.language,
+                                    session.version, session._hb_body)
 
     def _update_settings(self, session: GrpcSession, settings) -> None:
         """ClientActivity.processAndWriteClientSettings: validate, register, keep the client's Settings."""
@@ -577,7 +603,7 @@ class GrpcEndpoint:
         old = self.broker.registry.channel_groups(session)
         session.settings = settings
         session.client_type = client_type
-        session._hb = None
+        session._hb = session._hb_repeat = None
         hb = self._heartbeat_data(session, group)
         new = ((cd.group for cd in hb.consumers), (pd.group for pd in hb.producers))
         if any(set(o) - set(n) for o, n in zip(old, new)):
@@ -784,9 +810,33 @@ class _Servicer:
             return self.ep.query_assignment(request)
         return await self._unary("QueryAssignmentResponse", run, request, context)
 
-    async def Heartbeat(self, request, context):
-        self.ep.trace("Heartbeat", request, context)
+    async def Heartbeat(self, request: bytes, context):
+        """Registered with the serialized request in and the serialized answer out (GrpcEndpoint.start). A
+        session's heartbeat with the very bytes of its previous one, while the registry's fast path armed by that
+        one still holds (no Settings, config or group change since: ClientRegistry.heartbeat_repeat), is answered
+        from there: no metadata dict, no protobuf parse, no HeartbeatData, no answer built (the repeat route of
+        remoting's repeated frames). Anything else, and every call with aclEnable (each call's signature is
+        checked) or the on_request hook, takes the full path."""
         ep = self.ep
+        if ep.acl is None and ep.on_request is None:
+            session = ep.sessions.get(_client_id(context))
+            if session is not None and (repeat := session._hb_repeat) is not None and repeat[0] == request:
+                if ep.broker.registry.heartbeat_repeat(repeat[1]) is not None:
+                    ep.heartbeat_repeats += 1
+                    if ep.broker.recorder is not None:
+                        ep._record(session)
+                    return ep._heartbeat_ok
+                session._hb_repeat = None
+        return await self._heartbeat(request, context)
+
+    async def _heartbeat(self, raw: bytes, context):
+        ep = self.ep
+        try:
+            request = ep.p.s.HeartbeatRequest.FromString(raw)
+        except Exception:  # protobuf's DecodeError: grpc-java's words for it, never the parser's
+            ep.bad_requests += 1
+            await context.abort(ep.p.grpc.StatusCode.INTERNAL, "Invalid protobuf byte sequence")
+        ep.trace("Heartbeat", request, context)
 
         async def run(request, context):
             d = ep.p.d
@@ -801,8 +851,13 @@ class _Servicer:
             if session.client_type != d.ClientType.PRODUCER:
                 group = ep._group(request.group)
             status = ep._register(session, group)
-            return ep.p.s.HeartbeatResponse(status=status or ep._status(d.Code.OK))
-        return await self._unary("HeartbeatResponse", run, request, context)
+            if status is not None:
+                return ep.p.s.HeartbeatResponse(status=status)
+            token = ep.broker.registry.repeat_token(session, session._hb, session.language, session.version)
+            session._hb_repeat = None if token is None else (raw, token)
+            return ep._heartbeat_ok
+        answer = await self._unary("HeartbeatResponse", run, request, context)
+        return answer if isinstance(answer, bytes) else answer.SerializeToString()
 
     async def NotifyClientTermination(self, request, context):
         self.ep.trace("NotifyClientTermination", request, context)

@@ -165,6 +165,11 @@ def test_a_good_signature_is_accepted_end_to_end(acl_broker, astub):
     hb = s.HeartbeatRequest(client_type=d.ClientType.PUSH_CONSUMER)
     hb.group.name = "GroupOK"
     assert astub.Heartbeat(hb, metadata=signed("ok@1")).status.code == Code.OK
+    # the same request bytes again with a wrong signature: every call is checked (no repeat path with ACL)
+    assert astub.Heartbeat(hb, metadata=signed("ok@1", secret="wrong")).status.code == Code.UNAUTHORIZED
+    assert astub.Heartbeat(hb, metadata=signed("ok@1")).status.code == Code.OK
+    assert acl_broker.grpc.heartbeat_repeats == 0 and acl_broker.grpc.acl_denied == 1
+    acl_broker.grpc.acl_denied = 0
     a = s.QueryAssignmentRequest()
     a.topic.name, a.group.name = "TopicOK", "GroupOK"
     assert astub.QueryAssignment(a, metadata=signed("ok@1")).status.code == Code.OK

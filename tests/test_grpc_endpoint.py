@@ -356,6 +356,62 @@ def test_bad_settings_end_the_stream_and_the_endpoint_keeps_serving(gbroker, stu
     assert stub.QueryRoute(req, metadata=md()).status.code == Code.OK
 
 
+def test_a_repeated_heartbeat_takes_the_repeat_path_and_anything_else_the_full_one(gbroker, stub, monkeypatch):
+    """The same request bytes of a session again: answered from the registry's repeat path (which still refreshes
+    the session); a changed request, new Settings, a bad group and undecodable bytes go the full way."""
+    ep = gbroker.grpc
+    now = [gbroker.call(gbroker.registry._clock)]
+    monkeypatch.setattr(gbroker.registry, "_clock", lambda: now[0])
+    t = Telemetry(stub, md("rep@1"))
+    t.send(settings=consumer_settings("GroupRep", [("TopicRep", "TagA")]))
+    assert t.recv().status.code == Code.OK
+    hb = s.HeartbeatRequest(client_type=d.ClientType.PUSH_CONSUMER)
+    hb.group.name = "GroupRep"
+    answers = [stub.Heartbeat(hb, metadata=md("rep@1")) for _ in range(3)]
+    assert [(a.status.code, a.status.message) for a in answers] == [(Code.OK, "OK")] * 3
+    assert ep.heartbeat_repeats == 2  # the first one armed it
+    # a repeat refreshes the session as a full heartbeat does: not expired a timeout after the first heartbeat
+    timeout = gbroker.config.channel_expired_timeout
+    now[0] += timeout - 1000
+    assert stub.Heartbeat(hb, metadata=md("rep@1")).status.code == Code.OK
+    assert ep.heartbeat_repeats == 3
+    assert gbroker.call(gbroker.scan_expired, now[0] + 2000) == 0
+    assert [c["clientId"] for c in consumers(gbroker, "GroupRep")["connectionSet"]] == ["rep@1"]
+    # other bytes (another group, here an illegal one): the full path and its status
+    bad = s.HeartbeatRequest(client_type=d.ClientType.PUSH_CONSUMER)
+    bad.group.name = "bad group!"
+    assert stub.Heartbeat(bad, metadata=md("rep@1")).status.code == Code.ILLEGAL_CONSUMER_GROUP
+    assert ep.heartbeat_repeats == 3
+    # new Settings (another subscription): the same heartbeat bytes take the full path once, then repeat again
+    t.send(settings=consumer_settings("GroupRep", [("TopicRep2", "TagB")]))
+    assert t.recv().status.code == Code.OK
+    assert stub.Heartbeat(hb, metadata=md("rep@1")).status.code == Code.OK
+    assert ep.heartbeat_repeats == 3
+    assert sorted(consumers(gbroker, "GroupRep")["subscriptionTable"]) == ["TopicRep2"]
+    assert stub.Heartbeat(hb, metadata=md("rep@1")).status.code == Code.OK
+    assert ep.heartbeat_repeats == 4
+    # another session's identical bytes are its own: a client without Settings is not answered from rep@1's path
+    r = stub.Heartbeat(hb, metadata=md("other@1"))
+    assert (r.status.code, r.status.message) == (Code.UNRECOGNIZED_CLIENT_TYPE,
+                                                 "cannot find client settings for this client")
+    # undecodable bytes: refused without the parser's text, and the endpoint keeps serving
+    raw = grpc.insecure_channel(f"127.0.0.1:{gbroker.ports['grpc']}")
+    with pytest.raises(grpc.RpcError) as e:
+        raw.unary_unary("/apache.rocketmq.v2.MessagingService/Heartbeat")(b"\xff\xff\xff\xff", metadata=md("rep@1"))
+    assert e.value.code() == grpc.StatusCode.INTERNAL
+    assert e.value.details() == "Invalid protobuf byte sequence"
+    raw.close()
+    assert stub.Heartbeat(hb, metadata=md("rep@1")).status.code == Code.OK
+    assert ep.heartbeat_repeats == 5
+    # after termination the session is gone: the same bytes are no repeat
+    term = s.NotifyClientTerminationRequest()
+    term.group.name = "GroupRep"
+    assert stub.NotifyClientTermination(term, metadata=md("rep@1")).status.code == Code.OK
+    assert stub.Heartbeat(hb, metadata=md("rep@1")).status.code == Code.UNRECOGNIZED_CLIENT_TYPE
+    assert ep.heartbeat_repeats == 5
+    t.end()
+
+
 def test_a_failing_handler_answers_internal_error_without_its_text(gbroker, stub, monkeypatch):
     def boom(request):
         raise RuntimeError("secret detail")
@@ -441,6 +497,8 @@ def test_a_grpc_session_is_recorded_and_scanned_like_any_member(tmp_path):
         hb = s.HeartbeatRequest(client_type=d.ClientType.PUSH_CONSUMER)
         hb.group.name = "GroupRec"
         assert stub.Heartbeat(hb, metadata=md("rec@1")).status.code == Code.OK
+        assert stub.Heartbeat(hb, metadata=md("rec@1")).status.code == Code.OK  # the repeat path records too
+        assert b.grpc.heartbeat_repeats == 1
         session_id = b.grpc.sessions["rec@1"].id
         # a 4.x member of the same group with another subscription: the scan sees the two disagree
         c = Client(b.ports["main"])
@@ -452,7 +510,7 @@ def test_a_grpc_session_is_recorded_and_scanned_like_any_member(tmp_path):
     finally:
         b.stop()
     records = [r for r in iter_records(rec) if r.conn_id == session_id]
-    assert len(records) == 2  # the Settings and the Heartbeat
+    assert len(records) == 3  # the Settings and the two Heartbeats
     for r in records:
         assert r.language.name == "PYTHON" and r.remote_addr.startswith("127.0.0.1:")
         data = decode_heartbeat(r.body)

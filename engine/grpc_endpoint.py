@@ -601,9 +601,12 @@ class GrpcEndpoint:
                 raise _BadRequest(d.Code.UNRECOGNIZED_CLIENT_TYPE, d.ClientType.Name(client_type)
                                   if client_type in d.ClientType.values() else "unknown client type")
         old = self.broker.registry.channel_groups(session)
+        if session.client_type != client_type or session.settings != settings:
+            # the same Settings again (the 5.x clients send them again on their own) keep the HeartbeatData: the
+            # registry sees the same registration, and the Heartbeat repeat path stays armed
+            session._hb = session._hb_repeat = None
         session.settings = settings
         session.client_type = client_type
-        session._hb = session._hb_repeat = None
         hb = self._heartbeat_data(session, group)
         new = ((cd.group for cd in hb.consumers), (pd.group for pd in hb.producers))
         if any(set(o) - set(n) for o, n in zip(old, new)):

@@ -566,8 +566,16 @@ def test_the_real_python_clients_capture_replayed_registers_what_the_live_client
     assert sorted(ids) == ["PRODUCER", "PUSH_CONSUMER", "SIMPLE_CONSUMER"]
     assert all(dict(meta)["x-mq-language"] == "PYTHON" for _, meta, _ in entries)
     streams, listed = {}, None
+    # a repeat: a session's heartbeat with its previous heartbeat's bytes, no other Settings between
+    last_heartbeat, last_settings, repeats = {}, {}, 0
     for method, meta, req in entries:
         client_id = dict(meta)["x-mq-client-id"]
+        if method == "Telemetry" and last_settings.get(client_id) != req.settings:
+            last_heartbeat.pop(client_id, None)
+            last_settings[client_id] = req.settings
+        elif method == "Heartbeat":
+            repeats += last_heartbeat.get(client_id) == req.SerializeToString()
+            last_heartbeat[client_id] = req.SerializeToString()
         if method == "NotifyClientTermination" and listed is None:  # before the first client leaves
             listed = (producers(gbroker, "TopicCapture"), consumers(gbroker, "GID_CAPTURE_PUSH"),
                       consumers(gbroker, "GID_CAPTURE_SIMPLE"))
@@ -590,6 +598,8 @@ def test_the_real_python_clients_capture_replayed_registers_what_the_live_client
     assert [(c["clientId"], c["language"]) for c in simple["connectionSet"]] == [(ids["SIMPLE_CONSUMER"], "PYTHON")]
     assert simple["consumeType"] == "CONSUME_ACTIVELY"
     assert simple["subscriptionTable"]["TopicCapture"]["subString"] == "*"
+    # the client sends the same HeartbeatRequest every time: each one after a session's first is a repeat
+    assert repeats == 9 - 3 and gbroker.grpc.heartbeat_repeats == repeats  # 9 heartbeats of 3 clients
     # the terminations at the end of the capture: every registration gone, as after the live client's shutdown
     assert producers(gbroker, "TopicCapture") is None
     assert consumers(gbroker, "GID_CAPTURE_PUSH") is None and consumers(gbroker, "GID_CAPTURE_SIMPLE") is None

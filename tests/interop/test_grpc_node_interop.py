@@ -110,6 +110,8 @@ def test_node_producer_push_and_simple_consumer_are_listed_and_leave(v5_node_dir
     assert simple["subscriptionTable"]["TopicNodeS"]["tagsSet"] == ["TagC"]
     # the simple consumer's receive is answered "no new message" after its long poll (no message store)
     assert d._expect("RECEIVED", 60) == "RECEIVED 0"
+    # every 10 s each client sends the same HeartbeatRequest: from its second one on, the broker's repeat path
+    assert ti.wait_for(lambda: gbroker.grpc.heartbeat_repeats >= 3, timeout=60)
     assert d.close() == 0
     # NotifyClientTermination at shutdown: every registration is gone at once
     assert connections(gbroker, "GID_NODE_PUSH") is None and connections(gbroker, "GID_NODE_SIMPLE") is None

@@ -1,6 +1,12 @@
 """Broker metadata persisted as JSON under a store directory: topic configs, subscription-group configs and
 consumer offsets (RocketMQ's TopicConfigManager, SubscriptionGroupManager and ConsumerOffsetManager).
 
+The managers have modules of their own (issue 15): :mod:`engine.topic_config_manager`,
+:mod:`engine.subscription_group_manager` and :mod:`engine.consumer_offset_manager`, over the base of
+:mod:`engine.config_manager`. This module holds what they share on disk (the atomic writes and the loading rules
+below) and :class:`Store`, which composes the three and decides when each is written; every name it had before the
+split is still importable from here.
+
 Files, as the Java broker names them under ``<storePathRootDir>/config/``:
 
 * ``topics.json``            ``{"dataVersion": {...}, "topicConfigTable": {name: TopicConfig}}``
@@ -32,11 +38,39 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from .config_manager import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    ConfigManager,
+    DataVersion,
+    KeyedConfigManager,
+    StoreError,
+)
+from .consumer_offset_manager import QUERY_NOT_FOUND, ConsumerOffsetManager
 from .errors import clip
 from .logutil import RateLimitedLog
+from .subscription_group_manager import (
+    CID_RMQ_SYS_PREFIX,
+    GROUP_MAX_LENGTH,
+    SYSTEM_CONSUMER_GROUPS,
+    SubscriptionGroupConfig,
+    SubscriptionGroupManager,
+    validate_group,
+)
+from .topic_config_manager import (
+    FLAG_UNIT,
+    FLAG_UNIT_SUB,
+    PERM_INHERIT,
+    PERM_PRIORITY,
+    PERM_READ,
+    PERM_WRITE,
+    TopicConfig,
+    TopicConfigManager,
+)
 
 log = logging.getLogger("engine.store")
 
@@ -61,228 +95,9 @@ __all__ = [
     "validate_group",
 ]
 
-#: PermName bits (C/constant/PermName.java).
-PERM_PRIORITY, PERM_READ, PERM_WRITE, PERM_INHERIT = 8, 4, 2, 1
-#: TopicSysFlag bits (C/sysflag/TopicSysFlag.java).
-FLAG_UNIT, FLAG_UNIT_SUB = 1, 2
-#: ResponseCode.QUERY_NOT_FOUND: a consumer offset that was never committed.
-QUERY_NOT_FOUND = 22
-
-#: Groups SubscriptionGroupManager#init creates at start (the last five with consumeBroadcastEnable, the default).
-SYSTEM_CONSUMER_GROUPS = (
-    "TOOLS_CONSUMER",
-    "FILTERSRV_CONSUMER",
-    "SELF_TEST_C_GROUP",
-    "CID_ONS-HTTP-PROXY",
-    "CID_ONSAPI_PULL",
-    "CID_ONSAPI_PERMISSION",
-    "CID_ONSAPI_OWNER",
-    "CID_RMQ_SYS_TRANS",
-)
-CID_RMQ_SYS_PREFIX = "CID_RMQ_SYS_"
-GROUP_MAX_LENGTH = 120
-_GROUP_CHARS = re.compile(r"[%|a-zA-Z0-9_-]+")
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-class StoreError(ValueError):
-    """A persisted file does not have the expected shape (the message names the JSON path)."""
-
-
-def validate_group(group) -> tuple[bool, str]:
-    """TopicValidator.validateGroup: non-blank, only ``[%|a-zA-Z0-9_-]``, at most 120 characters."""
-    if group is None or not str(group).strip():
-        return False, "The specified group is blank."
-    if not _GROUP_CHARS.fullmatch(group):
-        return False, f"The specified group: {group}, contains illegal characters, allowing only ^[%|a-zA-Z0-9_-]+$"
-    if len(group) > GROUP_MAX_LENGTH:
-        return False, f"The specified group: {group}, is longer than group max length: {GROUP_MAX_LENGTH}"
-    return True, ""
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Typed field readers for loading: a wrong type is corruption, reported with its JSON path.
-
-
-def _get(d: dict, key: str, kind, default, path: str, lo=None, hi=None):
-    value = d.get(key, default)
-    if value is None:
-        return default
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise StoreError(f"{path}.{key}: expected an integer, got {type(value).__name__}")
-        if lo is not None and not lo <= value <= hi:
-            raise StoreError(f"{path}.{key}: {value} out of range")
-    elif kind is bool:
-        if not isinstance(value, bool):
-            raise StoreError(f"{path}.{key}: expected a boolean, got {type(value).__name__}")
-    elif kind is str:
-        if not isinstance(value, str):
-            raise StoreError(f"{path}.{key}: expected a string, got {type(value).__name__}")
-    elif kind is dict:
-        if not isinstance(value, dict):
-            raise StoreError(f"{path}.{key}: expected an object, got {type(value).__name__}")
-    return value
-
-
-def _or_empty(value):
-    return {} if value is None else value
-
-
-def _str_map(value, path: str) -> dict:
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise StoreError(f"{path}: expected an object of strings")
-    return dict(value)
-
-
-@dataclass
-class DataVersion:
-    """RocketMQ DataVersion: bumped on every change of a table, sent to the name server with the topic table."""
-
-    counter: int = 0
-    state_version: int = 0
-    timestamp: int = field(default_factory=lambda: int(time.time() * 1000))
-
-    def next_version(self) -> None:
-        self.counter += 1
-        self.timestamp = int(time.time() * 1000)
-
-    def to_dict(self) -> dict:
-        return {"counter": self.counter, "stateVersion": self.state_version, "timestamp": self.timestamp}
-
-    @classmethod
-    def from_dict(cls, d, path="$.dataVersion") -> "DataVersion":
-        if not isinstance(d, dict):
-            raise StoreError(f"{path}: expected an object")
-        return cls(
-            counter=_get(d, "counter", int, 0, path, INT64_MIN, INT64_MAX),
-            state_version=_get(d, "stateVersion", int, 0, path, INT64_MIN, INT64_MAX),
-            timestamp=_get(d, "timestamp", int, 0, path, INT64_MIN, INT64_MAX),
-        )
-
-
-@dataclass
-class TopicConfig:
-    """TopicConfig with the Java defaults (16 queues, perm READ|WRITE, SINGLE_TAG). ``to_dict`` uses Java keys."""
-
-    topic_name: str
-    read_queue_nums: int = 16
-    write_queue_nums: int = 16
-    perm: int = PERM_READ | PERM_WRITE
-    topic_filter_type: str = "SINGLE_TAG"
-    topic_sys_flag: int = 0
-    order: bool = False
-    attributes: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return {
-            "attributes": dict(self.attributes),
-            "order": self.order,
-            "perm": self.perm,
-            "readQueueNums": self.read_queue_nums,
-            "topicFilterType": self.topic_filter_type,
-            "topicName": self.topic_name,
-            "topicSysFlag": self.topic_sys_flag,
-            "writeQueueNums": self.write_queue_nums,
-        }
-
-    @classmethod
-    def from_dict(cls, d, path="$") -> "TopicConfig":
-        if not isinstance(d, dict):
-            raise StoreError(f"{path}: expected an object")
-        name = _get(d, "topicName", str, None, path)
-        if not name:
-            raise StoreError(f"{path}.topicName: missing")
-        return cls(
-            topic_name=name,
-            read_queue_nums=_get(d, "readQueueNums", int, 16, path, INT32_MIN, INT32_MAX),
-            write_queue_nums=_get(d, "writeQueueNums", int, 16, path, INT32_MIN, INT32_MAX),
-            perm=_get(d, "perm", int, PERM_READ | PERM_WRITE, path, INT32_MIN, INT32_MAX),
-            topic_filter_type=_get(d, "topicFilterType", str, "SINGLE_TAG", path),
-            topic_sys_flag=_get(d, "topicSysFlag", int, 0, path, INT32_MIN, INT32_MAX),
-            order=_get(d, "order", bool, False, path),
-            attributes=_str_map(_or_empty(d.get("attributes")), f"{path}.attributes"),
-        )
-
-
-@dataclass
-class SubscriptionGroupConfig:
-    """SubscriptionGroupConfig with the defaults of PROTOCOL.md 6.12. ``to_dict`` uses Java keys."""
-
-    group_name: str
-    consume_enable: bool = True
-    consume_from_min_enable: bool = True
-    consume_broadcast_enable: bool = True
-    consume_message_orderly: bool = False
-    retry_queue_nums: int = 1
-    retry_max_times: int = 16
-    group_retry_policy: dict = field(default_factory=lambda: {"type": "CUSTOMIZED"})
-    broker_id: int = 0
-    which_broker_when_consume_slowly: int = 1
-    notify_consumer_ids_changed_enable: bool = True
-    group_sys_flag: int = 0
-    consume_timeout_minute: int = 15
-    subscription_data_set: list | None = None
-    attributes: dict = field(default_factory=dict)
-
-    _JAVA_KEYS = {
-        "group_name": "groupName",
-        "consume_enable": "consumeEnable",
-        "consume_from_min_enable": "consumeFromMinEnable",
-        "consume_broadcast_enable": "consumeBroadcastEnable",
-        "consume_message_orderly": "consumeMessageOrderly",
-        "retry_queue_nums": "retryQueueNums",
-        "retry_max_times": "retryMaxTimes",
-        "group_retry_policy": "groupRetryPolicy",
-        "broker_id": "brokerId",
-        "which_broker_when_consume_slowly": "whichBrokerWhenConsumeSlowly",
-        "notify_consumer_ids_changed_enable": "notifyConsumerIdsChangedEnable",
-        "group_sys_flag": "groupSysFlag",
-        "consume_timeout_minute": "consumeTimeoutMinute",
-        "subscription_data_set": "subscriptionDataSet",
-        "attributes": "attributes",
-    }
-
-    def to_dict(self) -> dict:
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is None:
-                continue  # fastjson omits nulls
-            out[self._JAVA_KEYS[f.name]] = dict(value) if isinstance(value, dict) else value
-        return dict(sorted(out.items()))
-
-    @classmethod
-    def from_dict(cls, d, path="$") -> "SubscriptionGroupConfig":
-        if not isinstance(d, dict):
-            raise StoreError(f"{path}: expected an object")
-        name = _get(d, "groupName", str, None, path)
-        if not name:
-            raise StoreError(f"{path}.groupName: missing")
-        policy = _get(d, "groupRetryPolicy", dict, None, path)
-        subs = d.get("subscriptionDataSet")
-        if subs is not None and not isinstance(subs, list):
-            raise StoreError(f"{path}.subscriptionDataSet: expected an array")
-        i32 = (INT32_MIN, INT32_MAX)
-        i64 = (INT64_MIN, INT64_MAX)
-        return cls(
-            group_name=name,
-            consume_enable=_get(d, "consumeEnable", bool, True, path),
-            consume_from_min_enable=_get(d, "consumeFromMinEnable", bool, True, path),
-            consume_broadcast_enable=_get(d, "consumeBroadcastEnable", bool, True, path),
-            consume_message_orderly=_get(d, "consumeMessageOrderly", bool, False, path),
-            retry_queue_nums=_get(d, "retryQueueNums", int, 1, path, *i32),
-            retry_max_times=_get(d, "retryMaxTimes", int, 16, path, *i32),
-            group_retry_policy=dict(policy) if policy is not None else {"type": "CUSTOMIZED"},
-            broker_id=_get(d, "brokerId", int, 0, path, *i64),
-            which_broker_when_consume_slowly=_get(d, "whichBrokerWhenConsumeSlowly", int, 1, path, *i64),
-            notify_consumer_ids_changed_enable=_get(d, "notifyConsumerIdsChangedEnable", bool, True, path),
-            group_sys_flag=_get(d, "groupSysFlag", int, 0, path, *i32),
-            consume_timeout_minute=_get(d, "consumeTimeoutMinute", int, 15, path, *i32),
-            subscription_data_set=list(subs) if subs is not None else None,
-            attributes=_str_map(_or_empty(d.get("attributes")), f"{path}.attributes"),
-        )
+#: names that moved to the manager modules (issue 15), still importable from here
+_REEXPORTED = (INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, CID_RMQ_SYS_PREFIX, GROUP_MAX_LENGTH)
+_Table, _ConfigTable = ConfigManager, KeyedConfigManager
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -518,259 +333,6 @@ class _JsonFile:
         self._loaded = "main"
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Managers
-
-
-class _Table:
-    """A table persisted as one JSON document: ``{"dataVersion": ..., TABLE_KEY: {key: item}}`` (with the
-    constant members of ``EXTRA``), loaded with the fallbacks of :class:`_JsonFile`."""
-
-    FILE_NAME = TABLE_KEY = ""
-    EXTRA: dict = {}
-
-    def __init__(self, store: "Store"):
-        self._store = store
-        self.table: dict = {}
-        self.data_version = DataVersion()
-        self.file = _JsonFile(store.config_dir / self.FILE_NAME if store.config_dir else None)
-
-    def _item_to_json(self, item):
-        return item.to_dict()
-
-    def _item_from_json(self, key: str, value, path: str):
-        raise NotImplementedError
-
-    def snapshot(self):
-        """What a write of the table needs, taken on the owner's thread: the data version and a shallow copy of
-        the table (one C-level dict copy). The copy is consistent because a config object in the table is never
-        changed in place once there: a change puts a new object. Turning the items into JSON happens in
-        :meth:`encode_snapshot`, which may run on the store's writer thread: at 50k groups that is ~0.7 s the event
-        loop no longer spends."""
-        return self.data_version.to_dict(), dict(self.table)
-
-    def encode_snapshot(self, snapshot) -> bytes:
-        data_version, table = snapshot
-        return _JsonFile.encode({"dataVersion": data_version, **self.EXTRA,
-                                 self.TABLE_KEY: {k: self._item_to_json(v) for k, v in sorted(table.items())}})
-
-    def to_document(self) -> dict:
-        return json.loads(self.encode_snapshot(self.snapshot()))
-
-    def _parse(self, doc):
-        if not isinstance(doc, dict):
-            raise StoreError("$: expected an object")
-        table = doc.get(self.TABLE_KEY)
-        table = {} if table is None else table
-        if not isinstance(table, dict):
-            raise StoreError(f"$.{self.TABLE_KEY}: expected an object")
-        parsed = {k: self._item_from_json(k, v, f"$.{self.TABLE_KEY}[{k!r}]") for k, v in table.items()}
-        dv = DataVersion.from_dict(doc["dataVersion"]) if doc.get("dataVersion") is not None else DataVersion()
-        return parsed, dv
-
-    def load(self) -> None:
-        loaded = self.file.load(self._parse, self._store.recover_corrupt)
-        if loaded is not None:
-            self.table, self.data_version = loaded
-
-
-class _ConfigTable(_Table):
-    """A config table keyed by the items' ``KEY_ATTR``; every mutation bumps the data version and is persisted
-    through the store (at once, or deferred when ``derivable``, see :class:`Store`)."""
-
-    KEY_ATTR = ""
-
-    def get(self, name: str):
-        return self.table.get(name)
-
-    def contains(self, name: str) -> bool:
-        return name in self.table
-
-    def put(self, config, derivable: bool = False):
-        """Create or replace an entry (UPDATE_AND_CREATE_TOPIC/SUBSCRIPTIONGROUP); returns the previous one.
-
-        ``derivable``: the entry is created again by the traffic that made it (a topic auto-created on a route
-        query), so its write may be deferred (:class:`Store`); an admin change is written before returning.
-        """
-        name = getattr(config, self.KEY_ATTR)
-        old = self.table.get(name)
-        self.table[name] = config
-        self._changed(derivable)
-        return old
-
-    def delete(self, name: str):
-        old = self.table.pop(name, None)
-        if old is not None:
-            self._changed()
-        return old
-
-    def _changed(self, derivable: bool = False) -> None:
-        self.data_version.next_version()
-        self._store._config_changed(self, derivable)
-
-
-class TopicConfigManager(_ConfigTable):
-    """The topic table (TopicConfigManager): ``topics.json``."""
-
-    FILE_NAME, TABLE_KEY, KEY_ATTR = "topics.json", "topicConfigTable", "topic_name"
-
-    def put(self, config, derivable: bool = False):
-        old = super().put(config, derivable)
-        if old is None:
-            self._store.topic_created(config.topic_name)
-        return old
-
-    def _item_from_json(self, key, value, path):
-        return TopicConfig.from_dict(value, path)
-
-    def is_order_topic(self, topic: str) -> bool:
-        tc = self.table.get(topic)
-        return tc is not None and tc.order
-
-    def create_topic_in_send_message_back_method(self, topic: str, queue_nums: int, perm: int, is_order: bool,
-                                                 topic_sys_flag: int) -> tuple[TopicConfig, bool]:
-        """createTopicInSendMessageBackMethod: an existing topic only gets its order flag adjusted.
-
-        Returns ``(config, changed)`` where ``changed`` says whether the table was modified (created or updated);
-        ``(None, False)`` when the table is at its auto-create limit (:meth:`Store.may_auto_create`).
-        """
-        tc = self.table.get(topic)
-        if tc is not None:
-            if is_order is not None and tc.order != is_order:  # None (4.x): the order flag is left alone
-                # replaced, not changed in place: a queued write's snapshot (a shallow copy of the table, encoded
-                # later on the writer thread) keeps the config object as it was
-                tc = self.table[topic] = replace(tc, order=is_order)
-                self._changed(derivable=True)  # the next heartbeat sets it again
-                return tc, True
-            return tc, False
-        if not self._store.may_auto_create(self, topic):
-            return None, False
-        tc = TopicConfig(topic, read_queue_nums=queue_nums, write_queue_nums=queue_nums, perm=perm,
-                         topic_sys_flag=topic_sys_flag, order=bool(is_order))
-        self.table[topic] = tc
-        log.info("create new topic %s", tc)
-        self._changed(derivable=True)  # a retry topic: the next heartbeat of the group creates it again
-        self._store.topic_created(topic)
-        return tc, True
-
-
-class SubscriptionGroupManager(_ConfigTable):
-    """The subscription-group table (SubscriptionGroupManager): ``subscriptionGroup.json``, with the system
-    groups of ``init()``."""
-
-    FILE_NAME, TABLE_KEY, KEY_ATTR = "subscriptionGroup.json", "subscriptionGroupTable", "group_name"
-    EXTRA = {"forbiddenTable": {}}
-
-    def __init__(self, store: "Store"):
-        super().__init__(store)
-        for name in SYSTEM_CONSUMER_GROUPS:
-            self.table[name] = SubscriptionGroupConfig(name)
-
-    def _item_from_json(self, key, value, path):
-        return SubscriptionGroupConfig.from_dict(value, path)
-
-    def find(self, group: str, auto_create: bool, enable_create_sys_group: bool) -> tuple:
-        """findSubscriptionGroupConfig: ``(config or None, created)``.
-
-        A missing group is created with the defaults when auto-create is on, or when it is a ``CID_RMQ_SYS_``
-        group and creating system groups is on, provided validateGroup accepts the name.
-        """
-        config = self.table.get(group)
-        if config is not None:
-            return config, False
-        if not (auto_create or (enable_create_sys_group and group is not None
-                                and group.startswith(CID_RMQ_SYS_PREFIX))):
-            return None, False
-        ok, _ = validate_group(group)
-        if not ok:
-            return None, False
-        if not self._store.may_auto_create(self, group):
-            return None, False
-        config = SubscriptionGroupConfig(group)
-        self.table[group] = config
-        log.debug("auto-created subscription group %s", group)  # Java's line is the registry's (engine.clientlog)
-        self._changed(derivable=True)  # the next heartbeat of the group creates it again
-        return config, True
-
-    def load(self) -> None:
-        system = dict(self.table)
-        super().load()
-        self.table = {**system, **self.table}  # Java: init() first, then the file's entries over them
-
-
-class ConsumerOffsetManager(_Table):
-    """Committed consumer offsets: ``"topic@group" -> {queueId: offset}`` (ConsumerOffsetManager):
-    ``consumerOffset.json``, written by :meth:`Store.persist_offsets` (the broker's timer), not on every commit."""
-
-    FILE_NAME, TABLE_KEY = "consumerOffset.json", "offsetTable"
-    SEPARATOR = "@"
-
-    def __init__(self, store: "Store"):
-        super().__init__(store)
-        self.dirty = False
-
-    def commit_offset(self, client_host: str, group: str, topic: str, queue_id: int, offset: int) -> None:
-        key = topic + self.SEPARATOR + group
-        queues = self.table.get(key)
-        if queues is None:
-            self.table[key] = {queue_id: offset}
-        else:
-            stored = queues.get(queue_id)
-            queues[queue_id] = offset
-            if stored is not None and offset < stored:
-                log.debug("update consumer offset less than store. clientHost=%s, key=%s, queueId=%s, "
-                          "requestOffset=%s, storeOffset=%s", client_host, key, queue_id, offset, stored)
-        self.dirty = True
-
-    def query_offset(self, group: str, topic: str, queue_id: int) -> int:
-        """The committed offset, or -1 when none was committed (ConsumerOffsetManager.queryOffset)."""
-        queues = self.table.get(topic + self.SEPARATOR + group)
-        if queues is not None:
-            offset = queues.get(queue_id)
-            if offset is not None:
-                return offset
-        return -1
-
-    def offsets(self, group: str, topic: str) -> dict[int, int]:
-        return dict(self.table.get(topic + self.SEPARATOR + group) or {})
-
-    def remove(self, group: str, topic: str | None = None) -> int:
-        """Drop the offsets of a group (on one topic or all); returns how many topic@group keys went."""
-        keys = [k for k in self.table
-                if k.rpartition(self.SEPARATOR)[2] == group and (topic is None or k.rpartition(self.SEPARATOR)[0] == topic)]
-        for k in keys:
-            del self.table[k]
-        if keys:
-            self.dirty = True
-        return len(keys)
-
-    def _item_to_json(self, queues):
-        return {str(q): o for q, o in sorted(queues.items())}
-
-    def snapshot(self):
-        # the queue maps are updated in place by commit_offset: copy them too (the encoding still runs later)
-        return self.data_version.to_dict(), {k: dict(v) for k, v in self.table.items()}
-
-    def _item_from_json(self, key, queues, path):
-        if self.SEPARATOR not in key:
-            raise StoreError(f"{path}: key is not topic@group")
-        if not isinstance(queues, dict):
-            raise StoreError(f"{path}: expected an object")
-        out = {}
-        for q, o in queues.items():
-            try:
-                qid = int(q)
-            except ValueError:
-                raise StoreError(f"{path}: queue id {q!r} is not an integer") from None
-            if isinstance(o, bool) or not isinstance(o, int) or not INT64_MIN <= o <= INT64_MAX:
-                raise StoreError(f"{path}[{q!r}]: expected an int64 offset")
-            out[qid] = o
-        return out
-
-    def write_failed(self) -> None:
-        self.dirty = True  # the next flush retries
-
-
 class Store:
     """The three persisted tables of a broker under ``store_dir/config`` (``None``: in memory only).
 
@@ -826,6 +388,10 @@ class Store:
         #: called with the name of each topic created after loading (a retry topic, an auto-created or an admin
         #: topic): the broker pushes it to the name servers at once, as TopicConfigManager does
         self.on_topic_created = None
+
+    def config_file(self, name: str) -> _JsonFile:
+        """The persisted document ``name`` under ``config_dir`` (a manager's file; in memory when no directory)."""
+        return _JsonFile(self.config_dir / name if self.config_dir is not None else None)
 
     def topic_created(self, topic: str) -> None:
         hook = self.on_topic_created

@@ -138,3 +138,64 @@ def test_malformed_lock_body_is_a_short_error(broker, body):
             assert "RequestBody" in r.remark and len(r.remark) < 200
     finally:
         c.close()
+
+
+# --------------------------------------------------------------------------------- the manager across clients
+
+
+def test_expired_locks_answer_like_missing_ones_until_purged(mgr):
+    """owner() and is_lock_all_expired() see expiry at once; the entry itself goes at the next purge."""
+    assert mgr.is_lock_all_expired("g")  # a group without locks (Java: no table -> true)
+    mgr.try_lock_batch("g", MQ[:2], "c1")
+    mgr.clock_obj.t += 30
+    mgr.try_lock_batch("g", MQ[1:2], "c1")  # only queue 1 renewed
+    assert not mgr.is_lock_all_expired("g")
+    mgr.clock_obj.t += 31  # queue 0: 61 s without renewal, queue 1: 31 s
+    assert mgr.owner("g", MQ[0]) is None and mgr.owner("g", MQ[1]) == "c1"
+    assert mgr.entries == 2 and mgr.purge_expired() == 1 and mgr.entries == 1
+    assert list(mgr.table["g"]) == [MQ[1]]
+    mgr.clock_obj.t += 31
+    assert mgr.is_lock_all_expired("g")
+
+
+def test_an_owner_whose_lock_expired_gets_it_back_and_renewals_add_no_entry(mgr):
+    mgr.try_lock_batch("g", MQ[:1], "c1")
+    for _ in range(3):
+        mgr.clock_obj.t += 59
+        assert mgr.try_lock_batch("g", MQ[:1], "c1") == MQ[:1]
+    assert mgr.entries == 1
+    mgr.clock_obj.t += 61  # expired, nobody took it: the same client locks it again
+    assert mgr.try_lock_batch("g", MQ[:1], "c1") == MQ[:1] and mgr.entries == 1
+    assert mgr.try_lock_batch("g", MQ[:1], "c2") == []
+
+
+def test_a_takeover_of_an_expired_lock_is_granted_at_the_budget():
+    """At max_entries a new queue is refused, but an expired entry changes hands (it uses no new entry)."""
+    clock = Clock()
+    m = RebalanceLockManager(max_entries=2, clock=clock)
+    assert m.try_lock_batch("g", MQ[:2], "c1") == MQ[:2]
+    clock.t += 61
+    assert m.try_lock_batch("g", MQ[:3], "c2") == MQ[:2]
+    assert m.refused == 1 and m.entries == 2 and all(m.owner("g", mq) == "c2" for mq in MQ[:2])
+    # c1, whose locks were taken, can release nothing of c2's
+    assert m.unlock_batch("g", MQ, "c1") == 0 and m.entries == 2
+    assert m.unlock_batch("g", MQ[:1], "c2") == 1
+    assert m.try_lock_batch("g", MQ[2:3], "c1") == MQ[2:3] and m.entries == 2
+
+
+def test_unlocking_another_clients_expired_lock_leaves_it(mgr):
+    """UNLOCK releases only the caller's own entries, expired or not."""
+    mgr.try_lock_batch("g", MQ[:1], "c1")
+    mgr.clock_obj.t += 61
+    assert mgr.unlock_batch("g", MQ[:1], "c2") == 0 and mgr.table["g"][MQ[0]][0] == "c1"
+    assert mgr.unlock_batch("g", MQ[:1], "c1") == 1 and mgr.table == {}
+
+
+def test_the_live_time_is_configurable():
+    clock = Clock()
+    m = RebalanceLockManager(lock_max_live_time_ms=1500, clock=clock)
+    m.try_lock_batch("g", MQ[:1], "c1")
+    clock.t += 1.5
+    assert m.try_lock_batch("g", MQ[:1], "c2") == []
+    clock.t += 0.01
+    assert m.try_lock_batch("g", MQ[:1], "c2") == MQ[:1]

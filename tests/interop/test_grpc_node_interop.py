@@ -14,13 +14,15 @@ The test installs the client itself, with its whole dependency tree pinned by th
 """
 import json
 import os
+import types
 
 import pytest
 
 import test_interop as ti
 from test_interop import drivers, ons_dir  # noqa: F401  (fixtures)
-from test_grpc_interop import (ADMIN, acl_gbroker, connections, gbroker, start_v5,  # noqa: F401  (fixtures)
-                               v5_python)
+from conftest import require_module
+from test_grpc_interop import (ADMIN, _serve, acl_gbroker, connections, free_port, gbroker,  # noqa: F401
+                               start_v5, v5_python)
 
 pytestmark = pytest.mark.interop
 
@@ -167,3 +169,42 @@ def test_node_signed_clients_are_checked_against_plain_acl(v5_node_dir, drivers,
     assert acl_gbroker.grpc.acl_denied > 0 and acl_gbroker.grpc.sessions == {}
     assert connections(acl_gbroker, "GID_ACL", **ADMIN) is None
     assert connections(acl_gbroker, "TopicAcl", True, **ADMIN) is None
+
+
+def test_node_clients_are_listed_again_after_a_broker_restart(v5_node_dir, drivers, tmp_path):  # noqa: F811
+    """The `rmqhb serve` process stops (SIGTERM) and starts again on the same ports and store: the running Node.js
+    clients (producer, push and simple consumer) are listed again, and are gone after their shutdown. Unlike the
+    Python client, this one renews its Telemetry stream when the stream ends and sends its Settings on the new one
+    (TelemetrySession.refresh), so it registers itself again once its channel reconnects, whether or not its next
+    heartbeat finds the Settings the broker's graceful stop saved."""
+    require_module("grpc")
+    broker = types.SimpleNamespace(ports={"main": free_port(), "grpc": free_port()})
+    store = tmp_path / "store"
+    log_file = tmp_path / "broker.log"
+    proc = _serve(store, broker.ports["main"], broker.ports["grpc"], log_file)
+    try:
+        d = start_v5_node(v5_node_dir, drivers, broker, tmp_path / "scratch", producerTopics=["TopicNodeRestart"],
+                          pushConsumers=[{"group": "GID_NODE_RESTART_PUSH", "topic": "TopicNodeRestart",
+                                          "expr": "TagA"}],
+                          simpleConsumers=[{"group": "GID_NODE_RESTART_SIMPLE", "topic": "TopicNodeRestart"}])
+        producer_id, push_id, simple_id = d.ready_line.split()[1:]
+
+        def listed():
+            return (connections(broker, "GID_NODE_RESTART_PUSH") == [(push_id, "HTTP")]
+                    and connections(broker, "GID_NODE_RESTART_SIMPLE") == [(simple_id, "HTTP")]
+                    and connections(broker, "TopicNodeRestart", producer=True) == [(producer_id, "HTTP")])
+
+        assert ti.wait_for(listed)
+        proc.terminate()
+        assert proc.wait(60) == 0
+        with pytest.raises(OSError):  # the broker is down
+            connections(broker, "GID_NODE_RESTART_PUSH")
+        proc = _serve(store, broker.ports["main"], broker.ports["grpc"], log_file)
+        assert ti.wait_for(listed, timeout=150), log_file.read_text()[-3000:]
+        assert d.close() == 0
+        assert ti.wait_for(lambda: connections(broker, "GID_NODE_RESTART_PUSH") is None
+                           and connections(broker, "GID_NODE_RESTART_SIMPLE") is None
+                           and connections(broker, "TopicNodeRestart", producer=True) is None)
+    finally:
+        proc.terminate()
+        proc.wait(60)

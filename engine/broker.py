@@ -139,6 +139,7 @@ class Broker:
         store = Store(cfg.store_path_root_dir, background_writes=True,
                       auto_create_max_groups=cfg.auto_create_max_subscription_groups,
                       auto_create_max_topics=cfg.auto_create_max_topics,
+                      max_offset_entries=cfg.max_consumer_offset_entries,
                       recover_corrupt=cfg.store_recover_corrupt_files)
         # only CHANGE matters here: leaving REGISTER out keeps the heartbeat path free of event objects
         return ClientRegistry(config=rc, listener=self._on_registry_event, store=store,

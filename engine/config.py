@@ -104,6 +104,9 @@ class BrokerConfig:
     #: a route query for a topic that cannot be created answers TOPIC_NOT_EXIST (0 = no limit)
     auto_create_max_topics: int = 20_000
     default_topic_queue_nums: int = 4  # RocketMQ defaults to 8; 4 halves the idle long polls of real clients
+    #: engine: committed consumer offsets held at once (one per group, topic and queue id, which the client
+    #: chooses); a commit of a new one past it is answered SYSTEM_ERROR, existing ones still move (0 = no limit)
+    max_consumer_offset_entries: int = 1_000_000
     #: ms between writes of `consumerOffset.json`
     flush_consumer_offset_interval: int = 5_000
     # -- executor queues (BrokerConfig *ThreadPoolQueueCapacity) --

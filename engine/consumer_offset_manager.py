@@ -6,7 +6,9 @@ group being removed with it, and the file's shape: Java writes the queue maps wi
 fastjson), this manager writes standard JSON (``{"0":12}``, which fastjson also reads) and reads both; an offset is
 an int64. A commit only marks the table dirty: the store writes it on the broker's ``flushConsumerOffsetInterval``
 timer and at shutdown (:meth:`engine.store.Store.persist_offsets`). What may be committed (an existing group and
-topic, a queue id and an offset present) is the caller's check (:meth:`engine.registry.ClientRegistry.update_consumer_offset`).
+topic, a queue id and an offset present) is the caller's check (:meth:`engine.registry.ClientRegistry.update_consumer_offset`);
+how many entries the table may hold is the store's (``max_offset_entries``, the broker's maxConsumerOffsetEntries):
+past it a new entry is refused, an existing one still moves.
 """
 from __future__ import annotations
 
@@ -32,10 +34,21 @@ class ConsumerOffsetManager(ConfigManager):
     def __init__(self, store: "Store"):
         super().__init__(store)
         self.dirty = False
+        #: (topic@group, queue id) entries in the table: a commit of a new one stops at the store's
+        #: ``max_offset_entries`` (the client chooses the queue id, any int32)
+        self.entries = 0
+        #: commits refused by that budget
+        self.refused = 0
 
-    def commit_offset(self, client_host: str, group: str, topic: str, queue_id: int, offset: int) -> None:
+    def commit_offset(self, client_host: str, group: str, topic: str, queue_id: int, offset: int) -> bool:
+        """commitOffset; False (nothing stored) when the offset would be a new entry and the table is at the
+        store's budget (:meth:`engine.store.Store.may_add_offset`); an existing entry is always updated."""
         key = topic + self.SEPARATOR + group
         queues = self.table.get(key)
+        if queues is None or queue_id not in queues:
+            if not self._store.may_add_offset():
+                return False
+            self.entries += 1
         if queues is None:
             self.table[key] = {queue_id: offset}
         else:
@@ -45,6 +58,7 @@ class ConsumerOffsetManager(ConfigManager):
                 log.debug("update consumer offset less than store. clientHost=%s, key=%s, queueId=%s, "
                           "requestOffset=%s, storeOffset=%s", client_host, key, queue_id, offset, stored)
         self.dirty = True
+        return True
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when none was committed (ConsumerOffsetManager.queryOffset)."""
@@ -63,7 +77,7 @@ class ConsumerOffsetManager(ConfigManager):
         keys = [k for k in self.table
                 if k.rpartition(self.SEPARATOR)[2] == group and (topic is None or k.rpartition(self.SEPARATOR)[0] == topic)]
         for k in keys:
-            del self.table[k]
+            self.entries -= len(self.table.pop(k))
         if keys:
             self.dirty = True
         return len(keys)
@@ -90,6 +104,10 @@ class ConsumerOffsetManager(ConfigManager):
                 raise StoreError(f"{path}[{q!r}]: expected an int64 offset")
             out[qid] = o
         return out
+
+    def load(self) -> None:
+        super().load()
+        self.entries = sum(len(queues) for queues in self.table.values())
 
     def write_failed(self) -> None:
         self.dirty = True  # the next flush retries

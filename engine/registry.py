@@ -1198,7 +1198,9 @@ class ClientRegistry:
             return ResponseCode.SYSTEM_ERROR, f"QueueId is null, topic is {topic}"
         if offset is None:
             return ResponseCode.SYSTEM_ERROR, f"Offset is null, topic is {topic}"
-        self.store.offsets.commit_offset(client_host, group, topic, queue_id, offset)
+        if not self.store.offsets.commit_offset(client_host, group, topic, queue_id, offset):
+            return ResponseCode.SYSTEM_ERROR, ("the consumer offset table is full (maxConsumerOffsetEntries="
+                                               f"{self.store.max_offset_entries})")
         return ResponseCode.SUCCESS, None
 
     def query_consumer_offset(self, group, topic, queue_id) -> int:

@@ -362,12 +362,15 @@ class Store:
 
     def __init__(self, store_dir=None, *, sync_config_writes: bool = True, derivable_write_delay_s: float = 1.0,
                  clock=time.monotonic, background_writes: bool = False, auto_create_max_groups: int = 0,
-                 auto_create_max_topics: int = 0, recover_corrupt: bool = False):
+                 auto_create_max_topics: int = 0, recover_corrupt: bool = False, max_offset_entries: int = 0):
         #: a file whose every copy is unusable is moved aside (True) instead of stopping the load (StoreError)
         self.recover_corrupt = recover_corrupt
         #: auto-creation (heartbeats' groups and retry topics, route queries' topics) stops once a table holds this
         #: many entries (0 = no limit); explicit changes (admin, config files) are not limited
         self.auto_create_max = {"group": auto_create_max_groups, "topic": auto_create_max_topics}
+        #: committed offsets (one per group, topic and queue id) held at once; a new one past it is refused, an
+        #: existing one still moves (0 = no limit)
+        self.max_offset_entries = max_offset_entries
         #: kind -> auto-creations refused by the limit
         self.auto_create_refused: Counter = Counter()
         self._refusal_log = RateLimitedLog(log)
@@ -422,6 +425,17 @@ class Store:
         self._refusal_log.log(logging.WARNING, kind, "not auto-creating %s %s: the table holds %d entries "
                               "(autoCreateMax%s=%d)", kind, clip(name, 64), len(manager.table),
                               "SubscriptionGroups" if kind == "group" else "Topics", limit)
+        return False
+
+    def may_add_offset(self) -> bool:
+        """Whether the offset table may take one more entry; a refusal is counted (``offsets.refused``) and logged
+        (at most once a minute)."""
+        limit = self.max_offset_entries
+        if not limit or self.offsets.entries < limit:
+            return True
+        self.offsets.refused += 1
+        self._refusal_log.log(logging.WARNING, "offset", "not storing a new consumer offset: the consumer offset "
+                              "table holds %d entries (maxConsumerOffsetEntries=%d)", self.offsets.entries, limit)
         return False
 
     def _config_changed(self, manager, derivable: bool = False) -> None:

@@ -128,3 +128,47 @@ def test_a_malformed_offset_table_stops_the_load_unless_recovering(tmp_path, tab
     with pytest.raises(StoreError, match=r"offsetTable\['T"):
         Store(tmp_path)
     assert Store(tmp_path, recover_corrupt=True).offsets.table == {}
+
+
+# ----------------------------------------------------------------------------------------- the entry budget
+
+
+def test_new_offsets_stop_at_the_entry_budget_updates_do_not(caplog):
+    """A client chooses the queue id (any int32) of each commit: without a budget the offset table, and the
+    consumerOffset.json written every 5 s, grew by one entry per new queue id of every known group and topic."""
+    store = Store(max_offset_entries=3)
+    reg = ClientRegistry(store=store)
+    reg.update_subscription_group_config(SubscriptionGroupConfig("G"))
+    reg.update_topic_config(TopicConfig("T"))
+    for q in range(3):
+        assert reg.update_consumer_offset("h", "G", "T", q, 10) == (ResponseCode.SUCCESS, None)
+    with caplog.at_level(logging.WARNING, logger="engine.store"):
+        code, remark = reg.update_consumer_offset("h", "G", "T", 2 ** 31 - 1, 10)
+        assert reg.update_consumer_offset("h", "G", "T", 3, 10)[0] == ResponseCode.SYSTEM_ERROR
+    assert code == ResponseCode.SYSTEM_ERROR and "maxConsumerOffsetEntries=3" in remark
+    assert store.offsets.entries == 3 and store.offsets.refused == 2
+    assert store.offsets.query_offset("G", "T", 2 ** 31 - 1) == -1
+    assert caplog.text.count("consumer offset table holds 3 entries") == 1  # rate-limited
+    # a committed queue still moves at the budget; a removal makes room
+    assert reg.update_consumer_offset("h", "G", "T", 0, 11) == (ResponseCode.SUCCESS, None)
+    assert store.offsets.query_offset("G", "T", 0) == 11
+    assert store.offsets.remove("G", "T") == 1 and store.offsets.entries == 0
+    assert reg.update_consumer_offset("h", "G", "T", 5, 1) == (ResponseCode.SUCCESS, None)
+
+
+def test_the_budget_counts_loaded_entries(tmp_path):
+    store = Store(tmp_path)
+    for q in range(4):
+        store.offsets.commit_offset("h", "G", "T", q, q)
+    store.offsets.commit_offset("h", "G", "U", 0, 0)
+    store.persist()
+    loaded = Store(tmp_path, max_offset_entries=5).offsets
+    assert loaded.entries == 5 and loaded.commit_offset("h", "G", "T", 9, 1) is False
+    assert loaded.commit_offset("h", "G", "T", 3, 1) is True  # an existing entry
+    assert Store(tmp_path).offsets.commit_offset("h", "G", "T", 9, 1) is True  # 0: no limit (library default)
+
+
+def test_the_broker_limits_offsets_by_default():
+    from engine.config import BrokerConfig
+
+    assert BrokerConfig().max_consumer_offset_entries == 1_000_000

@@ -1096,8 +1096,12 @@ def _log_section(findings: dict) -> List[str]:
     parts.append("<h3>Lines not turned into events, by kind</h3><p>Never fatal. <i>unknown_format</i>: no "
                  "<code>date time LEVEL thread - </code> header (a line format the parser does not know); "
                  "<i>malformed_&lt;event&gt;</i>: a known message whose fields do not parse (e.g. a truncated line); "
+                 "<i>unknown_client_message</i>: a line carrying a client-management text (ClientChannelInfo, "
+                 "subscription changed, ...) in a wording the parser does not know, so its event is missing "
+                 "(another broker version's message?); "
                  "<i>invalid_utf8</i>; <i>continuation</i>: stack traces and wrapped lines; <i>other</i>: well-formed "
-                 "lines of other messages (no example kept).</p>"
+                 "lines of other messages (no example kept). Events: <i>client_changed</i> is a member's channel "
+                 "taken over by another client id (ConsumerGroupInfo.updateChannel's error line).</p>"
                  + _table(["kind", "lines", "example (first seen)"], other))
     un = log.get("unattributed_events") or {}
     if un:

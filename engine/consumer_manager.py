@@ -25,14 +25,10 @@ import logging
 from . import clientlog as jl
 from .client_channel import CONSUMER, Connection, Members
 from .enums import ConsumeType, MessageModel
-from .errors import clip
-from .logutil import RateLimitedLog
 
 __all__ = ["ConsumerConnection", "ConsumerGroup", "ConsumerGroupEvent", "ConsumerGroupInfo", "ConsumerManager",
            "subscription_to_dict"]
 
-#: the registry's logger: the lines a client can cause on every heartbeat are rate-limited per kind
-_client_log = RateLimitedLog(logging.getLogger("engine.registry"))
 _BROADCASTING = MessageModel.BROADCASTING
 _PASSIVELY = ConsumeType.CONSUME_PASSIVELY
 
@@ -207,12 +203,17 @@ class ConsumerManager:
             return True
         cur = table._member_info(slot, g.key)
         if cur[0] != req[0]:
-            # same channel, another client id: Java logs an error and replaces the entry (not a change)
-            pool = table._pool
-            _client_log.log(logging.ERROR, "client_id_changed",
-                            "consumer channel exists in broker, but clientId is not the same one, group=%s, old=%s, "
-                            "new=%s", clip(g.name, 255), clip(str(pool.get(cur[0]) if cur[0] >= 0 else None),
-                                                               255), clip(pool.get(req[0]), 255))
+            # same channel, another client id: Java logs an error and replaces the entry (not a change); the
+            # line in the wording of the rules' version (operators' tools, the broker-log scan, read it)
+            if table.client_log.allow("client_changed", logging.ERROR):
+                old_info, new_info = table._jinfo(slot, g.key), table._jinfo_request()
+                if table._rules4:
+                    jl.log.error("[BUG] consumer channel exist in broker, but clientId not equal. GROUP: %s OLD: %s "
+                                 "NEW: %s ", jl._text(g.name), old_info, new_info)
+                else:
+                    jl.log.error("ConsumerGroupInfo: consumer channel exists in broker, but clientId is not the same "
+                                 "one, group=%s, old clientChannelInfo=%s, new clientChannelInfo=%s",
+                                 jl._text(g.name), old_info, new_info)
             table._set_member_info(slot, g.key, req)
             table._mv_armed[slot] = 0
             table._dirty = True

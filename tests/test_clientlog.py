@@ -169,3 +169,26 @@ def test_client_supplied_texts_are_clipped(caplog):
     caplog.set_level(logging.INFO, logger="RocketmqBroker")
     reg.heartbeat(1, engine.decode_heartbeat(hb_body(client_id=long_id, group="G" * 100)))
     assert caplog.records and max(len(r.getMessage()) for r in caplog.records) < 3000
+
+
+@pytest.mark.parametrize("rules", [4, 5])
+def test_a_consumer_channel_taken_over_reads_as_client_changed(tmp_path, broker_log, rules):
+    """ConsumerGroupInfo.updateChannel's ERROR line (another client id on a member's channel) in the wording of
+    the rules' version: the broker-log scan reads it as the channel's hand-over to the new client id."""
+    b = Broker(make_config(tmp_path, client_management_rules=rules)).start()
+    try:
+        c = Client(b.ports["main"])
+        for cid in ("127.0.0.1@A", "127.0.0.1@B"):
+            body = hb_body(client_id=cid, group="CID_J", producer="PID_J")
+            assert c.call(RequestCode.HEART_BEAT, {}, body).code == 0
+        c.close()
+    finally:
+        b.stop()
+    assert any((" ERROR RocketmqBroker - [BUG] consumer channel exist in broker" if rules == 4 else
+                " ERROR RocketmqBroker - ConsumerGroupInfo: consumer channel exists") in line
+               for line in broker_log.lines)
+    for parse in PARSERS:
+        events, stats = kinds(broker_log.lines, parse)
+        assert "unknown_client_message" not in stats["counts"], stats
+        changed = [(e["group"], e["client_id"]) for e in events if e["kind"] == "client_changed"]
+        assert changed == [("CID_J", "127.0.0.1@B")]

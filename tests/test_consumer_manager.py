@@ -103,19 +103,22 @@ def test_update_subscription_adds_replaces_and_removes_topics(t):
     assert t.cm.update_subscription(g, (newer, sub("T3"))) is True and set(g.subscriptions) == {"T1", "T3"}
 
 
-def test_update_channel_settings_and_a_client_id_change(t, caplog, monkeypatch):
-    import engine.consumer_manager as cm_module
-    from engine.logutil import RateLimitedLog
-
-    monkeypatch.setattr(cm_module, "_client_log", RateLimitedLog(logging.getLogger("engine.registry")))
+def test_update_channel_settings_and_a_client_id_change(t, caplog):
     slot, _ = t.register(1, A, cdata("G", sub("T")))
     g = t.cm.group_table["G"]
     epoch = g.epoch
     t.register(1, A, cdata("G", sub("T"), model=MessageModel.BROADCASTING))
     assert g.message_model is MessageModel.BROADCASTING and g.epoch > epoch  # settings follow the last heartbeat
-    with caplog.at_level(logging.ERROR, logger="engine.registry"):
+    with caplog.at_level(logging.ERROR, logger="RocketmqBroker"):
         t.register(1, B, cdata("G", sub("T"), model=MessageModel.BROADCASTING))
-    assert any("clientId is not the same one" in r.getMessage() for r in caplog.records)
+    lines = [r.getMessage() for r in caplog.records if r.name == "RocketmqBroker"]
+    assert len(lines) == 1
+    # Java's ConsumerGroupInfo.updateChannel wording of the rules' version, both ClientChannelInfo texts
+    head = ("[BUG] consumer channel exist in broker, but clientId not equal. GROUP: G OLD: " if t.reg._rules4 else
+            "ConsumerGroupInfo: consumer channel exists in broker, but clientId is not the same one, group=G, "
+            "old clientChannelInfo=")
+    assert lines[0].startswith(head + "ClientChannelInfo [") and f"clientId={A}," in lines[0]
+    assert f"clientId={B}," in lines[0].split("NEW: " if t.reg._rules4 else "new clientChannelInfo=")[1]
     assert t.cm.consumer_ids("G") == [B] and t.reg._mv_armed[slot] == 0
     t.reg.check_invariants()
 

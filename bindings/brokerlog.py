@@ -280,13 +280,14 @@ def _mapped_line_batches(path, batch_lines: int, chunk_bytes: int, ends_of):
 
 
 def file_events(broker: str, path: str, rank: int, tz, *, native: Optional[bool] = None,
-                batch_lines: int = BATCH_LINES):
-    """(events RecordBatch with broker/file/seq and UTC times, stats) per batch of one file."""
+                batch_lines: int = BATCH_LINES, chunk_bytes: int = 8 << 20):
+    """(events RecordBatch with broker/file/seq and UTC times, stats) per batch of one file (at most
+    ``batch_lines`` lines, cut from reads of ``chunk_bytes``)."""
     import pyarrow as pa
 
     parse = parser(native)
     base = 0
-    for arr in line_batches(path, batch_lines, native=native):
+    for arr in line_batches(path, batch_lines, chunk_bytes, native=native):
         batch, stats = parse(arr, base)
         base += len(arr)
         n = batch.num_rows
@@ -1034,27 +1035,40 @@ def _stats_batch(broker: str, path: str, payload: dict):
     return pa.RecordBatch.from_arrays([pa.array([values.get(f.name)], f.type) for f in sch], schema=sch)
 
 
-def _read_task(plan, tz_label, native, batches):
+#: Lines per event batch a ``read_broker_logs`` task emits, cut from reads of ``READER_CHUNK_BYTES``: Spark's
+#: cost per output batch (the JVM's Arrow reader, the row iterator) is paid ~4x less often than with 10k-line
+#: batches (BENCHMARKS.md, broker-log section). The scan's reader keeps ``BATCH_LINES`` (its zone samples are
+#: the first batch's).
+READER_BATCH_LINES = 65_536
+READER_CHUNK_BYTES = 32 << 20
+
+
+def _read_task(plan, tz_label, native, batches, with_stats=True):
     tz = resolve_tz(tz_label)[0]
+    size = {} if with_stats else {"batch_lines": READER_BATCH_LINES, "chunk_bytes": READER_CHUNK_BYTES}
     for batch in batches:
         for i in batch.column(0).to_pylist():
             broker, path, rank = plan[i]
             stats, samples = {}, []
-            for b, s, z in file_events(broker, path, rank, tz, native=native):
-                stats = twin.merge_stats(stats, s)
-                samples += z[: max(0, 64 - len(samples))]
+            for b, s, z in file_events(broker, path, rank, tz, native=native, **size):
+                if with_stats:
+                    stats = twin.merge_stats(stats, s)
+                    samples += z[: max(0, 64 - len(samples))]
                 yield b
-            yield _stats_batch(broker, path, {"stats": stats, "samples": samples})
+            if with_stats:
+                yield _stats_batch(broker, path, {"stats": stats, "samples": samples})
 
 
-def _raw_frame(spark, plan, tz_label: str, native: Optional[bool]):
+def _raw_frame(spark, plan, tz_label: str, native: Optional[bool], with_stats: bool = True):
+    """The tasks' output: event rows, plus (``with_stats``) one ``STATS_KIND`` row per file for the scan."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     import functools
 
     n = len(plan)
     ids = spark.range(0, n, 1, numPartitions=max(1, n))
-    return ids.mapInArrow(functools.partial(_read_task, plan, tz_label, native), from_arrow_schema(events_schema()))
+    return ids.mapInArrow(functools.partial(_read_task, plan, tz_label, native, with_stats=with_stats),
+                          from_arrow_schema(events_schema()))
 
 
 def read_broker_logs(spark, paths, *, log_tz: Optional[str] = None, brokers: Optional[Dict[str, str]] = None,
@@ -1062,13 +1076,13 @@ def read_broker_logs(spark, paths, *, log_tz: Optional[str] = None, brokers: Opt
     """The client-management events of broker logs as a DataFrame (one task per file; see the module doc).
     ``paths``: log files or directories (one per broker, rolled and ``.gz`` files included); ``log_tz``: the
     logs' zone (default: this machine's); ``brokers``: {name: path} (default: a file's directory name)."""
-    from pyspark.sql import functions as F
-
     if isinstance(paths, (str, Path)):
         paths = [paths]
     _, label, _ = resolve_tz(log_tz)
     plan = plan_files(paths, brokers)
-    return _raw_frame(spark, plan, label, native).where(F.col("kind") != STATS_KIND)
+    # no per-file stats rows, so no filter over every row (measured: a filter's pass costs the JVM ~0.15 CPU-s
+    # per million rows here)
+    return _raw_frame(spark, plan, label, native, with_stats=False)
 
 
 def _analyze_task(params: ScanParams, table):

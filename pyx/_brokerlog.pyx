@@ -10,7 +10,7 @@ the loop; a field is a span of its line.
 """
 import numpy as np
 
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy
 
@@ -585,7 +585,16 @@ cdef bint utf8_ok(const unsigned char *s, Py_ssize_t n) noexcept nogil:
     """Strict UTF-8, as Python's decoder (no surrogates, no overlongs, <= U+10FFFF)."""
     cdef Py_ssize_t i = 0
     cdef unsigned char c, c1
+    cdef uint64_t w
     while i < n:
+        # ASCII runs (nearly every byte of a log line) 8 bytes at a time
+        while i + 8 <= n:
+            memcpy(&w, s + i, 8)
+            if w & <uint64_t>0x8080808080808080ULL:
+                break
+            i += 8
+        if i >= n:
+            break
         c = s[i]
         if c < 0x80:
             i += 1
@@ -968,19 +977,23 @@ def parse_lines(lines, base_line=0):
             c = &out.s[si]
             mask = np.frombuffer(<bytes>(<char *>c.valid)[:rows], np.uint8).astype(bool) if rows else np.zeros(0, bool)
             vb, nulls = _validity(mask)
-            offs = (<char *>c.offs)[:(rows + 1) * 4]
-            dat = (<char *>c.data)[:c.len] if c.len else b""
+            # the C buffers themselves (no copy): each Arrow buffer holds a reference to ``out``, which frees
+            # them when the last one goes
+            offs = pa.foreign_buffer(<size_t>c.offs, (rows + 1) * 4, out)
+            dat = pa.foreign_buffer(<size_t>c.data, c.len, out) if c.len else pa.py_buffer(b"")
             arrays.append(pa.Array.from_buffers(pa.string(), rows, [None if vb is None else pa.py_buffer(vb),
-                                                                    pa.py_buffer(offs), pa.py_buffer(dat)], nulls))
+                                                                    offs, dat], nulls))
             si += 1
         else:
             mask = np.frombuffer(<bytes>(<char *>out.ivalid[ii])[:rows], np.uint8).astype(bool) if rows else np.zeros(0, bool)
             vb, nulls = _validity(mask)
-            vals = np.frombuffer((<char *>out.iv[ii])[:rows * 8], np.int64) if rows else np.zeros(0, np.int64)
             if tname == "int32":
-                vals = vals.astype(np.int32)
+                vals = pa.py_buffer(np.frombuffer((<char *>out.iv[ii])[:rows * 8], np.int64).astype(np.int32)
+                                    if rows else np.zeros(0, np.int32))
+            else:
+                vals = pa.foreign_buffer(<size_t>out.iv[ii], rows * 8, out) if rows else pa.py_buffer(b"")
             arrays.append(pa.Array.from_buffers(getattr(pa, tname)(), rows, [None if vb is None else pa.py_buffer(vb),
-                                                                             pa.py_buffer(vals)], nulls))
+                                                                             vals], nulls))
             ii += 1
     batch = pa.RecordBatch.from_arrays(arrays, schema=event_schema())
     cdict = {}

@@ -636,3 +636,38 @@ def test_unknown_client_lines_are_reported_as_unparseable(tmp_path):
     f = bl.scan_local([log.parent], log_tz="+08:00")
     assert f["log"]["unparseable_by_kind"] == {"unknown_client_message": 5}
     assert f["log"]["examples"]["unknown_client_message"] == UNKNOWN_CLIENT[0].decode()
+
+
+_REGISTER = (b"2025-01-02 03:04:05 INFO NettyServerCodecThread_1 - new producer connected, group: PG channel: "
+             b"ClientChannelInfo [channel=[id: 0x1, L:/10.0.0.1:10911 - R:/10.0.0.2:5555], clientId=10.0.0.2@1, "
+             b"language=JAVA, version=399, lastUpdateTimestamp=1735758245000]")
+
+
+@pytest.mark.skipif(native is None, reason="engine._brokerlog not built")
+def test_utf8_check_at_every_offset_of_a_line():
+    # the native check skips ASCII 8 bytes at a time: a valid or broken sequence at each offset (and so at each
+    # alignment) of the line, in the group name, gives the twin's answer
+    lines = []
+    for seq in (b"\xc3\xa9", b"\xe4\xb8\xad", b"\xf0\x9f\x98\x80", b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xe4\xb8"):
+        for pad in range(0, 17):
+            lines.append(_REGISTER.replace(b"group: PG", b"group: " + b"P" * pad + seq + b"G"))
+            lines.append(_REGISTER + b" " * pad + seq)  # at the very end
+    a, b = native.parse_lines(lines, 0), twin.parse_lines(lines, 0)
+    assert a[0].equals(b[0]) and a[1] == b[1]
+    assert a[1]["counts"]["invalid_utf8"] == 4 * 2 * 17 and a[0].num_rows == 3 * 2 * 17
+
+
+@pytest.mark.skipif(native is None, reason="engine._brokerlog not built")
+def test_native_columns_outlive_the_batch():
+    # the columns point into the parser's own C buffers (no copy): a column kept after the batch, the other
+    # columns and the input are gone still holds its values
+    import gc
+
+    lines = pa.array([_REGISTER.replace(b"clientId=10.0.0.2@1", b"clientId=10.0.0.2@%d" % i) for i in range(1000)])
+    batch, _ = native.parse_lines(lines, 7)
+    clients, line = batch.column("client_id"), batch.column("line")
+    del batch, lines
+    gc.collect()
+    [native.parse_lines([_REGISTER.replace(b"PG", b"XX")] * 1000, 0) for _ in range(3)]  # reuse freed memory
+    assert clients.to_pylist() == ["10.0.0.2@%d" % i for i in range(1000)]
+    assert line.to_pylist() == list(range(7, 1007))

@@ -13,9 +13,11 @@ Data frames::
              server), client_id, producer_group, consumer_group                read_capture_events (mapInArrow)
 
 ``scan(spark, paths)`` runs the recording scan's analyses over the records (runs pre-aggregated per task, as the
-recording scan's arrow method does) and adds ``capture``: files, packet and reassembly statistics, unregisters,
-connection ends, the broker's NOTIFY_CONSUMER_IDS_CHANGED pushes per group, and what the capture missed (each
-loss also listed as damage, so heartbeat gaps over it move to ``gaps_over_data_loss``).
+recording scan's arrow method does), with what a capture adds to them: a member leaves at its connection's FIN /
+RST or its UNREGISTER_CLIENT (group sizes, inconsistent subscriptions), and a client seen leaving before its expiry
+is no expired client (engine.scan_py.member_left / departure); it adds ``capture``: files, packet and reassembly
+statistics, unregisters, connection ends, the broker's NOTIFY_CONSUMER_IDS_CHANGED pushes per group, and what
+the capture missed (each loss also listed as damage, so heartbeat gaps over it move to ``gaps_over_data_loss``).
 """
 from __future__ import annotations
 
@@ -372,6 +374,20 @@ def connection_events(results: Sequence[CaptureResult]) -> dict:
     return out
 
 
+def unregister_times(results: Sequence[CaptureResult]) -> dict:
+    """{(client_id, role, group): [ms, ...]} of the captures' UNREGISTER_CLIENT requests (its producerGroup for the
+    producer role, its consumerGroup for the consumer role): when the broker removed those members
+    (engine.scan_py.member_left / departure)."""
+    out: dict = defaultdict(list)
+    for r in results:
+        for e in r.events:
+            if e[2] == "unregister" and e[5]:
+                for role, group in (("producer", e[6]), ("consumer", e[7])):
+                    if group:
+                        out[(e[5], role, group)].append(int(e[0]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
 def loss_damage(summary: dict) -> List[dict]:
     """What the capture missed, as damage entries of the report (scan.corrupt): heartbeat gaps over these time
     ranges are not client silence."""
@@ -484,6 +500,27 @@ def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = 
     return out
 
 
+def departed_out(runs, rows: list, conn_events: dict, unregisters: dict, params: ScanParams) -> list:
+    """The expired_clients rows of merged runs without the clients the capture saw leave before the expiry
+    (engine.scan_py.departure: their connection's FIN / RST, or UNREGISTER_CLIENT for each group they had at their
+    last heartbeat; those groups read from the few candidates' runs ending at that heartbeat)."""
+    from pyspark.sql import functions as F
+
+    from engine.scan_py import departure
+
+    if not rows or not (conn_events or unregisters):
+        return rows
+    at: dict = defaultdict(set)
+    if unregisters:
+        for r in runs.where(F.col("role").isin("consumer", "producer")
+                            & F.col("client_id").isin(sorted({x["client_id"] for x in rows}))
+                            & F.col("last_ms").isin(sorted({x["last_heartbeat_ms"] for x in rows}))) \
+                .select("client_id", "role", "group", "last_ms").collect():
+            at[(r["client_id"], int(r["last_ms"]))].add((r["role"], r["group"]))
+    left = functools.partial(departure, conn_events, unregisters, lambda c, t: at.get((c, t), set()))
+    return [x for x in rows if not left(x["client_id"], x["conn_id"], x["last_heartbeat_ms"], params.expiry_ms)]
+
+
 def _runs_task(plan, params, native, options, batches):
     for batch in batches:
         for i in batch.column(0).to_pylist():
@@ -513,6 +550,8 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
             results.append(CaptureResult(p["name"], p["files"], p["stats"], [tuple(e) for e in p["events"]],
                                          [tuple(x) for x in p["losses"]], p["damaged"], tuple(p["shard"])))
         results = merge_shards(results)
+        conn_events, unregisters = connection_events(results), unregister_times(results)
+        cuts = sp.capture_cuts(spark, conn_events, unregisters)
         runs = raw.where(F.col("role") != CAPTURE_ROLE).transform(sp.merge_runs(params)).persist()
         try:
             stats = sp._stats(runs)
@@ -522,17 +561,19 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
                 spark.conf.set(key, value)
             findings = {
                 "inconsistent_subscriptions": sp._inconsistent_records(
-                    sp._rows(runs.transform(sp.inconsistent_subscriptions(params)))),
+                    sp._rows(runs.transform(sp.inconsistent_subscriptions(params, cuts)))),
                 "flapping_clients": sp.with_connection_marks(
                     runs, sp._flapping_records(sp._rows(runs.transform(sp.flapping_clients(params)))),
-                    connection_events(results)),
+                    conn_events),
                 "heartbeat_gaps": sorted(sp._rows(runs.transform(sp.heartbeat_gaps(params)).select(
                     "client_id", "groups", "start_ms", "end_ms", "gap_s")), key=lambda r: (r["client_id"], r["start_ms"])),
             }
             members = sp._rows(runs.where(F.col("role").isin("consumer", "producer"))
                                .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members")))
-            findings["group_sizes"] = sp._size_records(sp._rows(runs.transform(sp.group_sizes(params))), members)
-            findings["expired_clients"] = sp.expired_records(runs, params, stats["last_ms"], addrs)
+            findings["group_sizes"] = sp._size_records(sp._rows(runs.transform(sp.group_sizes(params, cuts))),
+                                                       members)
+            findings["expired_clients"] = departed_out(
+                runs, sp.expired_records(runs, params, stats["last_ms"], addrs), conn_events, unregisters, params)
             findings["member_addresses"] = sp.member_address_records(
                 runs, addrs, deviating_members(findings["inconsistent_subscriptions"]), params)
             if client_ids:
@@ -568,7 +609,7 @@ def scan_local(paths, params: ScanParams = ScanParams(), *, native: Optional[boo
     from engine.scan_py import scan_records
 
     rec, results = read_local(paths, native=native, **options)
-    findings = scan_records(records_iter([rec]), params, connection_events(results))
+    findings = scan_records(records_iter([rec]), params, connection_events(results), unregister_times(results))
     if client_ids:
         ids = set()
         for body in {r[5] for r in records_iter([rec])}:

@@ -457,17 +457,49 @@ def merge_runs(params: ScanParams = ScanParams()):
     return transform
 
 
-def live_intervals(params: ScanParams = ScanParams()):
+def live_intervals(params: ScanParams = ScanParams(), cuts=None):
     """merged runs -> + end_ms: a member is live from its run's first heartbeat until the next run of the same
-    member starts or ``expiry`` after the run's last heartbeat, whichever is first. Empty intervals dropped."""
+    member starts or ``expiry`` after the run's last heartbeat, whichever is first. Empty intervals dropped.
+    ``cuts`` (a capture's, see :func:`capture_cuts`): also until its connection's first FIN / RST or its client's
+    UNREGISTER_CLIENT for that group, the first at or after the run's last heartbeat (engine.scan_py.member_left)."""
     expiry = params.expiry_ms
 
     def transform(df: DataFrame) -> DataFrame:
         lapse = F.col("last_ms") + expiry
         end = F.least(lapse, F.coalesce(F.lead("first_ms").over(_member_window()), lapse))
-        return df.withColumn("end_ms", end).where(F.col("end_ms") > F.col("first_ms"))
+        df = df.withColumn("end_ms", end)
+        if cuts is not None:
+            conn_ends, unregs = cuts
+            cols = df.columns
+            df = df.join(F.broadcast(conn_ends.select("conn_id", F.col("cut_ms").alias("_ce"))), "conn_id", "left") \
+                .withColumn("_ce", F.when(F.col("_ce") >= F.col("last_ms"), F.col("_ce"))).select(*cols, "_ce")
+            u = F.broadcast(unregs.select(F.col("client_id").alias("_uc"), F.col("role").alias("_ur"),
+                                          F.col("group").alias("_ug"), F.col("cut_ms").alias("_u")))
+            df = df.join(u, (F.col("client_id") == F.col("_uc")) & (F.col("role") == F.col("_ur"))
+                         & (F.col("group") == F.col("_ug")) & (F.col("_u") >= F.col("last_ms")), "left") \
+                .groupBy(*cols, "_ce").agg(F.min("_u").alias("_u")) \
+                .withColumn("end_ms", F.least("end_ms", "_ce", "_u")).select(*cols)
+        return df.where(F.col("end_ms") > F.col("first_ms"))
 
     return transform
+
+
+def capture_cuts(spark: SparkSession, conn_events: dict, unregisters: dict):
+    """(conn_id, cut_ms) of the connections' first FIN / RST and (client_id, role, group, cut_ms) of the
+    UNREGISTER_CLIENT requests of a capture (bindings.pcap.connection_events / unregister_times), as small frames
+    for live_intervals; None when the capture saw neither."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    ends = [(int(c), int(e["end"][0])) for c, e in conn_events.items() if e.get("end") is not None]
+    unregs = [(c, r, g, int(t)) for (c, r, g), ts in unregisters.items() for t in ts]
+    if not ends and not unregs:
+        return None
+    return (spark.createDataFrame(ends, StructType([StructField("conn_id", LongType()),
+                                                    StructField("cut_ms", LongType())])),
+            spark.createDataFrame(unregs, StructType([StructField("client_id", StringType()),
+                                                      StructField("role", StringType()),
+                                                      StructField("group", StringType()),
+                                                      StructField("cut_ms", LongType())])))
 
 
 def client_groups():
@@ -644,11 +676,13 @@ def _events(iv: DataFrame, *keys) -> DataFrame:
     return iv.select(*keys, ev.alias("e")).select(*keys, "e.t", "e.d")
 
 
-def group_sizes(params: ScanParams = ScanParams()):
-    """merged runs -> group, role, ms, members: the number of live members from ms on, at every change."""
+def group_sizes(params: ScanParams = ScanParams(), cuts=None):
+    """merged runs -> group, role, ms, members: the number of live members from ms on, at every change
+    (``cuts``: a capture's closes and unregisters, see live_intervals)."""
 
     def transform(runs: DataFrame) -> DataFrame:
-        iv = _by_group(runs.where(F.col("role").isin("consumer", "producer")).transform(live_intervals(params)))
+        iv = _by_group(runs.where(F.col("role").isin("consumer", "producer"))
+                       .transform(live_intervals(params, cuts)))
         ev = _events(iv, "role", "group").groupBy("role", "group", "t").agg(F.sum("d").alias("d")).where(F.col("d") != 0)
         w = Window.partitionBy("role", "group").orderBy("t").rowsBetween(Window.unboundedPreceding, Window.currentRow)
         return ev.select("group", "role", F.col("t").alias("ms"), F.sum("d").over(w).alias("members"))
@@ -656,14 +690,14 @@ def group_sizes(params: ScanParams = ScanParams()):
     return transform
 
 
-def inconsistent_subscriptions(params: ScanParams = ScanParams()):
+def inconsistent_subscriptions(params: ScanParams = ScanParams(), cuts=None):
     """merged runs -> group, start_ms, end_ms, duration_s, variants[sub_key, clients]: the spans during which live
     members of a consumer group hold two or more subscription sets (RocketMQ's consumerStatus rule, subVersion
-    ignored), at least ``min_duration`` long."""
+    ignored), at least ``min_duration`` long (``cuts``: a capture's closes and unregisters, see live_intervals)."""
 
     def transform(runs: DataFrame) -> DataFrame:
         iv = _by_group(runs.where((F.col("role") == "consumer") & F.col("sub_key").isNotNull())
-                       .transform(live_intervals(params)))
+                       .transform(live_intervals(params, cuts)))
         ev = _events(iv, "role", "group", "sub_key").groupBy("role", "group", "sub_key", "t").agg(F.sum("d").alias("d"))
         wk = Window.partitionBy("role", "group", "sub_key").orderBy("t").rowsBetween(Window.unboundedPreceding,
                                                                                    Window.currentRow)

@@ -12,7 +12,10 @@ Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
   the set of its previous full heartbeat in that group (unknown if there was none). Bodies that fail to decode
   or have no clientID are counted and ignored.
 * Observations of one (role, group, client) are ordered by (receive time, connection id, set), and the member is
-  *live* from each observation until the next one or ``expiry`` later, whichever is first.
+  *live* from each observation until the next one or ``expiry`` later, whichever is first. In a capture (its
+  ``conn_events`` and ``unregisters``), also at most until the first FIN / RST of the observation's connection or
+  the client's first UNREGISTER_CLIENT for that group at or after it (:func:`member_left`): the broker removed the
+  member then.
 * ``group_sizes``: per group and role, the number of live members over time, as change points.
 * ``inconsistent_subscriptions``: per consumer group, the maximal spans during which live members with a known set
   hold two or more different sets; spans shorter than ``min_duration`` are dropped. Each span lists the variants
@@ -39,9 +42,17 @@ Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
   A recording holds heartbeats only: a client that moved to another connection within the expiry is taken to
   have closed the first one (no expiry), and one that stopped for good is reported once the expiry has passed,
   as the broker would if its connection had stayed open (a clean UNREGISTER_CLIENT is not recorded).
+  A capture knows better (:func:`departure`): a silence is no expiry when, at or after its last heartbeat and
+  before last heartbeat + expiry, the capture saw that connection end (FIN / RST, either side) or the client
+  unregister from every group it had at that heartbeat (CLIENT_INNER_PRODUCER aside). What it did not see changes
+  nothing: the rule above (a silence must fit in the capture) and separate_data_loss (holes) still apply.
+  (An UNREGISTER_CLIENT inside a run of one member on one connection -- unregistered, then heartbeating again in
+  the group within min(expiry, gap threshold) -- cuts the reference's interval but not the Spark scan's runs.)
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -105,9 +116,12 @@ def _sort_key(obs):
     return (t, conn, "" if key is None else "\x00" + key)  # None sorts first, like Spark's nulls-first
 
 
-def scan_records(records: Iterable, params: ScanParams = ScanParams(), conn_events: Optional[dict] = None) -> dict:
+def scan_records(records: Iterable, params: ScanParams = ScanParams(), conn_events: Optional[dict] = None,
+                 unregisters: Optional[dict] = None) -> dict:
     """Findings of the reference scan over ``(recv_ms, conn_id, remote_addr, language, version, body)`` records.
-    ``conn_events``: {conn_id: {"open": ms, "end": [ms, how]}} a capture saw (see :func:`connection_marks`)."""
+    ``conn_events``: {conn_id: {"open": ms, "end": [ms, how]}} a capture saw (see :func:`connection_marks`);
+    ``unregisters``: {(client_id, role, group): [ms, ...]} its UNREGISTER_CLIENT requests (see :func:`departure`:
+    a capture's closes and unregisters end members and silences before the expiry)."""
     from . import HeartbeatError, decode_heartbeat
 
     params.validate()
@@ -153,6 +167,9 @@ def scan_records(records: Iterable, params: ScanParams = ScanParams(), conn_even
             end = t + params.expiry_ms
             if i + 1 < len(obs):
                 end = min(end, obs[i + 1][0])
+            left = member_left(conn_events, unregisters, client, role, group, conn, t)
+            if left is not None:
+                end = min(end, left)
             intervals[(role, group)].append((t, end, client, key))
 
     findings = {
@@ -160,7 +177,8 @@ def scan_records(records: Iterable, params: ScanParams = ScanParams(), conn_even
         "flapping_clients": _flapping(client_obs, groups_of, params, conn_events),
         "heartbeat_gaps": _gaps(client_obs, groups_of, params),
         "group_sizes": _sizes(intervals),
-        "expired_clients": _expired(client_obs, groups_of, conn_addr, t_max, params),
+        "expired_clients": _expired(client_obs, groups_of, conn_addr, t_max, params, functools.partial(
+            departure, conn_events, unregisters, _groups_at(member_obs)) if conn_events or unregisters else None),
     }
     findings["member_addresses"] = _member_addresses(findings["inconsistent_subscriptions"], member_obs, conn_addr,
                                                      params)
@@ -275,7 +293,61 @@ def _text(v) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray, memoryview)) else str(v)
 
 
-def _expired(client_obs, groups_of, conn_addr, t_end, params: ScanParams) -> list:
+def member_left(conn_events: Optional[dict], unregisters: Optional[dict], client, role, group, conn, t):
+    """When a member observed at ``t`` on ``conn`` left before its next heartbeat, as far as a capture saw: the
+    first FIN / RST of that connection (either side) at or after ``t``, or the first UNREGISTER_CLIENT of that
+    client for that group (producerGroup for a producer, consumerGroup for a consumer) at or after ``t``,
+    whichever is first; None without such an event (a recording has none)."""
+    out = None
+    if conn_events:
+        end = (conn_events.get(conn) or {}).get("end")
+        if end is not None and int(end[0]) >= t:
+            out = int(end[0])
+    if unregisters:
+        times = unregisters.get((client, role, group))
+        if times:
+            k = bisect.bisect_left(times, t)
+            if k < len(times) and (out is None or times[k] < out):
+                out = times[k]
+    return out
+
+
+def unregistered(unregisters: Optional[dict], client, groups, t, until) -> bool:
+    """True when ``client`` sent UNREGISTER_CLIENT in [t, until) for every (role, group) of ``groups`` (its
+    groups at its last heartbeat, CLIENT_INNER_PRODUCER aside: a Java client does not unregister it); with no
+    such group, any UNREGISTER_CLIENT of the client in that time."""
+    if not unregisters:
+        return False
+
+    def within(times):
+        k = bisect.bisect_left(times, t)
+        return k < len(times) and times[k] < until
+
+    need = [(r, g) for r, g in groups if not (r == "producer" and g == CLIENT_INNER_PRODUCER)]
+    if need:
+        return all(within(unregisters.get((client, r, g), ())) for r, g in need)
+    return any(within(times) for (c, _, _), times in unregisters.items() if c == client)
+
+
+def departure(conn_events: Optional[dict], unregisters: Optional[dict], groups_at, client, conn, t,
+              expiry_ms: int) -> bool:
+    """True when a capture saw ``client`` leave after its heartbeat at ``t`` on ``conn`` and before the expiry
+    (``t + expiry``): that connection ended (first FIN / RST, either side) or the client unregistered from all of
+    its groups at ``t`` (``groups_at(client, t)``: {(role, group)}). The broker removed it then; no expiry."""
+    end = ((conn_events or {}).get(conn) or {}).get("end")
+    if end is not None and t <= int(end[0]) < t + expiry_ms:
+        return True
+    return unregistered(unregisters, client, groups_at(client, t), t, t + expiry_ms)
+
+
+def _groups_at(member_obs):
+    by_client: Dict[str, list] = defaultdict(list)
+    for (role, group, client), obs in member_obs.items():
+        by_client[client].append((role, group, {o[0] for o in obs}))
+    return lambda client, t: {(r, g) for r, g, ts in by_client.get(client, ()) if t in ts}
+
+
+def _expired(client_obs, groups_of, conn_addr, t_end, params: ScanParams, left=None) -> list:
     out = []
     expiry = params.expiry_ms
     for client in sorted(client_obs):
@@ -285,7 +357,8 @@ def _expired(client_obs, groups_of, conn_addr, t_end, params: ScanParams) -> lis
             first_on.setdefault(c, t)
         for i, (t, c) in enumerate(obs):
             nxt = obs[i + 1][0] if i + 1 < len(obs) else None
-            if (nxt is not None and nxt - t > expiry) or (nxt is None and t + expiry <= t_end):
+            if ((nxt is not None and nxt - t > expiry) or (nxt is None and t + expiry <= t_end)) and not (
+                    left is not None and left(client, c, t, expiry)):
                 out.append(expired_row(client, c, conn_addr.get(c), sorted(groups_of[client]), first_on[c], t, nxt,
                                        expiry))
     return sorted(out, key=lambda r: (r["expired_ms"], r["client_id"], r["conn_id"]))

@@ -162,14 +162,38 @@ def mutate(args):
 def from_recording(args):
     """Every record of a recording (engine.recorder) as a heartbeat request on its connection: one TCP connection
     per conn_id from the record's address to 10.255.255.254:10911 (SYN handshake before its first heartbeat, FIN
-    after its last), each heartbeat answered by the broker's SUCCESS and ACKed, Ethernet, time = receive time."""
+    after its last), each heartbeat answered by the broker's SUCCESS and ACKed, Ethernet, time = receive time.
+    ``--keep-open-after S``: no FIN for a connection whose last heartbeat is its client's last for more than S
+    seconds (or for good): the client went silent with its connection open, as a recording's expiry assumes
+    (the capture then shows the expiry; a FIN 1 ms after the last heartbeat is a clean close, no expiry)."""
     import json
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from engine import decode_heartbeat
     from engine.recorder import iter_records
 
     records = sorted(iter_records(args.input), key=lambda r: (r.recv_ms, r.conn_id))
     last = {r.conn_id: i for i, r in enumerate(records)}
+    keep_open = set()
+    if args.keep_open_after is not None:
+        limit = int(round(args.keep_open_after * 1000))
+        times = {}  # client -> its heartbeat times (any connection)
+        client_of = {}
+        for r in records:
+            try:
+                cid = decode_heartbeat(r.body).client_id
+            except ValueError:
+                cid = None
+            client_of[r.conn_id] = cid
+            times.setdefault(cid, []).append(r.recv_ms)
+        import bisect
+
+        for conn, i in last.items():
+            cid, t = client_of[conn], records[i].recv_ms
+            ts = times.get(cid, [])
+            k = bisect.bisect_right(ts, t)
+            if cid is not None and (k == len(ts) or ts[k] - t > limit):
+                keep_open.add(conn)
     server = (bytes([10, 255, 255, 254]), 10911)
     ok = _frame(b'{"code":0,"extFields":{},"flag":1,"language":"JAVA","opaque":0,"serializeTypeCurrentRPC":"JSON",'
                 b'"version":479}', b"")
@@ -200,13 +224,72 @@ def from_recording(args):
         emit(us, _tcp(*server, c[0], c[1], c[3], c[2], 0x18, ok))
         c[3] += len(ok)
         emit(us, _tcp(c[0], c[1], *server, c[2], c[3], 0x10))
-        if last[r.conn_id] == i:
+        if last[r.conn_id] == i and r.conn_id not in keep_open:
             emit(us + 1, _tcp(c[0], c[1], *server, c[2], c[3], 0x11))
             emit(us + 1, _tcp(*server, c[0], c[1], c[3], c[2] + 1, 0x11))
             emit(us + 1, _tcp(c[0], c[1], *server, c[2] + 1, c[3] + 1, 0x10))
             del conns[r.conn_id]
     Path(args.output).write_bytes(b"".join(out))
-    print(json.dumps({"output": str(args.output), "records": len(records), "connections": len(last)}))
+    print(json.dumps({"output": str(args.output), "records": len(records), "connections": len(last),
+                      "left_open": len(keep_open)}))
+
+
+def write_script(path, steps) -> None:
+    """A capture of scripted connections to 10.255.255.254:10911, Ethernet, in the order given: steps are
+    ``(ms, "ip:port", kind, arg)`` with kind ``hb`` (arg: the HeartbeatData body; answered SUCCESS),
+    ``unregister`` (arg: (clientID, producerGroup, consumerGroup), None for absent; answered SUCCESS), ``fin`` or
+    ``rst`` (arg: "client" or "server", the side that sends it). A connection's SYN handshake precedes its first
+    step; a FIN is answered by the other side's FIN and the ACK."""
+    import json
+
+    server = (bytes([10, 255, 255, 254]), 10911)
+    ok = _frame(b'{"code":0,"extFields":{},"flag":1,"language":"JAVA","opaque":0,"serializeTypeCurrentRPC":"JSON",'
+                b'"version":479}', b"")
+    conns, out = {}, [struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 262144, 1)]
+
+    def emit(us, data):
+        out.append(struct.pack("<IIII", us // 1_000_000, us % 1_000_000, len(data), len(data)) + data)
+
+    for n, (ms, addr, kind, arg) in enumerate(steps):
+        us = ms * 1000
+        c = conns.get(addr)
+        if c is None:
+            host, port = addr.rsplit(":", 1)
+            c = conns[addr] = [bytes(int(x) for x in host.split(".")), int(port), 1000 + len(conns) * 7919,
+                               50000 + len(conns) * 104729]
+            emit(us, _tcp(c[0], c[1], *server, c[2], 0, 0x02))
+            emit(us, _tcp(*server, c[0], c[1], c[3], c[2] + 1, 0x12))
+            emit(us, _tcp(c[0], c[1], *server, c[2] + 1, c[3] + 1, 0x10))
+            c[2] += 1
+            c[3] += 1
+        cli, srv = (c[0], c[1]), server
+        if kind in ("hb", "unregister"):
+            if kind == "hb":
+                code, ext, body = 34, {}, arg
+            else:
+                code, body = 35, b""
+                ext = {k: v for k, v in zip(("clientID", "producerGroup", "consumerGroup"), arg) if v is not None}
+            head = json.dumps({"code": code, "extFields": ext, "flag": 0, "language": "JAVA", "opaque": n,
+                               "serializeTypeCurrentRPC": "JSON", "version": 479}, separators=(",", ":")).encode()
+            req = _frame(head, body)
+            emit(us, _tcp(*cli, *srv, c[2], c[3], 0x18, req))
+            c[2] += len(req)
+            emit(us, _tcp(*srv, *cli, c[3], c[2], 0x18, ok))
+            c[3] += len(ok)
+            emit(us, _tcp(*cli, *srv, c[2], c[3], 0x10))
+        elif kind == "fin":
+            a, b, sa, sb = (cli, srv, 2, 3) if arg == "client" else (srv, cli, 3, 2)
+            emit(us, _tcp(*a, *b, c[sa], c[sb], 0x11))
+            emit(us, _tcp(*b, *a, c[sb], c[sa] + 1, 0x11))
+            emit(us, _tcp(*a, *b, c[sa] + 1, c[sb] + 1, 0x10))
+            del conns[addr]
+        elif kind == "rst":
+            a, b, sa, sb = (cli, srv, 2, 3) if arg == "client" else (srv, cli, 3, 2)
+            emit(us, _tcp(*a, *b, c[sa], c[sb], 0x14))
+            del conns[addr]
+        else:
+            raise ValueError(f"unknown step kind {kind!r}")
+    Path(path).write_bytes(b"".join(out))
 
 
 def _frame(header: bytes, body: bytes) -> bytes:
@@ -290,6 +373,9 @@ def main(argv=None) -> int:
     r = sub.add_parser("from-recording")
     r.add_argument("input")
     r.add_argument("output")
+    r.add_argument("--keep-open-after", type=float, default=None, metavar="S",
+                   help="no FIN for a connection whose client is silent for more than S seconds after its last "
+                        "heartbeat on it (or for good)")
     k = sub.add_parser("relink")
     k.add_argument("input")
     k.add_argument("output")

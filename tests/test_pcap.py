@@ -426,8 +426,58 @@ def generated(tmp_path_factory):
     rec = d / "rec"
     manifest = synth.generate(rec, synth.FleetConfig(clients=40, groups=6, days=0.25, seed=3))
     cap = d / "fleet.pcap"
-    run_tool("from-recording", rec, cap)
+    run_tool("from-recording", rec, cap, "--keep-open-after", 120)
     return rec, cap, manifest
+
+
+def sizes_with_closes(rec_dir, expiry_ms=120_000, keep_open=True):
+    """The group-size series a capture of ``rec_dir`` written by ``pcap_tool from-recording --keep-open-after 120``
+    must give, worked out from the recording alone: a connection closes (FIN) at its last heartbeat unless its
+    client is then silent for more than the expiry (or for good: left open), and a member leaves at the first of
+    its next heartbeat, its connection's close, and its last heartbeat + expiry (``keep_open=False``: every
+    connection closes at its last heartbeat, from-recording without --keep-open-after)."""
+    from collections import defaultdict
+
+    from engine import decode_heartbeat
+
+    records = sorted(iter_records(rec_dir), key=lambda r: (r.recv_ms, r.conn_id))
+    times, last_on, client_of, obs = defaultdict(list), {}, {}, defaultdict(list)
+    for r in records:
+        try:
+            hb = decode_heartbeat(r.body)
+        except ValueError:
+            continue
+        if hb.client_id is None:
+            continue
+        times[hb.client_id].append(r.recv_ms)
+        last_on[r.conn_id], client_of[r.conn_id] = r.recv_ms, hb.client_id
+        for role, groups in (("producer", [p.group for p in hb.producers]),
+                             ("consumer", [c.group for c in hb.consumers])):
+            for g in groups:
+                obs[(role, g or "", hb.client_id)].append((r.recv_ms, r.conn_id))
+    close_at = {}
+    for conn, t in last_on.items():
+        later = [x for x in times[client_of[conn]] if x > t]
+        if not keep_open or (later and later[0] - t <= expiry_ms):
+            close_at[conn] = t
+    deltas = defaultdict(lambda: defaultdict(int))
+    for (role, group, _), o in obs.items():
+        o.sort()
+        for i, (t, conn) in enumerate(o):
+            end = min([t + expiry_ms] + ([o[i + 1][0]] if i + 1 < len(o) else [])
+                      + ([close_at[conn]] if close_at.get(conn, -1) >= t else []))
+            if end > t:
+                deltas[(group, role)][t] += 1
+                deltas[(group, role)][end] -= 1
+    out = {}
+    for key, d in deltas.items():
+        n, series = 0, []
+        for t in sorted(d):
+            if d[t]:
+                n += d[t]
+                series.append([t, n])
+        out[key] = series
+    return out
 
 
 def _by_addr_conn(findings, rec_dir):
@@ -438,31 +488,73 @@ def _by_addr_conn(findings, rec_dir):
     return out
 
 
+def check_fleet_capture_findings(f, ref, rec, manifest):
+    """A scan of the generated fleet's capture (from-recording --keep-open-after 120) against the recording's: the
+    same findings, except group sizes, where the connections the capture saw close (FIN at their last heartbeat:
+    the clients that moved to another connection within the expiry) count their members out at the close, not
+    at the next heartbeat elsewhere or last heartbeat + expiry (the recording's rule, and the manifest's)."""
+    from engine import synth
+
+    marks = ("connect_ms", "closes")
+    for k in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "expired_clients",
+              "member_addresses"):
+        assert [{x: v for x, v in r.items() if x not in marks} for r in f[k]] == [
+            {x: v for x, v in r.items() if x not in marks} for r in ref[k]], k
+    assert len(f["expired_clients"]) == len(manifest["anomalies"]["expired_clients"]) > 0
+    assert f["summary"] == ref["summary"]
+    sizes = {(g["group"], g["role"]): g["series"] for g in f["group_sizes"]}
+    assert sizes == sizes_with_closes(rec)
+    assert [(g["group"], g["role"], g["members"]) for g in f["group_sizes"]] == [
+        (g["group"], g["role"], g["members"]) for g in ref["group_sizes"]]
+    differ = [k for k, g in zip(sizes, ref["group_sizes"]) if sizes[k] != g["series"]]
+    assert differ  # the recording keeps those members until their next heartbeat on the new connection
+    assert all(p.startswith("group_sizes ") for p in synth.compare_with_manifest(f, manifest))
+    assert synth.compare_with_manifest(dict(f, group_sizes=ref["group_sizes"]), manifest) == []
+
+
 def test_generated_fleet_capture_gives_the_injected_findings(generated):
-    from engine import scan_py, synth
+    """The capture of the generated fleet gives the recording's findings and the injected anomalies: the expired
+    clients kept their connections open (no FIN), so they expire in the capture too; group sizes differ where
+    the capture saw a connection close (check_fleet_capture_findings)."""
+    from engine import scan_py
 
     rec, cap, manifest = generated
     f = _by_addr_conn(pcap.scan_local([cap]), rec)
     ref = scan_py.scan(rec)
-    marks = ("connect_ms", "closes")
-    for k in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "group_sizes", "expired_clients",
-              "member_addresses"):
-        assert [{x: v for x, v in r.items() if x not in marks} for r in f[k]] == [
-            {x: v for x, v in r.items() if x not in marks} for r in ref[k]], k
-    assert f["summary"] == ref["summary"]
-    assert synth.compare_with_manifest(f, manifest) == []
+    check_fleet_capture_findings(f, ref, rec, manifest)
     inj = manifest["anomalies"]
     assert len(f["flapping_clients"]) == len(inj["flapping_clients"]) > 0
     # the flapping clients' connection marks come from the capture's TCP events: a connect at each SYN (the tool
     # writes it 1 ms before the connection's first heartbeat), a close at each client FIN (the tool's come with the
-    # connection's last heartbeat), the last connection's too (the recording only bounds the ones left)
+    # connection's last heartbeat); the last connection, left open by --keep-open-after (its client then silent
+    # for good or for longer than the expiry), has none, as in the recording
     for got, want in zip(f["flapping_clients"], ref["flapping_clients"]):
         assert got["connect_ms"] == [t - 1 for t in want["connect_ms"]]
-        assert got["closes"][:-1] == [[t, "fin_by_client"] for t, _ in want["closes"]]
-        assert got["closes"][-1][1] == "fin_by_client" and len(got["closes"]) == len(got["connect_ms"])
+        assert got["closes"] == [[t, "fin_by_client"] for t, _ in want["closes"]]
+        assert len(got["closes"]) == len(got["connect_ms"]) - 1
     st = f["capture"]["stats"]
     assert st["heartbeats"] == f["summary"]["records"] and st["holes"] == st["discarded_bytes"] == 0
-    assert f["capture"]["connection_ends"] == {"fin_by_client": st["connections"]}
+    closed = f["capture"]["connection_ends"]["fin_by_client"]
+    assert list(f["capture"]["connection_ends"]) == ["fin_by_client"] and 0 < closed < st["connections"]
+
+
+def test_generated_fleet_capture_with_every_connection_closed(generated, tmp_path):
+    """from-recording without --keep-open-after closes every connection (FIN) at its last heartbeat: the clients
+    the recording expires (silent with, as a recording must assume, their connection open) closed cleanly in this
+    capture, so none expires, and every member leaves its groups at its connection's close."""
+    from engine import scan_py
+
+    rec, _, manifest = generated
+    cap = tmp_path / "closed.pcap"
+    run_tool("from-recording", rec, cap)
+    f = pcap.scan_local([cap])
+    ref = scan_py.scan(rec)
+    assert len(ref["expired_clients"]) == len(manifest["anomalies"]["expired_clients"]) > 0
+    assert f["expired_clients"] == [] and f["expired_over_data_loss"] == [] and f["summary"]["expired_clients"] == 0
+    assert {(g["group"], g["role"]): g["series"] for g in f["group_sizes"]} == sizes_with_closes(rec, keep_open=False)
+    for k in ("inconsistent_subscriptions", "heartbeat_gaps"):
+        assert f[k] == ref[k], k
+    assert f["capture"]["connection_ends"] == {"fin_by_client": f["capture"]["stats"]["connections"]}
 
 
 def test_shards_split_the_connections_and_add_up(generated):
@@ -544,3 +636,129 @@ def test_broker_option_routes_captures():
     with pytest.raises(ValueError, match="NAME=PATH"):
         pcap.plan_brokers(["a"])
     assert pcap.plan_brokers([f"a={a}", f"a={b}"]) == {"a": [Path(a), Path(b)]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what a capture's closes and unregisters change: a client the capture saw leave is not an expired client
+
+
+T0 = 1_718_000_000_000
+
+
+def _body(client, producers=("CLIENT_INNER_PRODUCER",), consumer="G"):
+    subs = ('[{"classFilterMode":false,"codeSet":[],"expressionType":"TAG","subString":"*","subVersion":1,'
+            '"tagsSet":[],"topic":"T"}]')
+    cons = (f'[{{"consumeFromWhere":"CONSUME_FROM_LAST_OFFSET","consumeType":"CONSUME_PASSIVELY","groupName":'
+            f'"{consumer}","messageModel":"CLUSTERING","subscriptionDataSet":{subs},"unitMode":false}}]')
+    prods = ",".join(f'{{"groupName":"{p}"}}' for p in producers)
+    return f'{{"clientID":"{client}","consumerDataSet":{cons},"producerDataSet":[{prods}]}}'.encode()
+
+
+def closing_clients_capture(path, events=True):
+    """Seven consumers of group G (every one also in CLIENT_INNER_PRODUCER, H also producer of PG) heartbeat at
+    0, 30 and 60 s; then A closes its connection (client FIN, 70 s), B goes silent with its connection open, C
+    sends UNREGISTER_CLIENT for G (65 s) and goes silent (connection open), D's connection is reset by the broker
+    (90 s), H unregisters from G only (65 s: still a producer of PG) and goes silent; E heartbeats every 30 s until
+    390 s (the capture's end), F until 300 s (its expiry, 420 s, is after the capture's end). ``events=False``:
+    the heartbeats only (no close, no unregister). Returns {client: address}."""
+    addrs = {c: f"10.0.1.{i + 1}:4{i}000" for i, c in enumerate("ABCDEFH")}
+    steps = []
+    for s in range(0, 391, 30):
+        for c in "ABCDEFH":
+            if s <= 60 or c == "E" or (c == "F" and s <= 300):
+                steps.append((T0 + s * 1000, addrs[c], "hb",
+                              _body(f"{c}@1", ("CLIENT_INNER_PRODUCER", "PG") if c == "H" else
+                                    ("CLIENT_INNER_PRODUCER",))))
+        if s == 60 and events:
+            steps += [(T0 + 65_000, addrs["C"], "unregister", ("C@1", None, "G")),
+                      (T0 + 65_000, addrs["H"], "unregister", ("H@1", None, "G")),
+                      (T0 + 70_000, addrs["A"], "fin", "client"),
+                      (T0 + 90_000, addrs["D"], "rst", "server")]
+    tool.write_script(path, steps)
+    return addrs
+
+
+#: what the capture of closing_clients_capture gives (ms after T0)
+CLOSING_EXPIRED = {"B@1": 60_000, "H@1": 60_000}
+CLOSING_SIZES = {("G", "consumer"): [[0, 7], [65_000, 5], [70_000, 4], [90_000, 3], [180_000, 2], [420_000, 1],
+                                     [510_000, 0]],
+                 ("CLIENT_INNER_PRODUCER", "producer"): [[0, 7], [70_000, 6], [90_000, 5], [180_000, 2],
+                                                         [420_000, 1], [510_000, 0]],
+                 ("PG", "producer"): [[0, 1], [180_000, 0]]}
+
+
+def check_closing_findings(f, addrs):
+    """The findings of closing_clients_capture (local and Spark scans alike)."""
+    assert [(r["client_id"], r["last_heartbeat_ms"] - T0, r["expired_ms"] - T0, r["returned_ms"], r["addr"])
+            for r in f["expired_clients"]] == [(c, t, t + 120_000, None, addrs[c[0]])
+                                               for c, t in sorted(CLOSING_EXPIRED.items())]
+    sizes = {(g["group"], g["role"]): [[t - T0, n] for t, n in g["series"]] for g in f["group_sizes"]}
+    assert sizes == CLOSING_SIZES
+    assert f["summary"]["expired_clients"] == 2 and f["expired_over_data_loss"] == []
+    assert f["capture"]["connection_ends"] == {"fin_by_client": 1, "rst_by_server": 1}
+    assert f["capture"]["unregister_count"] == 2
+
+
+def test_clients_that_closed_or_unregistered_are_not_expired(tmp_path):
+    """A client the capture saw leave -- its connection's FIN or RST (either side), or UNREGISTER_CLIENT for each
+    of its groups -- after its last heartbeat and before its expiry left then: no expired_clients row, and the
+    group sizes count it out at the close / unregister. A client silent with its connection open (B), or still
+    in a group it did not unregister from (H: PG), expires; one whose expiry falls after the capture's end (F)
+    does not. The same heartbeats as a recording (no close events) expire A, C and D too."""
+    from engine.scan_py import scan_records
+
+    cap = tmp_path / "closing.pcap"
+    addrs = closing_clients_capture(cap)
+    f = pcap.scan_local([cap])
+    check_closing_findings(f, addrs)
+    rec, _ = pcap.read_local([cap])
+    as_recording = scan_records(pcap.records_iter([rec]))
+    assert [(r["client_id"], r["last_heartbeat_ms"] - T0) for r in as_recording["expired_clients"]] == [
+        (c + "@1", 60_000) for c in "ABCDH"]
+    rsizes = {(g["group"], g["role"]): [[t - T0, n] for t, n in g["series"]] for g in as_recording["group_sizes"]}
+    assert rsizes[("G", "consumer")] == [[0, 7], [180_000, 2], [420_000, 1], [510_000, 0]]
+    # only what the capture saw counts: the same capture without the FIN, the RST and the unregisters expires
+    # A, C and D as the recording does
+    bare = tmp_path / "bare.pcap"
+    closing_clients_capture(bare, events=False)
+    assert [r["client_id"] for r in pcap.scan_local([bare])["expired_clients"]] == [c + "@1" for c in "ABCDH"]
+
+
+def test_a_close_at_the_expiry_or_a_capture_ending_before_it(tmp_path):
+    """The close must come before the expiry: a FIN at last heartbeat + expiry or later leaves the expiry (the
+    broker's scan removed the channel first); a silence cut by the capture's end before the expiry is no expiry."""
+    cap = tmp_path / "late.pcap"
+    a, b = "10.0.2.1:41000", "10.0.2.2:42000"
+    steps = [(T0 + s * 1000, a, "hb", _body("L@1")) for s in (0, 30)]
+    steps += [(T0 + s * 1000, b, "hb", _body("K@1")) for s in range(0, 301, 30)]
+    steps += [(T0 + 150_000, a, "fin", "client"), (T0 + 150_001, a, "fin", "server")]
+    tool.write_script(cap, steps)
+    f = pcap.scan_local([cap])
+    assert [(r["client_id"], r["expired_ms"] - T0) for r in f["expired_clients"]] == [("L@1", 150_000)]
+    sizes = {g["group"]: [[t - T0, n] for t, n in g["series"]] for g in f["group_sizes"]}
+    assert sizes["G"] == [[0, 2], [150_000, 1], [420_000, 0]]
+    # the same capture cut at 200 s: L's expiry (150 s) still inside, K's silence (from 180 s) not
+    steps_200 = [s for s in steps if s[0] <= T0 + 200_000]
+    tool.write_script(cap, steps_200)
+    assert [r["client_id"] for r in pcap.scan_local([cap])["expired_clients"]] == ["L@1"]
+
+
+def test_several_brokers_closing_clients(tmp_path):
+    """combine_capture_brokers over captures with closes: each broker's expired clients are its own scan's (the
+    broker that saw A close, C and H unregister and D reset lists B and H; one whose capture holds the heartbeats
+    only lists A, B, C, D and H), and the fleet view names the clients expired on both."""
+    a, b = tmp_path / "a.pcap", tmp_path / "b.pcap"
+    closing_clients_capture(a)
+    closing_clients_capture(b, events=False)
+    per = {"broker-a": pcap.scan_local([a], client_ids=True), "broker-b": pcap.scan_local([b], client_ids=True)}
+    f = pcap.combine_capture_brokers(per)
+    assert [(r["broker"], r["client_id"]) for r in f["expired_clients"]] == [
+        ("broker-a", "B@1"), ("broker-a", "H@1"), ("broker-b", "A@1"), ("broker-b", "B@1"), ("broker-b", "C@1"),
+        ("broker-b", "D@1"), ("broker-b", "H@1")]
+    several = {r["client_id"]: r["brokers"] for r in f["fleet"]["clients_on_several_brokers"]
+               if r["finding"] == "expired_clients"}
+    assert several == {"B@1": ["broker-a", "broker-b"], "H@1": ["broker-a", "broker-b"]}
+    sizes = {(g["broker"], g["group"], g["role"]): [[t - T0, n] for t, n in g["series"]] for g in f["group_sizes"]}
+    assert sizes[("broker-a", "G", "consumer")] == CLOSING_SIZES[("G", "consumer")]
+    assert sizes[("broker-b", "G", "consumer")] == [[0, 7], [180_000, 2], [420_000, 1], [510_000, 0]]
+    assert f["capture"]["connection_ends"] == {"fin_by_client": 1, "rst_by_server": 1}

@@ -238,7 +238,8 @@ def write_script(path, steps) -> None:
     """A capture of scripted connections to 10.255.255.254:10911, Ethernet, in the order given: steps are
     ``(ms, "ip:port", kind, arg)`` with kind ``hb`` (arg: the HeartbeatData body; answered SUCCESS),
     ``unregister`` (arg: (clientID, producerGroup, consumerGroup), None for absent; answered SUCCESS), ``fin`` or
-    ``rst`` (arg: "client" or "server", the side that sends it). A connection's SYN handshake precedes its first
+    ``rst`` (arg: "client" or "server", the side that sends it), ``missed`` (arg: a HeartbeatData body: the request
+    and its answer the capture missed, their bytes skipped). A connection's SYN handshake precedes its first
     step; a FIN is answered by the other side's FIN and the ACK."""
     import json
 
@@ -263,7 +264,11 @@ def write_script(path, steps) -> None:
             c[2] += 1
             c[3] += 1
         cli, srv = (c[0], c[1]), server
-        if kind in ("hb", "unregister"):
+        if kind == "missed":  # a heartbeat request and its answer the capture missed: sequence numbers move on
+            c[2] += len(_frame(b'{"code":34,"extFields":{},"flag":0,"language":"JAVA","opaque":0,'
+                               b'"serializeTypeCurrentRPC":"JSON","version":479}', arg))
+            c[3] += len(ok)
+        elif kind in ("hb", "unregister"):
             if kind == "hb":
                 code, ext, body = 34, {}, arg
             else:

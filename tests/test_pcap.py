@@ -762,3 +762,31 @@ def test_several_brokers_closing_clients(tmp_path):
     assert sizes[("broker-a", "G", "consumer")] == CLOSING_SIZES[("G", "consumer")]
     assert sizes[("broker-b", "G", "consumer")] == [[0, 7], [180_000, 2], [420_000, 1], [510_000, 0]]
     assert f["capture"]["connection_ends"] == {"fin_by_client": 1, "rst_by_server": 1}
+
+
+def hole_capture(path):
+    """M and N heartbeat at 0, 30, 60 s; the capture misses their next heartbeat (90 s); M heartbeats again at
+    200 s, N closes (FIN, 100 s); K heartbeats until 300 s. Returns (M's address, N's)."""
+    m, n, k = "10.0.3.1:41000", "10.0.3.2:42000", "10.0.3.3:43000"
+    steps = [(T0 + s * 1000, c, "hb", _body(cid)) for s in (0, 30, 60) for c, cid in ((m, "1@1"), (n, "2@1"))]
+    steps += [(T0 + 90_000, m, "missed", _body("1@1")), (T0 + 90_000, n, "missed", _body("2@1")),
+              (T0 + 100_000, n, "fin", "client"), (T0 + 200_000, m, "hb", _body("1@1"))]
+    steps += [(T0 + s * 1000, k, "hb", _body("K@1")) for s in range(0, 301, 30)]
+    tool.write_script(path, sorted(steps, key=lambda x: x[0]))
+    return m, n
+
+
+def test_a_hole_over_the_silence_is_no_expiry(tmp_path):
+    """What the capture missed is not silence: M's heartbeat at 90 s (and its answer) are missing from the capture
+    and M heartbeats again at 200 s: the 140 s without a heartbeat in the capture overlaps the hole ([60 s, 200 s]
+    on M's connection), so it goes to expired_over_data_loss, not expired_clients. N's missed heartbeat is followed
+    by its FIN (100 s): N left, neither list has it."""
+    cap = tmp_path / "hole.pcap"
+    m, n = hole_capture(cap)
+    f = pcap.scan_local([cap])
+    assert f["expired_clients"] == []
+    over = f["expired_over_data_loss"]
+    assert [(r["client_id"], r["last_heartbeat_ms"] - T0, r["returned_ms"] - T0) for r in over] == [
+        ("1@1", 60_000, 200_000)]
+    assert {(lo["addr"], lo["first_ms"] - T0, lo["last_ms"] - T0) for lo in f["capture"]["losses"]} == {
+        (m, 60_000, 200_000), (n, 60_000, 100_000)}

@@ -142,7 +142,7 @@ def test_scan_of_a_generated_fleet_capture_finds_the_injected_anomalies(spark, t
 def test_scan_of_clients_that_closed_or_unregistered(spark, tmp_path):
     """The closing clients of tests/test_pcap.py on Spark: the same expired clients (B, H) and group-size steps
     (at the unregisters, the FIN, the RST) as the local scan; sharded alike."""
-    from test_pcap import check_closing_findings, closing_clients_capture
+    from test_pcap import check_closing_findings, closing_clients_capture, hole_capture
 
     cap = tmp_path / "closing.pcap"
     addrs = closing_clients_capture(cap)
@@ -150,6 +150,12 @@ def test_scan_of_clients_that_closed_or_unregistered(spark, tmp_path):
     check_closing_findings(f, addrs)
     assert _comparable(f) == _comparable(pcap.scan_local([cap]))
     assert _comparable(pcap.scan(spark, [cap], shards=3)) == _comparable(f)
+    # a silence over what the capture missed: expired_over_data_loss, as locally
+    hole = tmp_path / "hole.pcap"
+    hole_capture(hole)
+    f, local = pcap.scan(spark, [hole]), pcap.scan_local([hole])
+    assert _comparable(f) == _comparable(local) and f["expired_clients"] == []
+    assert f["expired_over_data_loss"] == local["expired_over_data_loss"] and len(f["expired_over_data_loss"]) == 1
 
 
 def test_sharded_scan_equals_the_unsharded(spark):

@@ -7,9 +7,11 @@ Data frames::
              consume_type, message_model, topic, sub_string, expression_type, sub_version, old_*, sub_key,
              last_update_ms                                                           read_broker_logs (mapInArrow)
 
-One task per log file: it opens the file (``.gz`` too), cuts it into Arrow batches of ``BATCH_LINES`` lines and
-parses each with the compiled line parser (``engine._brokerlog``; twin ``engine._brokerlog_py``), then turns the
-wall-clock times into UTC with the log's zone. ``seq`` orders the lines of one broker (older rolled files first).
+One task per log file: it opens the file (``.gz`` too), cuts it into Arrow batches of ``READER_BATCH_LINES``
+lines (the scan's tasks: ``BATCH_LINES``) and parses each with the compiled line parser (``engine._brokerlog``;
+twin ``engine._brokerlog_py``), then turns the wall-clock times into UTC with the log's zone. ``seq`` orders the
+lines of one broker (older rolled files first). ``read_broker_logs``' tasks emit event rows only; the scan's also
+emit one stats row per file (``STATS_KIND``), which it filters out.
 
 The analyses (``analyze_events``) run per broker (``groupBy("broker").applyInArrow``) with the definitions of
 ``engine.scan_py`` where a log supports them:

@@ -106,7 +106,7 @@ def parse_native(path, native, limit=None):
 @pytest.fixture(scope="module")
 def log():
     path = DIRECTORY / "broker-a" / "broker.log"
-    if not (DIRECTORY / bl.MANIFEST_NAME).exists():
+    if not ((DIRECTORY / bl.MANIFEST_NAME).exists() and path.exists()):  # generated once, kept in DIRECTORY
         restarts = bl.lines_for_restarts(LINES, 400, noise=0)
         m = bl.generate_broker_log(path, groups=20, members=20, restarts=restarts, duration_s=86400, noise=0, seed=1)
         (DIRECTORY / bl.MANIFEST_NAME).write_text(json.dumps({"format": bl.MANIFEST_FORMAT, "log_tz": TZ,

@@ -96,7 +96,7 @@ def route(stub, metadata, topic="TopicOK"):
 
 def test_the_signature_is_the_python_5x_clients():
     """The header this module builds and reads is byte for byte the one rocketmq-python-client 5.1.2 sends."""
-    signature = pytest.importorskip("rocketmq.v5.util.signature")  # the grpc extra installs the whole client
+    signature = require_module("rocketmq.v5.util.signature")  # the grpc extra installs the whole client
     from rocketmq.v5.client import ClientConfiguration, Credentials
 
     config = ClientConfiguration("127.0.0.1:1", Credentials("myAK", "mySecret"))

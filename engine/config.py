@@ -172,6 +172,18 @@ class BrokerConfig:
     #: engine: port of the gRPC endpoint of RocketMQ 5.x clients (the proxy's grpcServerPort; needs the grpc extra);
     #: 0 = off
     grpc_server_port: int = 0
+    #: engine: gRPC client sessions (5.x client ids) at most; past it a new client's Telemetry stream ends
+    #: RESOURCE_EXHAUSTED
+    grpc_max_sessions: int = 100_000
+    #: engine: gRPC calls in progress over all connections (grpc.aio maximum_concurrent_rpcs); past it
+    #: RESOURCE_EXHAUSTED
+    grpc_max_concurrent_rpcs: int = 200_000
+    #: engine: HTTP/2 streams of one gRPC connection (grpc.max_concurrent_streams); past it the client waits
+    grpc_max_streams_per_connection: int = 256
+    #: engine: bytes of one gRPC message either way; past it RESOURCE_EXHAUSTED
+    grpc_max_message_bytes: int = 4 * 1024 * 1024
+    #: engine: bytes of one gRPC call's metadata (grpc.max_metadata_size); past it the call is refused
+    grpc_max_metadata_bytes: int = 16 * 1024
     #: engine: address of the Prometheus endpoint
     metrics_host: str = "127.0.0.1"
     #: engine: per-group series (group_clients / group_channels) on /metrics at most: the groups with the most
@@ -292,7 +304,8 @@ class BrokerConfig:
             raise ConfigError(f"metricsPort {self.metrics_port} collides with the broker's ports")
         positive = ("channelExpiredTimeout", "maxConnections", "maxFrameSize", "incompleteFrameTimeoutMs",
                     "maxWriteBufferBytes", "writeStallTimeoutMs", "maxInflightPerConnection", "serverChannelMaxIdleTimeSeconds",
-                    "defaultTopicQueueNums", "pullMaxSuspendMillis", "flushConsumerOffsetInterval")
+                    "defaultTopicQueueNums", "pullMaxSuspendMillis", "flushConsumerOffsetInterval",
+                    "grpcMaxSessions", "grpcMaxConcurrentRpcs", "grpcMaxStreamsPerConnection")
         for name in positive:
             if getattr(self, PROPERTIES[name].attr) <= 0:
                 raise ConfigError(f"{name} must be > 0")
@@ -300,6 +313,10 @@ class BrokerConfig:
                      "waitTimeMillsInQueue", "ioWorkers", "ioCoreConnections"):
             if getattr(self, PROPERTIES[name].attr) < 0:
                 raise ConfigError(f"{name} must be >= 0")
+        if not 64 * 1024 <= self.grpc_max_message_bytes <= 0x7FFFFFFF:
+            raise ConfigError("grpcMaxMessageBytes must be between 65536 and 2147483647")
+        if not 1024 <= self.grpc_max_metadata_bytes <= 1024 * 1024:  # the x-mq-* headers and a signature fit 1 KiB
+            raise ConfigError("grpcMaxMetadataBytes must be between 1024 and 1048576")
         if not 16 <= self.max_frame_size <= 0x7FFFFFFF:
             raise ConfigError("maxFrameSize must be between 16 and 2147483647")
         # BrokerController clamps the registration period to [10 s, 60 s]

@@ -204,21 +204,26 @@ class GrpcSession:
 class GrpcEndpoint:
     """The gRPC server of one broker. ``await start()`` / ``await stop()`` on the broker's loop."""
 
-    def __init__(self, broker, port: int | None = None, host: str | None = None, *, max_sessions: int = MAX_SESSIONS,
-                 max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
-                 max_streams_per_connection: int = MAX_STREAMS_PER_CONNECTION,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES, min_long_polling_ms: int = MIN_LONG_POLLING_MS,
-                 max_long_polling_ms: int = MAX_LONG_POLLING_MS):
+    def __init__(self, broker, port: int | None = None, host: str | None = None, *, max_sessions: int | None = None,
+                 max_concurrent_rpcs: int | None = None, max_streams_per_connection: int | None = None,
+                 max_message_bytes: int | None = None, max_metadata_bytes: int | None = None,
+                 min_long_polling_ms: int = MIN_LONG_POLLING_MS, max_long_polling_ms: int = MAX_LONG_POLLING_MS):
+        """The budgets are the broker's grpcMax* properties unless given here."""
         self.broker = broker
         cfg = broker.config
+
+        def budget(value, name, default):
+            return int(value if value is not None else getattr(cfg, name, default))
         #: engine.acl.AclValidator with aclEnable: every call's 5.x signature and the resources it names are checked
         self.acl = getattr(broker, "acl", None)
         self.port = int(cfg.grpc_server_port if port is None else port)
         self.host = cfg.listen_host if host is None else host
-        self.max_sessions = max_sessions
-        self.max_concurrent_rpcs = max_concurrent_rpcs
-        self.max_streams_per_connection = max_streams_per_connection
-        self.max_message_bytes = max_message_bytes
+        self.max_sessions = budget(max_sessions, "grpc_max_sessions", MAX_SESSIONS)
+        self.max_concurrent_rpcs = budget(max_concurrent_rpcs, "grpc_max_concurrent_rpcs", MAX_CONCURRENT_RPCS)
+        self.max_streams_per_connection = budget(max_streams_per_connection, "grpc_max_streams_per_connection",
+                                                 MAX_STREAMS_PER_CONNECTION)
+        self.max_message_bytes = budget(max_message_bytes, "grpc_max_message_bytes", MAX_MESSAGE_BYTES)
+        self.max_metadata_bytes = budget(max_metadata_bytes, "grpc_max_metadata_bytes", MAX_METADATA_BYTES)
         self.min_long_polling_ms = min_long_polling_ms
         self.max_long_polling_ms = max_long_polling_ms
         self.sessions: dict[str, GrpcSession] = {}
@@ -255,7 +260,7 @@ class GrpcEndpoint:
             ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.max_concurrent_streams", self.max_streams_per_connection),
-            ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+            ("grpc.max_metadata_size", self.max_metadata_bytes),
         ]
         server = p.aio.server(maximum_concurrent_rpcs=self.max_concurrent_rpcs, options=options)
         servicer = _Servicer(self)

@@ -437,6 +437,47 @@ def test_session_budget(gbroker, stub):
     t.end()
 
 
+def test_budgets_are_broker_properties(tmp_path):
+    """grpcMaxSessions / grpcMaxMessageBytes / ... reach the endpoint: one session and 64 KiB messages here."""
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port(), grpc_max_sessions=1,
+                           grpc_max_message_bytes=65536, grpc_max_streams_per_connection=8,
+                           grpc_max_concurrent_rpcs=100, grpc_max_metadata_bytes=4096)).start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{b.ports['grpc']}")
+    try:
+        ep = b.grpc
+        assert (ep.max_sessions, ep.max_message_bytes, ep.max_streams_per_connection, ep.max_concurrent_rpcs,
+                ep.max_metadata_bytes) == (1, 65536, 8, 100, 4096)
+        stub = sg.MessagingServiceStub(channel)
+        req = s.QueryRouteRequest()
+        req.topic.name = "T" * 70_000  # a 70 KB message: past the 64 KiB budget
+        with pytest.raises(grpc.RpcError) as e:
+            stub.QueryRoute(req, metadata=md())
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.RpcError):  # 5 KB of metadata: past the 4 KiB budget
+            stub.QueryRoute(s.QueryRouteRequest(), metadata=md() + [("x-pad", "p" * 5000)])
+        t = Telemetry(stub, md("one@1"))
+        t.send(settings=producer_settings("TopicOne"))
+        assert t.recv().status.code == Code.OK
+        t2 = Telemetry(stub, md("two@1"))
+        t2.send(settings=producer_settings("TopicOne"))
+        with pytest.raises(grpc.RpcError) as e:
+            t2.recv()
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        t.end()
+    finally:
+        channel.close()
+        b.stop()
+
+
+@pytest.mark.parametrize("prop, value", [("grpc_max_sessions", 0), ("grpc_max_message_bytes", 1000),
+                                         ("grpc_max_metadata_bytes", 100), ("grpc_max_streams_per_connection", -1)])
+def test_budget_properties_are_checked(tmp_path, prop, value):
+    from engine.config import ConfigError
+
+    with pytest.raises(ConfigError):
+        make_config(tmp_path, **{prop: value}).validate()
+
+
 def test_a_new_stream_of_the_same_client_replaces_the_old_one(gbroker, stub):
     t1 = Telemetry(stub, md("re@1"))
     t1.send(settings=producer_settings("TopicR"))

@@ -490,7 +490,16 @@ def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = 
         recv.append(item["recv_ms"])
         conns.append(conn)
     cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
-    out = merge_run_batches(runs_from_ids(cat(recv), cat(conns), cat(ids), d.bodies, params), params)
+    # a member's run ends at its UNREGISTER_CLIENT (the broker removed it; a later heartbeat adds it back), as
+    # in the reference scan's live intervals (engine.scan_py.member_left); Spark's merge_runs keeps the cut.
+    # A shard sees only its connections' unregisters (one sent on another connection of the client is not cut)
+    member_cuts = unregister_times([result]) if result is not None else {}
+    client_cuts: dict = defaultdict(list)
+    for (c, _, _), times in member_cuts.items():
+        client_cuts[c].extend(times)
+    out = merge_run_batches(runs_from_ids(cat(recv), cat(conns), cat(ids), d.bodies, params,
+                                          cuts={c: sorted(set(ts)) for c, ts in client_cuts.items()}),
+                            params, cuts=member_cuts)
     payload = json.dumps({"name": result.name, "files": result.files, "stats": result.stats,
                           "events": result.events, "losses": result.losses, "damaged": result.damaged,
                           "shard": list(result.shard), "addrs": [[c, a] for c, a in addrs.items()]})
@@ -552,7 +561,8 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
         results = merge_shards(results)
         conn_events, unregisters = connection_events(results), unregister_times(results)
         cuts = sp.capture_cuts(spark, conn_events, unregisters)
-        runs = raw.where(F.col("role") != CAPTURE_ROLE).transform(sp.merge_runs(params)).persist()
+        runs = raw.where(F.col("role") != CAPTURE_ROLE).transform(
+            sp.merge_runs(params, cuts[1] if cuts is not None and unregisters else None)).persist()
         try:
             stats = sp._stats(runs)
             stats.pop("runs")

@@ -496,8 +496,12 @@ def columns_runs(cols: SplitColumns, params: ScanParams = ScanParams(), dedupe_b
 
 
 def runs_from_ids(recv_ms: np.ndarray, conn_id: np.ndarray, ids: np.ndarray, uniq: List[bytes],
-                  params: ScanParams = ScanParams(), dedupe_bodies: bool = True) -> List[pa.RecordBatch]:
-    """Runs of records given as receive times, connections and ids into the list of distinct bodies."""
+                  params: ScanParams = ScanParams(), dedupe_bodies: bool = True,
+                  cuts: Optional[dict] = None) -> List[pa.RecordBatch]:
+    """Runs of records given as receive times, connections and ids into the list of distinct bodies.
+    ``cuts``: {client_id: sorted ms} (a capture's UNREGISTER_CLIENT requests): a run of a client also ends before
+    its first record after an unregister (one at or after the previous record); merge_run_batches / Spark's
+    merge_runs join back the pieces of the groups the client did not unregister."""
     n = len(recv_ms)
     if n == 0:
         return [_stats_batch(0, recv_ms)]
@@ -527,6 +531,13 @@ def runs_from_ids(recv_ms: np.ndarray, conn_id: np.ndarray, ids: np.ndarray, uni
     brk = np.ones(m, dtype=bool)
     brk[1:] = (cl[1:] != cl[:-1]) | (conn[1:] != conn[:-1]) | (bid[1:] != bid[:-1]) | (
         recv[1:] - recv[:-1] > params.split_ms)
+    for c, times in (cuts or {}).items():
+        k = intern.get(c)
+        if k is None or not len(times):
+            continue
+        lo, hi = np.searchsorted(cl, k, "left"), np.searchsorted(cl, k, "right")
+        if hi - lo > 1:
+            brk[lo + 1:hi] |= _cut_between(np.asarray(times, np.int64), recv[lo:hi - 1], recv[lo + 1:hi])
     starts = np.flatnonzero(brk)
     ends = np.append(starts[1:], m) - 1
     r_first, r_last, r_n = recv[starts], recv[ends], ends - starts + 1
@@ -581,11 +592,20 @@ def split_runs(split: Split, params: ScanParams = ScanParams(), dedupe_bodies: b
     return runs_from_ids(recv, conn, ids, uniq, params, dedupe_bodies)
 
 
-def merge_run_batches(batches: List[pa.RecordBatch], params: ScanParams = ScanParams()) -> List[pa.RecordBatch]:
+def _cut_between(times: np.ndarray, prev_last: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Per pair: is there a time in ``times`` (sorted) at or after ``prev_last`` and before ``first``?"""
+    k = np.searchsorted(times, prev_last, "left")
+    return (k < len(times)) & (times[np.minimum(k, len(times) - 1)] < first)
+
+
+def merge_run_batches(batches: List[pa.RecordBatch], params: ScanParams = ScanParams(),
+                      cuts: Optional[dict] = None) -> List[pa.RecordBatch]:
     """Merge runs of consecutive splits (in time order) the way ``merge_runs`` in Spark would, so a task emits
     fewer rows. Only merges what the Spark merge merges too: neighbours in the order (member, first_ms,
     conn_id, sub_key nulls first) with the same connection and the same raw sub_key (two light runs next to
-    each other carry the same set), at most the split threshold apart. Statistics rows are summed."""
+    each other carry the same set), at most the split threshold apart, and (``cuts``: {(client_id, role, group):
+    sorted ms}, a capture's UNREGISTER_CLIENT requests) with no unregister of that member at or after the first
+    run's last heartbeat and before the second's first. Statistics rows are summed."""
     if not batches:
         return []
     t = pa.Table.from_batches(batches, schema=RUN_SCHEMA).combine_chunks()
@@ -623,6 +643,12 @@ def merge_run_batches(batches: List[pa.RecordBatch], params: ScanParams = ScanPa
     mem, cn, kr, fs, ls = member.reshape(-1)[order], conn[order], key_rank[order], first[order], last[order]
     joins = np.zeros(m, dtype=bool)
     joins[1:] = (mem[1:] == mem[:-1]) & (cn[1:] == cn[:-1]) & (kr[1:] == kr[:-1]) & (fs[1:] - ls[:-1] <= params.split_ms)
+    if cuts:
+        ro, go, co = role[~is_stats][order], group[order], client[order]
+        for (c, r, g), times in cuts.items():
+            at = np.flatnonzero(joins & (co == c) & (ro == r) & (go == g))
+            if len(at) and len(times):
+                joins[at] &= ~_cut_between(np.asarray(times, np.int64), ls[at - 1], fs[at])
     starts = np.flatnonzero(~joins)
     keep = order[starts]
     merged = t.take(pa.array(keep))

@@ -430,21 +430,32 @@ def _member_window():
         F.col("first_ms"), F.col("conn_id"), F.col("sub_key").asc_nulls_first())
 
 
-def merge_runs(params: ScanParams = ScanParams()):
+def merge_runs(params: ScanParams = ScanParams(), unregisters: Optional[DataFrame] = None):
     """runs -> maximal runs. Observations of a (role, group, client) in (time, connection, set) order: a light
     heartbeat takes the previous set; a run ends at another connection, another set, or a silence over
     min(expiry, gap threshold). Works on single observations and on pre-aggregated runs alike. Statistics rows
-    are summed into one."""
+    are summed into one. ``unregisters`` (a capture's, the second frame of :func:`capture_cuts`): a run also ends
+    at an UNREGISTER_CLIENT of that member (one at or after its last heartbeat, before the next one's first), so
+    the member is out from the unregister until its next heartbeat, as in engine.scan_py.member_left."""
     split = params.split_ms
 
     def transform(df: DataFrame) -> DataFrame:
+        cols = df.columns
+        if unregisters is not None:
+            u = unregisters.groupBy("client_id", "role", "group").agg(F.collect_list("cut_ms").alias("_cuts"))
+            df = df.join(F.broadcast(u), ["client_id", "role", "group"], "left").select(*cols, "_cuts")
         w = _member_window()
         upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         df = df.withColumn("_key", F.last("sub_key", ignorenulls=True).over(upto))
         prev_conn = F.lag("conn_id").over(w)
+        prev_last = F.lag("last_ms").over(w)
         new = (prev_conn.isNull() | (F.col("conn_id") != prev_conn)
                | ~F.col("_key").eqNullSafe(F.lag("_key").over(w))
-               | ((F.col("first_ms") - F.lag("last_ms").over(w)) > split))
+               | ((F.col("first_ms") - prev_last) > split))
+        if unregisters is not None:
+            df = df.withColumn("_pl", prev_last).withColumn("_cut", F.coalesce(F.exists(
+                "_cuts", lambda t: (t >= F.col("_pl")) & (t < F.col("first_ms"))), F.lit(False)))
+            new = new | F.col("_cut")
         is_stats = F.col("role") == seg.STATS_ROLE
         # statistics rows all fall into run 0 of their own partition: summed in the same pass (a separate
         # branch would run the input, e.g. the segment scan, twice)

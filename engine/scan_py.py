@@ -15,7 +15,10 @@ Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
   *live* from each observation until the next one or ``expiry`` later, whichever is first. In a capture (its
   ``conn_events`` and ``unregisters``), also at most until the first FIN / RST of the observation's connection or
   the client's first UNREGISTER_CLIENT for that group at or after it (:func:`member_left`): the broker removed the
-  member then.
+  member then; a later heartbeat adds it back. (The Spark scan ends a member's run at such an unregister,
+  bindings.pcap.capture_runs and bindings.spark.merge_runs, for the same intervals. Not seen there: a capture read
+  in shards whose client sends UNREGISTER_CLIENT on another connection than the one it heartbeats that group on
+  and heartbeats it again within min(expiry, gap threshold): the heartbeats' shard does not see the unregister.)
 * ``group_sizes``: per group and role, the number of live members over time, as change points.
 * ``inconsistent_subscriptions``: per consumer group, the maximal spans during which live members with a known set
   hold two or more different sets; spans shorter than ``min_duration`` are dropped. Each span lists the variants
@@ -46,8 +49,6 @@ Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
   before last heartbeat + expiry, the capture saw that connection end (FIN / RST, either side) or the client
   unregister from every group it had at that heartbeat (CLIENT_INNER_PRODUCER aside). What it did not see changes
   nothing: the rule above (a silence must fit in the capture) and separate_data_loss (holes) still apply.
-  (An UNREGISTER_CLIENT inside a run of one member on one connection -- unregistered, then heartbeating again in
-  the group within min(expiry, gap threshold) -- cuts the reference's interval but not the Spark scan's runs.)
 """
 from __future__ import annotations
 

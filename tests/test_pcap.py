@@ -724,6 +724,54 @@ def test_clients_that_closed_or_unregistered_are_not_expired(tmp_path):
     assert [r["client_id"] for r in pcap.scan_local([bare])["expired_clients"]] == [c + "@1" for c in "ABCDH"]
 
 
+def rejoining_client_capture(path):
+    """U (consumer of G, topic T) heartbeats at 0, 30 and 60 s, sends UNREGISTER_CLIENT for G at 65 s and
+    heartbeats G again at 85, 115 and 145 s on the same connection (20 s after the unregister: within one run of
+    the member), then goes silent with its connection open; K (consumer of G, topic T2: another subscription set)
+    heartbeats every 30 s until 300 s. Returns {client: address}."""
+    addrs = {"U": "10.0.3.1:43000", "K": "10.0.3.2:44000"}
+    steps = [(T0 + s * 1000, addrs["U"], "hb", _body("U@1")) for s in (0, 30, 60, 85, 115, 145)]
+    steps.append((T0 + 65_000, addrs["U"], "unregister", ("U@1", None, "G")))
+    steps += [(T0 + s * 1000, addrs["K"], "hb", _body("K@1").replace(b'"topic":"T"', b'"topic":"T2"'))
+              for s in range(0, 301, 30)]
+    tool.write_script(path, sorted(steps, key=lambda x: x[0]))
+    return addrs
+
+
+#: what rejoining_client_capture gives (ms after T0): U out of G from its unregister (65 s) until its next
+#: heartbeat (85 s), in CLIENT_INNER_PRODUCER throughout (not unregistered); U expires at 145 + 120 s
+REJOIN_SIZES = {("G", "consumer"): [[0, 2], [65_000, 1], [85_000, 2], [265_000, 1], [420_000, 0]],
+                ("CLIENT_INNER_PRODUCER", "producer"): [[0, 2], [265_000, 1], [420_000, 0]]}
+REJOIN_SPANS = [(0, 65_000), (85_000, 265_000)]
+
+
+def check_rejoin_findings(f):
+    """The findings of rejoining_client_capture (local and Spark scans alike)."""
+    sizes = {(g["group"], g["role"]): [[t - T0, n] for t, n in g["series"]] for g in f["group_sizes"]}
+    assert sizes == REJOIN_SIZES
+    assert [(r["start_ms"] - T0, r["end_ms"] - T0) for r in f["inconsistent_subscriptions"]] == REJOIN_SPANS
+    assert [(r["client_id"], r["last_heartbeat_ms"] - T0, r["expired_ms"] - T0) for r in f["expired_clients"]] == [
+        ("U@1", 145_000, 265_000)]
+    assert f["capture"]["unregister_count"] == 1
+
+
+def test_a_client_unregistered_then_heartbeating_again_on_its_connection(tmp_path):
+    """UNREGISTER_CLIENT then a heartbeat of the same group 20 s later on the same connection (inside one run of
+    the member): the member is out from the unregister to that heartbeat (group sizes, inconsistent-subscription
+    spans), in every group it did not unregister from throughout; both scans alike (tests/test_pcap_spark.py)."""
+    from engine.scan_py import scan_records
+
+    cap = tmp_path / "rejoin.pcap"
+    rejoining_client_capture(cap)
+    check_rejoin_findings(pcap.scan_local([cap]))
+    # the heartbeats without the unregister: one interval, one span
+    rec, _ = pcap.read_local([cap])
+    plain = scan_records(pcap.records_iter([rec]))
+    assert {(g["group"], g["role"]): [[t - T0, n] for t, n in g["series"]] for g in plain["group_sizes"]}[
+        ("G", "consumer")] == [[0, 2], [265_000, 1], [420_000, 0]]
+    assert [(r["start_ms"] - T0, r["end_ms"] - T0) for r in plain["inconsistent_subscriptions"]] == [(0, 265_000)]
+
+
 def test_a_close_at_the_expiry_or_a_capture_ending_before_it(tmp_path):
     """The close must come before the expiry: a FIN at last heartbeat + expiry or later leaves the expiry (the
     broker's scan removed the channel first); a silence cut by the capture's end before the expiry is no expiry."""

@@ -158,6 +158,20 @@ def test_scan_of_clients_that_closed_or_unregistered(spark, tmp_path):
     assert f["expired_over_data_loss"] == local["expired_over_data_loss"] and len(f["expired_over_data_loss"]) == 1
 
 
+def test_scan_of_a_client_unregistered_then_heartbeating_again(spark, tmp_path):
+    """A client that unregisters from G and heartbeats G again 20 s later on the same connection (one run of the
+    member without the cut): out of G from the unregister to that heartbeat on Spark too (group sizes,
+    inconsistent-subscription spans), equal to the local scan; sharded alike."""
+    from test_pcap import check_rejoin_findings, rejoining_client_capture
+
+    cap = tmp_path / "rejoin.pcap"
+    rejoining_client_capture(cap)
+    f = pcap.scan(spark, [cap])
+    check_rejoin_findings(f)
+    assert _comparable(f) == _comparable(pcap.scan_local([cap]))
+    assert _comparable(pcap.scan(spark, [cap], shards=2)) == _comparable(f)
+
+
 def test_sharded_scan_equals_the_unsharded(spark):
     one = pcap.scan(spark, INPUTS)
     three = pcap.scan(spark, INPUTS, shards=3)

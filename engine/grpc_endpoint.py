@@ -260,7 +260,9 @@ class GrpcEndpoint:
             ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.max_concurrent_streams", self.max_streams_per_connection),
+            # the soft limit and the hard one (between them grpc refuses a call only with some probability)
             ("grpc.max_metadata_size", self.max_metadata_bytes),
+            ("grpc.absolute_max_metadata_size", self.max_metadata_bytes),
         ]
         server = p.aio.server(maximum_concurrent_rpcs=self.max_concurrent_rpcs, options=options)
         servicer = _Servicer(self)

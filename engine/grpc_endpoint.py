@@ -47,19 +47,8 @@ log = logging.getLogger("engine.grpc")
 CLIENT_PACKAGE = "rocketmq-python-client==5.1.2"
 
 # -- budgets (README: "5.x clients (gRPC)") --
-#: client sessions held at once; a new client id past it is refused (RESOURCE_EXHAUSTED on its Telemetry stream,
-#: TOO_MANY_REQUESTS to its requests)
-MAX_SESSIONS = 100_000
-#: RPCs in progress at once, all connections together (grpc.aio ``maximum_concurrent_rpcs``): Telemetry streams
-#: and long-polling receives count; past it the call is refused with RESOURCE_EXHAUSTED
-MAX_CONCURRENT_RPCS = 200_000
-#: HTTP/2 streams open at once on one connection (``grpc.max_concurrent_streams``)
-MAX_STREAMS_PER_CONNECTION = 256
-#: bytes of one request or answer message (``grpc.max_receive_message_length`` / ``max_send_message_length``);
-#: the proxy's maxMessageSize (this broker stores no message body)
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-#: bytes of one call's metadata (``grpc.max_metadata_size``)
-MAX_METADATA_BYTES = 16 * 1024
+#: sessions, RPCs in progress, streams per connection, message and metadata bytes: the broker's grpcMax* properties
+#: (engine.config.BrokerConfig); the fixed protocol-sanity limits follow
 #: topics in one Settings' publishing, subscription entries in one Settings, addresses in one Endpoints
 MAX_SETTINGS_ENTRIES = 1024
 MAX_ENDPOINT_ADDRESSES = 16
@@ -212,18 +201,17 @@ class GrpcEndpoint:
         self.broker = broker
         cfg = broker.config
 
-        def budget(value, name, default):
-            return int(value if value is not None else getattr(cfg, name, default))
+        def budget(value, name):
+            return int(value if value is not None else getattr(cfg, name))
         #: engine.acl.AclValidator with aclEnable: every call's 5.x signature and the resources it names are checked
         self.acl = getattr(broker, "acl", None)
         self.port = int(cfg.grpc_server_port if port is None else port)
         self.host = cfg.listen_host if host is None else host
-        self.max_sessions = budget(max_sessions, "grpc_max_sessions", MAX_SESSIONS)
-        self.max_concurrent_rpcs = budget(max_concurrent_rpcs, "grpc_max_concurrent_rpcs", MAX_CONCURRENT_RPCS)
-        self.max_streams_per_connection = budget(max_streams_per_connection, "grpc_max_streams_per_connection",
-                                                 MAX_STREAMS_PER_CONNECTION)
-        self.max_message_bytes = budget(max_message_bytes, "grpc_max_message_bytes", MAX_MESSAGE_BYTES)
-        self.max_metadata_bytes = budget(max_metadata_bytes, "grpc_max_metadata_bytes", MAX_METADATA_BYTES)
+        self.max_sessions = budget(max_sessions, "grpc_max_sessions")
+        self.max_concurrent_rpcs = budget(max_concurrent_rpcs, "grpc_max_concurrent_rpcs")
+        self.max_streams_per_connection = budget(max_streams_per_connection, "grpc_max_streams_per_connection")
+        self.max_message_bytes = budget(max_message_bytes, "grpc_max_message_bytes")
+        self.max_metadata_bytes = budget(max_metadata_bytes, "grpc_max_metadata_bytes")
         self.min_long_polling_ms = min_long_polling_ms
         self.max_long_polling_ms = max_long_polling_ms
         self.sessions: dict[str, GrpcSession] = {}
@@ -634,7 +622,7 @@ class GrpcEndpoint:
             bp.exponential_backoff.max.FromMilliseconds(_PRODUCER_BACKOFF_MS[1])
             bp.exponential_backoff.multiplier = _PRODUCER_BACKOFF_MS[2]
             s.publishing.validate_message_type = True
-            s.publishing.max_body_size = MAX_MESSAGE_BYTES
+            s.publishing.max_body_size = self.max_message_bytes  # what the endpoint accepts
         else:
             # updateClientSettings: the defaults of a new SubscriptionGroupConfig, the client's values over them;
             # then getClientSettings merges the group's own config, when it has one

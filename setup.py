@@ -1,4 +1,4 @@
-"""Build the Cython hot paths: every pyx/<name>.pyx becomes the extension engine.<name>.
+"""Build the Cython hot paths: every pyx/<package>/<name>.pyx becomes the extension engine.<package>.<name>.
 
 ENGINE_NO_EXTENSIONS=1 at build time skips compiling (pure-Python install); at import time
 it forces the pure-Python twins even when the extensions are built.
@@ -20,14 +20,14 @@ if not os.environ.get("ENGINE_NO_EXTENSIONS"):
     ext_modules = cythonize(
         [
             Extension(
-                "engine." + os.path.splitext(os.path.basename(path))[0],
+                "engine." + os.path.splitext(os.path.relpath(path, "pyx"))[0].replace(os.sep, "."),
                 [path],
                 include_dirs=[numpy.get_include(), "pyx"],
                 define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                 extra_compile_args=cflags,
                 extra_link_args=ldflags,
             )
-            for path in sorted(glob.glob("pyx/*.pyx"))
+            for path in sorted(glob.glob("pyx/*/*.pyx"))
             # ENGINE_BUILD_ONLY=_frame,_heartbeat limits an in-place developer build to those modules
             if not os.environ.get("ENGINE_BUILD_ONLY")
             or os.path.splitext(os.path.basename(path))[0] in os.environ["ENGINE_BUILD_ONLY"].split(",")

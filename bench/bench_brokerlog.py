@@ -3,9 +3,9 @@ lines, plus the injected anomalies; ``rmqhb generate --format broker-log``): log
 
 ``test_parse_one_core`` (no Spark, this process, one thread), each from the file on disk to UTC-timed events:
 
-* ``native``: ``engine._brokerlog`` over 10k-line Arrow batches cut from the mapped file (what each Spark task
+* ``native``: ``engine.recording._brokerlog`` over 10k-line Arrow batches cut from the mapped file (what each Spark task
   of ``read_broker_logs`` runs): read + cut + parse + zone conversion;
-* ``twin``: ``engine._brokerlog_py``, same path (on the first 200k lines: it is ~20x slower);
+* ``twin``: ``engine.recording._brokerlog_py``, same path (on the first 200k lines: it is ~20x slower);
 * ``python_re``: one compiled regular expression per line kind with Python's ``re`` (the best pure-Python
   alternative; first 200k lines).
 

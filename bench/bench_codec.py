@@ -16,9 +16,9 @@ import msgspec
 import orjson
 import pytest
 
-from engine import _frame, _frame_py, _heartbeat, _heartbeat_py
-from engine.vectors import JAVA_HEARTBEAT_BODY as JAVA_BODY
-from engine.vectors import load_vectors
+from engine.codec import _frame, _frame_py, _heartbeat, _heartbeat_py
+from engine.codec.vectors import JAVA_HEARTBEAT_BODY as JAVA_BODY
+from engine.codec.vectors import load_vectors
 
 # The Java 5.x push-consumer heartbeat of PROTOCOL.md 4.4 (686 bytes) with its 5.2+ request header.
 JAVA_HEADER = b'{"code":34,"extFields":{},"flag":0,"language":"JAVA","opaque":7,"serializeTypeCurrentRPC":"JSON","version":479}'

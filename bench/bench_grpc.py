@@ -208,7 +208,7 @@ def run_remoting(port: int, pid: int, n: int, duration: float) -> dict:
 
 def _wait_sessions_gone(grpc_port: int, main_port: int, timeout: float = 30.0) -> None:
     """The gRPC sessions of a finished run are removed when their streams close; give the broker that time."""
-    from engine.admin import AdminClient, AdminError
+    from engine.broker.admin import AdminClient, AdminError
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

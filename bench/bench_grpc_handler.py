@@ -44,9 +44,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     sys.path.insert(0, a.root)
     logging.disable(logging.WARNING)
-    from engine import grpc_endpoint as ge
-    from engine.broker import Broker
-    from engine.config import BrokerConfig
+    from engine.broker import grpc_endpoint as ge
+    from engine.broker.controller import Broker
+    from engine.broker.config import BrokerConfig
     from rocketmq.grpc_protocol import definition_pb2 as d
     from rocketmq.grpc_protocol import service_pb2 as s
 

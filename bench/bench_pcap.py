@@ -9,8 +9,8 @@ fleet) with the real packet pattern of a loopback capture: the heartbeat request
 answer, the client's ACK (4 packets per heartbeat); 1 in 50 heartbeats is answered by a NOTIFY push too.
 Contenders, each from the file on disk (page cache) to the records as numpy/bytes columns:
 
-  native   engine._pcap.CaptureDecoder, fed 8 MiB reads (what each Spark task runs: bindings.pcap.iter_capture)
-  twin     engine._pcap_py.CaptureDecoder, same path (on the first --twin-heartbeats only: it is far slower)
+  native   engine.recording._pcap.CaptureDecoder, fed 8 MiB reads (what each Spark task runs: bindings.pcap.iter_capture)
+  twin     engine.recording._pcap_py.CaptureDecoder, same path (on the first --twin-heartbeats only: it is far slower)
   dpkt     dpkt.pcap.Reader + dpkt.ethernet.Ethernet per packet, the same records with the least Python a user
            would write around it: in-order bytes per connection, frames cut by their length prefix, the header
            read by the compiled engine.decode_frame (no retransmission, reordering or loss handling at all)
@@ -199,9 +199,9 @@ def main(argv=None) -> int:
         assert len(nat["recv_ms"]) == args.heartbeats, len(nat["recv_ms"])
         # the first run also pays the first touch of the memory its buffers take (page faults); a Spark task
         # reading a large capture reuses its buffers from batch to batch, like the later runs
-        rows.append(("native (engine._pcap), first run", args.heartbeats, info["bytes"], runs[0][1], runs[0][2]))
+        rows.append(("native (engine.recording._pcap), first run", args.heartbeats, info["bytes"], runs[0][1], runs[0][2]))
         best = min(runs[1:], key=lambda r: r[2])
-        rows.append(("native (engine._pcap), best of 2 more", args.heartbeats, info["bytes"], best[1], best[2]))
+        rows.append(("native (engine.recording._pcap), best of 2 more", args.heartbeats, info["bytes"], best[1], best[2]))
         runs = None
         small = Path(tmp) / "prefix.pcap"
         n_small = min(args.twin_heartbeats, args.heartbeats)
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
         tw, wall, cpu = timed(read_engine, small, False)
         tw = pcap.concat_records(tw)
         assert len(tw["recv_ms"]) == n_small and same(tw, nat, n_small)
-        rows.append((f"twin (engine._pcap_py), first {n_small:,}", n_small, small.stat().st_size, wall, cpu))
+        rows.append((f"twin (engine.recording._pcap_py), first {n_small:,}", n_small, small.stat().st_size, wall, cpu))
         try:
             import dpkt  # noqa: F401
 

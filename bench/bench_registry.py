@@ -22,25 +22,25 @@ import numpy as np
 import pytest
 
 import engine
-import engine._digest_py
-import engine._expiry_py
-import engine._heartbeat_py
-import engine.registry as registry_module
-from engine.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
-from engine.heartbeat import encode_heartbeat
-from engine.registry import ClientRegistry, ConsumerGroupEvent, RegistryConfig
+import engine.registry._digest_py
+import engine.registry._expiry_py
+import engine.codec._heartbeat_py
+import engine.registry.client_registry as registry_module
+from engine.codec.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
+from engine.codec.heartbeat import encode_heartbeat
+from engine.registry.client_registry import ClientRegistry, ConsumerGroupEvent, RegistryConfig
 
 try:
-    import engine._digest
-    import engine._expiry
-    import engine._heartbeat
+    import engine.registry._digest
+    import engine.registry._expiry
+    import engine.codec._heartbeat
 
-    NATIVE = {"decode": engine._heartbeat.decode_heartbeat, "digest": engine._digest.heartbeat_digest,
-              "scan": engine._expiry.scan_expired}
+    NATIVE = {"decode": engine.codec._heartbeat.decode_heartbeat, "digest": engine.registry._digest.heartbeat_digest,
+              "scan": engine.registry._expiry.scan_expired}
 except ImportError:  # pragma: no cover
     NATIVE = None
-TWIN = {"decode": engine._heartbeat_py.decode_heartbeat, "digest": engine._digest_py.heartbeat_digest,
-        "scan": engine._expiry_py.scan_expired}
+TWIN = {"decode": engine.codec._heartbeat_py.decode_heartbeat, "digest": engine.registry._digest_py.heartbeat_digest,
+        "scan": engine.registry._expiry_py.scan_expired}
 IMPLS = [pytest.param("native", marks=pytest.mark.skipif(NATIVE is None, reason="not built")), "twin"]
 
 BATCH = 1000

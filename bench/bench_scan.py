@@ -30,8 +30,8 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from engine.scan_py import FINDING_KEYS  # noqa: E402
-from engine.synth import FleetConfig, compare_with_manifest, generate, load_manifest  # noqa: E402
+from engine.recording.scan_py import FINDING_KEYS  # noqa: E402
+from engine.recording.synth import FleetConfig, compare_with_manifest, generate, load_manifest  # noqa: E402
 
 RECORDS = int(os.environ.get("RMQHB_BENCH_RECORDS", 10_000_000))
 CLIENTS = int(os.environ.get("RMQHB_BENCH_CLIENTS", 3500))

@@ -234,9 +234,9 @@ def test_inprocess_heartbeat_path(benchmark, tmp_path, route):
     repeat route and with it turned off (every heartbeat decoded and dispatched)."""
     import asyncio
 
-    from engine.broker import Broker
-    from engine.config import BrokerConfig
-    from engine.server import Connection
+    from engine.broker.controller import Broker
+    from engine.broker.config import BrokerConfig
+    from engine.broker.server import Connection
 
     benchmark.group = "in-process heartbeat path (per read of 8, 1,000 connections per round)"
     b = Broker(BrokerConfig(listen_port=0, store_path_root_dir=str(tmp_path / "store")))

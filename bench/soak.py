@@ -24,7 +24,7 @@ that limit (20000 on the machine of the recorded run, hence 19900) unless the br
     python bench/soak.py --clients 20000 --duration 660 --procs 4 --io-workers 1 --core-connections 19744 \
         --json soak-core.json         # the core serves 19,744 itself, one worker the rest
 
-With ``--io-workers`` the client sockets live in the workers (engine.ioworker); RSS and descriptors are then the
+With ``--io-workers`` the client sockets live in the workers (engine.broker.ioworker); RSS and descriptors are then the
 sums over the broker process and its workers (replacements included), and each is also reported per process.
 """
 from __future__ import annotations

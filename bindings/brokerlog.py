@@ -8,13 +8,13 @@ Data frames::
              last_update_ms                                                           read_broker_logs (mapInArrow)
 
 One task per log file: it opens the file (``.gz`` too), cuts it into Arrow batches of ``READER_BATCH_LINES``
-lines (the scan's tasks: ``BATCH_LINES``) and parses each with the compiled line parser (``engine._brokerlog``;
-twin ``engine._brokerlog_py``), then turns the wall-clock times into UTC with the log's zone. ``seq`` orders the
+lines (the scan's tasks: ``BATCH_LINES``) and parses each with the compiled line parser (``engine.recording._brokerlog``;
+twin ``engine.recording._brokerlog_py``), then turns the wall-clock times into UTC with the log's zone. ``seq`` orders the
 lines of one broker (older rolled files first). ``read_broker_logs``' tasks emit event rows only; the scan's also
 emit one stats row per file (``STATS_KIND``), which it filters out.
 
 The analyses (``analyze_events``) run per broker (``groupBy("broker").applyInArrow``) with the definitions of
-``engine.scan_py`` where a log supports them:
+``engine.recording.scan_py`` where a log supports them:
 
 * ``group_sizes``: a member is live from its ``register`` until its ``unregister``, ``closed`` (NETTY EVENT),
   ``expired`` (SCAN) or its group's removal; members still live at the end of the log stay counted (no drop).
@@ -53,14 +53,14 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from engine.scan_py import (CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, _inconsistent, deviating_members,
+from engine.recording.scan_py import (CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, _inconsistent, deviating_members,
                             fleet_findings, parse_key)
 
 try:
-    from engine._brokerlog import parse_lines as _parse_native
+    from engine.recording._brokerlog import parse_lines as _parse_native
 except ImportError:  # not built
     _parse_native = None
-from engine import _brokerlog_py as twin
+from engine.recording import _brokerlog_py as twin
 
 #: Findings of a log scan: the recording scan's keys plus the log-only ones.
 LOG_FINDING_KEYS = FINDING_KEYS + ("retry_topic_churn",)
@@ -194,7 +194,7 @@ def _line_ends(native: Optional[bool] = None):
     if native is None:
         native = _parse_native is not None and not os.environ.get("ENGINE_NO_EXTENSIONS")
     if native:
-        from engine._brokerlog import line_ends
+        from engine.recording._brokerlog import line_ends
 
         return line_ends
     return twin.line_ends
@@ -554,7 +554,7 @@ def _flapping_log(reconnects, groups_of, params, broker, connects, closes) -> li
 
 
 def _member_addresses_log(inconsistent, member_addrs, broker) -> list:
-    """The deviating members' addresses (engine.scan_py's ``member_addresses``) from their registrations: the
+    """The deviating members' addresses (engine.recording.scan_py's ``member_addresses``) from their registrations: the
     address of every interval of the member in the group that overlaps the span (an open one runs to the end)."""
     out: Dict[Tuple[str, str], set] = defaultdict(set)
     for group, client, start, end in deviating_members([r for r in inconsistent if r.get("source") == "members"]):

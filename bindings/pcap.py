@@ -2,7 +2,7 @@
 
 A *capture* is one pcap / pcapng file (gzip allowed) or a directory of rotated files of one capture (``tcpdump -C``
 / ``-G``: every capture file in it, in the order of their first packet's time). One Spark task per capture feeds
-its files through ``engine._pcap.CaptureDecoder`` (twin ``engine._pcap_py``): TCP reassembly per connection,
+its files through ``engine.recording._pcap.CaptureDecoder`` (twin ``engine.recording._pcap_py``): TCP reassembly per connection,
 remoting frames of both directions, resynchronisation after what the capture missed (see the twin's docstring).
 
 Data frames::
@@ -15,7 +15,7 @@ Data frames::
 ``scan(spark, paths)`` runs the recording scan's analyses over the records (runs pre-aggregated per task, as the
 recording scan's arrow method does), with what a capture adds to them: a member leaves at its connection's FIN /
 RST or its UNREGISTER_CLIENT (group sizes, inconsistent subscriptions), and a client seen leaving before its expiry
-is no expired client (engine.scan_py.member_left / departure); it adds ``capture``: files, packet and reassembly
+is no expired client (engine.recording.scan_py.member_left / departure); it adds ``capture``: files, packet and reassembly
 statistics, unregisters, connection ends, the broker's NOTIFY_CONSUMER_IDS_CHANGED pushes per group, and what
 the capture missed (each loss also listed as damage, so heartbeat gaps over it move to ``gaps_over_data_loss``).
 """
@@ -33,12 +33,12 @@ from typing import Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from engine import _pcap_py as twin
-from engine._pcap_py import STAT_NAMES, CaptureError
-from engine.scan_py import FINDING_KEYS, ScanParams, deviating_members, separate_data_loss
+from engine.recording import _pcap_py as twin
+from engine.recording._pcap_py import STAT_NAMES, CaptureError
+from engine.recording.scan_py import FINDING_KEYS, ScanParams, deviating_members, separate_data_loss
 
 try:
-    from engine._pcap import CaptureDecoder as _NativeDecoder
+    from engine.recording._pcap import CaptureDecoder as _NativeDecoder
 except ImportError:  # not built
     _NativeDecoder = None
 
@@ -61,7 +61,7 @@ def decoder_class(native: Optional[bool] = None):
     if native is None:
         native = _NativeDecoder is not None and not os.environ.get("ENGINE_NO_EXTENSIONS")
     if native and _NativeDecoder is None:
-        raise ImportError("engine._pcap is not built")
+        raise ImportError("engine.recording._pcap is not built")
     return _NativeDecoder if native else twin.CaptureDecoder
 
 
@@ -307,8 +307,8 @@ def record_batch(rec: dict):
 
 
 def records_iter(rec_dicts) -> Iterator[tuple]:
-    """(recv_ms, conn_id, remote_addr, language, version, body) tuples, as engine.scan_py.scan_records takes."""
-    from engine.enums import LanguageCode
+    """(recv_ms, conn_id, remote_addr, language, version, body) tuples, as engine.recording.scan_py.scan_records takes."""
+    from engine.codec.enums import LanguageCode
 
     for rec in rec_dicts:
         ao, bo, ad, bd = rec["addr_offsets"], rec["body_offsets"], rec["addr_data"], rec["body_data"]
@@ -363,7 +363,7 @@ def capture_summary(results: Sequence[CaptureResult]) -> dict:
 def connection_events(results: Sequence[CaptureResult]) -> dict:
     """{conn_id: {"open": ms, "end": [ms, how]}} of the connections whose SYN (``open``) or first FIN / RST the
     captures saw (``how``: ``fin_by_client``, ``rst_by_server``, ...): the flapping clients' connect and close
-    marks (engine.scan_py.connection_marks)."""
+    marks (engine.recording.scan_py.connection_marks)."""
     out: dict = {}
     for r in results:
         for e in sorted(r.events, key=lambda x: (x[0], x[1])):
@@ -377,7 +377,7 @@ def connection_events(results: Sequence[CaptureResult]) -> dict:
 def unregister_times(results: Sequence[CaptureResult]) -> dict:
     """{(client_id, role, group): [ms, ...]} of the captures' UNREGISTER_CLIENT requests (its producerGroup for the
     producer role, its consumerGroup for the consumer role): when the broker removed those members
-    (engine.scan_py.member_left / departure)."""
+    (engine.recording.scan_py.member_left / departure)."""
     out: dict = defaultdict(list)
     for r in results:
         for e in r.events:
@@ -491,7 +491,7 @@ def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = 
         conns.append(conn)
     cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
     # a member's run ends at its UNREGISTER_CLIENT (the broker removed it; a later heartbeat adds it back), as
-    # in the reference scan's live intervals (engine.scan_py.member_left); Spark's merge_runs keeps the cut.
+    # in the reference scan's live intervals (engine.recording.scan_py.member_left); Spark's merge_runs keeps the cut.
     # A shard sees only its connections' unregisters (one sent on another connection of the client is not cut)
     member_cuts = unregister_times([result]) if result is not None else {}
     client_cuts: dict = defaultdict(list)
@@ -511,11 +511,11 @@ def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = 
 
 def departed_out(runs, rows: list, conn_events: dict, unregisters: dict, params: ScanParams) -> list:
     """The expired_clients rows of merged runs without the clients the capture saw leave before the expiry
-    (engine.scan_py.departure: their connection's FIN / RST, or UNREGISTER_CLIENT for each group they had at their
+    (engine.recording.scan_py.departure: their connection's FIN / RST, or UNREGISTER_CLIENT for each group they had at their
     last heartbeat; those groups read from the few candidates' runs ending at that heartbeat)."""
     from pyspark.sql import functions as F
 
-    from engine.scan_py import departure
+    from engine.recording.scan_py import departure
 
     if not rows or not (conn_events or unregisters):
         return rows
@@ -614,9 +614,9 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
 
 def scan_local(paths, params: ScanParams = ScanParams(), *, native: Optional[bool] = None, client_ids: bool = False,
                **options) -> dict:
-    """The reference findings (engine.scan_py) over captures' heartbeats, with the same ``capture`` section."""
+    """The reference findings (engine.recording.scan_py) over captures' heartbeats, with the same ``capture`` section."""
     from engine import decode_heartbeat
-    from engine.scan_py import scan_records
+    from engine.recording.scan_py import scan_records
 
     rec, results = read_local(paths, native=native, **options)
     findings = scan_records(records_iter([rec]), params, connection_events(results), unregister_times(results))
@@ -638,10 +638,10 @@ def scan_local(paths, params: ScanParams = ScanParams(), *, native: Optional[boo
 
 def combine_capture_brokers(per_broker: dict) -> dict:
     """One findings dict of several brokers' capture scans (``{broker: findings}`` of :func:`scan` or
-    :func:`scan_local`, with ``client_ids=True``): the recording scans' combination (engine.scan_py.combine_brokers:
+    :func:`scan_local`, with ``client_ids=True``): the recording scans' combination (engine.recording.scan_py.combine_brokers:
     every row tagged with its broker, the summary summed with clients counted once, damage per broker, ``fleet``)
     and one ``capture`` section over all of them, its rows tagged with their broker."""
-    from engine.scan_py import combine_brokers
+    from engine.recording.scan_py import combine_brokers
 
     out = combine_brokers(per_broker)
     caps = {b: f["capture"] for b, f in per_broker.items()}

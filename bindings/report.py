@@ -1,6 +1,6 @@
 """Report writer for scan findings: findings.json, one CSV per finding, PNG plots and an index.html.
 
-Takes the findings dict of ``engine.bindings.spark.scan``, ``engine.scan_py.scan``, the broker-log scan or the
+Takes the findings dict of ``engine.bindings.spark.scan``, ``engine.recording.scan_py.scan``, the broker-log scan or the
 capture scan (same format; every ``rmqhb scan`` input kind ends here). The page is what an operator reads first:
 a banner when the input was damaged or partly unreadable, one summary line per finding kind with its worst case,
 then per finding what is wrong, where, since when and who -- subscription disagreements as a difference from the
@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from engine.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS
+from engine.recording.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS
 
 #: At most this many groups in the group-size PNG (small multiples), and clients in the flapping PNG.
 PLOT_GROUPS = 24

@@ -26,10 +26,10 @@ from typing import Iterator, List, Optional, Tuple
 import numpy as np
 import pyarrow as pa
 
-from engine.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
-from engine.recorder import (BlockInfo, Damage, SegmentError, damage_ranges, iter_blocks, list_segments,
+from engine.codec.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
+from engine.recording.recorder import (BlockInfo, Damage, SegmentError, damage_ranges, iter_blocks, list_segments,
                              payloads_intact, scan_segment)
-from engine.scan_py import ScanParams
+from engine.recording.scan_py import ScanParams
 
 _log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ def record_batches(split: Split, max_rows: int = 65536, on_corrupt: str = "skip"
 
 
 class BodyDeduperPy:
-    """Pure-Python twin of ``engine._segment.BodyDeduper``: numbers distinct bodies in first-seen order across
+    """Pure-Python twin of ``engine.recording._segment.BodyDeduper``: numbers distinct bodies in first-seen order across
     ``add`` calls, checking each body against the last one of its connection before hashing it."""
 
     def __init__(self):
@@ -280,7 +280,7 @@ def _deduper_class():
     if os.environ.get("ENGINE_NO_EXTENSIONS"):
         return BodyDeduperPy
     try:
-        from engine._segment import BodyDeduper as native
+        from engine.recording._segment import BodyDeduper as native
     except ImportError:
         return BodyDeduperPy
     return native
@@ -440,7 +440,7 @@ def heartbeat_batches(split: Split, max_rows: int = 65536, dedupe_bodies: bool =
 
 
 def subscription_key(topics, expression_types, sub_strings) -> str:
-    """Same canonical text as engine.scan_py.subscription_key, from column values."""
+    """Same canonical text as engine.recording.scan_py.subscription_key, from column values."""
     triples = {(t or "", e or "TAG", x or "") for t, e, x in zip(topics, expression_types, sub_strings)}
     return json.dumps(sorted(list(t) for t in triples), separators=(",", ":"), ensure_ascii=False)
 
@@ -560,7 +560,7 @@ def runs_from_ids(recv_ms: np.ndarray, conn_id: np.ndarray, ids: np.ndarray, uni
 
 def _take_batch(batch, rows: np.ndarray):
     """Rows of a HeartbeatBatch (with their child rows), renumbered; used only by the no-dedupe mode."""
-    from engine.heartbeat import HeartbeatBatch
+    from engine.codec.heartbeat import HeartbeatBatch
 
     h, p, c, s = batch.heartbeats, batch.producers, batch.consumers, batch.subscriptions
     new_row = np.full(len(batch), -1, np.int64)
@@ -678,7 +678,7 @@ def splits_runs(splits: List[Split], params: ScanParams = ScanParams(), dedupe_b
 
 
 class BlockScannerPy:
-    """Pure-Python twin of ``engine._segment.BlockScanner`` (same columns, same body ids, same errors)."""
+    """Pure-Python twin of ``engine.recording._segment.BlockScanner`` (same columns, same body ids, same errors)."""
 
     def __init__(self):
         self._deduper = BodyDeduperPy()
@@ -694,7 +694,7 @@ class BlockScannerPy:
         return sum(len(x) for x in self._recv)
 
     def add_block(self, raw, n_records: int, first_ms: int, last_ms: int, where: str = "block") -> None:
-        from engine.recorder import Block
+        from engine.recording.recorder import Block
 
         raw = bytes(raw)
         if n_records < 0 or n_records > (len(raw) - 8) // 29:
@@ -718,7 +718,7 @@ class BlockScannerPy:
 
 def member_runs_py(recv, conn, ids, body_client, entry_offsets, entry_member, entry_key, n_clients, n_members,
                    split_ms):
-    """Pure-Python twin of ``engine._segment.member_runs`` (same results, same None when out of order)."""
+    """Pure-Python twin of ``engine.recording._segment.member_runs`` (same results, same None when out of order)."""
     n = len(recv)
     if not (len(conn) == len(ids) == n):
         raise ValueError("recv, conn and ids differ in length")
@@ -778,7 +778,7 @@ def _native_scan():
     if os.environ.get("ENGINE_NO_EXTENSIONS") or sys.byteorder != "little":
         return BlockScannerPy, member_runs_py
     try:
-        from engine._segment import BlockScanner as scanner, member_runs as runs
+        from engine.recording._segment import BlockScanner as scanner, member_runs as runs
     except ImportError:
         return BlockScannerPy, member_runs_py
     return scanner, runs
@@ -792,7 +792,7 @@ def scan_blocks(splits, scanner=None, on_corrupt: str = "skip", timings: Optiona
     """Read, check and decompress the blocks of splits, one block at a time, into a BlockScanner (a corrupt
     block is skipped with a warning, or raises with on_corrupt="raise"). ``timings`` (a dict) gets the seconds
     spent reading files ("read"), checking and decompressing ("decompress") and scanning records ("scan")."""
-    from engine.recorder import decompress_payload, iter_payloads
+    from engine.recording.recorder import decompress_payload, iter_payloads
 
     if on_corrupt not in ("raise", "skip"):
         raise ValueError("on_corrupt must be 'raise' or 'skip'")

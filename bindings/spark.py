@@ -17,7 +17,7 @@ Data frames, from raw to findings::
 batch decoder and pre-aggregates runs per task); ``method="pandas"`` reads raw records and decodes them with a
 pandas UDF (the compiled decoder again); ``method="heartbeats"`` goes through the nested heartbeats frame;
 ``from_json`` and ``json_loads`` are the baselines of bench/bench_scan.py. All give the same findings, which are
-defined (and computed independently) by ``engine.scan_py``.
+defined (and computed independently) by ``engine.recording.scan_py``.
 
 Executors must import ``engine`` (with its compiled modules) and ``engine.bindings``: install the package into
 the Python that ``PYSPARK_PYTHON`` names (``spark_session`` sets it to this interpreter for local runs and
@@ -42,7 +42,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type
 
-from engine.scan_py import (CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, connection_marks, deviating_members,
+from engine.recording.scan_py import (CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, connection_marks, deviating_members,
                             parse_key, separate_data_loss)
 
 from . import segments as seg
@@ -436,7 +436,7 @@ def merge_runs(params: ScanParams = ScanParams(), unregisters: Optional[DataFram
     min(expiry, gap threshold). Works on single observations and on pre-aggregated runs alike. Statistics rows
     are summed into one. ``unregisters`` (a capture's, the second frame of :func:`capture_cuts`): a run also ends
     at an UNREGISTER_CLIENT of that member (one at or after its last heartbeat, before the next one's first), so
-    the member is out from the unregister until its next heartbeat, as in engine.scan_py.member_left."""
+    the member is out from the unregister until its next heartbeat, as in engine.recording.scan_py.member_left."""
     split = params.split_ms
 
     def transform(df: DataFrame) -> DataFrame:
@@ -472,7 +472,7 @@ def live_intervals(params: ScanParams = ScanParams(), cuts=None):
     """merged runs -> + end_ms: a member is live from its run's first heartbeat until the next run of the same
     member starts or ``expiry`` after the run's last heartbeat, whichever is first. Empty intervals dropped.
     ``cuts`` (a capture's, see :func:`capture_cuts`): also until its connection's first FIN / RST or its client's
-    UNREGISTER_CLIENT for that group, the first at or after the run's last heartbeat (engine.scan_py.member_left)."""
+    UNREGISTER_CLIENT for that group, the first at or after the run's last heartbeat (engine.recording.scan_py.member_left)."""
     expiry = params.expiry_ms
 
     def transform(df: DataFrame) -> DataFrame:
@@ -553,7 +553,7 @@ def heartbeat_gaps(params: ScanParams = ScanParams()):
 def expired_clients(params: ScanParams = ScanParams(), last_ms: Optional[int] = None):
     """merged runs -> client_id, conn_id, groups, connected_ms, last_heartbeat_ms, expired_ms, returned_ms: a
     client's silences over ``expiry`` (any connection), and its last heartbeat when the recording goes on at
-    least ``expiry`` after it (``last_ms``: the recording's last receive time); see engine.scan_py. The
+    least ``expiry`` after it (``last_ms``: the recording's last receive time); see engine.recording.scan_py. The
     connection is the one of the last heartbeat before the silence (the later connection on a tie)."""
     expiry = params.expiry_ms
 
@@ -580,7 +580,7 @@ def expired_clients(params: ScanParams = ScanParams(), last_ms: Optional[int] = 
 
 
 def expired_records(runs: DataFrame, params: ScanParams, last_ms: Optional[int], addresses=None) -> list:
-    """The expired_clients finding (engine.scan_py's rows) from merged runs: ``last_ms`` = the input's last
+    """The expired_clients finding (engine.recording.scan_py's rows) from merged runs: ``last_ms`` = the input's last
     receive time; ``addresses`` = {conn_id: address}, or a function of the rows giving it (default: none)."""
     rows = _rows(runs.transform(expired_clients(params, last_ms)))
     addrs = addresses(rows) if callable(addresses) else (addresses or {})
@@ -588,7 +588,7 @@ def expired_records(runs: DataFrame, params: ScanParams, last_ms: Optional[int],
 
 
 def _expired_records(rows, addrs: dict, expiry_ms: int) -> list:
-    from engine.scan_py import expired_row
+    from engine.recording.scan_py import expired_row
 
     out = [expired_row(r["client_id"], r["conn_id"], addrs.get(r["conn_id"]), r["groups"], r["connected_ms"],
                        r["last_heartbeat_ms"], r["returned_ms"], expiry_ms) for r in rows]
@@ -598,7 +598,7 @@ def _expired_records(rows, addrs: dict, expiry_ms: int) -> list:
 def connection_addresses(plan: seg.Plan, wanted) -> dict:
     """{conn_id: remote address} for (conn_id, receive time) pairs, read on the driver from the few blocks whose
     time range holds one of the times (the runs do not carry addresses; expiries are few)."""
-    from engine.recorder import iter_blocks
+    from engine.recording.recorder import iter_blocks
 
     wanted = {(int(c), int(t)) for c, t in wanted}
     times = sorted({t for _, t in wanted})
@@ -620,7 +620,7 @@ def connection_addresses(plan: seg.Plan, wanted) -> dict:
 
 
 def member_address_records(runs: DataFrame, plan, wanted, params: ScanParams) -> list:
-    """engine.scan_py's ``member_addresses`` from merged runs: the connections of the runs of each deviating member
+    """engine.recording.scan_py's ``member_addresses`` from merged runs: the connections of the runs of each deviating member
     ((group, client, start_ms, end_ms) of scan_py.deviating_members) live during its span (a run's observations are
     at most min(expiry, gap threshold) apart, so ``first < end and last + expiry > start`` holds exactly when one
     of its observations is live then), their addresses read on the driver (``plan``: a recording's seg.Plan,
@@ -797,7 +797,7 @@ def broker_names(directories) -> list:
 def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, method: str = "arrow",
          split_records: int = seg.DEFAULT_SPLIT_RECORDS, dedupe: bool = True, on_corrupt: str = "skip",
          plan: Optional[seg.Plan] = None, client_ids: bool = False) -> dict:
-    """All analyses over a recording; returns findings in the format of engine.scan_py (plus plan damage).
+    """All analyses over a recording; returns findings in the format of engine.recording.scan_py (plus plan damage).
     ``client_ids``: also list the distinct clients (``_client_ids``, for combining several brokers' scans)."""
     params.validate()
     clock = time.perf_counter
@@ -886,7 +886,7 @@ def _flapping_records(rows) -> list:
 
 
 def with_connection_marks(runs: DataFrame, rows: list, conn_events: Optional[dict] = None) -> list:
-    """The flapping rows with engine.scan_py's connection marks (``connect_ms``, ``closes``): the first and last
+    """The flapping rows with engine.recording.scan_py's connection marks (``connect_ms``, ``closes``): the first and last
     heartbeat of each connection of the flapping clients, from their merged client runs (collected: few clients),
     and a capture's ``conn_events`` (scan_py.connection_marks)."""
     if not rows:
@@ -980,7 +980,7 @@ def scan_main(argv=None) -> int:
     except ValueError as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)
         return EXIT_USAGE
-    from engine.scan_py import combine_brokers
+    from engine.recording.scan_py import combine_brokers
 
     from .report import damage_line, print_summary, write_report
 

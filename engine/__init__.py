@@ -1,7 +1,7 @@
 """RocketMQ broker client management: frame codec, heartbeat decoding, client registry, server.
 
-Every hot path has a Cython module (``engine._frame``, ``engine._heartbeat``, ``engine._expiry``,
-``engine._digest``, ``engine._segment``, ``engine._brokerlog``, ``engine._pcap``, built from ``pyx/``) and a
+Every hot path has a Cython module (``engine.codec._frame``, ``engine.codec._heartbeat``, ``engine.registry._expiry``,
+``engine.registry._digest``, ``engine.recording._segment``, ``engine.recording._brokerlog``, ``engine.recording._pcap``, built from ``pyx/``) and a
 pure-Python twin with the same inputs, outputs and errors. The compiled modules are used when they are built;
 ``ENGINE_NO_EXTENSIONS=1`` forces the twins. ``engine.native_modules()`` says, per module, which one is in use;
 ``engine.NATIVE`` is true only when every compiled module is.
@@ -10,7 +10,7 @@ import importlib as _importlib
 import os as _os
 import sys as _sys
 
-from .enums import (
+from engine.codec.enums import (
     BROKER_VERSION,
     ConsumeFromWhere,
     ConsumeType,
@@ -20,13 +20,13 @@ from .enums import (
     ResponseCode,
     SerializeType,
 )
-from .errors import FrameError, HeartbeatError, RemotingError
+from engine.codec.errors import FrameError, HeartbeatError, RemotingError
 
 _NATIVE_CODEC = False
 if not _os.environ.get("ENGINE_NO_EXTENSIONS"):
     try:
-        from ._frame import AnswerTemplate, FrameDecoder, RemotingCommand, decode_frame
-        from ._heartbeat import (
+        from engine.codec._frame import AnswerTemplate, FrameDecoder, RemotingCommand, decode_frame
+        from engine.codec._heartbeat import (
             ConsumerData,
             HeartbeatData,
             ProducerData,
@@ -39,8 +39,8 @@ if not _os.environ.get("ENGINE_NO_EXTENSIONS"):
     except ImportError:  # not built: fall back to the twins below
         pass
 if not _NATIVE_CODEC:
-    from ._frame_py import AnswerTemplate, FrameDecoder, RemotingCommand, decode_frame
-    from ._heartbeat_py import (
+    from engine.codec._frame_py import AnswerTemplate, FrameDecoder, RemotingCommand, decode_frame
+    from engine.codec._heartbeat_py import (
         ConsumerData,
         HeartbeatData,
         ProducerData,
@@ -49,7 +49,7 @@ if not _NATIVE_CODEC:
         decode_heartbeats,
     )
 
-from .heartbeat import HeartbeatBatch, build_subscription, encode_heartbeat, heartbeat_fingerprint, java_string_hash
+from engine.codec.heartbeat import HeartbeatBatch, build_subscription, encode_heartbeat, heartbeat_fingerprint, java_string_hash
 
 __all__ = [
     "NATIVE",
@@ -84,15 +84,15 @@ __all__ = [
 __all__ += ["Broker", "BrokerConfig", "native_modules"]
 
 
-#: every compiled module, with where its twin lives
+#: every compiled module (short name: (the extension built from pyx/<package>/<name>.pyx, where its twin lives))
 COMPILED_MODULES = {
-    "_frame": "engine._frame_py",
-    "_heartbeat": "engine._heartbeat_py",
-    "_expiry": "engine._expiry_py",
-    "_digest": "engine._digest_py",
-    "_segment": "engine.bindings.segments",
-    "_brokerlog": "engine._brokerlog_py",
-    "_pcap": "engine._pcap_py",
+    "_frame": ("engine.codec._frame", "engine.codec._frame_py"),
+    "_heartbeat": ("engine.codec._heartbeat", "engine.codec._heartbeat_py"),
+    "_expiry": ("engine.registry._expiry", "engine.registry._expiry_py"),
+    "_digest": ("engine.registry._digest", "engine.registry._digest_py"),
+    "_segment": ("engine.recording._segment", "engine.bindings.segments"),
+    "_brokerlog": ("engine.recording._brokerlog", "engine.recording._brokerlog_py"),
+    "_pcap": ("engine.recording._pcap", "engine.recording._pcap_py"),
 }
 _native_modules: dict | None = None
 
@@ -111,7 +111,7 @@ def native_modules() -> dict:
             ok = not _os.environ.get("ENGINE_NO_EXTENSIONS") and (name != "_segment" or _sys.byteorder == "little")
             if ok:
                 try:
-                    _importlib.import_module(f"engine.{name}")
+                    _importlib.import_module(COMPILED_MODULES[name][0])
                 except ImportError:
                     ok = False
             out[name] = ok
@@ -125,11 +125,11 @@ def __getattr__(name):
     if name == "NATIVE":
         return all(native_modules().values())
     if name == "Broker":
-        from .broker import Broker
+        from engine.broker.controller import Broker
 
         return Broker
     if name == "BrokerConfig":
-        from .config import BrokerConfig
+        from engine.broker.config import BrokerConfig
 
         return BrokerConfig
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def default_vectors_dir() -> Path:
-    from .vectors import shared_dir
+    from engine.codec.vectors import shared_dir
 
     return shared_dir() / "vectors"
 
@@ -81,16 +81,16 @@ def segments_main(argv) -> int:
     if not argv or argv[0] != "verify":
         print("usage: rmqhb segments verify DIR [-v] [--json]", file=sys.stderr)
         return 2
-    return _lazy("engine.recorder", "segments_verify_main")(argv[1:])
+    return _lazy("engine.recording.recorder", "segments_verify_main")(argv[1:])
 
 
 COMMANDS = {
     "demo": _lazy("engine.demo", "demo_main"),
-    "serve": _lazy("engine.broker", "serve_main"),
-    "consumerConnection": _lazy("engine.admin", "consumer_connection_main"),
-    "producerConnection": _lazy("engine.admin", "producer_connection_main"),
+    "serve": _lazy("engine.broker.controller", "serve_main"),
+    "consumerConnection": _lazy("engine.broker.admin", "consumer_connection_main"),
+    "producerConnection": _lazy("engine.broker.admin", "producer_connection_main"),
     "segments": segments_main,
-    "generate": _lazy("engine.synth", "generate_main"),
+    "generate": _lazy("engine.recording.synth", "generate_main"),
     "scan": scan_main,
     "loadgen": _lazy("engine.loadgen", "main"),
 }

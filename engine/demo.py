@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import ConsumeFromWhere, ConsumeType, ConsumerData, HeartbeatData, MessageModel, ProducerData
-from . import RemotingCommand, RequestCode, build_subscription, encode_heartbeat
+from engine import ConsumeFromWhere, ConsumeType, ConsumerData, HeartbeatData, MessageModel, ProducerData
+from engine import RemotingCommand, RequestCode, build_subscription, encode_heartbeat
 
 
 class FleetClient:
@@ -41,7 +41,7 @@ class FleetClient:
         self.opaque += 1
         self.writer.write(RemotingCommand(code, opaque=self.opaque, ext_fields=ext_fields or {}, body=body).encode())
         while True:  # NOTIFY_CONSUMER_IDS_CHANGED (oneway) may arrive before our answer
-            from . import decode_frame
+            from engine import decode_frame
 
             head = await self.reader.readexactly(4)
             frame = head + await self.reader.readexactly(struct.unpack(">i", head)[0])
@@ -109,7 +109,7 @@ def demo_main(argv=None) -> int:
         print(f"(no captures at {args.vectors}; set ENGINE_SHARED_DIR to show them)")
 
     _section("2. live broker, simulated fleet, recorder")
-    from .recorder import verify
+    from engine.recording.recorder import verify
 
     live = work / "live-recording"
     cfg = engine.BrokerConfig(listen_port=0, store_path_root_dir=str(work / "store"), record_dir=str(live))
@@ -123,7 +123,7 @@ def demo_main(argv=None) -> int:
     print(f"recorder: {verify(live).format()}")
 
     _section("3. synthetic recording with injected anomalies")
-    from .synth import FleetConfig, generate
+    from engine.recording.synth import FleetConfig, generate
 
     synth_dir = work / "synthetic-recording"
     clients, interval = 2000, 30.0
@@ -139,11 +139,11 @@ def demo_main(argv=None) -> int:
         return 0
     _section("4. Spark scan")
     try:
-        from .bindings.spark import scan_main
+        from engine.bindings.spark import scan_main
     except ImportError as e:
         print(f"Spark binding unavailable ({e}); install the `spark` extra", file=sys.stderr)
         return 1
-    from .synth import compare_with_manifest
+    from engine.recording.synth import compare_with_manifest
     import json
 
     out = work / "report"
@@ -160,7 +160,7 @@ def demo_main(argv=None) -> int:
 
 
 async def _run_fleet(port):
-    from .admin import AdminClient, format_consumer_connection
+    from engine.broker.admin import AdminClient, format_consumer_connection
 
     t0 = time.perf_counter()
     fleet = await drive_fleet(port)

@@ -54,7 +54,7 @@ import time
 from collections import deque
 
 import engine
-from engine.heartbeat import build_subscription
+from engine.codec.heartbeat import build_subscription
 
 CLIENT_INNER_PRODUCER = "CLIENT_INNER_PRODUCER"
 

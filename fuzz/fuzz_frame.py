@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Coverage-guided differential fuzzer for the frame codec: decode_frame and the streaming FrameDecoder.
 
-Every input goes through both implementations (engine._frame, engine._frame_py) three ways:
+Every input goes through both implementations (engine.codec._frame, engine.codec._frame_py) three ways:
 
 * ``decode_frame(data)``, and again with a small max frame size taken from the input (the oversize branch);
 * a FrameDecoder fed the input in chunks chosen from the input's CRC (whole, 1-byte, small and larger chunks),
@@ -26,7 +26,7 @@ import fuzzlib  # noqa: E402
 
 NATIVE, TWIN = fuzzlib.load("frame", __name__ == "__main__")
 
-from engine.enums import DEFAULT_MAX_FRAME_SIZE  # noqa: E402
+from engine.codec.enums import DEFAULT_MAX_FRAME_SIZE  # noqa: E402
 
 IMPLS = [m for m in (NATIVE, TWIN) if m is not None]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Coverage-guided differential fuzzer for the heartbeat decoder (HEART_BEAT bodies, any client dialect).
 
-Every input goes through both implementations (engine._heartbeat, engine._heartbeat_py):
+Every input goes through both implementations (engine.codec._heartbeat, engine.codec._heartbeat_py):
 
 * ``decode_heartbeat(data)``: the decoded HeartbeatData (as to_dict, with subVersions read from the clock
   masked, since a missing subVersion is Java's "now") or a HeartbeatError; native and twin must agree, on the
@@ -25,7 +25,7 @@ import fuzzlib  # noqa: E402
 
 NATIVE, TWIN = fuzzlib.load("heartbeat", __name__ == "__main__")
 
-from engine.heartbeat import encode_heartbeat, heartbeat_fingerprint  # noqa: E402
+from engine.codec.heartbeat import encode_heartbeat, heartbeat_fingerprint  # noqa: E402
 
 IMPLS = [m for m in (NATIVE, TWIN) if m is not None]
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1

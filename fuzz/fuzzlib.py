@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-#: Longest error message accepted: a location, a reason and a short echo (engine.errors.MAX_ECHO) of the input.
+#: Longest error message accepted: a location, a reason and a short echo (engine.codec.errors.MAX_ECHO) of the input.
 MAX_MESSAGE = 512
 
 
@@ -36,9 +36,9 @@ def implementations(kind):
 
     ENGINE_FUZZ_REQUIRE_NATIVE=1 makes a missing native module an error rather than a twin-only run.
     """
-    twin = importlib.import_module(f"engine._{kind}_py")
+    twin = importlib.import_module(f"engine.codec._{kind}_py")
     try:
-        native = importlib.import_module(f"engine._{kind}")
+        native = importlib.import_module(f"engine.codec._{kind}")
     except ImportError:
         if os.environ.get("ENGINE_FUZZ_REQUIRE_NATIVE"):
             raise
@@ -53,7 +53,7 @@ def fuzzing(argv):
 
 def python_coverage(atheris, fuzzing):
     """The context to import the engine in. When fuzzing, atheris instruments the engine's Python: the twins
-    (engine._frame_py, engine._heartbeat_py) and the Python they call (engine.heartbeat, engine.errors), so the
+    (engine.codec._frame_py, engine.codec._heartbeat_py) and the Python they call (engine.codec.heartbeat, engine.codec.errors), so the
     twin's branches and comparisons guide mutation next to a sancov-instrumented native build (fuzz/long_run.sh).
     atheris' include matches the top-level package, so all of ``engine`` that the harness imports is instrumented.
     ENGINE_FUZZ_PY_COVERAGE=0 leaves the guidance to the native build and runs the twin uninstrumented (needed
@@ -80,7 +80,7 @@ def load(kind, main):
 
 def check_error(exc):
     """A typed decoding error is an answer; re-raise anything else as the crash it is."""
-    from engine.errors import RemotingError
+    from engine.codec.errors import RemotingError
 
     if isinstance(exc, RemotingError) and isinstance(exc, ValueError):
         message = str(exc)
@@ -126,14 +126,14 @@ def chunks(data, cuts):
 
 def vector_frames():
     """Every captured whole frame (length prefix included) from ../shared/vectors."""
-    from engine.vectors import load_vectors
+    from engine.codec.vectors import load_vectors
 
     return [frame for _, _, frame in load_vectors(shared_dir() / "vectors")]
 
 
 def heartbeat_bodies():
     """The bodies of every captured HEART_BEAT (code 34) frame, decoded with the twin."""
-    from engine import _frame_py
+    from engine.codec import _frame_py
 
     out = []
     for frame in vector_frames():

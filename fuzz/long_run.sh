@@ -32,13 +32,13 @@ case "${1:-}" in
        ENGINE_SANITIZE="undefined,fuzzer-no-link" ENGINE_BUILD_ONLY=_frame,_heartbeat \
        "$PYTHON" setup.py build_ext --inplace --build-temp "$TREE/build/temp" >"$TREE/build.log" 2>&1) \
       || { tail -30 "$TREE/build.log" >&2; exit 1; }
-    nm "$TREE"/engine/_frame.*.so | grep -q __sanitizer_cov || { echo "no sancov instrumentation" >&2; exit 1; }
+    nm "$TREE"/engine/codec/_frame.*.so | grep -q __sanitizer_cov || { echo "no sancov instrumentation" >&2; exit 1; }
     for h in frame heartbeat; do
       ENGINE_SHARED_DIR=${ENGINE_SHARED_DIR:-$(cd "$ROOT/.." && pwd)/shared} PYTHONPATH=$TREE \
         "$PYTHON" "$TREE/fuzz/fuzz_$h.py" --seeds "$TREE/seeds-$h"
     done
-    (cd "$TREE" && sha256sum engine/_frame_py.py engine/_heartbeat_py.py engine/heartbeat.py pyx/_frame.pyx \
-       pyx/_heartbeat.pyx) >"$TREE/SOURCES.sha256"
+    (cd "$TREE" && sha256sum engine/codec/_frame_py.py engine/codec/_heartbeat_py.py engine/codec/heartbeat.py pyx/codec/_frame.pyx \
+       pyx/codec/_heartbeat.pyx) >"$TREE/SOURCES.sha256"
     echo "built $TREE at $(cat "$TREE/COMMIT")"
     ;;
   run)

@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import engine
-from engine.enums import RequestCode, ResponseCode
-from engine.processors import NAMESRV_TABLE, PROCESSOR_TABLE
+from engine.codec.enums import RequestCode, ResponseCode
+from engine.broker.processors import NAMESRV_TABLE, PROCESSOR_TABLE
 
 MAX_REMARK = 512
 INTERNALS = re.compile(r"Traceback|[A-Z][a-z]+Error\b|Exception\b|object has no attribute|unsupported operand|"
@@ -75,7 +75,7 @@ _captured: list = []
 def captured_requests() -> list:
     """Every request the real clients sent (../shared/vectors), decoded: heartbeats, pulls, commits, route queries."""
     if not _captured:
-        from engine.vectors import load_vectors
+        from engine.codec.vectors import load_vectors
 
         # ENGINE_SHARED_DIR, or ../shared beside this checkout (not beside the engine imported, which may be a
         # build of another commit)
@@ -168,8 +168,8 @@ class BrokerFixture:
     """One broker for many runs of the machine (starting one per example would dominate the time)."""
 
     def __init__(self, store_dir: str, **settings):
-        from engine.broker import Broker
-        from engine.config import BrokerConfig
+        from engine.broker.controller import Broker
+        from engine.broker.config import BrokerConfig
 
         self.errors = ErrorLog()
         logging.getLogger("engine").addHandler(self.errors)

@@ -1,4 +1,4 @@
-"""The README's broker configuration table, made from engine.config.BrokerConfig (its fields, defaults and comments).
+"""The README's broker configuration table, made from engine.broker.config.BrokerConfig (its fields, defaults and comments).
 
     python scripts/config_table.py            # print the table
     python scripts/config_table.py --write    # replace the table between the README's markers
@@ -14,14 +14,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.config import PROPERTIES, BrokerConfig, _camel  # noqa: E402
+from engine.broker.config import PROPERTIES, BrokerConfig, _camel  # noqa: E402
 
 BEGIN, END = "<!-- config-table: begin (scripts/config_table.py --write) -->", "<!-- config-table: end -->"
 
 
 def _comments() -> dict[str, str]:
     """field name -> its documentation: the ``#:`` lines above it, else its trailing ``#`` comment."""
-    source = (ROOT / "engine" / "config.py").read_text()
+    source = (ROOT / "engine" / "broker" / "config.py").read_text()
     lines = source.splitlines()
     tree = ast.parse(source)
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "BrokerConfig")

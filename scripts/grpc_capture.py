@@ -19,9 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.broker import Broker  # noqa: E402
-from engine.config import BrokerConfig  # noqa: E402
-from engine.grpc_endpoint import format_capture  # noqa: E402
+from engine.broker.controller import Broker  # noqa: E402
+from engine.broker.config import BrokerConfig  # noqa: E402
+from engine.broker.grpc_endpoint import format_capture  # noqa: E402
 
 
 def main() -> int:

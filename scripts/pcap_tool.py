@@ -160,7 +160,7 @@ def mutate(args):
 
 
 def from_recording(args):
-    """Every record of a recording (engine.recorder) as a heartbeat request on its connection: one TCP connection
+    """Every record of a recording (engine.recording.recorder) as a heartbeat request on its connection: one TCP connection
     per conn_id from the record's address to 10.255.255.254:10911 (SYN handshake before its first heartbeat, FIN
     after its last), each heartbeat answered by the broker's SUCCESS and ACKed, Ethernet, time = receive time.
     ``--keep-open-after S``: no FIN for a connection whose last heartbeat is its client's last for more than S
@@ -170,7 +170,7 @@ def from_recording(args):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from engine import decode_heartbeat
-    from engine.recorder import iter_records
+    from engine.recording.recorder import iter_records
 
     records = sorted(iter_records(args.input), key=lambda r: (r.recv_ms, r.conn_id))
     last = {r.conn_id: i for i, r in enumerate(records)}

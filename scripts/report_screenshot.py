@@ -2,8 +2,8 @@
 
     .venv/bin/python scripts/report_screenshot.py [--out docs/report.png] [--keep DIR]
 
-Generates a synthetic fleet with injected anomalies (engine.synth), scans it with the reference analyses
-(engine.scan_py: the findings the Spark scan reproduces exactly, without starting Spark), writes the report and
+Generates a synthetic fleet with injected anomalies (engine.recording.synth), scans it with the reference analyses
+(engine.recording.scan_py: the findings the Spark scan reproduces exactly, without starting Spark), writes the report and
 takes a screenshot of its first screens with Debian's chromium and chromedriver (selenium; the same setup as
 tests/test_report_browser.py; ENGINE_CHROMIUM / ENGINE_CHROMEDRIVER name other binaries)."""
 from __future__ import annotations
@@ -33,9 +33,9 @@ def main(argv=None) -> int:
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
-    from engine import scan_py
+    from engine.recording import scan_py
     from engine.bindings.report import write_report
-    from engine.synth import FleetConfig, generate
+    from engine.recording.synth import FleetConfig, generate
 
     chrome = shutil.which(os.environ.get("ENGINE_CHROMIUM") or "chromium")
     driver = shutil.which(os.environ.get("ENGINE_CHROMEDRIVER") or "chromedriver")

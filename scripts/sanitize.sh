@@ -35,8 +35,8 @@ build_copy() {
     echo "sanitized build failed (log: $tree/build.log)" >&2
     exit 1
   fi
-  for m in _frame _heartbeat _expiry _digest; do
-    ls "$tree"/engine/$m.*.so >/dev/null 2>&1 || { echo "sanitized build of engine.$m failed" >&2; exit 1; }
+  for m in codec/_frame codec/_heartbeat registry/_expiry registry/_digest; do
+    ls "$tree"/engine/$m.*.so >/dev/null 2>&1 || { echo "sanitized build of engine/$m failed" >&2; exit 1; }
   done
 }
 
@@ -52,8 +52,8 @@ case "${1:-test}" in
     CC=${CC:-gcc} build_copy "$TREE" "address,undefined"
     ASAN_LIB=$(runtime_gcc)
     UBSAN_LIB=$(gcc -print-file-name=libubsan.so)
-    nm -D "$TREE"/engine/_frame.*.so | grep __asan_report >/dev/null \
-      || { echo "engine._frame is not ASan-instrumented" >&2; exit 1; }
+    nm -D "$TREE"/engine/codec/_frame.*.so | grep __asan_report >/dev/null \
+      || { echo "engine.codec._frame is not ASan-instrumented" >&2; exit 1; }
     echo "sanitized build in $TREE; runtime $ASAN_LIB $UBSAN_LIB"
     cd "$TREE"
     # detect_leaks=0: CPython's own allocations at exit are not leaks we can act on. halt_on_error and
@@ -88,7 +88,7 @@ case "${1:-test}" in
     if [ "$1" = fuzz-build ]; then
       rm -rf "$TREE"
       CC=$CLANG LDSHARED="$CLANG -shared" build_copy "$TREE" "address,undefined,fuzzer-no-link"
-      nm "$TREE"/engine/_frame.*.so | grep __sanitizer_cov >/dev/null \
+      nm "$TREE"/engine/codec/_frame.*.so | grep __sanitizer_cov >/dev/null \
         || { echo "no sancov instrumentation" >&2; exit 1; }
       echo "# fuzz build in $TREE; run the harnesses with:" >&2
     fi

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.vectors import load_vectors as _load_vectors
+from engine.codec.vectors import load_vectors as _load_vectors
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("ENGINE_SHARED_DIR", ROOT.parent / "shared"))
 VECTORS = SHARED / "vectors"
 
 #: Hot-path modules as (native, twin) pairs; the facade picks one of each, the parity tests use both.
-HOT_PATHS = {"frame": ("engine._frame", "engine._frame_py"), "heartbeat": ("engine._heartbeat", "engine._heartbeat_py"),
-             "expiry": ("engine._expiry", "engine._expiry_py"), "digest": ("engine._digest", "engine._digest_py")}
+HOT_PATHS = {"frame": ("engine.codec._frame", "engine.codec._frame_py"), "heartbeat": ("engine.codec._heartbeat", "engine.codec._heartbeat_py"),
+             "expiry": ("engine.registry._expiry", "engine.registry._expiry_py"), "digest": ("engine.registry._digest", "engine.registry._digest_py")}
 
 
 def load_vectors():

@@ -2,7 +2,7 @@
 import pytest
 
 import engine
-from engine.acl import AclError, AclValidator, parse_acl_yaml, sign, sign_request
+from engine.broker.acl import AclError, AclValidator, parse_acl_yaml, sign, sign_request
 
 # RocketMQ 4.9.8 distribution/conf/plain_acl.yml (comments trimmed)
 PLAIN_ACL = """\
@@ -129,7 +129,7 @@ def decide(v, code, ext, body=b"", ak="RocketMQ", sk="12345678", ip="127.0.0.1")
 
 
 def test_permission_bits():
-    from engine.acl import ANY, DENY, PUB, SUB, check_permission, parse_perm
+    from engine.broker.acl import ANY, DENY, PUB, SUB, check_permission, parse_perm
 
     assert [parse_perm(t) for t in ("PUB", " SUB ", "PUB|SUB", "SUB|PUB", "DENY", "pub", "ALL", None)] == [
         PUB, SUB, PUB | SUB, PUB | SUB, DENY, DENY, DENY, DENY]

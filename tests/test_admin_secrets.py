@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from engine.admin import consumer_connection_main, producer_connection_main
+from engine.broker.admin import consumer_connection_main, producer_connection_main
 from test_server import Client, broker_factory, sign_request  # noqa: F401  (fixtures)
 
 ACL = ("accounts:\n  - accessKey: opsadmin\n    secretKey: s3cr3t-value\n    admin: true\n"
@@ -19,7 +19,7 @@ def acl_broker(broker_factory, tmp_path):
 
 def _register(b):
     import engine
-    from engine.enums import RequestCode
+    from engine.codec.enums import RequestCode
     from test_server import hb_body
 
     c = Client(b.ports["main"])

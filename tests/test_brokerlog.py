@@ -14,21 +14,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from conftest import strict
 
-from engine import _brokerlog_py as twin
+from engine.recording import _brokerlog_py as twin
 from engine.bindings import brokerlog as bl
-from engine.errors import RemotingError
+from engine.codec.errors import RemotingError
 
 SAMPLE = Path(os.environ.get("ENGINE_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared")) / "samples" / \
     "rocketmq-4.9.8-broker.log"
 
 try:
-    native = importlib.import_module("engine._brokerlog")
+    native = importlib.import_module("engine.recording._brokerlog")
 except ImportError:  # pragma: no cover - not built
     native = None
 
 IMPLS = ["twin"] + (["native"] if native is not None else [])
 if native is None and strict():
-    raise RuntimeError("engine._brokerlog is not built (required under CI=true / ENGINE_REQUIRE_NATIVE=1)")
+    raise RuntimeError("engine.recording._brokerlog is not built (required under CI=true / ENGINE_REQUIRE_NATIVE=1)")
 
 
 def _parse(impl):
@@ -273,7 +273,7 @@ def _lines(draw):
     return out
 
 
-@pytest.mark.skipif(native is None, reason="engine._brokerlog not built")
+@pytest.mark.skipif(native is None, reason="engine.recording._brokerlog not built")
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_lines(), st.sampled_from(["list", "binary", "large_binary", "slice"]), st.integers(0, 2**40))
 def test_native_and_twin_agree(lines, form, base):
@@ -299,7 +299,7 @@ def test_native_and_twin_agree(lines, form, base):
         assert a[1] == b[1]
 
 
-@pytest.mark.skipif(native is None, reason="engine._brokerlog not built")
+@pytest.mark.skipif(native is None, reason="engine.recording._brokerlog not built")
 def test_sub_key_escaping_parity():
     line = (b"2026-11-24 08:48:06 INFO T - registerConsumer info changed ConsumerData [groupName=G, consumeType=C, "
             b"messageModel=M, consumeFromWhere=W, unitMode=false, subscriptionDataSet=[SubscriptionData "
@@ -439,7 +439,7 @@ def test_generated_log_without_anomalies_has_no_findings(tmp_path):
 
 
 def test_scan_command_line_routing(tmp_path):
-    from engine.recorder import HeartbeatRecorder
+    from engine.recording.recorder import HeartbeatRecorder
 
     rec_dir = tmp_path / "rec"
     with HeartbeatRecorder(rec_dir) as rec:
@@ -493,7 +493,7 @@ def test_scan_input_kind_detection(tmp_path):
     import gzip as gz
 
     from engine.cli import main
-    from engine.recorder import HeartbeatRecorder
+    from engine.recording.recorder import HeartbeatRecorder
 
     rec = tmp_path / "rec"
     with HeartbeatRecorder(rec) as r:
@@ -643,7 +643,7 @@ _REGISTER = (b"2025-01-02 03:04:05 INFO NettyServerCodecThread_1 - new producer 
              b"language=JAVA, version=399, lastUpdateTimestamp=1735758245000]")
 
 
-@pytest.mark.skipif(native is None, reason="engine._brokerlog not built")
+@pytest.mark.skipif(native is None, reason="engine.recording._brokerlog not built")
 def test_utf8_check_at_every_offset_of_a_line():
     # the native check skips ASCII 8 bytes at a time: a valid or broken sequence at each offset (and so at each
     # alignment) of the line, in the group name, gives the twin's answer
@@ -657,7 +657,7 @@ def test_utf8_check_at_every_offset_of_a_line():
     assert a[1]["counts"]["invalid_utf8"] == 4 * 2 * 17 and a[0].num_rows == 3 * 2 * 17
 
 
-@pytest.mark.skipif(native is None, reason="engine._brokerlog not built")
+@pytest.mark.skipif(native is None, reason="engine.recording._brokerlog not built")
 def test_native_columns_outlive_the_batch():
     # the columns point into the parser's own C buffers (no copy): a column kept after the batch, the other
     # columns and the input are gone still holds its values

@@ -1,5 +1,5 @@
 """Java's client-management log lines (issue 18 item 4): our broker's log of a client run, read by the project's
-broker-log parser (engine._brokerlog and its twin), gives the same event kinds as the real RocketMQ 4.9.8 broker's
+broker-log parser (engine.recording._brokerlog and its twin), gives the same event kinds as the real RocketMQ 4.9.8 broker's
 log of the same runs (/work/shared/samples); the fields parse (client id, address, group, subscriptions); the lines
 have a budget a client cannot exceed."""
 import importlib
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from engine import RemotingCommand
-from engine import _brokerlog_py as twin
-from engine import clientlog
-from engine.broker import Broker
-from engine.enums import RequestCode
-from engine.registry import ClientRegistry, RegistryConfig
+from engine.recording import _brokerlog_py as twin
+from engine.registry import clientlog
+from engine.broker.controller import Broker
+from engine.codec.enums import RequestCode
+from engine.registry.client_registry import ClientRegistry, RegistryConfig
 
 from conftest import strict
 from test_server import Client, hb_body, make_config, wait_until
@@ -23,11 +23,11 @@ SAMPLE = Path(os.environ.get("ENGINE_SHARED_DIR", Path(__file__).resolve().paren
     "rocketmq-4.9.8-broker.log"
 
 try:
-    native = importlib.import_module("engine._brokerlog")
+    native = importlib.import_module("engine.recording._brokerlog")
 except ImportError:  # pragma: no cover - not built
     native = None
 if native is None and strict():
-    raise RuntimeError("engine._brokerlog is not built (required under CI=true / ENGINE_REQUIRE_NATIVE=1)")
+    raise RuntimeError("engine.recording._brokerlog is not built (required under CI=true / ENGINE_REQUIRE_NATIVE=1)")
 PARSERS = [twin.parse_lines] + ([native.parse_lines] if native is not None else [])
 
 

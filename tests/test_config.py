@@ -1,7 +1,7 @@
 """BrokerConfig: properties format, RocketMQ names, overrides, BrokerStartup's validations, `rmqhb serve -p`."""
 import pytest
 
-from engine.config import PROPERTIES, BrokerConfig, ConfigError, parse_overrides, parse_properties
+from engine.broker.config import PROPERTIES, BrokerConfig, ConfigError, parse_overrides, parse_properties
 
 
 def test_properties_format_like_java_util_properties():
@@ -66,7 +66,7 @@ def test_slave_needs_positive_broker_id():
 
 def test_slave_role_is_refused_no_ha(capsys):
     """Issue 18 item 5: a SLAVE was accepted and served clients as a master; there is no HA here."""
-    from engine.broker import serve_main
+    from engine.broker.controller import serve_main
 
     with pytest.raises(ConfigError, match="brokerRole=SLAVE is not supported: this broker has no HA"):
         BrokerConfig.load(None, {"brokerRole": "SLAVE", "brokerId": "1"})
@@ -117,7 +117,7 @@ def test_missing_config_file_is_a_config_error(tmp_path):
 
 
 def test_serve_print_config(tmp_path, capsys):
-    from engine.broker import serve_main
+    from engine.broker.controller import serve_main
 
     f = tmp_path / "broker.properties"
     f.write_text("brokerName=broker-p\n")
@@ -129,7 +129,7 @@ def test_serve_print_config(tmp_path, capsys):
 
 
 def test_serve_reports_validation_errors(capsys):
-    from engine.broker import serve_main
+    from engine.broker.controller import serve_main
 
     assert serve_main(["--namesrvAddr", "nonsense"]) == 253  # mqbroker: System.exit(-3)
     assert "The Name Server Address[nonsense] illegal" in capsys.readouterr().err
@@ -172,7 +172,7 @@ def test_java_broker_properties_are_accepted_and_listed(tmp_path):
 def test_serve_lists_unused_properties_once_and_refuses_typos(tmp_path, capsys, caplog):
     import logging
 
-    from engine.broker import serve_main
+    from engine.broker.controller import serve_main
 
     f = tmp_path / "broker.properties"
     f.write_text("listenPrt=10912\n")
@@ -245,7 +245,7 @@ def test_serve_exit_statuses_are_mqbrokers(tmp_path, capsys):
     System.exit(-1) (255) for a bad command line, an unreadable config file and a failed start."""
     import socket
 
-    from engine.broker import EXIT_CONFIG, EXIT_FAILURE, serve_main
+    from engine.broker.controller import EXIT_CONFIG, EXIT_FAILURE, serve_main
 
     assert (EXIT_CONFIG, EXIT_FAILURE) == (253, 255)
     assert serve_main(["--namesrvAddr", "127.0.0.1"]) == 253
@@ -268,7 +268,7 @@ def test_serve_lists_java_properties_it_does_not_use_once(tmp_path, caplog):
     import logging
     import socket
 
-    from engine.broker import serve_main
+    from engine.broker.controller import serve_main
 
     f = tmp_path / "broker.properties"
     f.write_text("sendMessageThreadPoolNums=16\npullMessageThreadPoolNums=32\ndeleteWhen=04\nlistenPrt=1\n"
@@ -276,7 +276,7 @@ def test_serve_lists_java_properties_it_does_not_use_once(tmp_path, caplog):
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
-    caplog.set_level(logging.INFO, logger="engine.broker")
+    caplog.set_level(logging.INFO, logger="engine.broker.controller")
     try:
         args = ["-c", str(f), "--lenient-config", "--listenPort", str(busy.getsockname()[1]), "--listenHost",
                 "127.0.0.1", "--fastPortEnable", "false", "--storePathRootDir", str(tmp_path / "store")]

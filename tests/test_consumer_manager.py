@@ -1,4 +1,4 @@
-"""engine.consumer_manager.ConsumerManager on its own: the consumer table (live ConsumerGroupInfo per group) and the
+"""engine.registry.consumer_manager.ConsumerManager on its own: the consumer table (live ConsumerGroupInfo per group) and the
 topic -> groups table over the registry's channel table (registerConsumer with updateChannel / updateSubscription,
 the light V2 registration, unregister, close, expiry scan, queries, invariants), under both rule sets. The
 registry's rule tests (test_registry*.py) exercise it through the facade."""
@@ -8,16 +8,16 @@ import pytest
 from test_registry_model import hb
 
 import engine
-from engine.client_channel import CONSUMER
-from engine.consumer_manager import (
+from engine.registry.client_channel import CONSUMER
+from engine.registry.consumer_manager import (
     ConsumerConnection,
     ConsumerGroup,
     ConsumerGroupEvent,
     ConsumerGroupInfo,
     ConsumerManager,
 )
-from engine.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
-from engine.registry import ClientRegistry, RegistryConfig
+from engine.codec.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
+from engine.registry.client_registry import ClientRegistry, RegistryConfig
 
 CE = ConsumerGroupEvent
 A, B = "10.0.0.1@1", "10.0.0.2@2"

@@ -1,15 +1,15 @@
-"""ConsumerOffsetManager (engine.consumer_offset_manager) on its own: commit, query, removal, the limits of what
+"""ConsumerOffsetManager (engine.registry.consumer_offset_manager) on its own: commit, query, removal, the limits of what
 may be committed (the registry's checks and int64), when the table is written, and the file's shape."""
 import json
 import logging
 
 import pytest
 
-import engine.store
-from engine.consumer_offset_manager import QUERY_NOT_FOUND, ConsumerOffsetManager
-from engine.enums import ResponseCode
-from engine.registry import ClientRegistry
-from engine.store import Store, StoreError, SubscriptionGroupConfig, TopicConfig
+import engine.registry.store
+from engine.registry.consumer_offset_manager import QUERY_NOT_FOUND, ConsumerOffsetManager
+from engine.codec.enums import ResponseCode
+from engine.registry.client_registry import ClientRegistry
+from engine.registry.store import Store, StoreError, SubscriptionGroupConfig, TopicConfig
 
 
 def on_disk(tmp_path):
@@ -18,7 +18,7 @@ def on_disk(tmp_path):
 
 
 def test_the_old_import_path_names_the_same_objects():
-    assert engine.store.ConsumerOffsetManager is ConsumerOffsetManager and engine.store.QUERY_NOT_FOUND == 22
+    assert engine.registry.store.ConsumerOffsetManager is ConsumerOffsetManager and engine.registry.store.QUERY_NOT_FOUND == 22
     assert isinstance(Store().offsets, ConsumerOffsetManager)
 
 
@@ -31,7 +31,7 @@ def test_commit_and_query_per_group_topic_and_queue(caplog):
     assert offsets.query_offset("G", "T", 0) == 5 and offsets.query_offset("G", "T", 1) == 6
     assert offsets.query_offset("G", "T", 2) == -1 and offsets.query_offset("H", "T", 0) == 9
     assert offsets.query_offset("G", "U", 0) == -1
-    with caplog.at_level(logging.DEBUG, logger="engine.store"):
+    with caplog.at_level(logging.DEBUG, logger="engine.registry.store"):
         offsets.commit_offset("10.0.0.1:5", "G", "T", 0, 3)  # a lower offset is taken (a reset), and logged
     assert offsets.query_offset("G", "T", 0) == 3
     assert "update consumer offset less than store" in caplog.text and "storeOffset=5" in caplog.text
@@ -111,8 +111,8 @@ def test_a_failed_write_stays_owed(tmp_path, monkeypatch, caplog):
     def full(path, data, **kw):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(engine.store, "atomic_write", full)
-    with caplog.at_level(logging.ERROR, logger="engine.store"):
+    monkeypatch.setattr(engine.registry.store, "atomic_write", full)
+    with caplog.at_level(logging.ERROR, logger="engine.registry.store"):
         store.persist_offsets(background=False)
     assert store.offsets.dirty and "No space left on device" in caplog.text
     monkeypatch.undo()
@@ -142,7 +142,7 @@ def test_new_offsets_stop_at_the_entry_budget_updates_do_not(caplog):
     reg.update_topic_config(TopicConfig("T"))
     for q in range(3):
         assert reg.update_consumer_offset("h", "G", "T", q, 10) == (ResponseCode.SUCCESS, None)
-    with caplog.at_level(logging.WARNING, logger="engine.store"):
+    with caplog.at_level(logging.WARNING, logger="engine.registry.store"):
         code, remark = reg.update_consumer_offset("h", "G", "T", 2 ** 31 - 1, 10)
         assert reg.update_consumer_offset("h", "G", "T", 3, 10)[0] == ResponseCode.SYSTEM_ERROR
     assert code == ResponseCode.SYSTEM_ERROR and "maxConsumerOffsetEntries=3" in remark
@@ -169,6 +169,6 @@ def test_the_budget_counts_loaded_entries(tmp_path):
 
 
 def test_the_broker_limits_offsets_by_default():
-    from engine.config import BrokerConfig
+    from engine.broker.config import BrokerConfig
 
     assert BrokerConfig().max_consumer_offset_entries == 1_000_000

@@ -1,5 +1,5 @@
-"""Crash safety: kill -9 at random points while the broker state is persisted (engine.store) and while heartbeats
-are recorded (engine.recorder), then restart on the same files, again and again.
+"""Crash safety: kill -9 at random points while the broker state is persisted (engine.registry.store) and while heartbeats
+are recorded (engine.recording.recorder), then restart on the same files, again and again.
 
 What must hold after every kill:
 
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.recorder import iter_records, list_segments, scan_segment, verify
-from engine.store import Store, TopicConfig
+from engine.recording.recorder import iter_records, list_segments, scan_segment, verify
+from engine.registry.store import Store, TopicConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -70,7 +70,7 @@ def run_and_kill(script, args, seed, max_acks):
 
 STORE_WRITER = r"""
 import sys
-from engine.store import Store, TopicConfig
+from engine.registry.store import Store, TopicConfig
 directory = sys.argv[1]
 QUEUES, TOPICS = %d, %d
 store = Store(directory)
@@ -106,7 +106,7 @@ def topics_step(store):
 def load_clean(directory, caplog):
     """Store(directory) with no fallback and no error logged: the current files were complete."""
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="engine.store"):
+    with caplog.at_level(logging.WARNING, logger="engine.registry.store"):
         store = Store(directory)
     assert not caplog.records, [r.getMessage() for r in caplog.records]
     return store
@@ -149,7 +149,7 @@ def check_backup_fallback(directory, acks, seed, caplog):
             torn.write_bytes(data[: rng.randrange(0, len(data))])
             os.replace(torn, path)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="engine.store"):
+    with caplog.at_level(logging.WARNING, logger="engine.registry.store"):
         store = Store(directory)
     step = offsets_version(store.offsets.table)
     assert step >= acks[-1] - 1, f"backup older than the write before the last acknowledged: {step} < {acks[-1]}-1"
@@ -193,7 +193,7 @@ def test_store_with_both_files_lost_starts_empty_and_says_so(tmp_path, caplog):
     assert acks
     for p in (tmp_path / "config").iterdir():
         p.write_bytes(b"\x00" * 7)  # zeroed by the crash: no data left to keep
-    with caplog.at_level(logging.ERROR, logger="engine.store"):
+    with caplog.at_level(logging.ERROR, logger="engine.registry.store"):
         store = Store(tmp_path)
     assert store.offsets.table == {} and store.topics.get("STAMP") is None
     assert any("empty or missing" in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
@@ -262,7 +262,7 @@ def put_stamp(store, i):
 def loaded_step(directory, caplog):
     """The step a restarted broker loads, and whether it had to fall back to a backup (or found nothing)."""
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="engine.store"):
+    with caplog.at_level(logging.WARNING, logger="engine.registry.store"):
         store = Store(directory)
     return topics_step(store), bool(caplog.records)
 
@@ -374,8 +374,8 @@ def test_store_crash_twice_in_a_row_at_every_pair_of_steps(tmp_path, caplog, lin
 DEFERRED_WRITER = r"""
 import sys
 sys.path.insert(0, sys.argv[2])
-from engine.registry import ClientRegistry
-from engine.store import Store, SubscriptionGroupConfig
+from engine.registry.client_registry import ClientRegistry
+from engine.registry.store import Store, SubscriptionGroupConfig
 from test_registry_model import hb
 store = Store(sys.argv[1])
 reg = ClientRegistry(store=store)
@@ -408,7 +408,7 @@ def test_a_kill_inside_the_deferral_window_loses_only_derivable_entries(tmp_path
 
 RECORDER_WRITER = r"""
 import hashlib, sys
-from engine.recorder import HeartbeatRecorder, iter_records
+from engine.recording.recorder import HeartbeatRecorder, iter_records
 directory = sys.argv[1]
 i = sum(1 for _ in iter_records(directory, on_corrupt="raise")) if __import__("os").path.isdir(directory) else 0
 rec = HeartbeatRecorder(directory, max_segment_bytes=24_000, block_records=7, max_block_delay_s=3600)

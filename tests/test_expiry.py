@@ -1,4 +1,4 @@
-"""The expiry scan (engine._expiry native, engine._expiry_py twin): exact rule, edge values, errors, parity."""
+"""The expiry scan (engine.registry._expiry native, engine.registry._expiry_py twin): exact rule, edge values, errors, parity."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings

@@ -17,7 +17,7 @@ import time
 import pytest
 
 import engine
-from engine.enums import RequestCode, ResponseCode
+from engine.codec.enums import RequestCode, ResponseCode
 from test_server import Client, broker_factory, consumer_ids, hb_body, wait_until  # noqa: F401  (fixture)
 
 GROUP = "demo_consumer_group"
@@ -49,7 +49,7 @@ def nothing_left_but(b, good_ids):
 
 @pytest.fixture
 def setup(broker_factory, caplog):  # noqa: F811
-    caplog.set_level(logging.INFO, logger="engine.server")
+    caplog.set_level(logging.INFO, logger="engine.broker.server")
 
     def make(**kw):
         b = broker_factory(**kw)

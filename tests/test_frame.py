@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from engine import FrameError, LanguageCode, RemotingError, SerializeType
-from engine.enums import BROKER_VERSION, DEFAULT_MAX_FRAME_SIZE, MAX_EXT_FIELDS
+from engine.codec.enums import BROKER_VERSION, DEFAULT_MAX_FRAME_SIZE, MAX_EXT_FIELDS
 
 HEADER_LIMIT = 0xFFFFFF
 

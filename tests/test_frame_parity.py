@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from conftest import load_vectors, require_native
 from engine import FrameError, LanguageCode
-from engine import _frame_py as twin
-from engine.enums import LANGUAGE_BY_NAME, MAX_EXT_FIELDS
+from engine.codec import _frame_py as twin
+from engine.codec.enums import LANGUAGE_BY_NAME, MAX_EXT_FIELDS
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -26,8 +26,8 @@ FUZZ = settings(max_examples=500, deadline=None)
 
 @pytest.fixture(scope="module")
 def native():
-    require_native("engine._frame")
-    return importlib.import_module("engine._frame")
+    require_native("engine.codec._frame")
+    return importlib.import_module("engine.codec._frame")
 
 
 def frame(header, body=b"", serialize_type=0):

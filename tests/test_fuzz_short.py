@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from conftest import load_vectors, native_available, require_module, require_native
 from engine import FrameError, HeartbeatError
-from engine import _frame_py, _heartbeat_py
+from engine.codec import _frame_py, _heartbeat_py
 
 ROOT = Path(__file__).resolve().parents[1]
 FUZZ = ROOT / "fuzz"
@@ -68,7 +68,7 @@ def test_atheris_short_run(name, tmp_path):
     assert proc.returncode == 0 and not artifacts, f"fuzz finding {artifacts}:\n{out[-4000:]}"
     assert f"fuzz_{name}: native " in out, out[:2000]  # the differential ran against the built native module
     # the twin's branches guide mutation too: atheris instrumented its module
-    assert f"INFO: Instrumenting engine._{name}_py" in out, out[:2000]
+    assert f"INFO: Instrumenting engine.codec._{name}_py" in out, out[:2000]
     assert "Done " in out, out[-2000:]
     print(f"fuzz_{name}: {runs} runs in {elapsed:.1f} s")
 
@@ -207,7 +207,7 @@ def masked(result, t0, t1):
 @given(stream=streams(), cuts=st.lists(st.integers(1, 200), max_size=12))
 def test_receive_path_parity_on_mutated_real_frames(stream, cuts):
     require_native()
-    from engine import _frame, _heartbeat
+    from engine.codec import _frame, _heartbeat
 
     t0 = fuzz_heartbeat.now_ms()
     native = receive_path(_frame, _heartbeat, stream, cuts)

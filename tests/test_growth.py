@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from engine.enums import RequestCode, ResponseCode
-from engine.store import SYSTEM_CONSUMER_GROUPS, _JsonFile
+from engine.codec.enums import RequestCode, ResponseCode
+from engine.registry.store import SYSTEM_CONSUMER_GROUPS, _JsonFile
 from test_server import Client, broker_factory, wait_until  # noqa: F401  (fixtures)
 
 
@@ -61,7 +61,7 @@ def test_auto_created_groups_are_limited(broker_factory, rules):
         assert (r.code, r.remark) == (ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, "Group auto_3 not exist!")
         assert 'rocketmq_broker_auto_create_refused_total{kind="group"}' in broker.render_metrics()
         # a group created explicitly is not limited
-        from engine.store import SubscriptionGroupConfig
+        from engine.registry.store import SubscriptionGroupConfig
 
         broker.call(broker.registry.update_subscription_group_config, SubscriptionGroupConfig("explicit_group"))
         assert c.heartbeat(client_id="10.0.0.9@c", group="explicit_group").code == ResponseCode.SUCCESS
@@ -94,7 +94,7 @@ def test_auto_created_topics_are_limited(broker_factory):
 def test_config_documents_are_encoded_off_the_event_loop(broker_factory, monkeypatch):
     """The timed writes of subscriptionGroup.json / topics.json run json.dumps on the store's writer thread,
     never on the event loop (whatever method does the encoding: the store module's json is what is watched)."""
-    import engine.store
+    import engine.registry.store
 
     threads = []
 
@@ -107,7 +107,7 @@ def test_config_documents_are_encoded_off_the_event_loop(broker_factory, monkeyp
             threads.append(threading.current_thread().name)
             return json.dumps(*args, **kwargs)
 
-    monkeypatch.setattr(engine.store, "json", RecordingJson())
+    monkeypatch.setattr(engine.registry.store, "json", RecordingJson())
     broker = broker_factory()
     c = Client(broker.ports["main"])
     try:
@@ -131,7 +131,7 @@ def test_config_documents_are_encoded_off_the_event_loop(broker_factory, monkeyp
 
 def test_snapshot_is_the_state_at_the_write(tmp_path):
     """The snapshot is taken when the write is queued: later changes wait for their own write."""
-    from engine.store import Store
+    from engine.registry.store import Store
 
     store = Store(tmp_path, background_writes=True, derivable_write_delay_s=0)
     gate = threading.Event()
@@ -162,9 +162,9 @@ def test_snapshot_is_the_state_at_the_write(tmp_path):
 def test_refused_groups_leave_no_fingerprint(caplog):
     """Past the auto-create limit a heartbeat of a new group leaves nothing behind: Java's fingerprint table
     (kept for every group ever seen) would otherwise still grow with each new group name."""
-    from engine.enums import LanguageCode
-    from engine.registry import ClientRegistry, RegistryConfig
-    from engine.store import Store
+    from engine.codec.enums import LanguageCode
+    from engine.registry.client_registry import ClientRegistry, RegistryConfig
+    from engine.registry.store import Store
     from test_registry_model import hb
 
     limit = len(SYSTEM_CONSUMER_GROUPS) + 2
@@ -185,9 +185,9 @@ def test_refused_groups_leave_no_fingerprint(caplog):
 
 def test_a_known_group_does_not_consult_the_limits(monkeypatch):
     """The steady path: repeated heartbeats of existing groups (V1, V2 full and light) never look at the limits."""
-    from engine.enums import LanguageCode
-    from engine.registry import ClientRegistry, RegistryConfig
-    from engine.store import Store
+    from engine.codec.enums import LanguageCode
+    from engine.registry.client_registry import ClientRegistry, RegistryConfig
+    from engine.registry.store import Store
     from test_registry_model import hb
 
     limit = len(SYSTEM_CONSUMER_GROUPS) + 1
@@ -215,7 +215,7 @@ def test_a_queued_snapshot_keeps_the_topic_as_it_was(tmp_path):
     in that write's document: the config object is replaced, not changed under the snapshot."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from engine.store import PERM_READ, PERM_WRITE, Store
+    from engine.registry.store import PERM_READ, PERM_WRITE, Store
 
     now = [0.0]
     store = Store(tmp_path, background_writes=True, derivable_write_delay_s=1.0, clock=lambda: now[0])
@@ -244,7 +244,7 @@ def test_a_queued_snapshot_keeps_the_topic_as_it_was(tmp_path):
 def test_a_failed_encode_on_the_writer_leaves_the_file_dirty(tmp_path, monkeypatch, caplog):
     """Any failure of a background write (not only OSError) is logged and the file stays dirty, so the next
     write carries the change; on the writer thread an exception would otherwise vanish in its future."""
-    from engine.store import Store
+    from engine.registry.store import Store
 
     now = [0.0]
     store = Store(tmp_path, background_writes=True, derivable_write_delay_s=1.0, clock=lambda: now[0])

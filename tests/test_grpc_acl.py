@@ -6,8 +6,8 @@ import time
 import pytest
 
 from conftest import require_module
-from engine.acl import AclError, AclValidator, grpc_authorization, grpc_signature, parse_grpc_authorization
-from engine.broker import Broker
+from engine.broker.acl import AclError, AclValidator, grpc_authorization, grpc_signature, parse_grpc_authorization
+from engine.broker.controller import Broker
 
 grpc = require_module("grpc")
 require_module("rocketmq.grpc_protocol")
@@ -15,7 +15,7 @@ from rocketmq.grpc_protocol import definition_pb2 as d  # noqa: E402
 from rocketmq.grpc_protocol import service_pb2 as s  # noqa: E402
 from rocketmq.grpc_protocol import service_pb2_grpc as sg  # noqa: E402
 
-from engine.admin import AdminClient, AdminError  # noqa: E402
+from engine.broker.admin import AdminClient, AdminError  # noqa: E402
 from test_grpc_endpoint import Telemetry, consumer_settings, free_port, md, producer_settings, wait_until  # noqa
 from test_server import make_config  # noqa: E402
 
@@ -119,7 +119,7 @@ def test_authorization_header_parsing():
 
 
 def test_check_grpc_decisions():
-    from engine.acl import parse_acl_yaml, retry_topic, ANY, PUB, SUB
+    from engine.broker.acl import parse_acl_yaml, retry_topic, ANY, PUB, SUB
 
     v = AclValidator.from_document(parse_acl_yaml(ACL))
     dt = "20261126T141200Z"

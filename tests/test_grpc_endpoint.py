@@ -1,4 +1,4 @@
-"""The gRPC endpoint of RocketMQ 5.x clients (engine.grpc_endpoint) driven with a grpcio client stub: routes,
+"""The gRPC endpoint of RocketMQ 5.x clients (engine.broker.grpc_endpoint) driven with a grpcio client stub: routes,
 the Telemetry settings exchange, heartbeats, termination, expiry, a mixed 4.x/5.x group, and bad input."""
 import json
 import logging
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import require_module
-from engine.admin import AdminClient, AdminError
-from engine.broker import Broker
-from engine.config import BrokerConfig, ConfigError
-from engine.enums import RequestCode
+from engine.broker.admin import AdminClient, AdminError
+from engine.broker.controller import Broker
+from engine.broker.config import BrokerConfig, ConfigError
+from engine.codec.enums import RequestCode
 
 grpc = require_module("grpc")
 require_module("rocketmq.grpc_protocol")
@@ -144,7 +144,7 @@ def test_off_by_default(tmp_path):
 
 
 def test_missing_extra_fails_the_start_before_any_port_is_bound(tmp_path, monkeypatch):
-    import engine.grpc_endpoint as ge
+    import engine.broker.grpc_endpoint as ge
 
     def missing():
         raise ge.GrpcEndpointError("grpcServerPort needs the grpc extra")
@@ -473,7 +473,7 @@ def test_budgets_are_broker_properties(tmp_path):
 @pytest.mark.parametrize("prop, value", [("grpc_max_sessions", 0), ("grpc_max_message_bytes", 1000),
                                          ("grpc_max_metadata_bytes", 100), ("grpc_max_streams_per_connection", -1)])
 def test_budget_properties_are_checked(tmp_path, prop, value):
-    from engine.config import ConfigError
+    from engine.broker.config import ConfigError
 
     with pytest.raises(ConfigError):
         make_config(tmp_path, **{prop: value}).validate()
@@ -507,8 +507,8 @@ def test_settings_budgets_and_client_id_length(gbroker, stub):
 
 
 def test_languages_and_peer_addresses():
-    from engine.enums import LanguageCode
-    from engine.grpc_endpoint import language_of, peer_address
+    from engine.codec.enums import LanguageCode
+    from engine.broker.grpc_endpoint import language_of, peer_address
 
     assert [language_of(x) for x in ("PYTHON", "java", "GOLANG", "DOT_NET", "NODE_JS", "COBOL", None)] == [
         LanguageCode.PYTHON, LanguageCode.JAVA, LanguageCode.GO, LanguageCode.DOTNET, LanguageCode.NODE_JS,
@@ -525,9 +525,9 @@ CAPTURE = Path(__file__).parent / "data" / "grpc" / "python-5.1.2.txtpb"
 
 def test_a_grpc_session_is_recorded_and_scanned_like_any_member(tmp_path):
     from engine import ConsumerData, HeartbeatData, build_subscription, decode_heartbeat, encode_heartbeat
-    from engine.enums import ConsumeFromWhere, ConsumeType, MessageModel
-    from engine.recorder import iter_records
-    from engine.scan_py import scan
+    from engine.codec.enums import ConsumeFromWhere, ConsumeType, MessageModel
+    from engine.recording.recorder import iter_records
+    from engine.recording.scan_py import scan
 
     rec = tmp_path / "rec"
     b = Broker(make_config(tmp_path, grpc_server_port=free_port(), record_dir=str(rec))).start()
@@ -569,7 +569,7 @@ def test_a_grpc_session_is_recorded_and_scanned_like_any_member(tmp_path):
 
 
 def test_capture_format_round_trip_and_bad_text():
-    from engine.grpc_endpoint import CaptureError, format_capture, parse_capture
+    from engine.broker.grpc_endpoint import CaptureError, format_capture, parse_capture
 
     req = s.QueryRouteRequest()
     req.topic.name = "T === x\n=== y"  # a string that looks like an entry line stays inside its request
@@ -596,7 +596,7 @@ def test_capture_format_round_trip_and_bad_text():
 def test_the_real_python_clients_capture_replayed_registers_what_the_live_client_did(gbroker, stub):
     """tests/data/grpc/python-5.1.2.txtpb (scripts/grpc_capture.py: the official client's producer, push consumer
     and simple consumer against this broker) sent again: the same groups as the live client had, then none."""
-    from engine.grpc_endpoint import parse_capture
+    from engine.broker.grpc_endpoint import parse_capture
 
     entries = parse_capture(CAPTURE.read_text())
     assert {m for m, _, _ in entries} == {"QueryRoute", "Telemetry", "Heartbeat", "QueryAssignment",

@@ -14,9 +14,9 @@ import time
 import pytest
 
 import engine
-from engine.enums import RequestCode, ResponseCode
-from engine.processors import NAMESRV_TABLE, PROCESSOR_TABLE
-from engine.server import FD_RESERVE, REFUSED_HELD
+from engine.codec.enums import RequestCode, ResponseCode
+from engine.broker.processors import NAMESRV_TABLE, PROCESSOR_TABLE
+from engine.broker.server import FD_RESERVE, REFUSED_HELD
 from test_server import Client, broker, broker_factory, hb_body, wait_until  # noqa: F401  (fixtures)
 
 #: what a remark must never contain: Python's own words for its failures
@@ -226,7 +226,7 @@ def test_handler_failures_become_short_answers_logged_once(broker, caplog):
         c.close()
     errors = broker.metrics.request_errors
     assert (errors["internal_error"], errors["answer_too_large"], errors["encode_failed"]) == (20, 20, 20)
-    lines = [r for r in caplog.records if r.name == "engine.server" and "failed (" in r.getMessage()]
+    lines = [r for r in caplog.records if r.name == "engine.broker.server" and "failed (" in r.getMessage()]
     assert len(lines) == 3  # one per kind within the rate-limit interval
     assert sum(1 for r in lines if r.exc_info) == 1  # the bug's traceback, once
 
@@ -263,7 +263,7 @@ def test_failure_outside_the_handlers_closes_the_connection_logged_once(broker, 
     assert broker.metrics.internal_errors["dispatch_failed"] == 5
     assert broker.metrics.connections_closed["internal_error"] == 5
     tracebacks = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
-    assert len(tracebacks) == 1 and tracebacks[0].name == "engine.server"
+    assert len(tracebacks) == 1 and tracebacks[0].name == "engine.broker.server"
 
 
 def test_a_failing_sweep_pass_does_not_stop_the_connection_limits(broker_factory, caplog):
@@ -289,7 +289,7 @@ def test_a_failing_sweep_pass_does_not_stop_the_connection_limits(broker_factory
     assert broker.metrics.internal_errors["sweep_failed"] >= 2
     assert 'rocketmq_broker_internal_errors_total{kind="sweep_failed"}' in broker.render_metrics()
     tracebacks = [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
-    assert len(tracebacks) == 1 and tracebacks[0].name == "engine.server"
+    assert len(tracebacks) == 1 and tracebacks[0].name == "engine.broker.server"
 
 
 def test_filter_check_with_wrongly_typed_fields(broker_factory, caplog):
@@ -416,7 +416,7 @@ def test_unknown_codes_share_one_metrics_label(broker):
 BROKER_LOW_FDS = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[1])))  # serve_main raises soft to hard
-from engine.broker import serve_main
+from engine.broker.controller import serve_main
 sys.exit(serve_main(sys.argv[2:]))
 """
 

@@ -13,20 +13,20 @@ import pytest
 
 import engine
 from engine import ConsumeFromWhere, ConsumeType, HeartbeatError, MessageModel, RemotingError
-from engine.heartbeat import (
+from engine.codec.heartbeat import (
     HeartbeatBatch,
     build_subscription,
     encode_heartbeat,
     heartbeat_fingerprint,
     java_string_hash,
 )
-from engine.vectors import JAVA_HEARTBEAT_BODY as JAVA_BODY  # shared with the benches
+from engine.codec.vectors import JAVA_HEARTBEAT_BODY as JAVA_BODY  # shared with the benches
 
 from conftest import SHARED, require_native
 
 # ---------------------------------------------------------------------------------------------------------------
 # PROTOCOL.md 4.4 examples (verbatim; test_spec_samples_are_verbatim checks them against the spec); the Java one,
-# JAVA_BODY, is engine.vectors.JAVA_HEARTBEAT_BODY
+# JAVA_BODY, is engine.codec.vectors.JAVA_HEARTBEAT_BODY
 
 LIGHT_BODY = (
     b'{"clientID":"192.168.1.10@12345#1234567890123","consumerDataSet":[{"consumeFromWhere":"CONSUME_FROM_LAST_OFFSET",'
@@ -571,10 +571,10 @@ def test_eq_hash_repr_to_dict_pickle(impl):
 
 
 def test_native_and_twin_objects_compare_equal():
-    from engine import _heartbeat_py as twin
+    from engine.codec import _heartbeat_py as twin
 
     require_native()
-    from engine import _heartbeat as native
+    from engine.codec import _heartbeat as native
     for body in list(SPEC_SAMPLES.values()) + list(DIALECTS.values()):
         n, t = native.decode_heartbeat(body), twin.decode_heartbeat(body)
         assert n == t and t == n and hash(n) == hash(t) and repr(n) == repr(t) and n.to_dict() == t.to_dict()
@@ -584,7 +584,7 @@ def test_native_and_twin_objects_compare_equal():
 
 
 def test_facade_uses_the_native_module_when_built():
-    assert engine.decode_heartbeat.__module__ == ("engine._heartbeat" if engine.NATIVE else "engine._heartbeat_py")
+    assert engine.decode_heartbeat.__module__ == ("engine.codec._heartbeat" if engine.NATIVE else "engine.codec._heartbeat_py")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -731,7 +731,7 @@ def _assert_batch_matches_rows(impl, bodies, batch):
 
 
 def test_batch_layout_and_dtypes(impl):
-    from engine.heartbeat import CONSUMER_COLUMNS, HEARTBEAT_COLUMNS, PRODUCER_COLUMNS, SUBSCRIPTION_COLUMNS
+    from engine.codec.heartbeat import CONSUMER_COLUMNS, HEARTBEAT_COLUMNS, PRODUCER_COLUMNS, SUBSCRIPTION_COLUMNS
 
     batch = impl.heartbeat.decode_heartbeats([JAVA_BODY, b"{", CPP_BODY])
     for table, spec in (("heartbeats", HEARTBEAT_COLUMNS), ("producers", PRODUCER_COLUMNS),

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from engine import ConsumeFromWhere, ConsumeType, HeartbeatError, MessageModel
-from engine import _heartbeat_py as twin
-from engine.heartbeat import encode_heartbeat
+from engine.codec import _heartbeat_py as twin
+from engine.codec.heartbeat import encode_heartbeat
 
 from conftest import load_vectors, strict
 from test_heartbeat import CPP_BODY, DIALECTS, SPEC_SAMPLES, expected_dict, heartbeat_bodies
@@ -19,7 +19,7 @@ from test_heartbeat import CPP_BODY, DIALECTS, SPEC_SAMPLES, expected_dict, hear
 
 def _native():
     try:
-        return importlib.import_module("engine._heartbeat")
+        return importlib.import_module("engine.codec._heartbeat")
     except ImportError:
         if strict():
             raise

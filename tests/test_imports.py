@@ -2,8 +2,8 @@
 on its own in a fresh interpreter.
 
 The graph is read with ast from every ``engine/**/*.py``: every import statement counts, at module level or inside a
-function (a lazy import hides a cycle from the interpreter, not from the reader). The package's ``__init__`` is left
-out of the cycle check: Python runs it before any submodule, so a submodule taking a name from its package
+function (a lazy import hides a cycle from the interpreter, not from the reader). The packages' ``__init__`` are left
+out of the cycle check: Python runs one before any of its submodules, so a submodule taking a name from its package
 (``from . import FrameDecoder``) cannot deadlock, and ``__init__`` importing its submodules is what a facade does.
 """
 import ast
@@ -96,10 +96,12 @@ def find_cycle(graph: dict[str, set[str]], skip=frozenset()) -> list[str] | None
 
 def test_the_engine_import_graph_is_acyclic():
     graph = import_graph()
-    assert "engine.server" in graph and "engine.ioworker" in graph and "engine.registry" in graph
-    assert "engine.ioworker" in graph["engine.server"]  # the edge that stays: the server starts the pool
-    assert "engine.server" not in graph["engine.ioworker"]
-    cycle = find_cycle(graph, skip={"engine"})
+    assert "engine.broker.server" in graph and "engine.broker.ioworker" in graph and "engine.registry.client_registry" in graph
+    assert "engine.broker.ioworker" in graph["engine.broker.server"]  # the edge that stays: the server starts the pool
+    assert "engine.broker.server" not in graph["engine.broker.ioworker"]
+    packages = {n for n in graph if (ENGINE.parent / n.replace(".", "/") / "__init__.py").exists()}
+    assert {"engine", "engine.codec", "engine.registry", "engine.broker", "engine.recording"} <= packages
+    cycle = find_cycle(graph, skip=packages)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
@@ -138,3 +140,21 @@ def test_every_engine_module_imports_alone_in_a_fresh_interpreter(no_extensions)
         if p.returncode:
             failed[n] = err.decode(errors="replace").strip().splitlines()[-1:]
     assert not failed, failed
+
+
+#: engine's layers, lowest first: a module imports only from its own layer or a lower one (README: Layout)
+LAYERS = {"codec": 0, "registry": 1, "recording": 1, "broker": 2}
+
+
+def test_the_layers_import_downwards_only():
+    graph = import_graph()
+    # the package's __init__ re-exports from every layer (a facade, run before any submodule: see the cycle check);
+    # the shared rate-limited logger sits below every layer; top-level tools (cli, demo, loadgen) above them all
+    def rank(module):
+        if module == "engine.logutil":
+            return -1
+        return LAYERS.get(module.split(".")[1], 3)
+
+    upward = sorted((a, b) for a, deps in graph.items() if a != "engine" for b in deps if b != "engine"
+                    if rank(b) > rank(a) or (rank(b) == rank(a) == 1 and a.split(".")[1] != b.split(".")[1]))
+    assert upward == []

@@ -1,4 +1,4 @@
-"""The broker with ioWorkers=2: client sockets live in I/O worker processes (engine.ioworker), the broker logic in
+"""The broker with ioWorkers=2: client sockets live in I/O worker processes (engine.broker.ioworker), the broker logic in
 the core. Everything a client sees must be the same as with in-process I/O.
 
 Part of the coverage re-runs tests of test_server.py and test_faults.py unchanged: they are imported below and
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 import engine
-from engine.broker import Broker
-from engine.enums import RequestCode, ResponseCode
-from engine.ioworker import HEADER, IOWorkerPool, VirtualTransport
+from engine.broker.controller import Broker
+from engine.codec.enums import RequestCode, ResponseCode
+from engine.broker.ioworker import HEADER, IOWorkerPool, VirtualTransport
 
 import test_faults
 import test_server
@@ -153,7 +153,7 @@ def test_member_on_one_worker_is_notified_of_a_join_on_the_other(broker):
 def test_faults_on_a_worker_leave_a_client_on_the_same_worker_served(broker_factory, caplog):
     """Garbage, a 2 GiB prefix, a disconnect mid-frame and a slowloris trickle, each on the worker that also holds
     the good client: one logged reason per bad connection, the good client keeps its answers."""
-    caplog.set_level(logging.INFO, logger="engine.server")
+    caplog.set_level(logging.INFO, logger="engine.broker.server")
     b = broker_factory(incomplete_frame_timeout_ms=500)
     port = b.ports["main"]
     good = Client(port)
@@ -218,7 +218,7 @@ def test_faults_on_a_worker_leave_a_client_on_the_same_worker_served(broker_fact
 
 
 def test_killed_worker_loses_its_clients_and_is_replaced(broker, caplog):
-    caplog.set_level(logging.INFO, logger="engine.ioworker")
+    caplog.set_level(logging.INFO, logger="engine.broker.ioworker")
     b = broker
     clients = [Client(b.ports["main"]) for _ in range(6)]
     for i, c in enumerate(clients):
@@ -328,7 +328,7 @@ def test_core_serves_its_share_in_process_and_workers_the_rest(broker_factory):
 
 
 def test_core_connections_are_capped_by_the_core_descriptor_limit(broker_factory):
-    from engine.server import connection_capacity
+    from engine.broker.server import connection_capacity
 
     b = broker_factory(io_workers=1, io_core_connections=10**9, fast_port_enable=False)
     assert b.server.io_pool.core_connections == connection_capacity(10**9) < 10**9
@@ -412,7 +412,7 @@ def test_workers_exit_when_the_core_dies(tmp_path):
 
 
 def test_io_workers_config_is_validated_and_printed(tmp_path):
-    from engine.config import BrokerConfig, ConfigError
+    from engine.broker.config import BrokerConfig, ConfigError
 
     with pytest.raises(ConfigError, match="ioWorkers must be >= 0"):
         BrokerConfig.load(overrides={"ioWorkers": "-1"})
@@ -431,7 +431,7 @@ def test_records_split_across_reads_and_descriptors_ride_with_their_records():
     and more descriptors than one sendmsg may carry reach the worker side in the order of their NEW records."""
     import asyncio
 
-    from engine.ioworker import NEW, WRITE, _Link
+    from engine.broker.ioworker import NEW, WRITE, _Link
 
     loop = asyncio.new_event_loop()
     a, bsock = socket.socketpair()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import engine
-from engine.enums import RequestCode, ResponseCode
+from engine.codec.enums import RequestCode, ResponseCode
 
 from engine import loadgen
 
@@ -134,8 +134,8 @@ def test_vary_and_subversion_every_rewrite_what_is_sent():
 
 @pytest.fixture
 def live_broker(tmp_path):
-    from engine.broker import Broker
-    from engine.config import BrokerConfig
+    from engine.broker.controller import Broker
+    from engine.broker.config import BrokerConfig
 
     b = Broker(BrokerConfig(listen_port=0, listen_host="127.0.0.1", store_path_root_dir=str(tmp_path / "store"),
                             fast_port_enable=False)).start()

@@ -17,9 +17,9 @@ import urllib.request
 import pytest
 
 import engine
-from engine.config import BrokerConfig, ConfigError
-from engine.enums import RequestCode, ResponseCode
-from engine.server import OVERLOAD_REMARK
+from engine.broker.config import BrokerConfig, ConfigError
+from engine.codec.enums import RequestCode, ResponseCode
+from engine.broker.server import OVERLOAD_REMARK
 from test_server import Client, broker_factory, consumer_ids  # noqa: F401  (fixture)
 
 TIMEOUT_RE = re.compile(r"\[TIMEOUT_CLEAN_QUEUE\]broker busy, start flow control for a while, "

@@ -20,7 +20,7 @@ def _probe(**env):
 def test_no_extensions_forces_the_twins():
     native, cmd_mod, hb_mod, fn_mod = _probe(ENGINE_NO_EXTENSIONS="1")
     assert native == "False"
-    assert (cmd_mod, hb_mod, fn_mod) == ("engine._frame_py", "engine._heartbeat_py", "engine._frame_py")
+    assert (cmd_mod, hb_mod, fn_mod) == ("engine.codec._frame_py", "engine.codec._heartbeat_py", "engine.codec._frame_py")
 
 
 def test_native_in_use_when_built():
@@ -28,7 +28,7 @@ def test_native_in_use_when_built():
     env = {k: v for k, v in os.environ.items() if k != "ENGINE_NO_EXTENSIONS"}
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
                          check=True).stdout.split()
-    assert out == ["True", "engine._frame", "engine._heartbeat", "engine._frame"]
+    assert out == ["True", "engine.codec._frame", "engine.codec._heartbeat", "engine.codec._frame"]
 
 
 def test_twin_facade_decodes_a_real_frame(vectors):
@@ -43,16 +43,16 @@ def test_twin_facade_decodes_a_real_frame(vectors):
 
 # Every compiled module counts: a build where one module fell back to its twin is not "native".
 MODULES_PROBE = (
-    "import json, engine, engine.registry as r, engine.bindings.segments as s; "
+    "import json, engine, engine.registry.client_registry as r, engine.bindings.segments as s; "
     "print(json.dumps({'native': engine.NATIVE, 'modules': engine.native_modules(), "
     "'registry': r.IMPLEMENTATION, 'scanner': s.BlockScanner.__module__, 'deduper': s.BodyDeduper.__module__}))"
 )
 BLOCK_DIGEST = (
-    # a meta-path finder that refuses engine._digest, as a build that did not compile it would
+    # a meta-path finder that refuses engine.registry._digest, as a build that did not compile it would
     "import sys\n"
     "class Refuse:\n"
     "    def find_spec(self, name, path=None, target=None):\n"
-    "        if name == 'engine._digest':\n"
+    "        if name == 'engine.registry._digest':\n"
     "            raise ImportError('not built')\n"
     "sys.meta_path.insert(0, Refuse())\n"
 )
@@ -75,7 +75,7 @@ def test_native_modules_report_what_each_user_loads():
                                                 "_pcap")}
     assert got["native"] is True
     assert got["registry"] == {"expiry": "native", "digest": "native"}
-    assert (got["scanner"], got["deduper"]) == ("engine._segment", "engine._segment")
+    assert (got["scanner"], got["deduper"]) == ("engine.recording._segment", "engine.recording._segment")
 
 
 def test_one_missing_module_makes_native_false():

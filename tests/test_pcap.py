@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import engine
-from engine._pcap_py import CaptureError
+from engine.recording._pcap_py import CaptureError
 from engine.bindings import pcap
-from engine.recorder import iter_records
+from engine.recording.recorder import iter_records
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "pcap"
@@ -407,11 +407,11 @@ def test_native_module_registered():
     if not os.environ.get("ENGINE_NO_EXTENSIONS"):
         from conftest import require_native
 
-        require_native("engine._pcap")
+        require_native("engine.recording._pcap")
         assert engine.native_modules()["_pcap"] is True
         assert pcap.decoder_class() is pcap._NativeDecoder
     else:
-        assert pcap.decoder_class() is sys.modules["engine._pcap_py"].CaptureDecoder
+        assert pcap.decoder_class() is sys.modules["engine.recording._pcap_py"].CaptureDecoder
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -420,7 +420,7 @@ def test_native_module_registered():
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
-    from engine import synth
+    from engine.recording import synth
 
     d = tmp_path_factory.mktemp("gen")
     rec = d / "rec"
@@ -493,7 +493,7 @@ def check_fleet_capture_findings(f, ref, rec, manifest):
     same findings, except group sizes, where the connections the capture saw close (FIN at their last heartbeat:
     the clients that moved to another connection within the expiry) count their members out at the close, not
     at the next heartbeat elsewhere or last heartbeat + expiry (the recording's rule, and the manifest's)."""
-    from engine import synth
+    from engine.recording import synth
 
     marks = ("connect_ms", "closes")
     for k in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "expired_clients",
@@ -516,7 +516,7 @@ def test_generated_fleet_capture_gives_the_injected_findings(generated):
     """The capture of the generated fleet gives the recording's findings and the injected anomalies: the expired
     clients kept their connections open (no FIN), so they expire in the capture too; group sizes differ where
     the capture saw a connection close (check_fleet_capture_findings)."""
-    from engine import scan_py
+    from engine.recording import scan_py
 
     rec, cap, manifest = generated
     f = _by_addr_conn(pcap.scan_local([cap]), rec)
@@ -542,7 +542,7 @@ def test_generated_fleet_capture_with_every_connection_closed(generated, tmp_pat
     """from-recording without --keep-open-after closes every connection (FIN) at its last heartbeat: the clients
     the recording expires (silent with, as a recording must assume, their connection open) closed cleanly in this
     capture, so none expires, and every member leaves its groups at its connection's close."""
-    from engine import scan_py
+    from engine.recording import scan_py
 
     rec, _, manifest = generated
     cap = tmp_path / "closed.pcap"
@@ -705,7 +705,7 @@ def test_clients_that_closed_or_unregistered_are_not_expired(tmp_path):
     group sizes count it out at the close / unregister. A client silent with its connection open (B), or still
     in a group it did not unregister from (H: PG), expires; one whose expiry falls after the capture's end (F)
     does not. The same heartbeats as a recording (no close events) expire A, C and D too."""
-    from engine.scan_py import scan_records
+    from engine.recording.scan_py import scan_records
 
     cap = tmp_path / "closing.pcap"
     addrs = closing_clients_capture(cap)
@@ -759,7 +759,7 @@ def test_a_client_unregistered_then_heartbeating_again_on_its_connection(tmp_pat
     """UNREGISTER_CLIENT then a heartbeat of the same group 20 s later on the same connection (inside one run of
     the member): the member is out from the unregister to that heartbeat (group sizes, inconsistent-subscription
     spans), in every group it did not unregister from throughout; both scans alike (tests/test_pcap_spark.py)."""
-    from engine.scan_py import scan_records
+    from engine.recording.scan_py import scan_records
 
     cap = tmp_path / "rejoin.pcap"
     rejoining_client_capture(cap)

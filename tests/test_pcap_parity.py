@@ -1,4 +1,4 @@
-"""engine._pcap (Cython) and engine._pcap_py (twin) give the same records, events, losses and statistics on every
+"""engine.recording._pcap (Cython) and engine.recording._pcap_py (twin) give the same records, events, losses and statistics on every
 capture, and on damaged captures the same output or the same error (class and message)."""
 import gzip
 import importlib.util
@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from conftest import require_native
 
-require_native("engine._pcap")
+require_native("engine.recording._pcap")
 
-from engine import _pcap as native  # noqa: E402
-from engine import _pcap_py as twin  # noqa: E402
+from engine.recording import _pcap as native  # noqa: E402
+from engine.recording import _pcap_py as twin  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "pcap"

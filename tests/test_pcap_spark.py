@@ -116,8 +116,8 @@ def test_scan_of_a_generated_fleet_capture_finds_the_injected_anomalies(spark, t
     clients' connections left open (--keep-open-after 120), the others closed at their last heartbeat: the Spark
     scan gives the recording's findings but for the group sizes the closes move (tests/test_pcap.py's
     check_fleet_capture_findings), and the local scan's exactly. Every connection closed: no expired client."""
-    from engine import scan_py, synth
-    from engine.recorder import iter_records
+    from engine.recording import scan_py, synth
+    from engine.recording.recorder import iter_records
     from test_pcap import check_fleet_capture_findings
 
     rec = tmp_path / "rec"

@@ -1,4 +1,4 @@
-"""engine.producer_manager.ProducerManager on its own: the group table and the client channel table over the
+"""engine.registry.producer_manager.ProducerManager on its own: the group table and the client channel table over the
 registry's channel table (registration, unregister, close, expiry scan, admin 204 listing, invariants), under both
 rule sets. The registry's rule tests (test_registry*.py) exercise it through the facade."""
 import logging
@@ -6,15 +6,15 @@ import logging
 import pytest
 from test_registry_model import hb
 
-from engine.client_channel import PRODUCER, ClientChannelInfo
-from engine.enums import LanguageCode
-from engine.producer_manager import (
+from engine.registry.client_channel import PRODUCER, ClientChannelInfo
+from engine.codec.enums import LanguageCode
+from engine.registry.producer_manager import (
     PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS,
     ProducerConnection,
     ProducerGroupEvent,
     ProducerManager,
 )
-from engine.registry import ClientRegistry, RegistryConfig
+from engine.registry.client_registry import ClientRegistry, RegistryConfig
 
 PE = ProducerGroupEvent
 A, B = "10.0.0.1@1", "10.0.0.2@2"

@@ -1,4 +1,4 @@
-"""The README's configuration table is the one engine/config.py describes (scripts/config_table.py)."""
+"""The README's configuration table is the one engine/broker/config.py describes (scripts/config_table.py)."""
 import subprocess
 import sys
 

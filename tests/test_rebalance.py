@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from engine.enums import RequestCode, ResponseCode
-from engine.rebalance import LOCK_MAX_LIVE_TIME_MS, RebalanceLockManager
+from engine.codec.enums import RequestCode, ResponseCode
+from engine.registry.rebalance import LOCK_MAX_LIVE_TIME_MS, RebalanceLockManager
 from test_server import Client, broker, broker_factory, wait_until  # noqa: F401  (fixtures)
 
 MQ = [("TopicA", "broker-a", q) for q in range(4)]

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import LanguageCode, RemotingError
-from engine.recorder import (
+from engine.recording.recorder import (
     BLOCK_HEADER_SIZE,
     FILE_HEADER_SIZE,
     HeartbeatRecorder,
@@ -317,7 +317,7 @@ def test_mutated_segments_never_crash(tmp_path_factory, data):
 
 WRITER = r"""
 import sys, json
-from engine.recorder import HeartbeatRecorder
+from engine.recording.recorder import HeartbeatRecorder
 directory, seed = sys.argv[1], int(sys.argv[2])
 rec = HeartbeatRecorder(directory, max_segment_bytes=200_000, block_records=97, max_block_delay_s=3600)
 i = 0

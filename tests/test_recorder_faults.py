@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import scan_py
-from engine.enums import RequestCode, ResponseCode
-from engine.recorder import HeartbeatRecorder, iter_records, list_segments, scan_segment, verify
+from engine.recording import scan_py
+from engine.codec.enums import RequestCode, ResponseCode
+from engine.recording.recorder import HeartbeatRecorder, iter_records, list_segments, scan_segment, verify
 from test_server import Client, broker_factory, consumer_ids, wait_until  # noqa: F401  (fixtures)
 
 OLD_SEGMENT = Path(__file__).parent / "data" / "segment-format1-7cb6009.seg"

@@ -5,14 +5,14 @@ import pytest
 from test_registry_model import hb
 
 import engine
-from engine.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel, ResponseCode
-from engine.registry import (
+from engine.codec.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel, ResponseCode
+from engine.registry.client_registry import (
     ClientRegistry,
     ConsumerGroupEvent,
     ProducerGroupEvent,
     RegistryConfig,
 )
-from engine.store import SYSTEM_CONSUMER_GROUPS, SubscriptionGroupConfig, TopicConfig
+from engine.registry.store import SYSTEM_CONSUMER_GROUPS, SubscriptionGroupConfig, TopicConfig
 
 CE, PE = ConsumerGroupEvent, ProducerGroupEvent
 A, B = "10.0.0.1@1", "10.0.0.2@2"

@@ -1,4 +1,4 @@
-"""The fast path's heartbeat digest (engine._digest native, engine._digest_py twin): same value in both, and it
+"""The fast path's heartbeat digest (engine.registry._digest native, engine.registry._digest_py twin): same value in both, and it
 changes with every field the registration rules read and only with those."""
 import types
 
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from test_registry_model import heartbeats
 
 import engine
-from engine.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
+from engine.codec.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

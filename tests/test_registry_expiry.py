@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from test_registry_model import hb
 
 import engine
-import engine.registry as registry_module
-from engine.registry import ClientRegistry, ConsumerGroupEvent, ProducerGroupEvent, RegistryConfig
+import engine.registry.client_registry as registry_module
+from engine.registry.client_registry import ClientRegistry, ConsumerGroupEvent, ProducerGroupEvent, RegistryConfig
 
 CE, PE = ConsumerGroupEvent, ProducerGroupEvent
 HEARTBEAT_PERIOD = 30_000

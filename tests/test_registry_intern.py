@@ -1,9 +1,9 @@
-"""engine.intern.StringPool: ids are stable while referenced, freed at zero references, reused, and bounded."""
+"""engine.registry.intern.StringPool: ids are stable while referenced, freed at zero references, reused, and bounded."""
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.intern import StringPool
+from engine.registry.intern import StringPool
 
 names = st.text(alphabet=st.sampled_from("ab@#.é中\U0001f600"), min_size=0, max_size=6)
 

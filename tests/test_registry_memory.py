@@ -6,9 +6,9 @@ bench/bench_registry.py::test_bytes_per_registered_client; this test guards the 
 import gc
 import tracemalloc
 
-from engine.enums import LanguageCode
-from engine.registry import ClientRegistry, RegistryConfig
-from engine.store import Store
+from engine.codec.enums import LanguageCode
+from engine.registry.client_registry import ClientRegistry, RegistryConfig
+from engine.registry.store import Store
 from test_registry_model import hb
 
 N = 20_000

@@ -1,25 +1,25 @@
 """A reference model of the broker's client management, written as a literal transcription of the Java classes
 (ClientManageProcessor, ConsumerManager, ConsumerGroupInfo, ProducerManager; PROTOCOL.md 6) with plain dicts,
 and the hypothesis strategies the registry tests share. The stateful test in test_registry_stateful.py drives
-this model and engine.registry.ClientRegistry side by side and compares everything observable.
+this model and engine.registry.client_registry.ClientRegistry side by side and compares everything observable.
 
 The model follows the spec where Java's code has an artefact the spec does not describe: Java inserts one
 ClientChannelInfo object into every table a request registers it in, so refreshing one entry refreshes its
 siblings; the spec (6.7, 6.8) and the registry keep a time per entry. It also applies the registry's documented
-deviations (module docstring of engine.registry): a heartbeat without clientID or group name is an error that
+deviations (module docstring of engine.registry.client_registry): a heartbeat without clientID or group name is an error that
 changes nothing, the V2 restart-safe answer, and a stale producer clientChannelTable entry dies with its channel.
 """
 from hypothesis import strategies as st
 
 import engine
-from engine.enums import ConsumeFromWhere, ConsumeType, MessageModel
-from engine.registry import (
+from engine.codec.enums import ConsumeFromWhere, ConsumeType, MessageModel
+from engine.registry.client_registry import (
     PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS,
     ConsumerGroupEvent,
     ProducerGroupEvent,
     RegistryConfig,
 )
-from engine.store import FLAG_UNIT_SUB, PERM_READ, PERM_WRITE, Store
+from engine.registry.store import FLAG_UNIT_SUB, PERM_READ, PERM_WRITE, Store
 
 CLIENT_IDS = ["10.0.0.1@1", "10.0.0.2@2#77", "10.0.0.1@DEFAULT"]
 CONSUMER_GROUPS = ["G1", "G2", "G3", "bad group"]  # "bad group" fails validateGroup: never registered
@@ -365,7 +365,7 @@ def client_key(info):
 
 
 def registry_snapshot(reg):
-    """The same view of an engine.registry.ClientRegistry."""
+    """The same view of an engine.registry.client_registry.ClientRegistry."""
     consumers = {}
     for name in reg.consumer_groups():
         info = reg.consumer_group_info(name)

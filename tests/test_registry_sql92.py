@@ -1,9 +1,9 @@
-"""SQL92 selector compile check used by CHECK_CLIENT_CONFIG with enablePropertyFilter (engine.sql92).
+"""SQL92 selector compile check used by CHECK_CLIENT_CONFIG with enablePropertyFilter (engine.registry.sql92).
 
 Cases mirror RocketMQ's filter/ParserTest plus the type checks of its expression factories."""
 import pytest
 
-from engine.sql92 import FilterError, compile_filter, parse_sql92
+from engine.registry.sql92 import FilterError, compile_filter, parse_sql92
 
 VALID = [
     # ParserTest
@@ -83,8 +83,8 @@ def test_error_says_where():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from engine.errors import RemotingError  # noqa: E402
-from engine.sql92 import MAX_DEPTH, MAX_EXPRESSION_LENGTH, FilterError, parse_sql92  # noqa: E402
+from engine.codec.errors import RemotingError  # noqa: E402
+from engine.registry.sql92 import MAX_DEPTH, MAX_EXPRESSION_LENGTH, FilterError, parse_sql92  # noqa: E402
 
 _PIECES = st.sampled_from(["(", ")", "a", "b_1", "NOT", "AND", "OR", "=", "<>", ">", "<=", "'x'", "''", "1",
                            "1.5e3", "-", "+", "IS", "NULL", "BETWEEN", "IN", ",", "TRUE", "CONTAINS", " ", "/*",

@@ -20,12 +20,12 @@ from test_registry_model import (
     registry_snapshot,
 )
 
-import engine._expiry_py as expiry_twin
-from engine.registry import ClientRegistry, RegistryConfig
-from engine.store import TopicConfig
+import engine.registry._expiry_py as expiry_twin
+from engine.registry.client_registry import ClientRegistry, RegistryConfig
+from engine.registry.store import TopicConfig
 
 try:
-    import engine._expiry as expiry_native
+    import engine.registry._expiry as expiry_native
 except ImportError:  # pragma: no cover - twin-only environments
     expiry_native = None
 

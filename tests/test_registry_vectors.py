@@ -7,8 +7,8 @@ import json
 import pytest
 
 import engine
-from engine.enums import MessageModel
-from engine.registry import ClientRegistry, ConsumerGroupEvent
+from engine.codec.enums import MessageModel
+from engine.registry.client_registry import ClientRegistry, ConsumerGroupEvent
 
 
 def expected_tables(frames):
@@ -132,7 +132,7 @@ def _canonical(body_json):
 def test_java_reordered_sets_change_nothing(tmp_path, vectors):
     """The Java client sends the same registration with its sets in another HashSet order: no CHANGE (no NOTIFY),
     no config write, the same registry state."""
-    from engine.store import Store
+    from engine.registry.store import Store
 
     java = [(c, e, raw) for c, e, raw in in_order(vectors) if c == "java-rocketmq-4.9.8" and e["code"] == 34]
     pairs = []
@@ -158,7 +158,7 @@ def test_java_reordered_sets_change_nothing(tmp_path, vectors):
         reg.heartbeat(("java", conn), engine.decode_heartbeat(c2.body), c2.language, c2.version)
         assert events == [] and writes == []
         # the scan's view: members listing the same subscriptions in another order are consistent
-        from engine.scan_py import subscription_key
+        from engine.recording.scan_py import subscription_key
 
         keys = [{cd.group: subscription_key(cd.subscriptions) for cd in engine.decode_heartbeat(c.body).consumers}
                 for c in (c1, c2)]

@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import engine
-from engine.broker import Broker
-from engine.config import BrokerConfig
-from engine.enums import RequestCode, ResponseCode
-from engine.registry import ConsumerGroupEvent
-from engine.server import Connection
+from engine.broker.controller import Broker
+from engine.broker.config import BrokerConfig
+from engine.codec.enums import RequestCode, ResponseCode
+from engine.registry.client_registry import ConsumerGroupEvent
+from engine.broker.server import Connection
 
 from conftest import require_native
 from test_server_fastpath import FakeTransport, body, split_frames
@@ -136,7 +136,7 @@ FIELDS = st.fixed_dictionaries({
                         max_size=8), st.integers(min_value=1, max_value=97))
 def test_native_and_twin_agree_and_every_repeat_is_exact(fields, stream, chunk):
     require_native()
-    native, twin = importlib.import_module("engine._frame"), importlib.import_module("engine._frame_py")
+    native, twin = importlib.import_module("engine.codec._frame"), importlib.import_module("engine.codec._frame_py")
     base = request(1, fields["data"], fields["serialize_type"], fields["ext"], remark=fields["remark"])
     frames = []
     for kind, opaque, noise in stream:
@@ -298,7 +298,7 @@ def test_registry_tokens_hold_only_while_the_fast_path_would(make_broker):
 
 
 def test_no_tokens_while_register_events_are_wanted(tmp_path):
-    from engine.registry import ClientRegistry
+    from engine.registry.client_registry import ClientRegistry
 
     reg = ClientRegistry(listener=lambda e: None, events={ConsumerGroupEvent.REGISTER})
     hb = engine.decode_heartbeat(body())
@@ -330,8 +330,8 @@ def test_every_captured_client_heartbeat_can_be_armed_and_repeated(impl, vectors
 def test_native_arm_repeat_has_its_own_derivation(monkeypatch):
     """The parity test compares two implementations: the native decoder does not call the twin's derivation."""
     require_native()
-    native = importlib.import_module("engine._frame")
-    twin = importlib.import_module("engine._frame_py")
+    native = importlib.import_module("engine.codec._frame")
+    twin = importlib.import_module("engine.codec._frame_py")
 
     def refuse(*a, **kw):
         raise AssertionError("the twin's repeat_pattern was called")

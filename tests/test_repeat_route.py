@@ -1,10 +1,10 @@
-"""engine.repeat.RepeatRoute: the one object holding a connection's repeat route (issue 15), on its own (over the
+"""engine.broker.repeat.RepeatRoute: the one object holding a connection's repeat route (issue 15), on its own (over the
 native and the twin FrameDecoder) and its invariants along a connection's life in the broker."""
 import pytest
 
 import engine
-from engine.enums import RequestCode
-from engine.repeat import RepeatRoute
+from engine.codec.enums import RequestCode
+from engine.broker.repeat import RepeatRoute
 
 from test_repeat import beat, connect, make_broker, other_topic, request  # noqa: F401 (fixture)
 from test_server_fastpath import body

@@ -24,10 +24,10 @@ from selenium.webdriver.chrome.options import Options  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
-from engine import scan_py  # noqa: E402
+from engine.recording import scan_py  # noqa: E402
 from engine.bindings.report import utc as scan_py_utc  # noqa: E402
 from engine.bindings.report import write_report  # noqa: E402
-from engine.synth import FleetConfig, generate  # noqa: E402
+from engine.recording.synth import FleetConfig, generate  # noqa: E402
 
 pytestmark = pytest.mark.browser
 
@@ -338,7 +338,7 @@ def test_a_large_fleet_caps_the_small_multiples_and_tables_the_rest(browser, tmp
     group, the ones beyond the cap first. Groups and their findings are counted here from findings.json, not with
     the report's own functions."""
     from engine.bindings.report import MULTIPLES
-    from engine.scan_py import CLIENT_INNER_PRODUCER
+    from engine.recording.scan_py import CLIENT_INNER_PRODUCER
 
     cfg = FleetConfig(clients=2000, groups=100, days=0.03, seed=4, inconsistent=12, flapping=14, gaps=14, resizing=12)
     generate(tmp_path / "rec", cfg)

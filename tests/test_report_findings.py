@@ -11,10 +11,10 @@ from conftest import require_module
 require_module("pyarrow")
 require_module("matplotlib")
 
-from engine import scan_py  # noqa: E402
+from engine.recording import scan_py  # noqa: E402
 from engine.bindings import brokerlog as bl  # noqa: E402
 from engine.bindings.report import write_report  # noqa: E402
-from engine.synth import FleetConfig, generate  # noqa: E402
+from engine.recording.synth import FleetConfig, generate  # noqa: E402
 
 
 def _text(page: str) -> str:
@@ -152,7 +152,7 @@ def test_recording_report_summary_first_and_differences_csv(tmp_path):
 def test_partly_unreadable_banner(tmp_path):
     import json as _json
 
-    from engine.recorder import HeartbeatRecorder
+    from engine.recording.recorder import HeartbeatRecorder
 
     body = _json.dumps({"clientID": "10.0.0.1@x", "producerDataSet": [{"groupName": "P"}]}).encode()
     with HeartbeatRecorder(tmp_path / "rec") as rec:
@@ -170,7 +170,7 @@ def test_partly_unreadable_banner(tmp_path):
 def test_connection_marks():
     """A connect per connection at its first heartbeat; a close bound per connection the client left (its last
     heartbeat earlier than the client's last); a capture's SYN and FIN/RST where it saw them."""
-    from engine.scan_py import connection_marks
+    from engine.recording.scan_py import connection_marks
 
     conns = {1: (100, 400), 2: (200, 900), 3: (500, 900)}  # 1 left; 2 and 3 concurrent to the end
     assert connection_marks(conns) == ([100, 200, 500], [[400, "last_heartbeat"]])

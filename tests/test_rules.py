@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from engine.broker import Broker
-from engine.config import BrokerConfig, ConfigError
-from engine.enums import RequestCode, ResponseCode
-from engine.registry import ClientRegistry, ConsumerGroupEvent, ProducerGroupEvent, RegistryConfig
-from engine.store import TopicConfig
+from engine.broker.controller import Broker
+from engine.broker.config import BrokerConfig, ConfigError
+from engine.codec.enums import RequestCode, ResponseCode
+from engine.registry.client_registry import ClientRegistry, ConsumerGroupEvent, ProducerGroupEvent, RegistryConfig
+from engine.registry.store import TopicConfig
 
 from test_server import Client, hb_body, make_config, wait_until
 

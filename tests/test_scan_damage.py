@@ -9,9 +9,11 @@ from conftest import require_module
 
 require_module("pyspark")
 
-from engine import cli, scan_py  # noqa: E402
-from engine.recorder import list_segments, scan_segment, verify  # noqa: E402
-from engine.synth import FleetConfig, compare_with_manifest, generate  # noqa: E402
+from engine import cli
+
+from engine.recording import scan_py  # noqa: E402
+from engine.recording.recorder import list_segments, scan_segment, verify  # noqa: E402
+from engine.recording.synth import FleetConfig, compare_with_manifest, generate  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,9 @@ import urllib.request
 import pytest
 
 import engine
-from engine.acl import AclError, AclValidator, parse_acl_yaml, sign, sign_request
-from engine.admin import AdminClient
-from engine.enums import RequestCode, ResponseCode
+from engine.broker.acl import AclError, AclValidator, parse_acl_yaml, sign, sign_request
+from engine.broker.admin import AdminClient
+from engine.codec.enums import RequestCode, ResponseCode
 from test_server import Client, broker_factory, consumer_ids, hb_body, wait_until  # noqa: F401  (fixture)
 
 USER_AK, USER_SK = "rocketmq2", "u5er-S3CRET-key-7f3a"

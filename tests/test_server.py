@@ -12,11 +12,11 @@ import zlib
 import pytest
 
 import engine
-from engine.acl import sign_request
-from engine.admin import AdminClient, consumer_connection_main, producer_connection_main
-from engine.broker import Broker
-from engine.config import BrokerConfig
-from engine.enums import RequestCode, ResponseCode
+from engine.broker.acl import sign_request
+from engine.broker.admin import AdminClient, consumer_connection_main, producer_connection_main
+from engine.broker.controller import Broker
+from engine.broker.config import BrokerConfig
+from engine.codec.enums import RequestCode, ResponseCode
 
 JAVA_BODY = (
     b'{"clientID":"%s","consumerDataSet":[{"consumeFromWhere":"CONSUME_FROM_LAST_OFFSET","consumeType":'
@@ -303,7 +303,7 @@ def test_faults_are_cut_off_and_others_keep_being_served(broker_factory, caplog)
     port = b.ports["main"]
     good = Client(port)
     _good_client_keeps_working(b, good)
-    caplog.set_level(logging.INFO, logger="engine.server")
+    caplog.set_level(logging.INFO, logger="engine.broker.server")
 
     # each bad client first registers, then misbehaves
     garbage = Client(port)
@@ -624,7 +624,7 @@ def test_serve_sigterm_persists_state(tmp_path):
             proc.kill()
     offsets = json.loads((tmp_path / "store" / "config" / "consumerOffset.json").read_text())
     assert "1234" in json.dumps(offsets) and "TopicTest@demo_consumer_group" in json.dumps(offsets)
-    # the auto-created group, retry topic and routed topic (deferred writes, engine.store.Store) are on disk too
+    # the auto-created group, retry topic and routed topic (deferred writes, engine.registry.store.Store) are on disk too
     config = tmp_path / "store" / "config"
     assert "demo_consumer_group" in json.loads((config / "subscriptionGroup.json").read_text())["subscriptionGroupTable"]
     topics = json.loads((config / "topics.json").read_text())["topicConfigTable"]

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 import engine
 from conftest import require_native
-from engine import processors as processors_mod
-from engine.broker import Broker
-from engine.config import BrokerConfig
-from engine.enums import RequestCode, ResponseCode
-from engine.processors import answer_template
-from engine.server import Connection
+from engine.broker import processors as processors_mod
+from engine.broker.controller import Broker
+from engine.broker.config import BrokerConfig
+from engine.codec.enums import RequestCode, ResponseCode
+from engine.broker.processors import answer_template
+from engine.broker.server import Connection
 
 INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 V2_EXT = "IS_SUPPORT_HEART_BEAT_V2"
@@ -78,8 +78,8 @@ def test_template_with_remark_and_error_code(impl, serialize_type):
 @pytest.mark.parametrize("kind", [None, 0, 1])
 def test_template_implementations_agree_on_any_opaque(kind):
     require_native()  # not engine.NATIVE: the twin run (ENGINE_NO_EXTENSIONS=1) still has both to compare
-    import engine._frame as native
-    import engine._frame_py as twin
+    import engine.codec._frame as native
+    import engine.codec._frame_py as twin
 
     h1, h2 = b"\x00\x00\x00\x00\x00\x00\x00\x00{\"opaque\":", b',"flag":1}'
     a, b = native.AnswerTemplate(h1, h2, kind), twin.AnswerTemplate(h1, h2, kind)
@@ -404,7 +404,7 @@ def test_partial_frames_and_write_stalls_are_tracked_for_the_sweep(offline):
 def test_connection_cap_keeps_descriptors_for_the_broker(tmp_path):
     import resource
 
-    from engine.server import FD_RESERVE, connection_capacity
+    from engine.broker.server import FD_RESERVE, connection_capacity
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert connection_capacity(10) == 10

@@ -9,10 +9,10 @@ from conftest import require_module  # noqa: E402
 require_module("pyspark")
 require_module("pyarrow")
 
-from engine import scan_py  # noqa: E402
-from engine.recorder import HeartbeatRecorder, list_segments  # noqa: E402
-from engine.scan_py import FINDING_KEYS, ScanParams  # noqa: E402
-from engine.synth import FleetConfig, compare_with_manifest, generate  # noqa: E402
+from engine.recording import scan_py  # noqa: E402
+from engine.recording.recorder import HeartbeatRecorder, list_segments  # noqa: E402
+from engine.recording.scan_py import FINDING_KEYS, ScanParams  # noqa: E402
+from engine.recording.synth import FleetConfig, compare_with_manifest, generate  # noqa: E402
 
 pytestmark = pytest.mark.spark
 

@@ -14,8 +14,8 @@ import pytest
 from conftest import ROOT, require_module  # noqa: E402
 
 pyspark = require_module("pyspark")
-from engine.scan_py import FINDING_KEYS  # noqa: E402
-from engine.synth import FleetConfig, compare_with_manifest, generate  # noqa: E402
+from engine.recording.scan_py import FINDING_KEYS  # noqa: E402
+from engine.recording.synth import FleetConfig, compare_with_manifest, generate  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -104,8 +104,8 @@ spark = spark_session(sys.argv[1], "rmqhb-probe", driver_memory="1g",
                       conf={"spark.executor.memory": "1g", "spark.cores.max": "2"})
 
 def where(_):
-    import os, socket, engine, engine._segment
-    yield json.dumps({"modules": engine.native_modules(), "segment": engine._segment.__file__, "pid": os.getpid()})
+    import os, socket, engine, engine.recording._segment
+    yield json.dumps({"modules": engine.native_modules(), "segment": engine.recording._segment.__file__, "pid": os.getpid()})
 
 rows = spark.sparkContext.parallelize(range(4), 4).mapPartitions(where).collect()
 print("PROBE " + json.dumps([json.loads(r) for r in rows]))

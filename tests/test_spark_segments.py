@@ -9,10 +9,10 @@ from conftest import require_module, strict  # noqa: E402
 pa = require_module("pyarrow")
 
 import engine  # noqa: E402
-from engine.recorder import HeartbeatRecorder, iter_records, list_segments  # noqa: E402
+from engine.recording.recorder import HeartbeatRecorder, iter_records, list_segments  # noqa: E402
 from engine.bindings import segments as seg  # noqa: E402
-from engine.scan_py import ScanParams, subscription_key  # noqa: E402
-from engine.synth import FleetConfig, generate  # noqa: E402
+from engine.recording.scan_py import ScanParams, subscription_key  # noqa: E402
+from engine.recording.synth import FleetConfig, generate  # noqa: E402
 
 BAD_BODIES = [b"{not json", b'{"producerDataSet":[]}', b"", b'{"clientID":"x","consumerDataSet":{}}', b"\xff\xfe"]
 
@@ -191,18 +191,18 @@ def test_empty_split_columns():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# BodyDeduper: native (engine._segment) and twin
+# BodyDeduper: native (engine.recording._segment) and twin
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from engine.recorder import SegmentError  # noqa: E402
+from engine.recording.recorder import SegmentError  # noqa: E402
 
 
 def _dedupers():
     out = [seg.BodyDeduperPy]
     try:
-        from engine._segment import BodyDeduper
+        from engine.recording._segment import BodyDeduper
     except ImportError:
         if strict():
             raise
@@ -304,13 +304,13 @@ def test_merging_runs_across_splits(recording):
 # ---------------------------------------------------------------------------------------------------------------
 # The scan task: BlockScanner and member_runs (native and twin), task_runs against the per-split path
 
-from engine.recorder import decompress_payload, encode_block_payload, iter_payloads  # noqa: E402
+from engine.recording.recorder import decompress_payload, encode_block_payload, iter_payloads  # noqa: E402
 
 
 def _scanners():
     out = [seg.BlockScannerPy]
     try:
-        from engine._segment import BlockScanner
+        from engine.recording._segment import BlockScanner
     except ImportError:
         if strict():
             raise
@@ -322,7 +322,7 @@ def _scanners():
 def _member_runs_fns():
     out = [seg.member_runs_py]
     try:
-        from engine._segment import member_runs
+        from engine.recording._segment import member_runs
     except ImportError:
         pass
     else:

@@ -1,4 +1,4 @@
-"""engine.store: Java file layout and shapes, atomic writes with a .bak, fallback on corrupt files, offsets."""
+"""engine.registry.store: Java file layout and shapes, atomic writes with a .bak, fallback on corrupt files, offsets."""
 import json
 import logging
 import os
@@ -6,8 +6,8 @@ import os
 import pytest
 from test_registry_model import hb
 
-from engine.registry import ClientRegistry
-from engine.store import (
+from engine.registry.client_registry import ClientRegistry
+from engine.registry.store import (
     SYSTEM_CONSUMER_GROUPS,
     Store,
     StoreError,
@@ -131,16 +131,16 @@ class FakeClock:
 
 def count_writes(monkeypatch):
     """Record the path of every atomic_write the store makes."""
-    import engine.store
+    import engine.registry.store
 
     written = []
-    real = engine.store.atomic_write
+    real = engine.registry.store.atomic_write
 
     def counting(path, data, **kw):
         written.append(path.name)
         return real(path, data, **kw)
 
-    monkeypatch.setattr(engine.store, "atomic_write", counting)
+    monkeypatch.setattr(engine.registry.store, "atomic_write", counting)
     return written
 
 
@@ -278,7 +278,7 @@ def fail_temp_files(monkeypatch):
 def test_unwritable_store_keeps_serving_and_retries(tmp_path, monkeypatch, caplog):
     store = Store(tmp_path, derivable_write_delay_s=0)  # the heartbeat's group is written in the request
     real_open = fail_temp_files(monkeypatch)
-    with caplog.at_level(logging.ERROR, logger="engine.store"):
+    with caplog.at_level(logging.ERROR, logger="engine.registry.store"):
         reg = ClientRegistry(store=store)
         assert reg.heartbeat(1, hb(consumers=[("G", ["T"])])).code == 0
     assert "persisting" in caplog.text and reg.consumer_ids("G") == ["10.0.0.1@1"]
@@ -295,7 +295,7 @@ def test_a_failed_deferred_write_is_retried_at_persist(tmp_path, monkeypatch, ca
     reg.heartbeat(1, hb(consumers=[("G", ["T"])]))
     real_open = fail_temp_files(monkeypatch)
     clock.now += 1
-    with caplog.at_level(logging.ERROR, logger="engine.store"):
+    with caplog.at_level(logging.ERROR, logger="engine.registry.store"):
         assert store.persist_due() == 2
     assert "persisting" in caplog.text and store.pending_config_writes == 2
     assert store.persist_due() == 0  # not retried every second: persist() (shutdown) or the next change does
@@ -328,7 +328,7 @@ def write_good_then(tmp_path, damage):
 ])
 def test_corrupt_file_falls_back_to_the_backup(tmp_path, caplog, damage):
     write_good_then(tmp_path, damage)
-    with caplog.at_level(logging.WARNING, logger="engine.store"):
+    with caplog.at_level(logging.WARNING, logger="engine.registry.store"):
         store = Store(tmp_path)
     assert set(store.topics.table) == {"A"}  # the previous generation
     assert "loaded the backup" in caplog.text
@@ -345,7 +345,7 @@ def test_both_corrupt_stop_the_load_and_are_never_overwritten(tmp_path):
 def test_recovery_moves_both_aside_and_starts_empty(tmp_path, caplog):
     path = write_good_then(tmp_path, lambda p: p.write_text("{"))
     path.with_name("topics.json.bak").write_text("not json")
-    with caplog.at_level(logging.WARNING, logger="engine.store"):
+    with caplog.at_level(logging.WARNING, logger="engine.registry.store"):
         store = Store(tmp_path, recover_corrupt=True)
     assert store.topics.table == {}
     aside = sorted(p.name for p in path.parent.iterdir() if ".corrupt-" in p.name)
@@ -389,7 +389,7 @@ def test_a_corrupt_file_does_not_overwrite_the_good_backup(tmp_path):
 
 
 def test_fresh_directory_loads_silently(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="engine.store"):
+    with caplog.at_level(logging.WARNING, logger="engine.registry.store"):
         store = Store(tmp_path / "new")
     assert caplog.text == "" and store.offsets.table == {}
     assert set(SYSTEM_CONSUMER_GROUPS) <= set(store.groups.table)
@@ -416,7 +416,7 @@ def test_bad_offset_files_are_corrupt(tmp_path, text, caplog):
     config_file(tmp_path, "consumerOffset.json").write_text(text)
     with pytest.raises(StoreError, match="consumerOffset.json and its backup are unusable"):
         Store(tmp_path)
-    with caplog.at_level(logging.ERROR, logger="engine.store"):
+    with caplog.at_level(logging.ERROR, logger="engine.registry.store"):
         store = Store(tmp_path, recover_corrupt=True)
     assert store.offsets.table == {} and "unusable" in caplog.text
 
@@ -495,24 +495,24 @@ def test_background_writes_land_in_order_and_never_replace_a_later_version(tmp_p
 
 
 def test_a_failed_background_write_is_retried_and_shutdown_drains(tmp_path, monkeypatch, caplog):
-    import engine.store
+    import engine.registry.store
 
     clock = FakeClock()
     store = Store(tmp_path, clock=clock, background_writes=True)
     reg = ClientRegistry(store=store)
     reg.update_topic_config(TopicConfig("T"))  # offsets are kept for existing topics only
-    real, failing = engine.store.atomic_write, [True]
+    real, failing = engine.registry.store.atomic_write, [True]
 
     def flaky(path, data, **kw):
         if failing[0]:
             raise OSError(28, "No space left on device")
         real(path, data, **kw)
 
-    monkeypatch.setattr(engine.store, "atomic_write", flaky)
+    monkeypatch.setattr(engine.registry.store, "atomic_write", flaky)
     reg.heartbeat(0, hb(client_id="10.0.0.1@0", consumers=[("AUTO", ["T"])]))
     assert reg.update_consumer_offset("h", "AUTO", "T", 0, 7)[0] == 0
     clock.now += 1.0
-    with caplog.at_level(logging.ERROR, logger="engine.store"):
+    with caplog.at_level(logging.ERROR, logger="engine.registry.store"):
         reg.persist_due()
         reg.persist_offsets()
         store.flush()
@@ -531,7 +531,7 @@ def test_a_failed_background_write_is_retried_and_shutdown_drains(tmp_path, monk
 
 def test_a_failed_offsets_write_at_shutdown_is_logged_and_stays_owed(tmp_path, monkeypatch, caplog):
     # the synchronous write (persist at shutdown) takes the same path as the timer's: logged, not raised
-    import engine.store
+    import engine.registry.store
 
     store = Store(tmp_path)
     reg = ClientRegistry(store=store)
@@ -542,8 +542,8 @@ def test_a_failed_offsets_write_at_shutdown_is_logged_and_stays_owed(tmp_path, m
     def full(path, data, **kw):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(engine.store, "atomic_write", full)
-    with caplog.at_level(logging.ERROR, logger="engine.store"):
+    monkeypatch.setattr(engine.registry.store, "atomic_write", full)
+    with caplog.at_level(logging.ERROR, logger="engine.registry.store"):
         store.persist()
     assert "consumerOffset.json" in caplog.text and store.offsets.dirty
     monkeypatch.undo()
@@ -557,7 +557,7 @@ def test_the_event_loop_is_not_blocked_by_a_slow_disk(tmp_path, monkeypatch):
     import asyncio
     import time
 
-    import engine.store
+    import engine.registry.store
 
     real_fsync = os.fsync
 
@@ -565,7 +565,7 @@ def test_the_event_loop_is_not_blocked_by_a_slow_disk(tmp_path, monkeypatch):
         time.sleep(0.3)
         real_fsync(fd)
 
-    monkeypatch.setattr(engine.store.os, "fsync", slow_fsync)
+    monkeypatch.setattr(engine.registry.store.os, "fsync", slow_fsync)
     clock = FakeClock()
     store = Store(tmp_path, clock=clock, background_writes=True)
     reg = ClientRegistry(store=store)
@@ -590,7 +590,7 @@ def test_all_copies_empty_start_empty_as_java_does(tmp_path, caplog):
     """Nothing to keep: empty (or NUL-only) copies start with an empty table and an error, as Java's loadBak."""
     write_good_then(tmp_path, lambda p: p.write_bytes(b""))
     config_file(tmp_path, "topics.json.bak").write_bytes(b"\x00\x00 \n")
-    with caplog.at_level(logging.ERROR, logger="engine.store"):
+    with caplog.at_level(logging.ERROR, logger="engine.registry.store"):
         store = Store(tmp_path)
     assert store.topics.table == {} and "empty or missing" in caplog.text
 
@@ -598,8 +598,8 @@ def test_all_copies_empty_start_empty_as_java_does(tmp_path, caplog):
 def test_broker_does_not_start_over_unusable_store_files(tmp_path, caplog):
     """`rmqhb serve` on a store whose topics.json and .bak both hold unusable data: exit 253 with the reason; with
     storeRecoverCorruptFiles=true it moves them aside and serves."""
-    from engine.broker import Broker, serve_main
-    from engine.config import BrokerConfig
+    from engine.broker.controller import Broker, serve_main
+    from engine.broker.config import BrokerConfig
 
     path = write_good_then(tmp_path, lambda p: p.write_text("{broken"))
     path.with_name("topics.json.bak").write_text("[also broken")

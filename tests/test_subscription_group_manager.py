@@ -1,14 +1,14 @@
-"""SubscriptionGroupManager (engine.subscription_group_manager) on its own: system groups, explicit changes,
+"""SubscriptionGroupManager (engine.registry.subscription_group_manager) on its own: system groups, explicit changes,
 findSubscriptionGroupConfig's auto-creation and its budget, and the file."""
 import json
 import logging
 
 import pytest
 
-import engine.store
-from engine.config_manager import StoreError
-from engine.store import Store
-from engine.subscription_group_manager import (
+import engine.registry.store
+from engine.registry.config_manager import StoreError
+from engine.registry.store import Store
+from engine.registry.subscription_group_manager import (
     GROUP_MAX_LENGTH,
     SYSTEM_CONSUMER_GROUPS,
     SubscriptionGroupConfig,
@@ -31,9 +31,9 @@ def on_disk(tmp_path):
 
 
 def test_the_old_import_path_names_the_same_objects():
-    assert engine.store.SubscriptionGroupManager is SubscriptionGroupManager
-    assert engine.store.SubscriptionGroupConfig is SubscriptionGroupConfig
-    assert engine.store.validate_group is validate_group and engine.store.SYSTEM_CONSUMER_GROUPS is SYSTEM_CONSUMER_GROUPS
+    assert engine.registry.store.SubscriptionGroupManager is SubscriptionGroupManager
+    assert engine.registry.store.SubscriptionGroupConfig is SubscriptionGroupConfig
+    assert engine.registry.store.validate_group is validate_group and engine.registry.store.SYSTEM_CONSUMER_GROUPS is SYSTEM_CONSUMER_GROUPS
     assert isinstance(Store().groups, SubscriptionGroupManager)
 
 
@@ -105,7 +105,7 @@ def test_auto_creation_stops_at_the_budget_system_groups_count(caplog):
     store = Store(auto_create_max_groups=limit)
     groups = store.groups
     assert groups.find("A", True, False)[1] and groups.find("B", True, False)[1]
-    with caplog.at_level(logging.WARNING, logger="engine.store"):
+    with caplog.at_level(logging.WARNING, logger="engine.registry.store"):
         assert groups.find("C", True, False) == (None, False)
         assert groups.find("CID_RMQ_SYS_D", False, True) == (None, False)
     assert store.auto_create_refused["group"] == 2 and store.auto_create_refused["topic"] == 0

@@ -3,7 +3,7 @@ follows the latest heartbeat (the decoded-body cache and the repeat route must n
 import json
 import time
 
-from engine.enums import RequestCode, ResponseCode
+from engine.codec.enums import RequestCode, ResponseCode
 from test_server import Client, broker, broker_factory  # noqa: F401  (fixtures)
 
 NO_SUB_VERSION = json.dumps({

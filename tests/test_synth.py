@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 import engine
-from engine import LanguageCode, scan_py
-from engine.recorder import iter_records, list_segments, verify
-from engine.synth import (
+from engine import LanguageCode
+from engine.recording import scan_py
+from engine.recording.recorder import iter_records, list_segments, verify
+from engine.recording.synth import (
     MANIFEST_NAME,
     FleetConfig,
     FleetGenerator,

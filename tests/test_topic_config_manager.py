@@ -1,6 +1,6 @@
-"""TopicConfigManager (engine.topic_config_manager) on its own: the topic table, its writes and its budget.
+"""TopicConfigManager (engine.registry.topic_config_manager) on its own: the topic table, its writes and its budget.
 
-The manager works through a :class:`engine.store.Store` (its file, when it is written, the auto-create budget);
+The manager works through a :class:`engine.registry.store.Store` (its file, when it is written, the auto-create budget);
 these tests drive the manager's own methods, not the registry's rules that call them.
 """
 import json
@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
-import engine.store
-from engine.config_manager import StoreError
-from engine.store import Store
-from engine.topic_config_manager import (
+import engine.registry.store
+from engine.registry.config_manager import StoreError
+from engine.registry.store import Store
+from engine.registry.topic_config_manager import (
     FLAG_UNIT_SUB,
     PERM_READ,
     PERM_WRITE,
@@ -34,8 +34,8 @@ def on_disk(tmp_path):
 
 
 def test_the_old_import_path_names_the_same_objects():
-    assert engine.store.TopicConfigManager is TopicConfigManager and engine.store.TopicConfig is TopicConfig
-    assert engine.store.PERM_READ == PERM_READ and engine.store.StoreError is StoreError
+    assert engine.registry.store.TopicConfigManager is TopicConfigManager and engine.registry.store.TopicConfig is TopicConfig
+    assert engine.registry.store.PERM_READ == PERM_READ and engine.registry.store.StoreError is StoreError
     assert isinstance(Store().topics, TopicConfigManager)
 
 
@@ -71,7 +71,7 @@ def test_created_topics_are_reported_once_and_a_failing_hook_is_logged(tmp_path,
         raise RuntimeError("name server down")
 
     store.on_topic_created = broken
-    with caplog.at_level(logging.ERROR, logger="engine.store"):
+    with caplog.at_level(logging.ERROR, logger="engine.registry.store"):
         store.topics.put(TopicConfig("B"))  # the change stands; the hook's failure is not the caller's
     assert store.topics.contains("B") and "on_topic_created hook failed for B" in caplog.text
 
@@ -115,7 +115,7 @@ def test_auto_creation_stops_at_the_budget_explicit_puts_do_not(caplog):
     topics = store.topics
     mk = topics.create_topic_in_send_message_back_method
     assert mk("%RETRY%A", 1, 6, False, 0)[1] and mk("%RETRY%B", 1, 6, False, 0)[1]
-    with caplog.at_level(logging.WARNING, logger="engine.store"):
+    with caplog.at_level(logging.WARNING, logger="engine.registry.store"):
         assert mk("%RETRY%C", 1, 6, False, 0) == (None, False)
         assert mk("%RETRY%D", 1, 6, False, 0) == (None, False)
     assert store.auto_create_refused["topic"] == 2 and not topics.contains("%RETRY%C")

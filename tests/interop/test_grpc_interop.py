@@ -20,9 +20,9 @@ import pytest
 import test_interop as ti
 from test_interop import cpp_dir, drivers  # noqa: F401  (fixtures)
 from conftest import require_module
-from engine.admin import AdminClient, AdminError
-from engine.broker import Broker
-from engine.config import BrokerConfig
+from engine.broker.admin import AdminClient, AdminError
+from engine.broker.controller import Broker
+from engine.broker.config import BrokerConfig
 
 pytestmark = pytest.mark.interop
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.admin import AdminClient, AdminError
-from engine.broker import Broker
-from engine.config import BrokerConfig
-from engine.enums import RequestCode
+from engine.broker.admin import AdminClient, AdminError
+from engine.broker.controller import Broker
+from engine.broker.config import BrokerConfig
+from engine.codec.enums import RequestCode
 
 pytestmark = pytest.mark.interop
 

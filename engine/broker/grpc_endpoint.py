@@ -1,0 +1,1098 @@
+"""The gRPC endpoint of RocketMQ 5.x clients (``apache.rocketmq.v2.MessagingService``), beside the remoting port.
+
+RocketMQ 5.x SDKs (Java, Go, C++, C#, Node.js, Rust, Python) do not speak the remoting protocol: they talk gRPC to a
+RocketMQ Proxy, which maps their client sessions onto the broker's client management. This endpoint is that
+mapping for this broker (the proxy's GrpcMessagingApplication / ClientActivity / GrpcClientSettingsManager /
+RouteActivity semantics, standalone): a 5.x Producer, PushConsumer and SimpleConsumer start against it, register
+and stay registered in the same :class:`engine.registry.client_registry.ClientRegistry` as the 4.x clients, and are listed by
+``rmqhb consumerConnection`` / ``producerConnection`` next to them.
+
+Served: QueryRoute (this endpoint's address, queues from the topic config, auto-created as a route query of the
+remoting port does), Heartbeat, the Telemetry stream (the client's Settings in, the broker's merged Settings
+back), QueryAssignment, NotifyClientTermination, ReceiveMessage ("no new message" once the long-polling time has
+passed: this broker has no message store). Every other RPC answers the proxy's ``NOT_IMPLEMENTED`` status.
+
+A client session (:class:`GrpcSession`, one per client id as the proxy's GrpcChannelManager keeps them) is the
+registry's channel: client id, language and version from the ``x-mq-client-id`` / ``x-mq-language`` /
+``x-mq-client-version`` metadata, the address from the peer, the groups and subscriptions from the Telemetry
+Settings (a producer registers in one producer group per topic it publishes to, named after the topic, as the
+proxy does). Heartbeat refreshes it; the broker's housekeeping expires it like any channel (``close``); it is
+removed on NotifyClientTermination and when its Telemetry stream ends.
+
+With ``aclEnable`` every call is checked against plain_acl.yml with the 5.x signature scheme (:meth:`GrpcEndpoint
+.authorize`, engine.broker.acl's ``check_grpc``): UNAUTHORIZED / FORBIDDEN statuses. With ``recordDir`` each registering
+Settings / Heartbeat is recorded as the remoting heartbeat of the same HeartbeatData. A graceful stop saves the
+sessions' Settings; a client's Heartbeat after the next start restores its session (:meth:`GrpcEndpoint._restore`).
+
+grpcio's ``grpc.aio`` server runs on the broker's own asyncio loop: every handler, and so every registry call,
+runs on that loop's thread (grpcio's poller threads only hand completions to the loop).
+
+The generated protobuf code is the pinned PyPI client's own (``rocketmq-python-client==5.1.2`` ships
+``rocketmq/grpc_protocol/*_pb2*.py``, generated from apache/rocketmq-apis): the ``grpc`` extra installs it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import types
+from urllib.parse import unquote
+
+from engine.codec.enums import BROKER_VERSION, ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel, ResponseCode
+from engine.codec.errors import RemotingError
+
+log = logging.getLogger("engine.grpc")
+
+#: The PyPI package whose generated modules this endpoint uses (the ``grpc`` extra pins it).
+CLIENT_PACKAGE = "rocketmq-python-client==5.1.2"
+
+# -- budgets (README: "5.x clients (gRPC)") --
+#: sessions, RPCs in progress, streams per connection, message and metadata bytes: the broker's grpcMax* properties
+#: (engine.broker.config.BrokerConfig); the fixed protocol-sanity limits follow
+#: topics in one Settings' publishing, subscription entries in one Settings, addresses in one Endpoints
+MAX_SETTINGS_ENTRIES = 1024
+MAX_ENDPOINT_ADDRESSES = 16
+#: longest client id accepted (characters)
+MAX_CLIENT_ID = 1024
+#: file (in the store's config folder) of the sessions' Settings a graceful stop leaves for the next start
+SESSIONS_FILE = "grpcSessions.json"
+#: longest sessions file read at start, bytes (a file past it is ignored)
+MAX_SESSIONS_FILE_BYTES = 64 * 1024 * 1024
+#: long polling of ReceiveMessage, ms (the proxy's grpcClientConsumerMin/MaxLongPollingTimeoutMillis)
+MIN_LONG_POLLING_MS = 5_000
+MAX_LONG_POLLING_MS = 20_000
+
+# -- the proxy's defaults (ProxyConfig, SubscriptionGroupConfig, CustomizedRetryPolicy, ExponentialRetryPolicy) --
+_PRODUCER_MAX_ATTEMPTS = 3
+_PRODUCER_BACKOFF_MS = (10, 1000, 2)  # initial, max, multiplier
+_CONSUMER_BATCH_SIZE = 32
+_CUSTOMIZED_NEXT_MS = (1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000, 420_000,
+                       480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000)
+_EXPONENTIAL_MS = (5_000, 7_200_000, 2)
+
+_GROUP_MAX = 255
+_TOPIC_MAX = 127
+_LEGAL = frozenset("%|_-abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+#: x-mq-language values whose Java LanguageCode name differs
+_LANGUAGE_ALIASES = {"GOLANG": LanguageCode.GO, "DOT_NET": LanguageCode.DOTNET, "NODEJS": LanguageCode.NODE_JS}
+_PERM_READ, _PERM_WRITE = 4, 2
+SERVICE = "apache.rocketmq.v2.MessagingService"
+
+
+class GrpcEndpointError(RemotingError, ValueError):
+    """The gRPC endpoint cannot start (the ``grpc`` extra is missing, the port cannot be bound)."""
+
+
+class _BadRequest(Exception):
+    """A request the proxy refuses with a status code (never carries Python internals)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+_protocol = None
+
+
+def load_protocol() -> types.SimpleNamespace:
+    """grpc, grpc.aio and the generated modules, or GrpcEndpointError naming the extra to install."""
+    global _protocol
+    if _protocol is None:
+        try:
+            import grpc
+            from grpc import aio
+            from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+        except ImportError as e:
+            raise GrpcEndpointError(
+                f"grpcServerPort needs the grpc extra (grpcio, {CLIENT_PACKAGE}): pip install "
+                f"'rocketmq-heartbeat-engine[grpc]' ({str(e)[:120]})") from None
+        _protocol = types.SimpleNamespace(grpc=grpc, aio=aio, d=definition_pb2, s=service_pb2, sg=service_pb2_grpc)
+    return _protocol
+
+
+def _short(text, limit: int = 80) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _legal_name(name: str, limit: int) -> bool:
+    return 0 < len(name) <= limit and _LEGAL.issuperset(name)
+
+
+def language_of(text: str | None):
+    """The remoting LanguageCode of an ``x-mq-language`` value (LanguageCode.valueOf; unknown names: OTHER)."""
+    name = (text or "").strip().upper()
+    code = LanguageCode.__members__.get(name)
+    if code is not None:
+        return code
+    return _LANGUAGE_ALIASES.get(name, LanguageCode.OTHER)
+
+
+def _client_id(context) -> str | None:
+    """The ``x-mq-client-id`` of a call (its first value, stripped), read without building a dict."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-mq-client-id":
+            return value.strip() if isinstance(value, str) else None
+    return None
+
+
+def peer_address(peer: str) -> str:
+    """``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5`` (grpc's ``context.peer()``) as ``1.2.3.4:5`` / ``[::1]:5``."""
+    peer = unquote(peer or "")
+    for scheme in ("ipv4:", "ipv6:"):
+        if peer.startswith(scheme):
+            return peer[len(scheme):]
+    return peer
+
+
+class GrpcSession:
+    """One 5.x client (one client id) as a channel of the registry.
+
+    ``closing`` and ``close(reason, level)`` are what the broker's housekeeping uses on an expired channel;
+    ``grpc_session`` tells the broker's NOTIFY_CONSUMER_IDS_CHANGED sender that this channel takes no remoting
+    command (a 5.x client learns of membership changes by its periodic QueryAssignment, as from the proxy).
+    """
+
+    __slots__ = ("client_id", "language", "version", "sdk_version", "remote_addr", "settings", "client_type",
+                 "stream", "closing", "close_reason", "id", "_endpoint", "_hb", "_hb_group", "_hb_body", "_hb_repeat",
+                 "__weakref__")
+    grpc_session = True
+
+    def __init__(self, endpoint, client_id: str, language, sdk_version: str, remote_addr: str):
+        self._endpoint = endpoint
+        self.client_id = client_id
+        self.language = language
+        self.sdk_version = sdk_version
+        # ClientActivity.parseClientVersion: a 5.x SDK sends "5.1.2", not a MQVersion.Version name: CURRENT_VERSION
+        self.version = BROKER_VERSION
+        self.remote_addr = remote_addr
+        self.settings = None  # the client's raw Settings (GrpcClientSettingsManager's CLIENT_SETTINGS_MAP entry)
+        self.client_type = 0
+        self.stream = None  # its current Telemetry stream (_Stream)
+        self.closing = False
+        self.close_reason = None
+        self._hb = None
+        self._hb_group = None
+        self._hb_body = None  # its HeartbeatData as a remoting heartbeat body (the recorder's records)
+        #: (the serialized HeartbeatRequest, the registry's repeat token) of its last heartbeat that took the
+        #: registry's full path and armed its fast path: the same bytes again are a repeat (see _Servicer.Heartbeat)
+        self._hb_repeat = None
+        #: the recorder's connection id (the remoting server's sequence: no clash with a connection's)
+        self.id = endpoint.broker.server._next_conn_id()
+
+    def close(self, reason: str = "", level=logging.INFO) -> None:
+        """Remove the session (the registry's entries, its table slot); its Telemetry stream is ended."""
+        self._endpoint.close_session(self, reason, level)
+
+    def __repr__(self):
+        return (f"GrpcSession(client_id={self.client_id!r}, language={getattr(self.language, 'name', self.language)}, "
+                f"sdk_version={self.sdk_version!r}, remote_addr={self.remote_addr!r})")
+
+
+class GrpcEndpoint:
+    """The gRPC server of one broker. ``await start()`` / ``await stop()`` on the broker's loop."""
+
+    def __init__(self, broker, port: int | None = None, host: str | None = None, *, max_sessions: int | None = None,
+                 max_concurrent_rpcs: int | None = None, max_streams_per_connection: int | None = None,
+                 max_message_bytes: int | None = None, max_metadata_bytes: int | None = None,
+                 min_long_polling_ms: int = MIN_LONG_POLLING_MS, max_long_polling_ms: int = MAX_LONG_POLLING_MS):
+        """The budgets are the broker's grpcMax* properties unless given here."""
+        self.broker = broker
+        cfg = broker.config
+
+        def budget(value, name):
+            return int(value if value is not None else getattr(cfg, name))
+        #: engine.broker.acl.AclValidator with aclEnable: every call's 5.x signature and the resources it names are checked
+        self.acl = getattr(broker, "acl", None)
+        self.port = int(cfg.grpc_server_port if port is None else port)
+        self.host = cfg.listen_host if host is None else host
+        self.max_sessions = budget(max_sessions, "grpc_max_sessions")
+        self.max_concurrent_rpcs = budget(max_concurrent_rpcs, "grpc_max_concurrent_rpcs")
+        self.max_streams_per_connection = budget(max_streams_per_connection, "grpc_max_streams_per_connection")
+        self.max_message_bytes = budget(max_message_bytes, "grpc_max_message_bytes")
+        self.max_metadata_bytes = budget(max_metadata_bytes, "grpc_max_metadata_bytes")
+        self.min_long_polling_ms = min_long_polling_ms
+        self.max_long_polling_ms = max_long_polling_ms
+        self.sessions: dict[str, GrpcSession] = {}
+        self.bound_port = 0
+        self._server = None
+        self._loop = None
+        self._stopping: asyncio.Event | None = None
+        #: requests answered with a non-OK status because they were bad, and handler failures (logged)
+        self.bad_requests = 0
+        self.internal_errors = 0
+        #: calls refused by the ACL (UNAUTHORIZED, FORBIDDEN)
+        self.acl_denied = 0
+        #: ``fn(method, metadata, request)`` called with every request before it is handled (captures, tests);
+        #: its failures are logged, never the client's problem
+        self.on_request = None
+        #: client id -> (Settings, language, SDK version, restorable until ms): sessions of the broker before its
+        #: restart, restored by their client's next Heartbeat (see :meth:`_restore`)
+        self.dormant: dict = {}
+        self.restored = 0
+        #: heartbeats answered on the repeat path (see _Servicer.Heartbeat)
+        self.heartbeat_repeats = 0
+        self.p = load_protocol()
+        #: the serialized answer of a heartbeat that registered (the Heartbeat handler answers with bytes)
+        self._heartbeat_ok = self.p.s.HeartbeatResponse(status=self._status(self.p.d.Code.OK)).SerializeToString()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> int:
+        """Bind and serve; returns the bound port."""
+        p = self.p
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        options = [
+            ("grpc.so_reuseport", 0),  # a port in use fails the start (grpc's default would share it)
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_concurrent_streams", self.max_streams_per_connection),
+            # the soft limit and the hard one (between them grpc refuses a call only with some probability)
+            ("grpc.max_metadata_size", self.max_metadata_bytes),
+            ("grpc.absolute_max_metadata_size", self.max_metadata_bytes),
+        ]
+        server = p.aio.server(maximum_concurrent_rpcs=self.max_concurrent_rpcs, options=options)
+        servicer = _Servicer(self)
+        p.sg.add_MessagingServiceServicer_to_server(servicer, server)
+        # Heartbeat with bytes in and out (its repeat path compares the request's bytes, answers prepared bytes): a
+        # registered method's handler takes precedence over the generated (generic) one
+        server.add_registered_method_handlers(SERVICE, {
+            "Heartbeat": p.grpc.unary_unary_rpc_method_handler(servicer.Heartbeat)})
+        host = self.host or "0.0.0.0"
+        addr = f"[{host}]:{self.port}" if ":" in host and not host.startswith("[") else f"{host}:{self.port}"
+        try:
+            bound = server.add_insecure_port(addr)
+        except RuntimeError as e:
+            raise GrpcEndpointError(f"grpcServerPort {self.port}: cannot bind {addr} ({_short(e)})") from None
+        if not bound:
+            raise GrpcEndpointError(f"grpcServerPort {self.port}: cannot bind {addr}")
+        await server.start()
+        self._server = server
+        self.bound_port = bound
+        self._load_sessions()
+        log.info("gRPC endpoint (RocketMQ 5.x clients) listening on %s:%d", host, bound)
+        return bound
+
+    async def stop(self, grace: float = 1.0) -> None:
+        if self._server is None:
+            return
+        self._stopping.set()
+        # what the sessions are before their streams end with the server (ending a stream removes its session)
+        kept = [(x.client_id, x.language, x.sdk_version, x.settings) for x in self.sessions.values()
+                if x.settings is not None and not x.closing]
+        server, self._server = self._server, None
+        await server.stop(grace)
+        for session in list(self.sessions.values()):
+            self.close_session(session, "broker shutdown", logging.DEBUG)
+        self._save_sessions(kept)
+
+    # ------------------------------------------------------------------ sessions across a restart
+    def _sessions_path(self):
+        store = getattr(self.broker.registry, "store", None)
+        config_dir = getattr(store, "config_dir", None)
+        return None if config_dir is None else config_dir / SESSIONS_FILE
+
+    def _save_sessions(self, kept) -> None:
+        """A graceful stop writes each registered session's Settings (a 5.x client does not send them again when
+        its broker comes back: the Python client 5.1.2 only every 300 s on a stream it rebuilds after a failed
+        write). Never fails the stop."""
+        path = self._sessions_path()
+        if path is None or not kept:
+            return
+        import base64
+        import json
+        import os
+
+        doc = {"version": 1, "savedMs": int(time.time() * 1000), "sessions": [
+            {"clientId": cid, "language": getattr(lang, "name", str(lang)), "sdkVersion": ver,
+             "settings": base64.b64encode(st.SerializeToString()).decode("ascii")} for cid, lang, ver, st in kept]}
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(json.dumps(doc).encode("utf-8"))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("gRPC sessions not saved for the next start (%s): %s", path, _short(e, 120))
+
+    def _load_sessions(self) -> None:
+        """The sessions file of the previous run, read once (and removed: a later crash must not bring them back):
+        each entry restorable until channelExpiredTimeout after this start. A bad file is logged and ignored."""
+        path = self._sessions_path()
+        if path is None or not path.is_file():
+            return
+        import base64
+        import json
+
+        now = int(time.time() * 1000)
+        until = now + int(self.broker.config.channel_expired_timeout)
+        try:
+            if path.stat().st_size > MAX_SESSIONS_FILE_BYTES:
+                raise ValueError(f"larger than {MAX_SESSIONS_FILE_BYTES} bytes")
+            doc = json.loads(path.read_bytes())
+            entries = doc.get("sessions") if isinstance(doc, dict) else None
+            if not isinstance(entries, list):
+                raise ValueError("no 'sessions' list")
+            saved = int(doc.get("savedMs") or 0)
+            if now - saved <= int(self.broker.config.channel_expired_timeout):  # else they have expired meanwhile
+                for entry in entries[:self.max_sessions]:
+                    try:
+                        cid = str(entry["clientId"])
+                        settings = self.p.d.Settings.FromString(base64.b64decode(entry["settings"], validate=True))
+                        if 0 < len(cid) <= MAX_CLIENT_ID:
+                            self.dormant[cid] = (settings, language_of(entry.get("language")),
+                                                 str(entry.get("sdkVersion") or "")[:64], until)
+                    except Exception:  # one bad entry: skipped
+                        continue
+        except Exception as e:
+            log.warning("gRPC sessions file %s ignored: %s", path, _short(e, 120))
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        if self.dormant:
+            log.info("gRPC endpoint: %d sessions of the previous run restorable by their next Heartbeat",
+                     len(self.dormant))
+
+    def _restore(self, context):
+        """A Heartbeat of a client id with no session: the session it had before the broker's restart, registered
+        again from its saved Settings (with this call's peer; checked by the ACL as its Settings would be), or
+        None."""
+        client_id = self._metadata(context)[0]
+        entry = self.dormant.pop(client_id, None)
+        if entry is None:
+            return None
+        settings, _, _, until = entry
+        if int(time.time() * 1000) > until:
+            return None
+        self.authorize("Telemetry", self.p.s.TelemetryCommand(settings=settings), context)
+        session = self._session(context, create=True)
+        try:
+            status = self._update_settings(session, settings)
+        except _BadRequest:
+            self.close_session(session, "restore failed", logging.DEBUG)
+            raise
+        if status is not None:  # its group cannot register any more: the client's Settings will tell
+            self.close_session(session, "restore failed", logging.DEBUG)
+            return None
+        self.restored += 1
+        log.info("gRPC client %s (%s) restored from its Settings before the broker's restart", client_id,
+                 session.remote_addr)
+        return session
+
+    # ------------------------------------------------------------------ sessions
+    def close_session(self, session: GrpcSession, reason: str = "", level=logging.INFO,
+                      end_stream: bool = True) -> None:
+        """Remove a session: its registry entries and slot, its table entry; ``end_stream``: its Telemetry stream
+        is ended too (expiry, broker shutdown; a terminated client closes its stream itself)."""
+        if session.closing:
+            return
+        session.closing = True
+        session.close_reason = reason
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        self.broker.registry.close_channel(session)
+        stream, session.stream = session.stream, None
+        if stream is not None and end_stream:
+            stream.done.set()  # its Telemetry handler ends the stream
+        log.log(level, "gRPC client %s (%s) removed: %s", session.client_id, session.remote_addr, reason)
+
+    def _metadata(self, context) -> tuple[str, object, str]:
+        md = {}
+        for key, value in context.invocation_metadata() or ():
+            if key not in md and isinstance(value, str):
+                md[key] = value
+        client_id = md.get("x-mq-client-id", "").strip()
+        if not client_id:
+            raise _BadRequest(self.p.d.Code.CLIENT_ID_REQUIRED, "client id cannot be empty")
+        if len(client_id) > MAX_CLIENT_ID:
+            raise _BadRequest(self.p.d.Code.BAD_REQUEST, f"client id longer than {MAX_CLIENT_ID} characters")
+        return client_id, language_of(md.get("x-mq-language")), md.get("x-mq-client-version", "")[:64]
+
+    def _session(self, context, create: bool) -> GrpcSession | None:
+        client_id, language, version = self._metadata(context)
+        session = self.sessions.get(client_id)
+        if session is None and create:
+            if len(self.sessions) >= self.max_sessions:
+                raise _BadRequest(self.p.d.Code.TOO_MANY_REQUESTS, "too many client sessions")
+            session = GrpcSession(self, client_id, language, version, peer_address(context.peer()))
+            self.sessions[client_id] = session
+            self.broker.registry.open_channel(session, session.remote_addr)
+        return session
+
+    # ------------------------------------------------------------------ validation
+    def _topic(self, resource) -> str:
+        name = resource.name
+        if not _legal_name(name, _TOPIC_MAX):
+            raise _BadRequest(self.p.d.Code.ILLEGAL_TOPIC, f"topic name is illegal: {_short(name, 40)!r}")
+        return name
+
+    def _group(self, resource) -> str:
+        name = resource.name
+        if not _legal_name(name, _GROUP_MAX):
+            raise _BadRequest(self.p.d.Code.ILLEGAL_CONSUMER_GROUP,
+                              f"consumer group name is illegal: {_short(name, 40)!r}")
+        return name
+
+    def trace(self, method: str, request, context) -> None:
+        if self.on_request is not None:
+            try:
+                self.on_request(method, tuple(context.invocation_metadata() or ()), request)
+            except Exception:
+                log.exception("gRPC on_request hook failed")
+
+    # ------------------------------------------------------------------ ACL
+    def acl_resources(self, method: str, request) -> dict:
+        """PlainAccessResource.parse of a gRPC request (RocketMQ 5.0-5.2's acl module): the resources it names and
+        the permission each needs (engine.broker.acl's bits; a group as its retry topic ``%RETRY%group``). Names are the
+        plain names this endpoint registers (the resource namespace is not applied, as nowhere here); an empty name
+        names nothing (the request is refused as illegal right after; RocketMQ would check ``%RETRY%`` for a
+        producer's NotifyClientTermination, which names no group)."""
+        from engine.broker.acl import ANY, PUB, SUB, retry_topic
+
+        out: dict = {}
+
+        def topic(resource, perm):
+            if resource.name:
+                out[resource.name] = perm
+
+        def group(resource, perm):
+            if resource.name:
+                out[retry_topic(resource.name)] = perm
+
+        d = self.p.d
+        if method == "Heartbeat":
+            if request.client_type in (d.ClientType.PUSH_CONSUMER, d.ClientType.SIMPLE_CONSUMER):
+                group(request.group, SUB)
+        elif method == "Telemetry":
+            if request.WhichOneof("command") == "settings":
+                st = request.settings
+                if st.HasField("publishing"):
+                    for t in st.publishing.topics[:MAX_SETTINGS_ENTRIES]:
+                        topic(t, PUB)
+                if st.HasField("subscription"):
+                    group(st.subscription.group, SUB)
+                    for entry in st.subscription.subscriptions[:MAX_SETTINGS_ENTRIES]:
+                        topic(entry.topic, SUB)
+        elif method == "QueryRoute":
+            topic(request.topic, ANY)
+        elif method in ("QueryAssignment", "AckMessage", "ForwardMessageToDeadLetterQueue",
+                        "ChangeInvisibleDuration"):
+            group(request.group, SUB)
+            topic(request.topic, SUB)
+        elif method == "ReceiveMessage":
+            group(request.group, SUB)
+            topic(request.message_queue.topic, SUB)
+        elif method == "NotifyClientTermination":
+            group(request.group, SUB)
+        elif method == "SendMessage":
+            if request.messages:
+                topic(request.messages[0].topic, PUB)
+        elif method == "EndTransaction":
+            topic(request.topic, PUB)
+        return out
+
+    def authorize(self, method: str, request, context, authenticate_only: bool = False) -> None:
+        """With aclEnable: the call's signature (``authorization``, ``x-mq-date-time``) and the resources the
+        request names, against plain_acl.yml; _BadRequest UNAUTHORIZED / FORBIDDEN (the apache.rocketmq.v2 codes
+        of an authentication and a permission failure) when refused."""
+        acl = self.acl
+        if acl is None:
+            return
+        from engine.broker.acl import GRPC_AUTHORIZATION, GRPC_DATE_TIME, UNAUTHORIZED
+
+        md = {}
+        for key, value in context.invocation_metadata() or ():
+            if key not in md and isinstance(value, str):
+                md[key] = value
+        host = peer_address(context.peer())
+        host = host.rpartition(":")[0].strip("[]") if ":" in host else host
+        resources = {} if authenticate_only else self.acl_resources(method, request)
+        denied = acl.check_grpc(md.get(GRPC_AUTHORIZATION), md.get(GRPC_DATE_TIME), host, resources)
+        if denied is not None:
+            self.acl_denied += 1
+            kind, remark = denied
+            code = self.p.d.Code.UNAUTHORIZED if kind == UNAUTHORIZED else self.p.d.Code.FORBIDDEN
+            raise _BadRequest(code, _short(remark, 200))
+
+    def _status(self, code, message: str = ""):
+        return self.p.d.Status(code=code, message=message or self.p.d.Code.Name(code))
+
+    # ------------------------------------------------------------------ registration
+    def _heartbeat_data(self, session: GrpcSession, group: str | None):
+        """The HeartbeatData a session's Settings stand for (cached: a repeat is the registry's fast path)."""
+        if session._hb is not None and session._hb_group == group:
+            return session._hb
+        from engine import ConsumerData, HeartbeatData, ProducerData, build_subscription
+
+        d = self.p.d
+        s = session.settings
+        if session.client_type == d.ClientType.PRODUCER:
+            hb = HeartbeatData(session.client_id, producers=[ProducerData(t.name) for t in s.publishing.topics])
+        else:
+            consume_type = (ConsumeType.CONSUME_ACTIVELY if session.client_type == d.ClientType.SIMPLE_CONSUMER
+                            else ConsumeType.CONSUME_PASSIVELY)
+            now = int(time.time() * 1000)
+            subs = []
+            for entry in s.subscription.subscriptions:
+                expr = entry.expression
+                kind = "SQL92" if expr.type == d.FilterType.SQL else "TAG"
+                try:
+                    subs.append(build_subscription(entry.topic.name, expr.expression, now, kind))
+                except ValueError:
+                    raise _BadRequest(d.Code.ILLEGAL_FILTER_EXPRESSION, "expression format is not correct") from None
+            hb = HeartbeatData(session.client_id, consumers=[ConsumerData(
+                group, consume_type, MessageModel.CLUSTERING, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+                subscriptions=subs)])
+        session._hb, session._hb_group, session._hb_body, session._hb_repeat = hb, group, None, None
+        return hb
+
+    def _register(self, session: GrpcSession, group: str | None):
+        d = self.p.d
+        hb = self._heartbeat_data(session, group)
+        if self.broker.recorder is not None:
+            self._record(session)
+        result = self.broker.registry.heartbeat(session, hb, session.language, session.version)
+        if result.code == ResponseCode.SUCCESS:
+            return None
+        if result.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST:
+            return self._status(d.Code.CONSUMER_GROUP_NOT_FOUND, _short(result.remark or "", 120))
+        return self._status(d.Code.INTERNAL_ERROR, _short(result.remark or "registration failed", 120))
+
+    def _record(self, session: GrpcSession) -> None:
+        """The recorder's record of a registering Settings / Heartbeat: the remoting heartbeat body of the same
+        HeartbeatData (the scan reads both generations alike)."""
+        if session._hb_body is None:
+            from engine import encode_heartbeat
+
+            session._hb_body = encode_heartbeat(session._hb)
+        self.broker.recorder.record(int(time.time() * 1000), session.id, session.remote_addr, session.language,
+                                    session.version, session._hb_body)
+
+    def _update_settings(self, session: GrpcSession, settings) -> None:
+        """ClientActivity.processAndWriteClientSettings: validate, register, keep the client's Settings."""
+        d = self.p.d
+        kind = settings.WhichOneof("pub_sub")
+        if kind is None:
+            raise _BadRequest(d.Code.BAD_REQUEST, "there is no publishing or subscription data in settings")
+        group = None
+        if kind == "publishing":
+            if len(settings.publishing.topics) > MAX_SETTINGS_ENTRIES:
+                raise _BadRequest(d.Code.BAD_REQUEST, f"more than {MAX_SETTINGS_ENTRIES} topics in settings")
+            for topic in settings.publishing.topics:
+                self._topic(topic)
+            client_type = d.ClientType.PRODUCER
+        else:
+            group = self._group(settings.subscription.group)
+            if len(settings.subscription.subscriptions) > MAX_SETTINGS_ENTRIES:
+                raise _BadRequest(d.Code.BAD_REQUEST, f"more than {MAX_SETTINGS_ENTRIES} subscriptions in settings")
+            for entry in settings.subscription.subscriptions:
+                self._topic(entry.topic)
+            client_type = settings.client_type
+            if client_type not in (d.ClientType.PUSH_CONSUMER, d.ClientType.SIMPLE_CONSUMER):
+                raise _BadRequest(d.Code.UNRECOGNIZED_CLIENT_TYPE, d.ClientType.Name(client_type)
+                                  if client_type in d.ClientType.values() else "unknown client type")
+        old = self.broker.registry.channel_groups(session)
+        if session.client_type != client_type or session.settings != settings:
+            # the same Settings again (the 5.x clients send them again on their own) keep the HeartbeatData: the
+            # registry sees the same registration, and the Heartbeat repeat path stays armed
+            session._hb = session._hb_repeat = None
+        session.settings = settings
+        session.client_type = client_type
+        hb = self._heartbeat_data(session, group)
+        new = ((cd.group for cd in hb.consumers), (pd.group for pd in hb.producers))
+        if any(set(o) - set(n) for o, n in zip(old, new)):
+            # groups the client left: it is registered anew with what it now has (the channel stays)
+            self.broker.registry.close_channel(session)
+        return self._register(session, group)
+
+    def merged_settings(self, session: GrpcSession):
+        """GrpcClientSettingsManager.getClientSettings: the client's Settings with the broker's values merged in."""
+        d = self.p.d
+        raw = session.settings
+        if raw.HasField("publishing"):
+            s = d.Settings()
+            s.CopyFrom(raw)
+            bp = s.backoff_policy
+            bp.max_attempts = _PRODUCER_MAX_ATTEMPTS
+            bp.exponential_backoff.initial.FromMilliseconds(_PRODUCER_BACKOFF_MS[0])
+            bp.exponential_backoff.max.FromMilliseconds(_PRODUCER_BACKOFF_MS[1])
+            bp.exponential_backoff.multiplier = _PRODUCER_BACKOFF_MS[2]
+            s.publishing.validate_message_type = True
+            s.publishing.max_body_size = self.max_message_bytes  # what the endpoint accepts
+        else:
+            # updateClientSettings: the defaults of a new SubscriptionGroupConfig, the client's values over them;
+            # then getClientSettings merges the group's own config, when it has one
+            s = d.Settings()
+            self._merge_group(s, None)
+            s.MergeFrom(raw)
+            sgc = self.broker.registry.subscription_group_config(raw.subscription.group.name)
+            if sgc is not None:
+                self._merge_group(s, sgc)
+        s.metric.Clear()
+        s.metric.on = False  # metricCollectorMode OFF
+        return s
+
+    def _merge_group(self, s, sgc) -> None:
+        """GrpcClientSettingsManager.mergeSubscriptionData."""
+        sub = s.subscription
+        sub.receive_batch_size = _CONSUMER_BATCH_SIZE
+        sub.long_polling_timeout.FromMilliseconds(self.max_long_polling_ms)
+        sub.fifo = bool(sgc.consume_message_orderly) if sgc is not None else False
+        bp = s.backoff_policy
+        bp.max_attempts = (int(sgc.retry_max_times) if sgc is not None else 16) + 1
+        policy = (sgc.group_retry_policy if sgc is not None else None) or {}
+        if str(policy.get("type", "CUSTOMIZED")).upper() == "EXPONENTIAL":
+            exp = policy.get("exponentialRetryPolicy") or {}
+            initial, maximum, mult = (int(exp.get(k, dflt)) for k, dflt in
+                                      zip(("initial", "max", "multiplier"), _EXPONENTIAL_MS))
+            bp.exponential_backoff.initial.FromMilliseconds(initial)
+            bp.exponential_backoff.max.FromMilliseconds(maximum)
+            bp.exponential_backoff.multiplier = mult
+        else:
+            nxt = (policy.get("customizedRetryPolicy") or {}).get("next") or _CUSTOMIZED_NEXT_MS
+            bp.customized_backoff.Clear()
+            for ms in list(nxt)[:64]:
+                bp.customized_backoff.next.add().FromMilliseconds(int(ms))
+
+    # ------------------------------------------------------------------ routes
+    def _broker_message(self, request_endpoints):
+        """This broker as a route's Broker: the address the client used (RouteActivity.convertToAddressList, with
+        this endpoint's port), brokerIP1 when set, else 127.0.0.1."""
+        d = self.p.d
+        ep = d.Endpoints()
+        cfg = self.broker.config
+        if cfg.broker_ip1:
+            ep.scheme = d.AddressScheme.IPv6 if ":" in cfg.broker_ip1 else d.AddressScheme.IPv4
+            ep.addresses.add(host=cfg.broker_ip1, port=self.bound_port)
+        elif request_endpoints is not None and request_endpoints.addresses:
+            ep.scheme = request_endpoints.scheme or d.AddressScheme.IPv4
+            for a in list(request_endpoints.addresses)[:MAX_ENDPOINT_ADDRESSES]:
+                ep.addresses.add(host=a.host[:255], port=self.bound_port)
+        else:
+            ep.scheme = d.AddressScheme.IPv4
+            ep.addresses.add(host="127.0.0.1", port=self.bound_port)
+        return d.Broker(name=cfg.broker_name, id=0, endpoints=ep)
+
+    def _topic_config(self, topic: str):
+        if self.broker.ensure_topic(topic) is None:
+            raise _BadRequest(self.p.d.Code.TOPIC_NOT_FOUND, f"topic not found: {topic}")
+        return self.broker.registry.topic_config(topic)
+
+    def query_route(self, request):
+        d = self.p.d
+        topic = self._topic(request.topic)
+        tc = self._topic_config(topic)
+        broker = self._broker_message(request.endpoints if request.HasField("endpoints") else None)
+        dflt = self.broker.config.default_topic_queue_nums
+        reads = int(getattr(tc, "read_queue_nums", dflt)) if tc is not None else dflt
+        writes = int(getattr(tc, "write_queue_nums", dflt)) if tc is not None else dflt
+        perm = int(getattr(tc, "perm", _PERM_READ | _PERM_WRITE)) if tc is not None else _PERM_READ | _PERM_WRITE
+        mtype = str(((getattr(tc, "attributes", None) or {}).get("message.type")
+                     or (getattr(tc, "attributes", None) or {}).get("+message.type") or "NORMAL")).upper()
+        accept = ([d.MessageType.NORMAL, d.MessageType.FIFO, d.MessageType.DELAY, d.MessageType.TRANSACTION]
+                  if mtype == "MIXED" else [d.MessageType.Value(mtype) if mtype in d.MessageType.keys()
+                                            else d.MessageType.MESSAGE_TYPE_UNSPECIFIED])
+        # RouteActivity.genMessageQueueFromQueueData: read-only, write-only, read-write queues, ids in that order
+        r = w = rw = n = 0
+        readable, writable = bool(perm & _PERM_READ), bool(perm & _PERM_WRITE)
+        if readable and writable:
+            rw = min(reads, writes)
+            r, w = reads - rw, writes - rw
+        elif writable:
+            w = writes
+        elif readable:
+            r = reads
+        else:
+            n = max(1, reads, writes)
+        resp = self.p.s.QueryRouteResponse(status=self._status(d.Code.OK))
+        qid = 0
+        for count, permission in ((r, d.Permission.READ), (w, d.Permission.WRITE), (rw, d.Permission.READ_WRITE),
+                                  (n, d.Permission.NONE)):
+            for _ in range(count):
+                q = resp.message_queues.add(id=qid, permission=permission, accept_message_types=accept)
+                q.topic.CopyFrom(request.topic)
+                q.broker.CopyFrom(broker)
+                qid += 1
+        return resp
+
+    def query_assignment(self, request):
+        d = self.p.d
+        topic = self._topic(request.topic)
+        group = self._group(request.group)
+        tc = self._topic_config(topic)
+        reads = int(getattr(tc, "read_queue_nums", 0)) if tc is not None else self.broker.config.default_topic_queue_nums
+        perm = int(getattr(tc, "perm", _PERM_READ | _PERM_WRITE)) if tc is not None else _PERM_READ | _PERM_WRITE
+        if not perm & _PERM_READ or reads <= 0:
+            return self.p.s.QueryAssignmentResponse(status=self._status(d.Code.FORBIDDEN, "no readable queue"))
+        sgc = self.broker.registry.subscription_group_config(group)
+        permission = d.Permission.READ_WRITE if perm & _PERM_WRITE else d.Permission.READ
+        broker = self._broker_message(request.endpoints if request.HasField("endpoints") else None)
+        resp = self.p.s.QueryAssignmentResponse(status=self._status(d.Code.OK))
+        # RouteActivity.queryAssignment: a FIFO group gets every queue, any other one queue id -1 (the broker's
+        # pop service picks the queue)
+        for qid in (range(reads) if sgc is not None and sgc.consume_message_orderly else (-1,)):
+            q = resp.assignments.add().message_queue
+            q.topic.CopyFrom(request.topic)
+            q.id = qid
+            q.permission = permission
+            q.broker.CopyFrom(broker)
+        return resp
+
+
+def _unsupported(name: str, response_type: str):
+    async def handler(self, request, context):
+        ep = self.ep
+        ep.trace(name, request, context)
+        make = getattr(ep.p.s, response_type)
+        try:
+            ep.authorize(name, request, context)
+        except _BadRequest as e:
+            return make(status=ep._status(e.code, e.message))
+        ep.bad_requests += 1
+        return make(status=ep._status(
+            ep.p.d.Code.NOT_IMPLEMENTED, f"{name} is not supported by this broker (it has no message store)"))
+    handler.__name__ = name
+    return handler
+
+
+class _Stream:
+    """One Telemetry stream of a session; ``done`` set: its handler ends it (replaced, terminated, expired)."""
+
+    __slots__ = ("context", "done")
+
+    def __init__(self, context):
+        self.context = context
+        self.done = asyncio.Event()
+
+
+class _Servicer:
+    """MessagingService handlers: coroutines on the broker's loop. A bad request gets a status; a failure is logged
+    and answered INTERNAL_ERROR "internal error" (never its text); neither stops the endpoint."""
+
+    def __init__(self, endpoint: GrpcEndpoint):
+        self.ep = endpoint
+
+    async def _unary(self, response_type: str, fn, request, context):
+        ep = self.ep
+        make = getattr(ep.p.s, response_type)
+        try:
+            return await fn(request, context)
+        except _BadRequest as e:
+            ep.bad_requests += 1
+            return make(status=ep._status(e.code, e.message))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            ep.internal_errors += 1
+            log.exception("gRPC %s failed", response_type[:-8])
+            return make(status=ep._status(ep.p.d.Code.INTERNAL_ERROR, "internal error"))
+
+    # -- served
+    async def QueryRoute(self, request, context):
+        self.ep.trace("QueryRoute", request, context)
+        async def run(request, context):
+            self.ep.authorize("QueryRoute", request, context)
+            self.ep._metadata(context)
+            return self.ep.query_route(request)
+        return await self._unary("QueryRouteResponse", run, request, context)
+
+    async def QueryAssignment(self, request, context):
+        self.ep.trace("QueryAssignment", request, context)
+        async def run(request, context):
+            self.ep.authorize("QueryAssignment", request, context)
+            self.ep._metadata(context)
+            return self.ep.query_assignment(request)
+        return await self._unary("QueryAssignmentResponse", run, request, context)
+
+    async def Heartbeat(self, request: bytes, context):
+        """Registered with the serialized request in and the serialized answer out (GrpcEndpoint.start). A
+        session's heartbeat with the very bytes of its previous one, while the registry's fast path armed by that
+        one still holds (no Settings, config or group change since: ClientRegistry.heartbeat_repeat), is answered
+        from there: no metadata dict, no protobuf parse, no HeartbeatData, no answer built (the repeat route of
+        remoting's repeated frames). Anything else, and every call with aclEnable (each call's signature is
+        checked) or the on_request hook, takes the full path."""
+        ep = self.ep
+        if ep.acl is None and ep.on_request is None:
+            session = ep.sessions.get(_client_id(context))
+            if session is not None and (repeat := session._hb_repeat) is not None and repeat[0] == request:
+                if ep.broker.registry.heartbeat_repeat(repeat[1]) is not None:
+                    ep.heartbeat_repeats += 1
+                    if ep.broker.recorder is not None:
+                        ep._record(session)
+                    return ep._heartbeat_ok
+                session._hb_repeat = None
+        return await self._heartbeat(request, context)
+
+    async def _heartbeat(self, raw: bytes, context):
+        ep = self.ep
+        try:
+            request = ep.p.s.HeartbeatRequest.FromString(raw)
+        except Exception:  # protobuf's DecodeError: grpc-java's words for it, never the parser's
+            ep.bad_requests += 1
+            await context.abort(ep.p.grpc.StatusCode.INTERNAL, "Invalid protobuf byte sequence")
+        ep.trace("Heartbeat", request, context)
+
+        async def run(request, context):
+            d = ep.p.d
+            ep.authorize("Heartbeat", request, context)
+            session = ep._session(context, create=False)
+            if session is None and ep.dormant:
+                session = ep._restore(context)
+            if session is None or session.settings is None:
+                return ep.p.s.HeartbeatResponse(status=ep._status(
+                    d.Code.UNRECOGNIZED_CLIENT_TYPE, "cannot find client settings for this client"))
+            group = None
+            if session.client_type != d.ClientType.PRODUCER:
+                group = ep._group(request.group)
+            status = ep._register(session, group)
+            if status is not None:
+                return ep.p.s.HeartbeatResponse(status=status)
+            token = ep.broker.registry.repeat_token(session, session._hb, session.language, session.version)
+            session._hb_repeat = None if token is None else (raw, token)
+            return ep._heartbeat_ok
+        answer = await self._unary("HeartbeatResponse", run, request, context)
+        return answer if isinstance(answer, bytes) else answer.SerializeToString()
+
+    async def NotifyClientTermination(self, request, context):
+        self.ep.trace("NotifyClientTermination", request, context)
+        ep = self.ep
+
+        async def run(request, context):
+            d = ep.p.d
+            ep.authorize("NotifyClientTermination", request, context)
+            session = ep._session(context, create=False)
+            if session is None and ep.dormant:
+                ep.dormant.pop(ep._metadata(context)[0], None)  # it leaves before it was restored
+            if session is None or session.settings is None:
+                return ep.p.s.NotifyClientTerminationResponse(status=ep._status(
+                    d.Code.UNRECOGNIZED_CLIENT_TYPE, "cannot find client settings for this client"))
+            registry = ep.broker.registry
+            if session.client_type == d.ClientType.PRODUCER:
+                for topic in session.settings.publishing.topics:
+                    registry.unregister(session, session.client_id, producer_group=topic.name,
+                                        language=session.language, version=session.version)
+            else:
+                group = ep._group(request.group)
+                registry.unregister(session, session.client_id, consumer_group=group, language=session.language,
+                                    version=session.version)
+            # the proxy leaves the stream to the client, which closes it right after (reading an EOF the Python
+            # client 5.1.2 would log as an error)
+            ep.close_session(session, "NotifyClientTermination", end_stream=False)
+            return ep.p.s.NotifyClientTerminationResponse(status=ep._status(d.Code.OK))
+        return await self._unary("NotifyClientTerminationResponse", run, request, context)
+
+    async def ReceiveMessage(self, request, context):
+        self.ep.trace("ReceiveMessage", request, context)
+        ep = self.ep
+        d = ep.p.d
+        try:
+            ep.authorize("ReceiveMessage", request, context)
+            ep._metadata(context)
+            ep._group(request.group)
+            ep._topic(request.message_queue.topic)
+            remaining = context.time_remaining()
+            remaining_ms = None if remaining is None else int(remaining * 1000)
+            if request.HasField("long_polling_timeout"):
+                polling = request.long_polling_timeout.ToMilliseconds()
+            else:
+                polling = (remaining_ms if remaining_ms is not None else ep.max_long_polling_ms) - 1_500
+            polling = max(ep.min_long_polling_ms, min(polling, ep.max_long_polling_ms))
+            if remaining_ms is not None and polling > remaining_ms:
+                if remaining_ms < ep.min_long_polling_ms:
+                    raise _BadRequest(d.Code.ILLEGAL_POLLING_TIME, "The deadline time remaining is not enough for "
+                                                                  "polling, please check network condition")
+                polling = remaining_ms
+            try:
+                await asyncio.wait_for(ep._stopping.wait(), polling / 1000.0)
+            except asyncio.TimeoutError:
+                pass
+            status = ep._status(d.Code.MESSAGE_NOT_FOUND, "no new message")
+        except _BadRequest as e:
+            ep.bad_requests += 1
+            status = ep._status(e.code, e.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            ep.internal_errors += 1
+            log.exception("gRPC ReceiveMessage failed")
+            status = ep._status(d.Code.INTERNAL_ERROR, "internal error")
+        await context.write(ep.p.s.ReceiveMessageResponse(status=status))
+
+    async def PullMessage(self, request, context):
+        self.ep.trace("PullMessage", request, context)
+        ep = self.ep
+        try:
+            ep.authorize("PullMessage", request, context)
+        except _BadRequest as e:
+            await context.write(ep.p.s.PullMessageResponse(status=ep._status(e.code, e.message)))
+            return
+        ep.bad_requests += 1
+        await context.write(ep.p.s.PullMessageResponse(status=ep._status(
+            ep.p.d.Code.NOT_IMPLEMENTED, "PullMessage is not supported by this broker (it has no message store)")))
+
+    async def _refuse_stream(self, context, error: _BadRequest) -> None:
+        """Each command of a Telemetry stream that failed the ACL is answered with its status until the client
+        ends the stream (no session)."""
+        ep = self.ep
+        while True:
+            command = await context.read()
+            if command is ep.p.aio.EOF:
+                return
+            ep.trace("Telemetry", command, context)
+            await context.write(ep.p.s.TelemetryCommand(status=ep._status(error.code, error.message)))
+
+    async def Telemetry(self, request_iterator, context):
+        """ClientActivity.telemetry: each Settings command registers the client and is answered with the merged
+        Settings; a bad one ends the stream with INVALID_ARGUMENT; the stream's end removes the session."""
+        ep = self.ep
+        p = ep.p
+        session = None
+        stream = _Stream(context)
+        reader = done_wait = None
+        try:
+            try:
+                ep.authorize("Telemetry", None, context, authenticate_only=True)
+            except _BadRequest as e:
+                # the proxy answers every command of an unauthenticated stream with the status, registering nothing
+                await self._refuse_stream(context, e)
+                return
+            try:
+                session = ep._session(context, create=True)
+            except _BadRequest as e:
+                ep.bad_requests += 1
+                code = (p.grpc.StatusCode.RESOURCE_EXHAUSTED if e.code == p.d.Code.TOO_MANY_REQUESTS
+                        else p.grpc.StatusCode.INVALID_ARGUMENT)
+                await context.abort(code, e.message)
+            if session.stream is not None:
+                session.stream.done.set()  # a newer stream of the same client replaces the older one
+            session.stream = stream
+            while True:
+                reader = asyncio.ensure_future(context.read())
+                done_wait = asyncio.ensure_future(stream.done.wait())
+                await asyncio.wait((reader, done_wait), return_when=asyncio.FIRST_COMPLETED)
+                done_wait.cancel()
+                done_wait = None
+                if not reader.done():
+                    reader.cancel()
+                    break  # replaced, terminated or expired: end the stream
+                command = reader.result()
+                reader = None
+                if command is p.aio.EOF:
+                    break
+                ep.trace("Telemetry", command, context)
+                which = command.WhichOneof("command")
+                if which != "settings":
+                    continue  # thread stack traces, verify results: answers to commands this broker never sends
+                try:
+                    ep.authorize("Telemetry", command, context)
+                except _BadRequest as e:  # settings naming a resource the account may not use: not applied
+                    await context.write(p.s.TelemetryCommand(status=ep._status(e.code, e.message)))
+                    continue
+                try:
+                    if session.closing:  # terminated, and now it sends Settings again: a new session
+                        session = ep._session(context, create=True)
+                        session.stream = stream
+                    status = ep._update_settings(session, command.settings)
+                except _BadRequest as e:
+                    ep.bad_requests += 1
+                    code = (p.grpc.StatusCode.RESOURCE_EXHAUSTED if e.code == p.d.Code.TOO_MANY_REQUESTS
+                            else p.grpc.StatusCode.INVALID_ARGUMENT)
+                    await context.abort(code, f"process client telemetryCommand failed. {e.message}")
+                answer = p.s.TelemetryCommand(status=status or ep._status(p.d.Code.OK),
+                                              settings=ep.merged_settings(session))
+                await context.write(answer)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            if isinstance(e, p.aio.AbortError):
+                raise
+            ep.internal_errors += 1
+            log.exception("gRPC Telemetry failed")
+            await context.abort(p.grpc.StatusCode.INTERNAL, "internal error")
+        finally:
+            for task in (reader, done_wait):
+                if task is not None and not task.done():
+                    task.cancel()
+            if session is not None and session.stream is stream and not session.closing:
+                session.stream = None
+                ep.close_session(session, "telemetry stream ended")
+
+
+for _name, _resp in (("SendMessage", "SendMessageResponse"), ("AckMessage", "AckMessageResponse"),
+                     ("ForwardMessageToDeadLetterQueue", "ForwardMessageToDeadLetterQueueResponse"),
+                     ("UpdateOffset", "UpdateOffsetResponse"), ("GetOffset", "GetOffsetResponse"),
+                     ("QueryOffset", "QueryOffsetResponse"), ("EndTransaction", "EndTransactionResponse"),
+                     ("ChangeInvisibleDuration", "ChangeInvisibleDurationResponse"),
+                     ("RecallMessage", "RecallMessageResponse"),
+                     ("SyncLiteSubscription", "SyncLiteSubscriptionResponse")):
+    setattr(_Servicer, _name, _unsupported(_name, _resp))
+del _name, _resp
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# captures of a client's requests, as protobuf text (tests/data/grpc; scripts/grpc_capture.py writes them)
+
+#: request metadata a capture keeps (the signature, date and request id change with every request)
+CAPTURE_METADATA = ("x-mq-client-id", "x-mq-language", "x-mq-client-version", "x-mq-protocol", "x-mq-namespace")
+
+
+def format_capture(entries) -> str:
+    """``[(method, metadata pairs, request message)]`` as text: per request a ``=== Method`` line, its kept
+    metadata as ``key: value`` lines, ``---``, then the request in protobuf text format."""
+    from google.protobuf import text_format
+
+    out = []
+    for method, metadata, request in entries:
+        out.append(f"=== {method}")
+        out.extend(f"{k}: {v}" for k, v in metadata if k in CAPTURE_METADATA)
+        out.append("---")
+        text = text_format.MessageToString(request, as_utf8=True)
+        out.append(text.rstrip("\n"))
+    return "\n".join(out) + "\n"
+
+
+class CaptureError(RemotingError, ValueError):
+    """A capture text :func:`parse_capture` cannot read (the message names the entry)."""
+
+
+def parse_capture(text: str):
+    """The entries of :func:`format_capture`'s text: ``[(method, metadata pairs, request message)]``.
+
+    Entries start at lines beginning with ``=== `` (protobuf text format escapes line breaks inside strings, so no
+    request line can); a malformed entry raises :class:`CaptureError`."""
+    from google.protobuf import text_format
+
+    p = load_protocol()
+    request_types = {"Telemetry": p.s.TelemetryCommand}
+    lines = text.splitlines()
+    starts = [n for n, line in enumerate(lines) if line.startswith("=== ")]
+    if any(line.strip() for line in lines[:starts[0] if starts else len(lines)]):
+        raise CaptureError("capture: text before the first '=== <method>' line")
+    entries = []
+    for k, start in enumerate(starts):
+        block = lines[start:starts[k + 1] if k + 1 < len(starts) else len(lines)]
+        method = block[0][4:].strip()
+        where = f"capture entry {k + 1} ({_short(method, 40)!r})"
+        cls = request_types.get(method) or getattr(p.s, f"{method}Request", None)
+        if cls is None or not method.isidentifier():
+            raise CaptureError(f"{where}: not a MessagingService method")
+        try:
+            sep = block.index("---")
+        except ValueError:
+            raise CaptureError(f"{where}: no '---' line after the metadata") from None
+        metadata = []
+        for line in block[1:sep]:
+            key, colon, value = line.partition(":")
+            if not colon or not key.strip():
+                raise CaptureError(f"{where}: metadata line without 'key: value'")
+            metadata.append((key.strip(), value.strip()))
+        try:
+            request = text_format.Parse("\n".join(block[sep + 1:]), cls())
+        except text_format.ParseError as e:
+            raise CaptureError(f"{where}: {_short(e, 160)}") from None
+        entries.append((method, tuple(metadata), request))
+    return entries

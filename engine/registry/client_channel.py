@@ -1,0 +1,101 @@
+"""What the client managers share over the registry's channel table (issue 15): the membership kinds, a group's
+member array, and the per-registration records a query returns (RocketMQ's ClientChannelInfo and Connection).
+
+The channel table itself (one slot per channel in flat numpy columns, memberships, interning) is
+:class:`engine.registry.client_registry.ClientRegistry`'s; :class:`engine.registry.producer_manager.ProducerManager` and the consumer side
+work over it. A membership key is ``gid * 2 + kind``: the group id interned by the table, and the kind below.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.codec.enums import LanguageCode
+
+__all__ = ["CONSUMER", "PRODUCER", "ClientChannelInfo", "Connection", "Members"]
+
+#: membership kinds; a membership key is gid * 2 + kind
+CONSUMER, PRODUCER = 0, 1
+
+
+class Members:
+    """A group's member slots: int32 array, removal by swapping the last member in."""
+
+    __slots__ = ("slots", "mv", "n")
+
+    def __init__(self):
+        self.slots = np.empty(4, np.int32)
+        self.mv = memoryview(self.slots)
+        self.n = 0
+
+    def append(self, slot: int) -> int:
+        if self.n == len(self.slots):
+            grown = np.empty(len(self.slots) * 2, np.int32)
+            grown[:self.n] = self.slots
+            self.slots = grown
+            self.mv = memoryview(grown)
+        self.mv[self.n] = slot
+        self.n += 1
+        return self.n - 1
+
+    def pop_at(self, pos: int) -> int:
+        """Remove the member at ``pos``; returns the slot moved into ``pos`` (-1 if none moved)."""
+        self.n -= 1
+        last = self.n
+        if pos == last:
+            return -1
+        moved = self.mv[last]
+        self.mv[pos] = moved
+        return moved
+
+    def tolist(self) -> list:
+        return self.slots[:self.n].tolist()
+
+
+class ClientChannelInfo:
+    """One registration: the channel, the client id, language and version of the request that made it, its last
+    update time (ms, registry clock) and the channel's remote address."""
+
+    __slots__ = ("channel", "client_id", "language", "version", "last_update_timestamp", "remote_addr")
+
+    def __init__(self, channel, client_id, language, version, last_update_timestamp=0, remote_addr=""):
+        self.channel = channel
+        self.client_id = client_id
+        self.language = language
+        self.version = version
+        self.last_update_timestamp = last_update_timestamp
+        self.remote_addr = remote_addr
+
+    def _key(self):
+        return (self.client_id, self.language, self.version, self.last_update_timestamp, self.remote_addr)
+
+    def __eq__(self, other):
+        if not isinstance(other, ClientChannelInfo):
+            return NotImplemented
+        return self.channel is other.channel and self._key() == other._key()
+
+    __hash__ = None
+
+    def __repr__(self):
+        lang = self.language.name if isinstance(self.language, LanguageCode) else self.language
+        return (f"ClientChannelInfo(client_id={self.client_id!r}, language={lang}, version={self.version}, "
+                f"remote_addr={self.remote_addr!r}, last_update_timestamp={self.last_update_timestamp})")
+
+
+class Connection:
+    """An entry of a connection list (body of GET_CONSUMER/PRODUCER_CONNECTION_LIST)."""
+
+    __slots__ = ("client_id", "client_addr", "language", "version")
+
+    def __init__(self, client_id, client_addr, language, version):
+        self.client_id = client_id
+        self.client_addr = client_addr
+        self.language = language
+        self.version = version
+
+    def to_dict(self) -> dict:
+        lang = self.language.name if isinstance(self.language, LanguageCode) else self.language
+        return {"clientAddr": self.client_addr, "clientId": self.client_id, "language": lang,
+                "version": self.version}
+
+    def __repr__(self):
+        return f"Connection({self.to_dict()!r})"

@@ -1,0 +1,1283 @@
+"""The broker's client registry: producer and consumer tables over struct arrays, with RocketMQ's rules.
+
+This is the client-management half of a RocketMQ broker (ClientManageProcessor, ConsumerManager,
+ConsumerGroupInfo, ProducerManager, ClientHousekeepingService; PROTOCOL.md section 6 is the specification) as
+an embeddable object with no network code. The server feeds it decoded requests and connection events; it
+answers with results and reports consumer-group events to a listener.
+
+Managers (issue 15: named and split as in RocketMQ, over one channel table). ``ClientRegistry`` is the channel
+table (the slot columns and memberships below) and the facade: its public API is the broker's. The producer side
+is :class:`engine.registry.producer_manager.ProducerManager` (``registry.producers``: the producer groups and the client
+channel table), the consumer side :class:`engine.registry.consumer_manager.ConsumerManager` (``registry.consumers``: the
+consumer groups, their live ConsumerGroupInfo, and the topic -> groups table). What ClientManageProcessor decides
+before it registers (fingerprints, subscription group configs, retry topics, 4.x or 5.x rules), the fast path,
+the events and their coalescing are this module's.
+
+Usage::
+
+    reg = ClientRegistry(RegistryConfig(), clock=lambda: time.monotonic_ns() // 1_000_000, listener=on_event,
+                         store=Store("/var/lib/broker"))
+    reg.open_channel(conn, "10.0.0.7:53412")            # optional: records the remote address
+    result = reg.heartbeat(conn, hb, cmd.language, cmd.version)   # -> HeartbeatResult (ext fields for the answer)
+    reg.unregister(conn, client_id, producer_group, consumer_group)
+    reg.close_channel(conn)                             # connection closed, errored or idle
+    for conn in reg.scan_expired(): conn.close()        # every 10 s
+
+Channels are opaque hashable keys supplied by the caller (a connection object or an int id). Registration is
+keyed by channel, as in Java, never by client id.
+
+Layout ("tables over struct arrays", DESIGN.md). One slot per channel in flat numpy columns: latest heartbeat
+time, the scan key (oldest membership time), client id, language, version, remote address, live flag, and up to
+four (group, position) membership pairs inline (more spill into a dict). Groups and client ids are interned to
+small ints with reference counts (:class:`engine.registry.intern.StringPool` for client ids and addresses); a group keeps
+its members as an int32 array of slots, removed by swap (so group order is insertion order until a member
+leaves; Java's order is hash order, and clients sort the ids). Per-group state (subscription table, consume
+type/model/where) and per-group dicts are Python objects: there are few groups. Python objects per client appear
+only in query results.
+
+Timestamps. Java keeps a timestamp per (group, channel) entry; a heartbeat refreshes the entries of the groups it
+names. Here a membership is "fresh" (its time is the slot's latest heartbeat) unless a later heartbeat on the
+channel left it out, in which case its own older time is kept in a side table. The scan column holds, per slot,
+the oldest membership time (producer memberships shifted so one column serves both timeouts: Java's consumer
+timeout is ``channelExpiredTimeout``, the producer one a fixed 120 s). The expiry scan (:mod:`engine.registry._expiry`,
+one nogil pass) finds the slots with an expired membership; only those are then examined in Python.
+
+Fast path. A heartbeat that repeats the previous one on its channel (same 64-bit digest of the fields the rules
+read, :mod:`engine.registry._digest`; a Java client's sets in another HashSet order are the same digest), when nothing it depends on changed since (per-group epochs and a config epoch), is
+answered by refreshing two timestamps: the rules would change nothing else. The fast path is armed only after a
+slow-path run of the same heartbeat changed nothing, so it only ever replays a verified no-op.
+
+Deviations from Java, all deliberate and small:
+
+* a heartbeat with no clientID, or a group without a name, is answered SYSTEM_ERROR and changes nothing (Java
+  applies part of it and then fails with a NullPointerException);
+* V2 restart quirk (PROTOCOL.md 5.5): a light heartbeat for a group with no stored fingerprint, or with no live
+  registration, is answered ``IS_SUB_CHANGE=true`` so the client sends its subscriptions (Java registers it with
+  an empty subscription table); ``RegistryConfig.v2_restart_safe=False`` restores Java's answer;
+* with ``notify_coalesce_window_ms > 0`` CHANGE events are coalesced per group (see :meth:`flush_notifications`);
+* CHANGE is not delivered at all when the broker-wide ``notify_consumer_ids_changed_enable`` is off (the Java
+  listener receives it and drops it);
+* topics are not interned to ints: they are never stored per client, only in per-group tables;
+* each (group, channel) entry has its own timestamp, as PROTOCOL.md 6.7/6.8 describe. Java inserts the one
+  ClientChannelInfo object of a request into every table that request registered it in, so refreshing one entry
+  also refreshes its siblings; here an entry a client stops naming expires even if a sibling created by the same
+  request is still refreshed (only visible when a client drops a group from its heartbeats without unregistering);
+* a producer ``clientChannelTable`` entry that an UNREGISTER_CLIENT with another clientID left behind is dropped
+  when its channel closes (Java keeps it pointing at the closed channel; here the slot would be reused).
+
+Not thread-safe: one event loop owns a registry.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.codec.enums import ConsumeType, LanguageCode, ResponseCode
+from engine.registry import clientlog as jl
+from engine.registry.intern import StringPool
+from engine.registry.store import FLAG_UNIT_SUB, PERM_READ, PERM_WRITE, Store, SubscriptionGroupConfig, TopicConfig
+from engine.registry.client_channel import CONSUMER as _CONSUMER, PRODUCER as _PRODUCER, ClientChannelInfo, Connection
+from engine.registry.client_channel import Members as _Members
+from engine.registry.producer_manager import PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS, ProducerConnection, ProducerGroupEvent
+from engine.registry.producer_manager import ProducerManager
+from engine.registry.consumer_manager import ConsumerConnection, ConsumerGroupEvent, ConsumerGroupInfo, ConsumerManager
+from engine.registry.consumer_manager import subscription_to_dict  # noqa: F401 (part of this module's namespace)
+
+log = logging.getLogger("engine.registry.client_registry")
+
+__all__ = [
+    "ClientChannelInfo",
+    "ClientRegistry",
+    "Connection",
+    "ConsumerConnection",
+    "ConsumerGroupEvent",
+    "ConsumerGroupInfo",
+    "HeartbeatResult",
+    "IMPLEMENTATION",
+    "IS_SUB_CHANGE",
+    "IS_SUPPORT_HEART_BEAT_V2",
+    "ProducerConnection",
+    "ProducerGroupEvent",
+    "RegistryConfig",
+    "RegistryEvent",
+    "PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS",
+    "RETRY_GROUP_TOPIC_PREFIX",
+]
+
+# ---------------------------------------------------------------------------------------------------------------
+# Native hot paths or their twins, chosen as engine/__init__.py does (ENGINE_NO_EXTENSIONS=1 forces the twins).
+
+IMPLEMENTATION = {"expiry": "twin", "digest": "twin"}
+_scan_expired = _heartbeat_digest = _monotonic_ms = None
+if not os.environ.get("ENGINE_NO_EXTENSIONS"):
+    try:
+        from engine.registry._expiry import monotonic_ms as _monotonic_ms
+        from engine.registry._expiry import scan_expired as _scan_expired
+
+        IMPLEMENTATION["expiry"] = "native"
+    except ImportError:
+        pass
+    try:
+        from engine.registry._digest import heartbeat_digest as _heartbeat_digest
+
+        IMPLEMENTATION["digest"] = "native"
+    except ImportError:
+        pass
+if _scan_expired is None:
+    from engine.registry._expiry_py import monotonic_ms as _monotonic_ms
+    from engine.registry._expiry_py import scan_expired as _scan_expired
+if _heartbeat_digest is None:
+    from engine.registry._digest_py import heartbeat_digest as _heartbeat_digest
+
+# ---------------------------------------------------------------------------------------------------------------
+# Constants
+
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+IS_SUPPORT_HEART_BEAT_V2 = "IS_SUPPORT_HEART_BEAT_V2"
+IS_SUB_CHANGE = "IS_SUB_CHANGE"
+_INLINE = 4  # memberships kept inline per slot; more go to an overflow dict
+_NO_LANGUAGE = 255
+_ADDR_IPV4 = 1 << 48
+_CONSUME_ACTIVELY = ConsumeType.CONSUME_ACTIVELY
+_LANGUAGES = {m.value: m for m in LanguageCode}
+
+
+
+
+class RegistryEvent:
+    """One event for the listener.
+
+    ``kind`` is a :class:`ConsumerGroupEvent` or :class:`ProducerGroupEvent`; ``group`` the group name.
+    CHANGE carries ``channels`` (the channels to send NOTIFY_CONSUMER_IDS_CHANGED to); REGISTER carries
+    ``subscriptions`` and ``client``; CLIENT_REGISTER / CLIENT_UNREGISTER carry ``client`` (a
+    :class:`ClientChannelInfo`) and, for consumers, ``topics`` (the group's subscribed topics).
+    """
+
+    __slots__ = ("kind", "group", "channels", "client", "subscriptions", "topics")
+
+    def __init__(self, kind, group, channels=(), client=None, subscriptions=(), topics=frozenset()):
+        self.kind = kind
+        self.group = group
+        self.channels = channels
+        self.client = client
+        self.subscriptions = subscriptions
+        self.topics = topics
+
+    def __repr__(self):
+        extra = []
+        if self.channels:
+            extra.append(f"channels={list(self.channels)!r}")
+        if self.client is not None:
+            extra.append(f"client={self.client.client_id!r}")
+        if self.topics:
+            extra.append(f"topics={sorted(self.topics)!r}")
+        return f"RegistryEvent({self.kind.name}, {self.group!r}{''.join(', ' + e for e in extra)})"
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    """Registry settings, named after their BrokerConfig keys (snake_case). Defaults are RocketMQ 5.x's."""
+
+    #: consumer entries expire when silent for more than this (channelExpiredTimeout)
+    channel_expired_timeout_ms: int = 120_000
+    #: create a missing subscription group on first use (autoCreateSubscriptionGroup)
+    auto_create_subscription_group: bool = True
+    #: create missing CID_RMQ_SYS_* groups even with auto-create off (enableCreateSysGroup)
+    enable_create_sys_group: bool = True
+    #: broker-wide switch of NOTIFY_CONSUMER_IDS_CHANGED (notifyConsumerIdsChangedEnable); off: no CHANGE events
+    notify_consumer_ids_changed_enable: bool = True
+    #: ignore CONSUME_ACTIVELY (pull) consumers in heartbeats (rejectPullConsumerEnable)
+    reject_pull_consumer_enable: bool = False
+    #: accept non-TAG (SQL92) subscriptions in CHECK_CLIENT_CONFIG (enablePropertyFilter)
+    enable_property_filter: bool = False
+    #: > 0: CHANGE events of one group within this window are merged into one, delivered by flush_notifications()
+    notify_coalesce_window_ms: int = 0
+    #: slots allocated up front (the columns grow by half when full)
+    initial_capacity: int = 1024
+    #: answer IS_SUB_CHANGE=true to a light V2 heartbeat the broker cannot serve (see the module docstring)
+    v2_restart_safe: bool = True
+    #: 5: RocketMQ 5.1.3+ rules (the defaults above); 4: RocketMQ 4.9.x ClientManageProcessor / ConsumerManager
+    #: rules: a consumer whose group has no config is registered (notify on, no retry topic), BROADCASTING groups
+    #: get CHANGE too, no heartbeat V2 (fingerprints ignored, no ext fields in the answer), no
+    #: rejectPullConsumerEnable, the retry topic's order flag is left alone, no CLIENT_REGISTER/CLIENT_UNREGISTER
+    #: events, queryTopicConsumeByWho reads the live groups (README: conformance table)
+    client_management_rules: int = 5
+    #: lines of each kind of the Java client-management log (engine.registry.clientlog) written per minute at most
+    client_log_lines_per_minute: int = 6000
+
+    def __post_init__(self):
+        for name in ("channel_expired_timeout_ms", "notify_coalesce_window_ms", "initial_capacity",
+                     "client_log_lines_per_minute"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"RegistryConfig.{name} must be a non-negative int, not {value!r}")
+        if self.client_management_rules not in (4, 5) or isinstance(self.client_management_rules, bool):
+            raise ValueError(f"RegistryConfig.client_management_rules must be 4 or 5, not "
+                             f"{self.client_management_rules!r}")
+
+
+class HeartbeatResult:
+    """The answer to a heartbeat: response code, remark and the V2 ext fields (as strings, as Java sends them).
+
+    ``v2_fields`` False (RocketMQ 4.x rules): the answer carries no ext fields at all, as a 4.9 broker's."""
+
+    __slots__ = ("code", "remark", "is_sub_change", "v2_fields")
+
+    def __init__(self, code=ResponseCode.SUCCESS, remark=None, is_sub_change=True, v2_fields=True):
+        self.code = code
+        self.remark = remark
+        self.is_sub_change = is_sub_change
+        self.v2_fields = v2_fields
+
+    @property
+    def ext_fields(self) -> dict | None:
+        """``{"IS_SUPPORT_HEART_BEAT_V2": "true", "IS_SUB_CHANGE": "true"|"false"}``; None for an error answer
+        and under 4.x rules."""
+        if self.code != ResponseCode.SUCCESS or not self.v2_fields:
+            return None
+        return {IS_SUPPORT_HEART_BEAT_V2: "true", IS_SUB_CHANGE: "true" if self.is_sub_change else "false"}
+
+    def __repr__(self):
+        return (f"HeartbeatResult(code={self.code!r}, remark={self.remark!r}, is_sub_change={self.is_sub_change!r}"
+                f"{'' if self.v2_fields else ', v2_fields=False'})")
+
+    def __eq__(self, other):
+        if not isinstance(other, HeartbeatResult):
+            return NotImplemented
+        return ((self.code, self.remark, self.is_sub_change, self.v2_fields)
+                == (other.code, other.remark, other.is_sub_change, other.v2_fields))
+
+
+_RESULT_V1 = HeartbeatResult(is_sub_change=True)  # V1: always IS_SUB_CHANGE=true (5.4)
+_RESULT_4 = HeartbeatResult(is_sub_change=True, v2_fields=False)  # 4.x rules: SUCCESS without ext fields
+_RESULT_V2_SAME = HeartbeatResult(is_sub_change=False)
+_RESULT_V2_CHANGED = HeartbeatResult(is_sub_change=True)
+
+
+def _language_code(language) -> int:
+    if language is None:
+        return _NO_LANGUAGE
+    code = int(language)
+    return code if 0 <= code < _NO_LANGUAGE else _NO_LANGUAGE
+
+
+def _language_of(code: int):
+    return None if code == _NO_LANGUAGE else _LANGUAGES.get(code, code)
+
+
+def _pack_ipv4(addr: str) -> int:
+    """``a.b.c.d:port`` as one int (0 when the text is not exactly that form, so it round-trips)."""
+    host, sep, port = addr.rpartition(":")
+    parts = host.split(".")
+    if not sep or len(parts) != 4:
+        return 0
+    packed = _ADDR_IPV4
+    for shift, text in zip((40, 32, 24, 16), parts):
+        if not (text.isascii() and text.isdigit()) or str(int(text)) != text or int(text) > 255:
+            return 0  # also refuses "010" and "+1", which would not round-trip
+        packed |= int(text) << shift
+    if not (port.isascii() and port.isdigit()) or str(int(port)) != port or int(port) > 65535:
+        return 0
+    return packed | int(port)
+
+
+def _unpack_ipv4(v: int) -> str:
+    return f"{(v >> 40) & 255}.{(v >> 32) & 255}.{(v >> 24) & 255}.{(v >> 16) & 255}:{v & 0xFFFF}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class ClientRegistry:
+    """Producer and consumer tables of a broker (see the module docstring for layout and rules).
+
+    :param config: :class:`RegistryConfig`.
+    :param clock: a callable returning the current time in ms (monotonic by default); tests drive it.
+    :param listener: called with each :class:`RegistryEvent` (exceptions are logged, never propagated).
+    :param store: a :class:`engine.registry.store.Store` (topic configs, subscription groups, offsets); in-memory if None.
+    :param events: the event kinds the listener wants (None: all). Leaving REGISTER out keeps the fast path free
+        of per-heartbeat event objects.
+    """
+
+    def __init__(self, config: RegistryConfig | None = None, clock=None, listener=None, store: Store | None = None,
+                 events=None):
+        self.config = config if config is not None else RegistryConfig()
+        self.store = store if store is not None else Store(None)
+        self._clock = clock if clock is not None else _monotonic_ms
+        self._listener = listener
+        self._events = None if events is None else frozenset(events)
+        # kinds the listener gets; event payloads (channel lists, client infos) are only built for these
+        every = frozenset(ConsumerGroupEvent) | frozenset(ProducerGroupEvent)
+        self._wants = frozenset() if listener is None else (every if self._events is None else self._events & every)
+        self._want_register = ConsumerGroupEvent.REGISTER in self._wants
+        cfg = self.config
+        self._timeout = cfg.channel_expired_timeout_ms
+        self._producer_shift = PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS - self._timeout
+        # scan-key offset of a fully fresh slot by membership kinds (bit 0 consumer, bit 1 producer)
+        self._fresh_off = (0, 0, self._producer_shift, min(0, self._producer_shift))
+        #: RocketMQ 4.x rules (RegistryConfig.client_management_rules == 4)
+        self._rules4 = rules4 = cfg.client_management_rules == 4
+        self._reject_pull = cfg.reject_pull_consumer_enable and not rules4  # 4.x has no rejectPullConsumerEnable
+        self._result_v1 = _RESULT_4 if rules4 else _RESULT_V1
+        #: Java's client-management log lines, within their budget (engine.registry.clientlog)
+        self.client_log = jl.ClientEventLog(cfg.client_log_lines_per_minute)
+        # 4.x has no CLIENT_REGISTER / CLIENT_UNREGISTER events
+        if rules4:
+            self._wants -= {ConsumerGroupEvent.CLIENT_REGISTER, ConsumerGroupEvent.CLIENT_UNREGISTER,
+                            ProducerGroupEvent.CLIENT_UNREGISTER}
+
+        self._pool = StringPool(max(64, cfg.initial_capacity))  # client ids and non-IPv4 addresses
+        self._slot_of: dict = {}
+        self._channels: list = []
+        # fast path: (hb, language, version) whose digest is in _fkey. A connection reuses its decoded body when
+        # the bytes repeat, so an identical request is recognised by identity without hashing it again
+        self._armed_by: list = []
+        self._free_slots: list[int] = []
+        self._top = 0  # slots handed out so far
+        self._cap = 0
+        self._grow(max(16, cfg.initial_capacity))
+        self._overflow: dict[int, dict[int, int]] = {}  # slot -> {key: pos} beyond the inline memberships
+        self._lag: dict[int, dict[int, int]] = {}  # slot -> {key: own older timestamp}
+        self._info: dict[int, dict[int, tuple]] = {}  # slot -> {key: (cid, language, version)} when != the slot's
+
+        self._gid: dict[str, int] = {}
+        self._gnames: list = []
+        self._grefs: list[int] = []
+        self._gfree: list[int] = []
+        #: ProducerManager: producer groups and the client channel table, over this channel table
+        self.producers = producers = ProducerManager(self)
+        self._producers = producers.group_table  # the same objects, for the facade's own reads
+        self._pgroup = producers.by_gid  # gid -> ProducerGroup | None (grown by _acquire_gid)
+        self._stale_client = producers.stale
+        self._fingerprints: dict[str, int] = {}  # ClientManageProcessor.consumerGroupHeartbeatTable
+        #: ConsumerManager: consumer groups and the topic -> groups table, over this channel table
+        self.consumers = consumers = ConsumerManager(self)
+        self._consumers = consumers.group_table  # the same objects: the fast path reads them
+        self._cgroup = consumers.by_gid  # gid -> ConsumerGroup | None (grown by _acquire_gid)
+        self._topic_groups = consumers.topic_groups  # ConsumerManager.topicGroupTable
+        self._pending: dict[str, int] = {}  # coalesced CHANGE: group -> time of the first one in the window
+        self._tick = 0
+        self._config_epoch = 0
+        self._dirty = False
+        self._request = None  # (channel, client id, language, version, now, slot) of the heartbeat being handled
+        self._request_v2 = False  # that heartbeat takes the V2 path
+
+    # =========================================================================================== slot storage
+    _COLUMNS = (
+        ("_last", np.int64, 1),  # latest heartbeat that refreshed anything on the channel
+        ("_oldest", np.int64, 1),  # scan key: oldest membership time, producer ones shifted
+        ("_cid", np.int32, 1),  # client id (pool id) of the slot's registrations
+        ("_lang", np.uint8, 1),
+        ("_ver", np.int32, 1),
+        ("_addr", np.int64, 1),  # packed IPv4 address, or -(pool id + 1), or 0 when unknown
+        ("_live", np.uint8, 1),  # has memberships (scanned)
+        ("_nmem", np.uint16, 1),
+        ("_kinds", np.uint8, 1),  # bit 0: has a consumer membership, bit 1: a producer one
+        ("_fkey", np.int64, 1),  # fast path: digest of the heartbeat it may repeat
+        ("_armed", np.int64, 1),  # fast path: tick + 1 when armed, 0 when not
+        ("_mkey", np.int32, _INLINE),  # inline membership keys (gid * 2 + kind), -1 unused
+        ("_mpos", np.int32, _INLINE),  # position in the group's member array
+    )
+
+    def _grow(self, cap: int) -> None:
+        for name, dtype, width in self._COLUMNS:
+            arr = np.zeros(cap * width, dtype)
+            if name == "_mkey":
+                arr.fill(-1)
+            if self._cap:
+                arr[:self._cap * width] = getattr(self, name)[:self._cap * width]
+            setattr(self, name, arr)
+            setattr(self, "_mv" + name, memoryview(arr))
+        self._channels.extend([None] * (cap - self._cap))
+        self._armed_by.extend([None] * (cap - self._cap))
+        self._cap = cap
+
+    def _new_slot(self, channel, remote_addr) -> int:
+        if self._free_slots:
+            slot = self._free_slots.pop()
+        else:
+            if self._top == self._cap:
+                self._grow(self._cap + self._cap // 2)
+            slot = self._top
+            self._top += 1
+        self._slot_of[channel] = slot
+        self._channels[slot] = channel
+        self._mv_cid[slot] = -1
+        self._mv_lang[slot] = _NO_LANGUAGE
+        self._mv_ver[slot] = 0
+        self._mv_addr[slot] = self._encode_addr(remote_addr)
+        self._mv_live[slot] = 0
+        self._mv_nmem[slot] = 0
+        self._mv_kinds[slot] = 0
+        self._mv_armed[slot] = 0
+        self._mv_last[slot] = 0
+        self._mv_oldest[slot] = 0
+        return slot
+
+    def _free_slot(self, slot: int) -> None:
+        if self._stale_client:
+            stale = self._stale_client.pop(slot, None)
+            if stale:
+                self.producers.free_slot(slot, stale)
+        cid = self._mv_cid[slot]
+        if cid >= 0:
+            self._pool.release(cid)
+        addr = self._mv_addr[slot]
+        if addr < 0:
+            self._pool.release(-addr - 1)
+        self._mv_cid[slot] = -1
+        self._mv_addr[slot] = 0
+        self._mv_live[slot] = 0
+        self._mv_armed[slot] = 0
+        self._channels[slot] = None
+        self._armed_by[slot] = None
+        self._free_slots.append(slot)
+
+    def _encode_addr(self, addr) -> int:
+        if not addr or not isinstance(addr, str):
+            return 0
+        packed = _pack_ipv4(addr)
+        return packed if packed else -(self._pool.intern(addr) + 1)
+
+    def _decode_addr(self, v: int) -> str:
+        if v == 0:
+            return ""
+        return _unpack_ipv4(v) if v > 0 else self._pool.get(-v - 1)
+
+    # ------------------------------------------------------------------------------------------- memberships
+    def _mem_keys(self, slot: int) -> list:
+        n = self._mv_nmem[slot]
+        base = slot * _INLINE
+        keys = [self._mv_mkey[base + i] for i in range(min(n, _INLINE))]
+        if n > _INLINE:
+            keys.extend(self._overflow[slot])
+        return keys
+
+    def _mem_pos(self, slot: int, key: int) -> int:
+        """Position of ``slot`` in the member array of membership ``key``, or -1 if not a member."""
+        base = slot * _INLINE
+        mkey = self._mv_mkey
+        for i in range(min(self._mv_nmem[slot], _INLINE)):
+            if mkey[base + i] == key:
+                return self._mv_mpos[base + i]
+        over = self._overflow.get(slot)
+        if over is not None:
+            return over.get(key, -1)
+        return -1
+
+    def _mem_set_pos(self, slot: int, key: int, pos: int) -> None:
+        base = slot * _INLINE
+        mkey = self._mv_mkey
+        for i in range(min(self._mv_nmem[slot], _INLINE)):
+            if mkey[base + i] == key:
+                self._mv_mpos[base + i] = pos
+                return
+        self._overflow[slot][key] = pos
+
+    def _mem_add(self, slot: int, key: int, pos: int) -> None:
+        n = self._mv_nmem[slot]
+        if n < _INLINE:
+            self._mv_mkey[slot * _INLINE + n] = key
+            self._mv_mpos[slot * _INLINE + n] = pos
+        else:
+            self._overflow.setdefault(slot, {})[key] = pos
+        self._mv_nmem[slot] = n + 1
+        self._mv_live[slot] = 1
+        self._mv_kinds[slot] |= 1 << (key & 1)
+        self._mv_armed[slot] = 0
+
+    def _mem_remove(self, slot: int, key: int) -> None:
+        n = self._mv_nmem[slot]
+        base = slot * _INLINE
+        mkey, mpos = self._mv_mkey, self._mv_mpos
+        inline = min(n, _INLINE)
+        for i in range(inline):
+            if mkey[base + i] == key:
+                for j in range(i, inline - 1):  # keep the inline keys compact and in order
+                    mkey[base + j] = mkey[base + j + 1]
+                    mpos[base + j] = mpos[base + j + 1]
+                over = self._overflow.get(slot)
+                if over:
+                    k = next(iter(over))
+                    mkey[base + inline - 1] = k
+                    mpos[base + inline - 1] = over.pop(k)
+                    if not over:
+                        del self._overflow[slot]
+                else:
+                    mkey[base + inline - 1] = -1
+                break
+        else:
+            over = self._overflow[slot]
+            del over[key]
+            if not over:
+                del self._overflow[slot]
+        n -= 1
+        self._mv_nmem[slot] = n
+        self._mv_armed[slot] = 0
+        kinds = 0
+        for k in self._mem_keys(slot):
+            kinds |= 1 << (k & 1)
+        self._mv_kinds[slot] = kinds
+        lag = self._lag.get(slot)
+        if lag is not None:
+            lag.pop(key, None)
+            if not lag:
+                del self._lag[slot]
+        info = self._info.get(slot)
+        if info is not None and key in info:
+            self._pool.release(info.pop(key)[0])
+            if not info:
+                del self._info[slot]
+        if n == 0:
+            self._mv_live[slot] = 0
+        else:
+            self._recompute_oldest(slot)
+
+    def _member_time(self, slot: int, key: int) -> int:
+        lag = self._lag.get(slot)
+        if lag is not None:
+            t = lag.get(key)
+            if t is not None:
+                return t
+        return self._mv_last[slot]
+
+    def _recompute_oldest(self, slot: int) -> None:
+        shift = self._producer_shift
+        self._mv_oldest[slot] = min(self._member_time(slot, k) + (shift if k & 1 else 0)
+                                    for k in self._mem_keys(slot))
+
+    def _member_info(self, slot: int, key: int) -> tuple:
+        info = self._info.get(slot)
+        if info is not None:
+            t = info.get(key)
+            if t is not None:
+                return t
+        return self._mv_cid[slot], self._mv_lang[slot], self._mv_ver[slot]
+
+    def _set_member_info(self, slot: int, key: int, req: tuple) -> None:
+        """Make the info of membership ``key`` the request's ``(cid, language, version)``."""
+        info = self._info.get(slot)
+        old = info.get(key) if info is not None else None
+        if req == (self._mv_cid[slot], self._mv_lang[slot], self._mv_ver[slot]):
+            if old is not None:
+                self._pool.release(old[0])
+                del info[key]
+                if not info:
+                    del self._info[slot]
+            return
+        self._pool.acquire(req[0])
+        if old is not None:
+            self._pool.release(old[0])
+        self._info.setdefault(slot, {})[key] = req
+
+    # ----------------------------------------------------------------------------------- Java's log lines
+    def _wall_ms(self, t: int) -> int:
+        """Wall-clock ms of a registry-clock time (Java's lastUpdateTimestamp is System.currentTimeMillis())."""
+        return int(time.time() * 1000) - (self._clock() - int(t))
+
+    def _jinfo(self, slot: int, key: int) -> str:
+        """ClientChannelInfo.toString() of a stored membership."""
+        cid, lang, ver = self._member_info(slot, key)
+        return jl.client_channel_info(self._channels[slot], self._pool.get(cid) if cid >= 0 else None,
+                                      _language_of(lang), ver, self._wall_ms(self._member_time(slot, key)))
+
+    def _jinfo_request(self) -> str:
+        """ClientChannelInfo.toString() of the request being handled."""
+        channel, client_id, language, version, now, slot = self._request
+        return jl.client_channel_info(channel, client_id, _language_of(_language_code(language)), version,
+                                      self._wall_ms(now))
+
+    def _jaddr(self, slot: int, channel) -> str:
+        """RemotingHelper.parseChannelRemoteAddr."""
+        addr = self._decode_addr(self._mv_addr[slot]) if slot is not None else ""
+        return addr or jl._text(getattr(channel, "remote_addr", "") or "")
+
+    def _client_info(self, slot: int, key: int) -> ClientChannelInfo:
+        cid, lang, ver = self._member_info(slot, key)
+        return ClientChannelInfo(self._channels[slot], self._pool.get(cid) if cid >= 0 else None,
+                                 _language_of(lang), ver, self._member_time(slot, key),
+                                 self._decode_addr(self._mv_addr[slot]))
+
+    def _add_member(self, group, slot: int, req: tuple) -> None:
+        if self._mv_nmem[slot] == 0:
+            # the first registration on the channel sets the slot's own client id / language / version
+            old = self._mv_cid[slot]
+            self._pool.acquire(req[0])
+            if old >= 0:
+                self._pool.release(old)
+            self._mv_cid[slot], self._mv_lang[slot], self._mv_ver[slot] = req
+        pos = group.members.append(slot)
+        self._mem_add(slot, group.key, pos)
+        if req != (self._mv_cid[slot], self._mv_lang[slot], self._mv_ver[slot]):
+            self._set_member_info(slot, group.key, req)
+
+    def _remove_member(self, group, slot: int) -> bool:
+        pos = self._mem_pos(slot, group.key)
+        if pos < 0:
+            return False
+        moved = group.members.pop_at(pos)
+        if moved >= 0:
+            self._mem_set_pos(moved, group.key, pos)
+        self._mem_remove(slot, group.key)
+        return True
+
+    # ------------------------------------------------------------------------------------------------ groups
+    def _acquire_gid(self, name: str) -> int:
+        gid = self._gid.get(name)
+        if gid is None:
+            if self._gfree:
+                gid = self._gfree.pop()
+                self._gnames[gid] = name
+                self._grefs[gid] = 0
+            else:
+                gid = len(self._gnames)
+                self._gnames.append(name)
+                self._grefs.append(0)
+                self._cgroup.append(None)
+                self._pgroup.append(None)
+            self._gid[name] = gid
+        self._grefs[gid] += 1
+        return gid
+
+    def _release_gid(self, gid: int) -> None:
+        self._grefs[gid] -= 1
+        if self._grefs[gid] == 0:
+            del self._gid[self._gnames[gid]]
+            self._gnames[gid] = None
+            self._gfree.append(gid)
+
+    def _touch(self, group) -> None:
+        """Record a change of the group that a repeated heartbeat would see (invalidates fast paths)."""
+        self._tick += 1
+        group.epoch = self._tick
+        self._dirty = True
+
+    def _config_changed(self) -> None:
+        self._tick += 1
+        self._config_epoch = self._tick
+        self._dirty = True
+
+    def _group_channels(self, g) -> tuple:
+        channels = self._channels
+        return tuple([channels[s] for s in g.members.tolist()]) if g is not None else ()
+
+    # ------------------------------------------------------------------------------------------------ events
+    def _emit(self, kind, group, channels=(), client=None, subscriptions=(), topics=frozenset()) -> None:
+        if kind not in self._wants:
+            return
+        try:
+            self._listener(RegistryEvent(kind, group, channels, client, subscriptions, topics))
+        except Exception:
+            log.exception("registry listener failed on %s of group %s", kind.name, group)
+
+    def _change(self, group_name: str) -> None:
+        """Fire CHANGE for a group (callers have applied the notify and broadcasting rules)."""
+        if not self.config.notify_consumer_ids_changed_enable:
+            return
+        if ConsumerGroupEvent.CHANGE not in self._wants:
+            return
+        if self.config.notify_coalesce_window_ms > 0:
+            if group_name not in self._pending:
+                self._pending[group_name] = self._clock()
+            return
+        self._emit(ConsumerGroupEvent.CHANGE, group_name, channels=self._group_channels(
+            self._consumers.get(group_name)))
+
+    def flush_notifications(self, now: int | None = None, force: bool = False) -> int:
+        """Deliver coalesced CHANGE events whose window has passed (all of them with ``force``).
+
+        With ``notify_coalesce_window_ms`` W > 0, the first CHANGE of a group opens a window of W ms; further
+        CHANGEs of that group inside it are absorbed; once it has passed, one CHANGE is delivered with the group's
+        members at that time (channels closed meanwhile are gone from it; a removed group gives an empty list).
+        The server calls this on a timer (W / 2 or finer). Returns the number of events delivered.
+        """
+        if not self._pending:
+            return 0
+        now = self._clock() if now is None else now
+        window = self.config.notify_coalesce_window_ms
+        due = [g for g, t in self._pending.items() if force or now - t >= window]
+        for group in due:
+            del self._pending[group]
+            self._emit(ConsumerGroupEvent.CHANGE, group, channels=self._group_channels(self._consumers.get(group)))
+        return len(due)
+
+    # =========================================================================================== channels
+    def open_channel(self, channel, remote_addr: str = "") -> None:
+        """Note a new connection and its remote address ("ip:port"). Optional: an unknown channel is opened by its
+        first heartbeat, with the address taken from ``channel.remote_addr`` when it has a str one."""
+        slot = self._slot_of.get(channel)
+        if slot is None:
+            self._new_slot(channel, remote_addr)
+        elif remote_addr:
+            old = self._mv_addr[slot]
+            self._mv_addr[slot] = self._encode_addr(remote_addr)
+            if old < 0:
+                self._pool.release(-old - 1)
+
+    def _slot_for(self, channel) -> int:
+        slot = self._slot_of.get(channel)
+        if slot is None:
+            addr = getattr(channel, "remote_addr", None)
+            slot = self._new_slot(channel, addr if isinstance(addr, str) else "")
+        return slot
+
+    # =========================================================================================== heartbeat
+    def heartbeat(self, channel, hb, language=LanguageCode.JAVA, version: int = 0) -> HeartbeatResult:
+        """HEART_BEAT (PROTOCOL.md 6.3, V2 in 5.4): register the producers and consumers of ``hb`` on ``channel``.
+
+        ``language`` and ``version`` are the request header's. Returns the answer: SUCCESS with the V2 ext fields
+        (V1: ``IS_SUB_CHANGE`` always "true"), or SYSTEM_ERROR for a body Java would fail on (see the module doc).
+        """
+        slot = self._slot_of.get(channel)
+        if slot is not None:
+            armed = self._mv_armed[slot]
+            if armed and self._config_epoch < armed and (
+                    ((by := self._armed_by[slot])[0] is hb and by[1] == language and by[2] == version)
+                    or _heartbeat_digest(hb, language, version) == self._mv_fkey[slot]):
+                consumers = self._consumers
+                reject = self._reject_pull
+                for cd in hb.consumers:
+                    if reject and cd.consume_type is _CONSUME_ACTIVELY:
+                        continue
+                    g = consumers.get(cd.group)
+                    if g is None or g.epoch >= armed:
+                        break
+                else:
+                    now = self._clock()
+                    self._mv_last[slot] = now
+                    self._mv_oldest[slot] = now + self._fresh_off[self._mv_kinds[slot]]
+                    v1 = hb.fingerprint == 0 or self._rules4
+                    if self._want_register and (v1 or not hb.without_sub):
+                        self._request = (channel, hb.client_id, language, version, now, slot)
+                        for cd in hb.consumers:
+                            if not (reject and cd.consume_type is _CONSUME_ACTIVELY):
+                                self._emit(ConsumerGroupEvent.REGISTER, cd.group, client=self._request_info(),
+                                           subscriptions=cd.subscriptions)
+                    return self._result_v1 if v1 else _RESULT_V2_SAME
+        return self._heartbeat(channel, slot, hb, language, version)
+
+    def repeat_token(self, channel, hb, language=LanguageCode.JAVA, version: int = 0):
+        """A token for :meth:`heartbeat_repeat`, when the heartbeat just handled on ``channel`` (``hb`` with this
+        request header) armed the fast path; else None. Also None while REGISTER events are wanted: a repeat
+        served on a token emits nothing."""
+        slot = self._slot_of.get(channel)
+        if slot is None or self._want_register:
+            return None
+        armed = self._mv_armed[slot]
+        by = self._armed_by[slot]
+        if (not armed or self._config_epoch >= armed or by is None or by[0] is not hb or by[1] != language
+                or by[2] != version):
+            return None
+        groups = []
+        for cd in hb.consumers:
+            if self._reject_pull and cd.consume_type is _CONSUME_ACTIVELY:
+                continue
+            g = self._consumers.get(cd.group)
+            if g is None or g.epoch >= armed:
+                return None
+            groups.append((cd.group, g))
+        return (slot, by, armed, tuple(groups),
+                self._result_v1 if hb.fingerprint == 0 or self._rules4 else _RESULT_V2_SAME)
+
+    def heartbeat_repeat(self, token) -> HeartbeatResult | None:
+        """:meth:`heartbeat` once more for the request ``token`` stands for, on the fast path's own conditions
+        (the same arming of the slot, no config or group change since). None when they no longer hold: then
+        nothing was done and the request is to go through :meth:`heartbeat`."""
+        slot, by, armed, groups, result = token
+        if self._armed_by[slot] is not by or self._mv_armed[slot] != armed or self._config_epoch >= armed:
+            return None
+        consumers = self._consumers
+        for name, g in groups:
+            if consumers.get(name) is not g or g.epoch >= armed:
+                return None
+        now = self._clock()
+        self._mv_last[slot] = now
+        self._mv_oldest[slot] = now + self._fresh_off[self._mv_kinds[slot]]
+        return result
+
+    def _request_info(self) -> ClientChannelInfo:
+        """The ClientChannelInfo Java builds for the request being handled (events carry it)."""
+        channel, client_id, language, version, now, slot = self._request
+        return ClientChannelInfo(channel, client_id, _language_of(_language_code(language)), version, now,
+                                 self._decode_addr(self._mv_addr[slot]))
+
+    def _heartbeat(self, channel, slot, hb, language, version) -> HeartbeatResult:
+        client_id = hb.client_id
+        if not isinstance(client_id, str):
+            return HeartbeatResult(ResponseCode.SYSTEM_ERROR, "HeartbeatData.clientID is null", False)
+        for cd in hb.consumers:
+            if not isinstance(cd.group, str):
+                return HeartbeatResult(ResponseCode.SYSTEM_ERROR, "ConsumerData.groupName is null", False)
+        for pd in hb.producers:
+            if not isinstance(pd.group, str):
+                return HeartbeatResult(ResponseCode.SYSTEM_ERROR, "ProducerData.groupName is null", False)
+        version = int(version)
+        now = self._clock()
+        if slot is None:
+            slot = self._slot_for(channel)
+        self._dirty = False
+        self._request = (channel, client_id, language, version, now, slot)
+        pool = self._pool
+        cid = pool.intern(client_id)  # held for the request, released below
+        req = (cid, _language_code(language), version)
+        cfg = self.config
+        topics = self.store.topics
+        fingerprint = hb.fingerprint
+        rules4 = self._rules4
+        v2 = fingerprint != 0 and not rules4  # a 4.9 broker's HeartbeatData has no fingerprint (fastjson drops it)
+        light = v2 and hb.without_sub
+        self._request_v2 = v2
+        sub_change = False
+        refreshed = []
+        consumers = self.consumers
+        for cd in hb.consumers:
+            if self._reject_pull and cd.consume_type is _CONSUME_ACTIVELY:
+                continue
+            group = cd.group
+            if rules4:
+                # ClientManageProcessor.heartBeat of 4.9.x: no fingerprint table, no hasOrderTopicSub; a group
+                # without config is registered anyway (notify on) and gets no retry topic
+                sgc = self._find_subscription_group_config(group)
+                if sgc is not None:
+                    self._create_retry_topic(group, sgc.retry_queue_nums, None,
+                                             FLAG_UNIT_SUB if cd.unit_mode else 0)
+                refreshed.append(consumers.register(group, slot, req, cd,
+                                                    sgc.notify_consumer_ids_changed_enable if sgc is not None else True))
+                continue
+            prev = self._fingerprints.get(group)
+            if v2:
+                if prev is not None and prev != fingerprint:
+                    sub_change = True
+                elif light and cfg.v2_restart_safe and (prev is None or group not in self._consumers):
+                    sub_change = True  # the broker lacks this group's subscriptions: ask for a full heartbeat
+            if prev != fingerprint:
+                self._fingerprints[group] = fingerprint
+                g = self._consumers.get(group)
+                if g is not None:
+                    self._touch(g)
+                self._dirty = True
+            has_order_topic_sub = False
+            for sd in cd.subscriptions:
+                if topics.is_order_topic(sd.topic):
+                    has_order_topic_sub = True
+                    break
+            sgc = self._find_subscription_group_config(group)
+            if sgc is None:
+                if prev is None and self.store.at_auto_create_limit(self.store.groups):
+                    # Java keeps the fingerprint of a skipped group for good; past the auto-create limit that
+                    # would let every new group name still grow this table (a later heartbeat of the group only
+                    # misses an IS_SUB_CHANGE it cannot use: the group is not registered)
+                    self._fingerprints.pop(group, None)
+                continue  # 5.1.1+: not registered, the heartbeat still succeeds
+            self._create_retry_topic(group, sgc.retry_queue_nums, has_order_topic_sub,
+                                     FLAG_UNIT_SUB if cd.unit_mode else 0)
+            if light:
+                refreshed.append(consumers.register_without_sub(group, slot, req, cd,
+                                                                sgc.notify_consumer_ids_changed_enable))
+            else:
+                refreshed.append(consumers.register(group, slot, req, cd, sgc.notify_consumer_ids_changed_enable))
+        if hb.producers:
+            register_producer = self.producers.register
+            for pd in hb.producers:
+                refreshed.append(register_producer(pd.group, slot, req))
+        pool.release(cid)
+        covered_all = self._refresh(slot, refreshed, now) if refreshed else False
+        result = self._result_v1 if not v2 else (_RESULT_V2_CHANGED if sub_change else _RESULT_V2_SAME)
+        if covered_all and not self._dirty:
+            # this run changed nothing: the same heartbeat may be answered by the fast path until a change
+            self._mv_fkey[slot] = _heartbeat_digest(hb, language, version)
+            self._armed_by[slot] = (hb, language, version)
+            self._mv_armed[slot] = self._tick + 1
+        return result
+
+    def _refresh(self, slot: int, refreshed: list, now: int) -> bool:
+        """Set the refreshed memberships' time to ``now``; the others keep their own (older) time.
+
+        Returns whether every membership of the slot was refreshed (a precondition of the fast path).
+        """
+        keys = set(refreshed)
+        lag = self._lag.get(slot)
+        if len(keys) == self._mv_nmem[slot]:
+            if lag is not None:
+                del self._lag[slot]
+                self._dirty = True
+            self._mv_last[slot] = now
+            self._mv_oldest[slot] = now + self._fresh_off[self._mv_kinds[slot]]
+            return True
+        old_last = self._mv_last[slot]
+        lag = self._lag.setdefault(slot, {})
+        for key in self._mem_keys(slot):
+            if key in keys:
+                lag.pop(key, None)
+            elif key not in lag:
+                lag[key] = old_last
+        if not lag:
+            del self._lag[slot]
+        self._mv_last[slot] = now
+        self._recompute_oldest(slot)
+        self._dirty = True
+        return False
+
+    def _find_subscription_group_config(self, group: str):
+        cfg = self.config
+        sgc, created = self.store.groups.find(group, cfg.auto_create_subscription_group, cfg.enable_create_sys_group)
+        if created:
+            self._dirty = True
+            if self.client_log.allow("group_created", logging.INFO):
+                jl.log.info("auto create a subscription group, %s", jl.subscription_group_config(sgc))
+        return sgc
+
+    def _create_retry_topic(self, group, queue_nums, is_order, sys_flag) -> None:
+        topic = RETRY_GROUP_TOPIC_PREFIX + group
+        topics = self.store.topics
+        existed = topics.contains(topic)
+        tc, changed = topics.create_topic_in_send_message_back_method(topic, queue_nums, PERM_READ | PERM_WRITE,
+                                                                      is_order, sys_flag)
+        if changed:  # tc is None (not changed) when the topic table is at its auto-create limit
+            self._dirty = True
+            if existed or tc.order:
+                # isOrderTopic(topic) changed: it feeds hasOrderTopicSub of the groups subscribing to it
+                for name in self._topic_groups.get(topic, ()):
+                    g = self._consumers.get(name)
+                    if g is not None:
+                        self._touch(g)
+
+    # =========================================================================================== unregister
+    def unregister(self, channel, client_id, producer_group=None, consumer_group=None, language=None,
+                   version: int = 0) -> tuple:
+        """UNREGISTER_CLIENT (6.4): remove the channel's entry from the named groups; ``""`` counts as absent.
+
+        Returns ``(code, remark)``: SUCCESS, or SYSTEM_ERROR when ``client_id`` is None (a required header field).
+        """
+        if client_id is None:
+            return ResponseCode.SYSTEM_ERROR, "the custom field <clientID> is null"
+        slot = self._slot_of.get(channel)
+        req_info = None
+
+        def request_info():
+            nonlocal req_info
+            if req_info is None:
+                addr = self._decode_addr(self._mv_addr[slot]) if slot is not None else ""
+                req_info = ClientChannelInfo(channel, client_id, language, version, self._clock(), addr)
+            return req_info
+
+        if producer_group:
+            self.producers.unregister(channel, slot, client_id, producer_group, language, version, request_info)
+        if consumer_group:
+            sgc = self._find_subscription_group_config(consumer_group)  # may auto-create, as Java's does
+            notify = sgc.notify_consumer_ids_changed_enable if sgc is not None else True
+            self.consumers.unregister(slot, consumer_group, notify, request_info)
+        return ResponseCode.SUCCESS, None
+
+    # =========================================================================================== close
+    def close_channel(self, channel) -> bool:
+        """A connection closed, errored or went idle (6.6.5, 6.8): remove it from every group and free its slot.
+
+        Producers first, then consumers, as ClientHousekeepingService does. CHANGE goes to the remaining members
+        of every consumer group the channel was in unless the group is BROADCASTING (the group's notify flag is
+        not consulted here). Returns whether the channel was in any group.
+        """
+        slot = self._slot_of.pop(channel, None)
+        if slot is None:
+            return False
+        keys = self._mem_keys(slot)
+        removed = bool(keys)
+        kinds = self._mv_kinds[slot]
+        if kinds & 2:  # producers first, as ClientHousekeepingService
+            self.producers.close_channel(slot, keys, channel)
+        if kinds & 1:
+            self.consumers.close_channel(slot, keys, channel)
+        self._free_slot(slot)
+        return removed
+
+    # =========================================================================================== expiry
+    def scan_expired(self, now: int | None = None) -> list:
+        """scanNotActiveChannel of both managers (6.6.6, 6.8): remove every entry silent for longer than its timeout
+        and return the channels to close (each once, in slot order).
+
+        Expired entries go without UNREGISTER and CHANGE (CLIENT_UNREGISTER, and GROUP_UNREGISTER for emptied
+        producer groups, still fire); an emptied consumer group is dropped silently. A channel that still has
+        fresh entries keeps them until the server closes it and calls :meth:`close_channel`, which then notifies.
+        """
+        now = self._clock() if now is None else now
+        top = self._top
+        candidates = _scan_expired(self._oldest[:top], self._live[:top], now, self._timeout).tolist()
+        if not candidates:
+            return []
+        expired = []
+        timeouts = (self._timeout, PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS)
+        for slot in candidates:
+            keys = [k for k in self._mem_keys(slot) if now - self._member_time(slot, k) > timeouts[k & 1]]
+            expired.append(keys)
+        self.producers.scan_expired(candidates, expired)  # ProducerManager's scan runs before ConsumerManager's
+        self.consumers.scan_expired(candidates, expired)
+        channels = self._channels
+        return [channels[slot] for slot, keys in zip(candidates, expired) if keys]
+
+    # =========================================================================================== config checks
+    def check_client_config(self, body) -> tuple:
+        """CHECK_CLIENT_CONFIG (6.5): ``(code, remark)`` for a CheckClientRequestBody.
+
+        ``body`` is the decoded JSON (a dict with ``subscriptionData``), an object with a ``subscription_data``
+        attribute, or None.
+        """
+        if body is None:
+            return ResponseCode.SUCCESS, None
+        if isinstance(body, dict):
+            sd = body.get("subscriptionData")
+        else:
+            sd = getattr(body, "subscription_data", None)
+        if sd is None:
+            return ResponseCode.SUCCESS, None
+        if isinstance(sd, dict):
+            expression_type, sub_string = sd.get("expressionType"), sd.get("subString")
+        else:
+            expression_type, sub_string = getattr(sd, "expression_type", None), getattr(sd, "sub_string", None)
+        if expression_type is None or expression_type == "" or expression_type == "TAG":
+            return ResponseCode.SUCCESS, None
+        if not self.config.enable_property_filter:
+            return ResponseCode.SYSTEM_ERROR, f"The broker does not support consumer to filter message by {expression_type}"
+        from engine.registry.sql92 import FilterError, compile_filter
+
+        try:
+            compile_filter(expression_type, sub_string)
+        except FilterError as e:
+            return ResponseCode.SUBSCRIPTION_PARSE_FAILED, e.args[0] if e.args else None
+        return ResponseCode.SUCCESS, None
+
+    # =========================================================================================== queries
+    def consumer_ids(self, group: str) -> list:
+        """Client ids of the group's channels in table order (GET_CONSUMER_LIST_BY_GROUP); [] if unknown."""
+        return self.consumers.consumer_ids(group)
+
+    def consumer_group_info(self, group: str) -> ConsumerGroupInfo | None:
+        return self.consumers.group_info(group)
+
+    def consumer_connection(self, group: str) -> ConsumerConnection | None:
+        """GET_CONSUMER_CONNECTION_LIST (203) data, or None when the group is not online."""
+        return self.consumers.connection(group)
+
+    def producer_connection(self, group: str) -> ProducerConnection | None:
+        """GET_PRODUCER_CONNECTION_LIST (204) data, or None when the group does not exist."""
+        return self.producers.connection(group)
+
+    def producer_channels(self, group: str) -> list:
+        """ClientChannelInfo of each channel of a producer group (table order)."""
+        return self.producers.channels(group)
+
+    def find_producer_channel(self, client_id: str):
+        """ProducerManager.findChannel: the channel last registered for a producer client id, or None."""
+        return self.producers.find_channel(client_id)
+
+    def find_subscription(self, group: str, topic: str):
+        """ConsumerManager.findSubscriptionData: the group's SubscriptionData for a topic, or None."""
+        return self.consumers.find_subscription(group, topic)
+
+    def topic_consumed_by(self, topic: str) -> set:
+        """queryTopicConsumeByWho: groups recorded for the topic (topicGroupTable, with Java's stale entries);
+        under 4.x rules the live groups whose subscription table has the topic (4.9 has no topicGroupTable)."""
+        return self.consumers.topic_consumed_by(topic)
+
+    def fingerprint(self, group: str):
+        """The last V2 fingerprint stored for a consumer group (0 after a V1 heartbeat), or None."""
+        return self._fingerprints.get(group)
+
+    def consumer_groups(self) -> list:
+        return self.consumers.groups()
+
+    def producer_groups(self) -> list:
+        return self.producers.groups()
+
+    def groups(self) -> list:
+        """Names of all consumer and producer groups, sorted."""
+        return sorted(set(self._consumers) | set(self._producers))
+
+    def channel_info(self, channel) -> ClientChannelInfo | None:
+        """The channel's own client id, language, version, latest heartbeat and address (None if unknown)."""
+        slot = self._slot_of.get(channel)
+        if slot is None:
+            return None
+        cid = self._mv_cid[slot]
+        return ClientChannelInfo(channel, self._pool.get(cid) if cid >= 0 else None,
+                                 _language_of(self._mv_lang[slot]), self._mv_ver[slot], self._mv_last[slot],
+                                 self._decode_addr(self._mv_addr[slot]))
+
+    def channel_groups(self, channel) -> tuple:
+        """``(consumer groups, producer groups)`` the channel is registered in."""
+        slot = self._slot_of.get(channel)
+        if slot is None:
+            return (), ()
+        keys = self._mem_keys(slot)
+        return (tuple(self._gnames[k >> 1] for k in keys if k & 1 == _CONSUMER),
+                tuple(self._gnames[k >> 1] for k in keys if k & 1 == _PRODUCER))
+
+    @property
+    def channel_count(self) -> int:
+        """Open channels (with or without registrations)."""
+        return len(self._slot_of)
+
+    @property
+    def registered_channel_count(self) -> int:
+        return int(np.count_nonzero(self._live[:self._top]))
+
+    def group_stats(self):
+        """(role, group, distinct client ids, channels) per group, for metrics."""
+        out = []
+        for role, table in (("consumer", self._consumers), ("producer", self._producers)):
+            for name, g in table.items():
+                slots = g.members.tolist()
+                clients = {self._member_info(s, g.key)[0] for s in slots}
+                out.append((role, name, len(clients), len(slots)))
+        return out
+
+    def stats(self) -> dict:
+        """Counts for metrics and tests."""
+        return {
+            "channels": len(self._slot_of),
+            "registered_channels": self.registered_channel_count,
+            "consumer_groups": len(self._consumers),
+            "producer_groups": len(self._producers),
+            "consumer_memberships": sum(g.members.n for g in self._consumers.values()),
+            "producer_memberships": sum(g.members.n for g in self._producers.values()),
+            "interned_strings": len(self._pool),
+            "interned_groups": len(self._gid),
+            "slot_capacity": self._cap,
+            "pending_notifications": len(self._pending),
+        }
+
+    def nbytes(self) -> int:
+        """Bytes of the flat arrays (slot columns, string pool, client table); Python objects not included."""
+        total = sum(getattr(self, name).nbytes for name, _, _ in self._COLUMNS)
+        return total + self._pool.nbytes() + self.producers.nbytes()
+
+    # =========================================================================================== store
+    def topic_config(self, topic: str) -> TopicConfig | None:
+        return self.store.topics.get(topic)
+
+    def topic_configs(self) -> list:
+        return list(self.store.topics.table.values())
+
+    def subscription_group_config(self, group: str) -> SubscriptionGroupConfig | None:
+        return self.store.groups.get(group)
+
+    def update_topic_config(self, config: TopicConfig, derivable: bool = False) -> None:
+        """Create or replace a topic (admin); invalidates fast paths since order flags feed the rules.
+
+        ``derivable``: auto-created by traffic that will create it again, so its write may wait (engine.registry.store.Store).
+        """
+        self.store.topics.put(config, derivable)
+        self._config_changed()
+
+    def delete_topic_config(self, topic: str) -> bool:
+        removed = self.store.topics.delete(topic) is not None
+        if removed:
+            self._config_changed()
+        return removed
+
+    def update_subscription_group_config(self, config: SubscriptionGroupConfig) -> None:
+        self.store.groups.put(config)
+        self._config_changed()
+
+    def delete_subscription_group_config(self, group: str) -> bool:
+        removed = self.store.groups.delete(group) is not None
+        if removed:
+            self._config_changed()
+        return removed
+
+    def update_consumer_offset(self, client_host, group, topic, queue_id, offset) -> tuple:
+        """UPDATE_CONSUMER_OFFSET (ConsumerManageProcessor, 5.x checks): ``(code, remark)``."""
+        if not self.store.groups.contains(group):
+            return ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"Group {group} not exist!"
+        if not self.store.topics.contains(topic):
+            return ResponseCode.TOPIC_NOT_EXIST, f"Topic {topic} not exist!"
+        if queue_id is None:
+            return ResponseCode.SYSTEM_ERROR, f"QueueId is null, topic is {topic}"
+        if offset is None:
+            return ResponseCode.SYSTEM_ERROR, f"Offset is null, topic is {topic}"
+        if not self.store.offsets.commit_offset(client_host, group, topic, queue_id, offset):
+            return ResponseCode.SYSTEM_ERROR, ("the consumer offset table is full (maxConsumerOffsetEntries="
+                                               f"{self.store.max_offset_entries})")
+        return ResponseCode.SUCCESS, None
+
+    def query_consumer_offset(self, group, topic, queue_id) -> int:
+        """ConsumerOffsetManager.queryOffset: the committed offset, or -1 (the processor answers QUERY_NOT_FOUND)."""
+        return self.store.offsets.query_offset(group, topic, queue_id)
+
+    def persist_offsets(self) -> None:
+        self.store.persist_offsets()
+
+    def persist(self) -> None:
+        self.store.persist()
+
+    def persist_due(self) -> int:
+        """Write the config files whose deferred (derivable) changes are due; the broker calls it every second."""
+        return self.store.persist_due()
+
+    # =========================================================================================== checks
+    def check_invariants(self) -> None:
+        """Verify the table invariants (tests and debugging); raises AssertionError on the first violation."""
+        pool_refs: dict[int, int] = {}
+
+        def ref(cid):
+            pool_refs[cid] = pool_refs.get(cid, 0) + 1
+
+        assert len(self._slot_of) + len(self._free_slots) == self._top, "slots leak"
+        free = set(self._free_slots)
+        assert len(free) == len(self._free_slots)
+        for channel, slot in self._slot_of.items():
+            assert self._channels[slot] is channel and slot not in free
+        for slot in free:
+            assert self._channels[slot] is None and not self._mv_live[slot] and not self._mv_nmem[slot]
+            assert slot not in self._lag and slot not in self._info and slot not in self._overflow
+            assert slot not in self._stale_client
+        for channel, slot in self._slot_of.items():
+            keys = self._mem_keys(slot)
+            assert len(keys) == len(set(keys)) == self._mv_nmem[slot]
+            assert bool(self._mv_live[slot]) == bool(keys)
+            kinds = 0
+            for k in keys:
+                kinds |= 1 << (k & 1)
+                g = (self._cgroup if k & 1 == _CONSUMER else self._pgroup)[k >> 1]
+                assert g is not None and g.key == k, f"slot {slot} in a dropped group"
+                pos = self._mem_pos(slot, k)
+                assert 0 <= pos < g.members.n and g.members.mv[pos] == slot
+            assert kinds == self._mv_kinds[slot]
+            if keys:
+                shift = self._producer_shift
+                assert self._mv_oldest[slot] == min(self._member_time(slot, k) + (shift if k & 1 else 0)
+                                                    for k in keys)
+                for k, t in self._lag.get(slot, {}).items():
+                    assert k in keys and t <= self._mv_last[slot]
+            for k, (cid, _, _) in self._info.get(slot, {}).items():
+                assert k in keys
+                ref(cid)
+            if self._mv_cid[slot] >= 0:
+                ref(self._mv_cid[slot])
+            if self._mv_addr[slot] < 0:
+                ref(-self._mv_addr[slot] - 1)
+            assert len(self._overflow.get(slot, ())) == max(0, len(keys) - _INLINE)
+        for table, kind, by_gid in ((self._consumers, _CONSUMER, self._cgroup), (self._producers, _PRODUCER,
+                                                                               self._pgroup)):
+            for name, g in table.items():
+                assert g.members.n > 0, f"empty group {name} kept"
+                assert self._gid[name] == g.gid and by_gid[g.gid] is g and self._gnames[g.gid] == name
+                members = g.members.tolist()
+                assert len(set(members)) == len(members)
+                for pos, slot in enumerate(members):
+                    assert self._channels[slot] is not None and self._mem_pos(slot, g.key) == pos
+        for name, gid in self._gid.items():
+            expected = (name in self._consumers) + (name in self._producers)
+            assert self._grefs[gid] == expected > 0, f"group id of {name} has {self._grefs[gid]} refs"
+        for cid, slot in self.producers.client_table_items():
+            assert self._channels[slot] is not None
+            ref(cid)
+        self.producers.check_invariants()
+        self.consumers.check_invariants()
+        assert len(self._pool) == len(pool_refs), "interned strings without a reference"
+        for cid, n in pool_refs.items():
+            assert self._pool.refs(cid) == n, f"string {cid}: {self._pool.refs(cid)} refs, {n} expected"
+        self._pool.check()

@@ -1,0 +1,290 @@
+"""ProducerManager (org.apache.rocketmq.broker.client.ProducerManager) over the registry's channel table.
+
+RocketMQ's ProducerManager holds two tables: ``groupChannelTable`` (producer group -> its channels) and
+``clientChannelTable`` (client id -> the channel last registered for it). Here:
+
+* the group table maps a group name to a :class:`ProducerGroup`, whose members are slots of the shared channel
+  table (:class:`engine.registry.client_registry.ClientRegistry`: one slot per channel, memberships keyed ``gid * 2 + PRODUCER``,
+  group ids interned by the table and shared with consumer groups of the same name);
+* the client channel table is an int32 array indexed by the client id's pool id (the table's
+  :class:`engine.registry.intern.StringPool`), holding the slot, -1 when none; an entry holds one reference on its pool id.
+
+The manager does what Java's does on a heartbeat (registerProducer), an UNREGISTER_CLIENT naming a producer group
+(unregisterProducer), a closed channel (doChannelCloseEvent), the expiry scan (scanNotActiveChannel) and the admin
+queries (GET_PRODUCER_CONNECTION_LIST 204, findChannel), with Java's log lines and the ProducerChangeListener
+events (:class:`ProducerGroupEvent`) through the table's listener. Membership bookkeeping (slot columns,
+timestamps, per-membership client info) is the table's: the manager calls it, it does not copy it.
+
+Rules that differ between RocketMQ 4.9 and 5.x (``table._rules4``): 4.9 keeps an emptied group and logs nothing
+about it, 5.x drops it ("unregister a producer group[...]" / "SCAN: ... all clear"); the expiry line's prefix.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import time
+
+import numpy as np
+
+from engine.registry import clientlog as jl
+from engine.registry.client_channel import PRODUCER, Connection, Members
+
+__all__ = ["PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS", "ProducerConnection", "ProducerGroup", "ProducerGroupEvent",
+           "ProducerManager"]
+
+#: ProducerManager.CHANNEL_EXPIRED_TIMEOUT: Java does not make the producer expiry configurable.
+PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS = 120_000
+
+
+class ProducerGroupEvent(enum.Enum):
+    """ProducerGroupEvent: what ProducerManager reports to its ProducerChangeListener."""
+
+    GROUP_UNREGISTER = "GROUP_UNREGISTER"
+    CLIENT_UNREGISTER = "CLIENT_UNREGISTER"
+
+
+_CLIENT_UNREGISTER = ProducerGroupEvent.CLIENT_UNREGISTER
+_GROUP_UNREGISTER = ProducerGroupEvent.GROUP_UNREGISTER
+
+
+class ProducerConnection:
+    """Data of GET_PRODUCER_CONNECTION_LIST (204)."""
+
+    __slots__ = ("connections",)
+
+    def __init__(self, connections):
+        self.connections = connections
+
+    def to_dict(self) -> dict:
+        return {"connectionSet": [c.to_dict() for c in self.connections]}
+
+
+class ProducerGroup:
+    """One producer group of the group table: its name, interned id, membership key and member slots."""
+
+    __slots__ = ("name", "gid", "key", "members")
+
+    def __init__(self, name, gid):
+        self.name = name
+        self.gid = gid
+        self.key = gid * 2 + PRODUCER
+        self.members = Members()
+
+
+class ProducerManager:
+    """The producer groups and the client channel table over a shared channel table.
+
+    :param table: the channel table (:class:`engine.registry.client_registry.ClientRegistry`): slots, memberships, the string
+        pool, group-id interning, the listener, Java's log lines and the rules in force.
+
+    Invariants (checked by :meth:`check_invariants`):
+
+    * every group in :attr:`group_table` has at least one member (an emptied group is dropped, also under 4.x
+      rules: 4.9 keeps it, but an empty group is invisible to every query) and is ``by_gid[group.gid]``;
+    * a group's member slots are distinct live slots of the table, each holding the group's membership key;
+    * a client channel table entry points at a slot in use, and holds one pool reference on its client id;
+      ``stale[slot]`` lists client ids whose entry may point at ``slot`` after its producers left (an
+      UNREGISTER_CLIENT with another client id), dropped when the slot is freed.
+    """
+
+    __slots__ = ("table", "group_table", "by_gid", "client_slots", "_mv_client_slots", "stale")
+
+    def __init__(self, table):
+        self.table = table
+        #: groupChannelTable: group name -> ProducerGroup
+        self.group_table: dict[str, ProducerGroup] = {}
+        #: group id -> ProducerGroup or None (the table's group-id allocator grows it with every new id)
+        self.by_gid: list = []
+        #: clientChannelTable: client id (pool id) -> slot, -1 when none
+        self.client_slots = np.full(64, -1, np.int32)
+        self._mv_client_slots = memoryview(self.client_slots)
+        #: slot -> client ids whose table entry may outlive its producers
+        self.stale: dict[int, set] = {}
+
+    # ------------------------------------------------------------------------------------------ registration
+    def register(self, group: str, slot: int, req: tuple) -> int:
+        """registerProducer for the heartbeat being handled (``req`` = (cid, language, version)); returns the
+        membership key."""
+        table = self.table
+        g = self.group_table.get(group)
+        if g is None:
+            g = ProducerGroup(group, table._acquire_gid(group))
+            self.group_table[group] = g
+            self.by_gid[g.gid] = g
+        if table._mem_pos(slot, g.key) < 0:
+            table._add_member(g, slot, req)
+            self.set_client_slot(req[0], slot)
+            table._dirty = True
+            if table.client_log.allow("new_producer", logging.INFO):
+                jl.log.info("new producer connected, group: %s channel: %s", jl._text(group), table._jinfo_request())
+        return g.key
+
+    def unregister(self, channel, slot, client_id: str, group: str, language, version, request_info) -> None:
+        """unregisterProducer of an UNREGISTER_CLIENT naming ``group`` (``slot`` None: an unknown channel);
+        ``request_info()`` builds the request's ClientChannelInfo for the event."""
+        table = self.table
+        g = self.group_table.get(group)
+        if g is None or not g.members.n:
+            return
+        member_cid = -1
+        if slot is not None and table._mem_pos(slot, g.key) >= 0:
+            member_cid = table._member_info(slot, g.key)[0]
+        removed = slot is not None and table._remove_member(g, slot)
+        if removed and table.client_log.allow("unregister_producer", logging.INFO):
+            # Java prints the request's ClientChannelInfo (built for the request: now)
+            jl.log.info("unregister a producer[%s] from groupChannelTable %s", jl._text(group),
+                        jl.client_channel_info(channel, client_id, language, version, int(time.time() * 1000)))
+        cid = table._pool.lookup(client_id)
+        if cid >= 0:
+            self.drop_client_slot(cid)  # the request's client id, unconditionally, as Java does
+        if removed and member_cid != cid and 0 <= member_cid < len(self.client_slots) \
+                and self._mv_client_slots[member_cid] == slot:
+            self.stale.setdefault(slot, set()).add(member_cid)
+        if removed:
+            table._emit(_CLIENT_UNREGISTER, group, client=request_info())
+        if not g.members.n:
+            self.drop_group(g)
+            table._emit(_GROUP_UNREGISTER, group)
+            if table.client_log.allow("producer_group_removed", logging.INFO):
+                jl.log.info("unregister a producer group[%s] from groupChannelTable", jl._text(group))
+
+    def close_channel(self, slot: int, keys, channel) -> None:
+        """doChannelCloseEvent: remove the closed channel's producer memberships (``keys``: all of the slot's)."""
+        table = self.table
+        clog = table.client_log
+        wants_client = _CLIENT_UNREGISTER in table._wants
+        for key in keys:
+            if key & 1 != PRODUCER:
+                continue
+            g = self.by_gid[key >> 1]
+            info = table._client_info(slot, key) if wants_client else None
+            if clog.allow("closed_producer", logging.INFO):
+                jl.log.info("NETTY EVENT: remove channel[%s][%s] from ProducerManager groupChannelTable, "
+                            "producer group: %s", table._jinfo(slot, key), table._jaddr(slot, channel),
+                            jl._text(g.name))
+            self.drop_client_slot(table._member_info(slot, key)[0])  # unconditionally, as Java does
+            table._remove_member(g, slot)
+            table._emit(_CLIENT_UNREGISTER, g.name, client=info)
+            if not g.members.n:
+                self.drop_group(g)  # 4.9 keeps the empty group (and says nothing)
+                table._emit(_GROUP_UNREGISTER, g.name)
+                if not table._rules4 and clog.allow("producer_group_removed", logging.INFO):
+                    jl.log.info("unregister a producer group[%s] from groupChannelTable", jl._text(g.name))
+
+    def scan_expired(self, candidates, expired) -> None:
+        """scanNotActiveChannel: remove the expired producer memberships (``expired[i]``: the keys of
+        ``candidates[i]`` past their timeout); the table closes the channels."""
+        table = self.table
+        clog = table.client_log
+        channels = table._channels
+        wants_client = _CLIENT_UNREGISTER in table._wants
+        for slot, keys in zip(candidates, expired):
+            for key in keys:
+                if key & 1 != PRODUCER:
+                    continue
+                g = self.by_gid[key >> 1]
+                info = table._client_info(slot, key) if wants_client else None
+                if clog.allow("expired_producer", logging.WARNING):
+                    jl.log.warning("%s: remove expired channel[%s] from ProducerManager groupChannelTable, "
+                                   "producer group name: %s",
+                                   "SCAN" if table._rules4 else "ProducerManager#scanNotActiveChannel",
+                                   table._jaddr(slot, channels[slot]), jl._text(g.name))
+                self.drop_client_slot(table._member_info(slot, key)[0], only_slot=slot)
+                table._remove_member(g, slot)
+                table._emit(_CLIENT_UNREGISTER, g.name, client=info)
+                if not g.members.n:
+                    self.drop_group(g)  # 4.9 keeps the empty group (and says nothing)
+                    table._emit(_GROUP_UNREGISTER, g.name)
+                    if not table._rules4 and clog.allow("expired_group_cleared", logging.WARNING):
+                        jl.log.warning("SCAN: remove expired channel from ProducerManager groupChannelTable, all "
+                                       "clear, group=%s", jl._text(g.name))
+
+    def drop_group(self, g: ProducerGroup) -> None:
+        del self.group_table[g.name]
+        self.by_gid[g.gid] = None
+        self.table._release_gid(g.gid)
+
+    def free_slot(self, slot: int, stale) -> None:
+        """The table frees ``slot``: drop the client channel table entries ``stale`` (popped from
+        :attr:`stale`) that still point at it (Java keeps such an entry on the closed channel; a slot is
+        reused)."""
+        for cid in stale:
+            self.drop_client_slot(cid, only_slot=slot)
+
+    # ------------------------------------------------------------------------------------ clientChannelTable
+    def set_client_slot(self, cid: int, slot: int) -> None:
+        if cid >= len(self.client_slots):
+            grown = np.full(max(cid + 1, len(self.client_slots) * 2), -1, np.int32)
+            grown[:len(self.client_slots)] = self.client_slots
+            self.client_slots = grown
+            self._mv_client_slots = memoryview(grown)
+        if self._mv_client_slots[cid] < 0:
+            self.table._pool.acquire(cid)
+        self._mv_client_slots[cid] = slot
+
+    def drop_client_slot(self, cid: int, only_slot: int = -1) -> None:
+        if 0 <= cid < len(self.client_slots):
+            cur = self._mv_client_slots[cid]
+            if cur >= 0 and (only_slot < 0 or cur == only_slot):
+                self._mv_client_slots[cid] = -1
+                self.table._pool.release(cid)
+
+    def find_channel(self, client_id: str):
+        """findChannel: the channel last registered for a producer client id, or None."""
+        table = self.table
+        cid = table._pool.lookup(client_id)
+        if 0 <= cid < len(self.client_slots):
+            slot = self._mv_client_slots[cid]
+            if slot >= 0:
+                return table._channels[slot]
+        return None
+
+    # ---------------------------------------------------------------------------------------------- queries
+    def connection(self, group: str) -> ProducerConnection | None:
+        """GET_PRODUCER_CONNECTION_LIST (204) data, or None when the group does not exist."""
+        g = self.group_table.get(group)
+        if g is None:
+            return None
+        client_info = self.table._client_info
+        conns = []
+        for slot in g.members.tolist():
+            info = client_info(slot, g.key)
+            conns.append(Connection(info.client_id, info.remote_addr, info.language, info.version))
+        return ProducerConnection(conns)
+
+    def channels(self, group: str) -> list:
+        """ClientChannelInfo of each channel of a producer group (table order)."""
+        g = self.group_table.get(group)
+        return [] if g is None else [self.table._client_info(slot, g.key) for slot in g.members.tolist()]
+
+    def groups(self) -> list:
+        return list(self.group_table)
+
+    def nbytes(self) -> int:
+        """Bytes of the client channel table."""
+        return self.client_slots.nbytes
+
+    def client_table_items(self):
+        """(pool id, slot) of every client channel table entry."""
+        mv = self._mv_client_slots
+        for cid in range(len(self.client_slots)):
+            if mv[cid] >= 0:
+                yield cid, mv[cid]
+
+    def check_invariants(self) -> None:
+        """The manager's own invariants (the table checks the memberships and the pool references)."""
+        table = self.table
+        for name, g in self.group_table.items():
+            assert g.members.n > 0, f"empty producer group {name} kept"
+            assert self.by_gid[g.gid] is g and g.key == g.gid * 2 + PRODUCER
+            members = g.members.tolist()
+            assert len(set(members)) == len(members), f"producer group {name} lists a channel twice"
+            for pos, slot in enumerate(members):
+                assert table._channels[slot] is not None and table._mem_pos(slot, g.key) == pos
+        for gid, g in enumerate(self.by_gid):
+            assert g is None or self.group_table.get(g.name) is g, f"group id {gid} of a dropped producer group"
+        for cid, slot in self.client_table_items():
+            assert table._channels[slot] is not None, f"client table entry {cid} on a free slot"
+        for slot in self.stale:
+            assert 0 <= slot < len(table._channels) and table._channels[slot] is not None, \
+                "stale client entries of a free slot"

@@ -1,0 +1,114 @@
+"""TopicConfigManager (org.apache.rocketmq.broker.topic.TopicConfigManager): the topic table, ``topics.json``.
+
+:class:`TopicConfig` with the Java defaults and keys, the PermName and TopicSysFlag bits, and the manager: explicit
+put/delete (UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER; written at once), the retry topics a heartbeat creates
+(createTopicInSendMessageBackMethod; a derivable change, written within a second) within the store's auto-create
+budget (``autoCreateMaxTopics``), and isOrderTopic. Each created topic is reported to the store's
+``on_topic_created`` hook (the broker registers it with the name servers at once).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+
+from engine.registry.config_manager import INT32_MAX, INT32_MIN, KeyedConfigManager, StoreError, _get, _or_empty, _str_map
+
+log = logging.getLogger("engine.registry.store")
+
+__all__ = ["FLAG_UNIT", "FLAG_UNIT_SUB", "PERM_INHERIT", "PERM_PRIORITY", "PERM_READ", "PERM_WRITE", "TopicConfig",
+           "TopicConfigManager"]
+
+#: PermName bits (C/constant/PermName.java).
+PERM_PRIORITY, PERM_READ, PERM_WRITE, PERM_INHERIT = 8, 4, 2, 1
+#: TopicSysFlag bits (C/sysflag/TopicSysFlag.java).
+FLAG_UNIT, FLAG_UNIT_SUB = 1, 2
+
+
+@dataclass
+class TopicConfig:
+    """TopicConfig with the Java defaults (16 queues, perm READ|WRITE, SINGLE_TAG). ``to_dict`` uses Java keys."""
+
+    topic_name: str
+    read_queue_nums: int = 16
+    write_queue_nums: int = 16
+    perm: int = PERM_READ | PERM_WRITE
+    topic_filter_type: str = "SINGLE_TAG"
+    topic_sys_flag: int = 0
+    order: bool = False
+    attributes: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "attributes": dict(self.attributes),
+            "order": self.order,
+            "perm": self.perm,
+            "readQueueNums": self.read_queue_nums,
+            "topicFilterType": self.topic_filter_type,
+            "topicName": self.topic_name,
+            "topicSysFlag": self.topic_sys_flag,
+            "writeQueueNums": self.write_queue_nums,
+        }
+
+    @classmethod
+    def from_dict(cls, d, path="$") -> "TopicConfig":
+        if not isinstance(d, dict):
+            raise StoreError(f"{path}: expected an object")
+        name = _get(d, "topicName", str, None, path)
+        if not name:
+            raise StoreError(f"{path}.topicName: missing")
+        return cls(
+            topic_name=name,
+            read_queue_nums=_get(d, "readQueueNums", int, 16, path, INT32_MIN, INT32_MAX),
+            write_queue_nums=_get(d, "writeQueueNums", int, 16, path, INT32_MIN, INT32_MAX),
+            perm=_get(d, "perm", int, PERM_READ | PERM_WRITE, path, INT32_MIN, INT32_MAX),
+            topic_filter_type=_get(d, "topicFilterType", str, "SINGLE_TAG", path),
+            topic_sys_flag=_get(d, "topicSysFlag", int, 0, path, INT32_MIN, INT32_MAX),
+            order=_get(d, "order", bool, False, path),
+            attributes=_str_map(_or_empty(d.get("attributes")), f"{path}.attributes"),
+        )
+
+
+
+class TopicConfigManager(KeyedConfigManager):
+    """The topic table (TopicConfigManager): ``topics.json``."""
+
+    FILE_NAME, TABLE_KEY, KEY_ATTR = "topics.json", "topicConfigTable", "topic_name"
+
+    def put(self, config, derivable: bool = False):
+        old = super().put(config, derivable)
+        if old is None:
+            self._store.topic_created(config.topic_name)
+        return old
+
+    def _item_from_json(self, key, value, path):
+        return TopicConfig.from_dict(value, path)
+
+    def is_order_topic(self, topic: str) -> bool:
+        tc = self.table.get(topic)
+        return tc is not None and tc.order
+
+    def create_topic_in_send_message_back_method(self, topic: str, queue_nums: int, perm: int, is_order: bool,
+                                                 topic_sys_flag: int) -> tuple[TopicConfig, bool]:
+        """createTopicInSendMessageBackMethod: an existing topic only gets its order flag adjusted.
+
+        Returns ``(config, changed)`` where ``changed`` says whether the table was modified (created or updated);
+        ``(None, False)`` when the table is at its auto-create limit (:meth:`Store.may_auto_create`).
+        """
+        tc = self.table.get(topic)
+        if tc is not None:
+            if is_order is not None and tc.order != is_order:  # None (4.x): the order flag is left alone
+                # replaced, not changed in place: a queued write's snapshot (a shallow copy of the table, encoded
+                # later on the writer thread) keeps the config object as it was
+                tc = self.table[topic] = replace(tc, order=is_order)
+                self._changed(derivable=True)  # the next heartbeat sets it again
+                return tc, True
+            return tc, False
+        if not self._store.may_auto_create(self, topic):
+            return None, False
+        tc = TopicConfig(topic, read_queue_nums=queue_nums, write_queue_nums=queue_nums, perm=perm,
+                         topic_sys_flag=topic_sys_flag, order=bool(is_order))
+        self.table[topic] = tc
+        log.info("create new topic %s", tc)
+        self._changed(derivable=True)  # a retry topic: the next heartbeat of the group creates it again
+        self._store.topic_created(topic)
+        return tc, True

@@ -463,9 +463,12 @@ def read_capture_events(spark, paths, *, native: Optional[bool] = None, ports=No
     return _plan_ids(spark, len(plan)).mapInArrow(fn, from_arrow_schema(events_schema()))
 
 
-def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = None, **options):
+def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = None,
+                 unregisters: Optional[dict] = None, **options):
     """The scan's runs (RUN_SCHEMA) of one capture's heartbeats, its STATS_ROLE row, and a CAPTURE_ROLE row with
-    the capture's summary (JSON in sub_key)."""
+    the capture's summary (JSON in sub_key). Runs end at the UNREGISTER_CLIENT requests this reader saw and at
+    ``unregisters`` ({(client_id, role, group): sorted ms}: the whole capture's, for a shard, see
+    :func:`recut_runs`)."""
     import pyarrow as pa
 
     from .segments import RUN_SCHEMA, BodyDeduper, merge_run_batches, runs_from_ids
@@ -492,8 +495,11 @@ def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = 
     cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
     # a member's run ends at its UNREGISTER_CLIENT (the broker removed it; a later heartbeat adds it back), as
     # in the reference scan's live intervals (engine.recording.scan_py.member_left); Spark's merge_runs keeps the cut.
-    # A shard sees only its connections' unregisters (one sent on another connection of the client is not cut)
+    # A shard sees only its connections' unregisters: one sent on another connection of the client comes with
+    # ``unregisters`` in the scan's second step (recut_runs)
     member_cuts = unregister_times([result]) if result is not None else {}
+    for key, times in (unregisters or {}).items():
+        member_cuts[key] = sorted(set(member_cuts.get(key, ())) | {int(t) for t in times})
     client_cuts: dict = defaultdict(list)
     for (c, _, _), times in member_cuts.items():
         client_cuts[c].extend(times)
@@ -530,10 +536,48 @@ def departed_out(runs, rows: list, conn_events: dict, unregisters: dict, params:
     return [x for x in rows if not left(x["client_id"], x["conn_id"], x["last_heartbeat_ms"], params.expiry_ms)]
 
 
-def _runs_task(plan, params, native, options, batches):
+def _runs_task(plan, params, native, options, batches, unregisters=None):
     for batch in batches:
         for i in batch.column(0).to_pylist():
-            yield from capture_runs(plan[i], params, native, **options)
+            yield from capture_runs(plan[i], params, native, unregisters, **options)
+
+
+def _recut_task(plan, params, native, options, unregisters, batches):
+    return _runs_task(plan, params, native, options, batches, unregisters)
+
+
+def recut_runs(spark, plan: Sequence[Capture], runs, task_conns: dict, unregisters: dict, unregister_frame,
+               params: ScanParams, native: Optional[bool], options: dict):
+    """The runs of a sharded scan (``runs``: every task's, CAPTURE_ROLE rows left out) with the capture's
+    UNREGISTER_CLIENT requests applied across shards. A shard reads only its connections, so the unregisters it
+    sees are those sent on them: a client that unregisters a group on another connection than the one it
+    heartbeats that group on (another shard's) and heartbeats it again within the split threshold gets one run
+    over the unregister. The unregisters of all shards (``unregisters``, few: collected on the driver and ordered
+    by packet time; ``unregister_frame``: the same as capture_cuts' second frame) are joined to the runs by
+    (client, role, group): a run with one at or after its first heartbeat and before its last holds such a
+    pair of heartbeats (a shard that saw the unregister cut there). Only then are the shards holding those
+    runs' connections (``task_conns``: {plan index: conn ids}) read again with every unregister as a cut
+    (capture_runs), and those connections' runs replaced; the cut rule is the reference scan's
+    (engine.recording.scan_py.member_left, millisecond packet times: an unregister at the millisecond of a
+    heartbeat ends the member after that heartbeat), so the sharded scan equals the unsharded one."""
+    from pyspark.sql import functions as F
+
+    from . import spark as sp
+
+    if not unregisters or unregister_frame is None:
+        return runs
+    members = runs.where(F.col("role").isin("consumer", "producer"))
+    u = F.broadcast(unregister_frame.select("client_id", "role", "group", "cut_ms"))
+    over = {int(r["conn_id"]) for r in members.join(u, ["client_id", "role", "group"]).where(
+        (F.col("cut_ms") >= F.col("first_ms")) & (F.col("cut_ms") < F.col("last_ms"))).select("conn_id")
+        .distinct().collect()}
+    if not over:
+        return runs
+    again = sorted(i for i, conns in task_conns.items() if over & conns)
+    fn = functools.partial(_recut_task, [plan[i] for i in again], params, native, options, unregisters)
+    fresh = _plan_ids(spark, len(again)).mapInArrow(fn, sp.RUN_STRUCT)
+    mine = F.col("role").isin("client", "consumer", "producer") & F.col("conn_id").isin(sorted(over))
+    return runs.where(~mine).unionByName(fresh.where(mine))
 
 
 def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bool] = None, ports=None,
@@ -552,17 +596,23 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
     raw = _plan_ids(spark, len(plan)).mapInArrow(fn, sp.RUN_STRUCT).persist()
     saved = {}
     try:
-        results, addrs = [], {}
+        results, addrs, task_conns = [], {}, {}
+        index = {(c.name, tuple(c.shard)): i for i, c in enumerate(plan)}
         for r in raw.where(F.col("role") == CAPTURE_ROLE).select("sub_key").collect():
             p = json.loads(r["sub_key"])
             addrs.update((int(c), a) for c, a in p["addrs"])
+            task_conns[index[(p["name"], tuple(p["shard"]))]] = {int(c) for c, _ in p["addrs"]}
             results.append(CaptureResult(p["name"], p["files"], p["stats"], [tuple(e) for e in p["events"]],
                                          [tuple(x) for x in p["losses"]], p["damaged"], tuple(p["shard"])))
         results = merge_shards(results)
         conn_events, unregisters = connection_events(results), unregister_times(results)
         cuts = sp.capture_cuts(spark, conn_events, unregisters)
-        runs = raw.where(F.col("role") != CAPTURE_ROLE).transform(
-            sp.merge_runs(params, cuts[1] if cuts is not None and unregisters else None)).persist()
+        unregister_frame = cuts[1] if cuts is not None and unregisters else None
+        runs = raw.where(F.col("role") != CAPTURE_ROLE)
+        if shards > 1:
+            runs = recut_runs(spark, plan, runs, task_conns, unregisters, unregister_frame, params, native,
+                              dict(options, ports=ports))
+        runs = runs.transform(sp.merge_runs(params, unregister_frame)).persist()
         try:
             stats = sp._stats(runs)
             stats.pop("runs")
@@ -585,7 +635,8 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
             findings["expired_clients"] = departed_out(
                 runs, sp.expired_records(runs, params, stats["last_ms"], addrs), conn_events, unregisters, params)
             findings["member_addresses"] = sp.member_address_records(
-                runs, addrs, deviating_members(findings["inconsistent_subscriptions"]), params)
+                runs, addrs, deviating_members(findings["inconsistent_subscriptions"]), params, conn_events,
+                unregisters)
             if client_ids:
                 findings["_client_ids"] = sorted(r[0] for r in runs.where(F.col("role") == "client")
                                                  .select("client_id").distinct().collect())

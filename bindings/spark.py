@@ -619,12 +619,21 @@ def connection_addresses(plan: seg.Plan, wanted) -> dict:
     return out
 
 
-def member_address_records(runs: DataFrame, plan, wanted, params: ScanParams) -> list:
+def member_address_records(runs: DataFrame, plan, wanted, params: ScanParams, conn_events: Optional[dict] = None,
+                           unregisters: Optional[dict] = None) -> list:
     """engine.recording.scan_py's ``member_addresses`` from merged runs: the connections of the runs of each deviating member
     ((group, client, start_ms, end_ms) of scan_py.deviating_members) live during its span (a run's observations are
     at most min(expiry, gap threshold) apart, so ``first < end and last + expiry > start`` holds exactly when one
     of its observations is live then), their addresses read on the driver (``plan``: a recording's seg.Plan,
-    read with connection_addresses) or given (``plan``: {conn_id: address}, a capture's)."""
+    read with connection_addresses) or given (``plan``: {conn_id: address}, a capture's). A capture's
+    ``conn_events`` and ``unregisters`` end a run's address at the member's leaving, as scan_py.address_live_until
+    does for each observation: a capture's merged runs are cut at the member's unregisters, so every observation
+    of a run leaves at the first unregister at or after its last heartbeat (scan_py.member_left at ``last``), and
+    the run counts while ``first < end and min(last + expiry, left) > max(start, first)``. The connection's first
+    FIN / RST is taken as at or after the run's last heartbeat, as live_intervals takes it (not cut: a run with
+    heartbeats after a FIN of its connection, a half-closed connection)."""
+    from engine.recording.scan_py import address_live_until
+
     wanted = list(wanted)
     if not wanted:
         return []
@@ -637,7 +646,9 @@ def member_address_records(runs: DataFrame, plan, wanted, params: ScanParams) ->
     conns: dict = defaultdict(dict)
     for r in rows:
         key = (r["group"], r["client_id"])
-        if any(r["first_ms"] < end and r["last_ms"] + params.expiry_ms > start for start, end in spans.get(key, ())):
+        until = address_live_until(conn_events, unregisters, r["client_id"], r["group"], r["conn_id"], r["last_ms"],
+                                   params)
+        if any(r["first_ms"] < end and until > max(start, r["first_ms"]) for start, end in spans.get(key, ())):
             conns[key].setdefault(r["conn_id"], r["first_ms"])
     addrs = plan if isinstance(plan, dict) else connection_addresses(
         plan, [(c, t) for d in conns.values() for c, t in d.items()])

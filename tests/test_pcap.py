@@ -724,14 +724,15 @@ def test_clients_that_closed_or_unregistered_are_not_expired(tmp_path):
     assert [r["client_id"] for r in pcap.scan_local([bare])["expired_clients"]] == [c + "@1" for c in "ABCDH"]
 
 
-def rejoining_client_capture(path):
+def rejoining_client_capture(path, unregister_addr=None, unregister_s=65):
     """U (consumer of G, topic T) heartbeats at 0, 30 and 60 s, sends UNREGISTER_CLIENT for G at 65 s and
     heartbeats G again at 85, 115 and 145 s on the same connection (20 s after the unregister: within one run of
     the member), then goes silent with its connection open; K (consumer of G, topic T2: another subscription set)
-    heartbeats every 30 s until 300 s. Returns {client: address}."""
+    heartbeats every 30 s until 300 s. ``unregister_addr``: the unregister comes on another connection of U, from
+    that address (opened for it and left open); ``unregister_s``: at that time. Returns {client: address}."""
     addrs = {"U": "10.0.3.1:43000", "K": "10.0.3.2:44000"}
     steps = [(T0 + s * 1000, addrs["U"], "hb", _body("U@1")) for s in (0, 30, 60, 85, 115, 145)]
-    steps.append((T0 + 65_000, addrs["U"], "unregister", ("U@1", None, "G")))
+    steps.append((T0 + unregister_s * 1000, unregister_addr or addrs["U"], "unregister", ("U@1", None, "G")))
     steps += [(T0 + s * 1000, addrs["K"], "hb", _body("K@1").replace(b'"topic":"T"', b'"topic":"T2"'))
               for s in range(0, 301, 30)]
     tool.write_script(path, sorted(steps, key=lambda x: x[0]))
@@ -745,11 +746,19 @@ REJOIN_SIZES = {("G", "consumer"): [[0, 2], [65_000, 1], [85_000, 2], [265_000, 
 REJOIN_SPANS = [(0, 65_000), (85_000, 265_000)]
 
 
-def check_rejoin_findings(f):
+#: the same with the unregister at 85 s, the millisecond of U's next heartbeat (on another connection: the order
+#: of the two packets within that millisecond is not used): the unregister ends U after that heartbeat, as one at
+#: or after a heartbeat does, so U is out of G from 85 s to its heartbeat at 115 s
+REJOIN_AT_HEARTBEAT_SIZES = {("G", "consumer"): [[0, 2], [85_000, 1], [115_000, 2], [265_000, 1], [420_000, 0]],
+                             ("CLIENT_INNER_PRODUCER", "producer"): REJOIN_SIZES[("CLIENT_INNER_PRODUCER", "producer")]}
+REJOIN_AT_HEARTBEAT_SPANS = [(0, 85_000), (115_000, 265_000)]
+
+
+def check_rejoin_findings(f, sizes_want=REJOIN_SIZES, spans_want=REJOIN_SPANS):
     """The findings of rejoining_client_capture (local and Spark scans alike)."""
     sizes = {(g["group"], g["role"]): [[t - T0, n] for t, n in g["series"]] for g in f["group_sizes"]}
-    assert sizes == REJOIN_SIZES
-    assert [(r["start_ms"] - T0, r["end_ms"] - T0) for r in f["inconsistent_subscriptions"]] == REJOIN_SPANS
+    assert sizes == sizes_want
+    assert [(r["start_ms"] - T0, r["end_ms"] - T0) for r in f["inconsistent_subscriptions"]] == spans_want
     assert [(r["client_id"], r["last_heartbeat_ms"] - T0, r["expired_ms"] - T0) for r in f["expired_clients"]] == [
         ("U@1", 145_000, 265_000)]
     assert f["capture"]["unregister_count"] == 1
@@ -770,6 +779,100 @@ def test_a_client_unregistered_then_heartbeating_again_on_its_connection(tmp_pat
     assert {(g["group"], g["role"]): [[t - T0, n] for t, n in g["series"]] for g in plain["group_sizes"]}[
         ("G", "consumer")] == [[0, 2], [265_000, 1], [420_000, 0]]
     assert [(r["start_ms"] - T0, r["end_ms"] - T0) for r in plain["inconsistent_subscriptions"]] == [(0, 265_000)]
+
+
+#: U's connections in rejoining_client_capture(unregister_addr=...): its heartbeats' and another one, which the
+#: readers of a capture read in two shards take apart (checked by shard_of)
+UNREGISTER_ELSEWHERE = "10.0.3.1:43001"
+
+
+def shard_of(addr, n, server="10.255.255.254:10911"):
+    """The shard (of ``n``) that reads the connection of ``addr`` to pcap_tool.write_script's broker."""
+    from engine.recording._pcap_py import conn_hash
+
+    def raw(a):
+        host, port = a.rsplit(":", 1)
+        return bytes(int(x) for x in host.split(".")) + int(port).to_bytes(2, "big")
+
+    lo, hi = sorted([raw(addr), raw(server)])
+    return conn_hash(b"\x04" + lo + hi, 0) % n
+
+
+@pytest.mark.parametrize("unregister_s", [65, 85])
+def test_a_client_unregistered_on_another_connection(tmp_path, unregister_s):
+    """U sends its UNREGISTER_CLIENT for G on a second connection (another shard's when read in two) and
+    heartbeats G again on its first: the same findings as the unregister on the heartbeats' connection, sharded
+    or not. A shard's runs with the whole capture's unregisters as cuts (capture_runs(unregisters=...), the
+    Spark scan's second step) are, together, the unsharded reader's runs."""
+    from engine.recording.scan_py import ScanParams
+
+    rejoin = tmp_path / "rejoin.pcap"
+    addrs = rejoining_client_capture(rejoin, UNREGISTER_ELSEWHERE, unregister_s)
+    assert shard_of(addrs["U"], 2) != shard_of(UNREGISTER_ELSEWHERE, 2)
+    want = (REJOIN_SIZES, REJOIN_SPANS) if unregister_s == 65 else (REJOIN_AT_HEARTBEAT_SIZES, REJOIN_AT_HEARTBEAT_SPANS)
+    for shards in (1, 2):
+        check_rejoin_findings(pcap.scan_local([rejoin], shards=shards), *want)
+
+    def member_runs(batches):
+        rows = [r for b in batches for r in b.to_pylist() if r["role"] in ("consumer", "producer")]
+        return sorted((r["role"], r["group"], r["client_id"], r["conn_id"], r["first_ms"], r["last_ms"], r["n"])
+                      for r in rows)
+
+    params = ScanParams()
+    (whole,) = pcap.plan_captures([rejoin])
+    one = member_runs(pcap.capture_runs(whole, params))
+    assert ("consumer", "G", "U@1") in {r[:3] for r in one} and len([r for r in one if r[1] == "G"]) == 3
+    shards = pcap.plan_captures([rejoin], 2)
+    _, results = pcap.read_local([rejoin])
+    everywhere = pcap.unregister_times(results)
+    assert member_runs(b for c in shards for b in pcap.capture_runs(c, params, unregisters=everywhere)) == one
+    # without them the shard of U's heartbeats has one run of U in G over the unregister
+    assert member_runs(b for c in shards for b in pcap.capture_runs(c, params)) != one
+
+
+def leaving_deviators_capture(path):
+    """Consumers of G: K1 and K2 (topic T) heartbeat every 30 s until 300 s; D1 heartbeats T at 0, 30, 60 s on one
+    connection, closes it (client FIN, 70 s) and heartbeats T2 on a new one from 80 s to 290 s; D2 does the same
+    but leaves its first connection by UNREGISTER_CLIENT for G (65 s), the connection staying open. The
+    disagreement starts at 80 s, after both left their first connection. Returns {client: address}."""
+    addrs = {"K1": "10.0.5.1:45000", "K2": "10.0.5.2:45000", "D1": "10.0.5.3:45000", "D1b": "10.0.5.3:45001",
+             "D2": "10.0.5.4:45000", "D2b": "10.0.5.4:45001"}
+    t2 = lambda b: b.replace(b'"topic":"T"', b'"topic":"T2"')  # noqa: E731
+    steps = [(T0 + s * 1000, addrs[c], "hb", _body(c + "@1")) for s in range(0, 301, 30) for c in ("K1", "K2")]
+    for c in ("D1", "D2"):
+        steps += [(T0 + s * 1000, addrs[c], "hb", _body(c + "@1")) for s in (0, 30, 60)]
+        steps += [(T0 + s * 1000, addrs[c + "b"], "hb", t2(_body(c + "@1"))) for s in range(80, 301, 30)]
+    steps += [(T0 + 70_000, addrs["D1"], "fin", "client"),
+              (T0 + 65_000, addrs["D2"], "unregister", ("D2@1", None, "G"))]
+    tool.write_script(path, sorted(steps, key=lambda x: x[0]))
+    return addrs
+
+
+def check_leaving_deviators(f, addrs):
+    """The findings of leaving_deviators_capture (local and Spark scans alike): one span from 80 s, D1 and D2
+    deviating, each listed at its second connection's address only (the first was left before the span)."""
+    (span,) = f["inconsistent_subscriptions"]
+    assert (span["start_ms"] - T0, span["end_ms"] - T0) == (80_000, 410_000)
+    assert [v["clients"] for v in span["variants"]] == [["K1@1", "K2@1"], ["D1@1", "D2@1"]]
+    assert [(r["group"], r["client_id"], r["addrs"]) for r in f["member_addresses"]] == [
+        ("G", "D1@1", [addrs["D1b"]]), ("G", "D2@1", [addrs["D2b"]])]
+
+
+def test_member_addresses_end_at_the_close_or_unregister(tmp_path):
+    """member_addresses of a capture use its closes and unregisters as membership does: a deviating member that
+    closed a connection (FIN) or unregistered on it before the span is not listed at that address; the same
+    heartbeats as a recording (nothing seen leaving) list it, its last heartbeat there being within the expiry
+    of the span's start."""
+    from engine.recording.scan_py import scan_records
+
+    cap = tmp_path / "leaving.pcap"
+    addrs = leaving_deviators_capture(cap)
+    for shards in (1, 2):
+        check_leaving_deviators(pcap.scan_local([cap], shards=shards), addrs)
+    rec, _ = pcap.read_local([cap])
+    plain = scan_records(pcap.records_iter([rec]))
+    assert [(r["client_id"], r["addrs"]) for r in plain["member_addresses"]] == [
+        ("D1@1", sorted([addrs["D1"], addrs["D1b"]])), ("D2@1", sorted([addrs["D2"], addrs["D2b"]]))]
 
 
 def test_a_close_at_the_expiry_or_a_capture_ending_before_it(tmp_path):

@@ -172,6 +172,40 @@ def test_scan_of_a_client_unregistered_then_heartbeating_again(spark, tmp_path):
     assert _comparable(pcap.scan(spark, [cap], shards=2)) == _comparable(f)
 
 
+@pytest.mark.parametrize("unregister_s", [65, 85])
+def test_scan_of_a_client_unregistered_on_another_connection(spark, tmp_path, unregister_s):
+    """The unregister on another connection than the heartbeats' (another shard's when read in two, at 65 s or at
+    the millisecond of a heartbeat, 85 s): the sharded scan cuts U's run at it as the unsharded scan and the
+    local scan do (the shards' unregisters applied to every shard's runs in a second step)."""
+    from test_pcap import (REJOIN_AT_HEARTBEAT_SIZES, REJOIN_AT_HEARTBEAT_SPANS, REJOIN_SIZES, REJOIN_SPANS,
+                           UNREGISTER_ELSEWHERE, check_rejoin_findings, rejoining_client_capture, shard_of)
+
+    cap = tmp_path / "rejoin.pcap"
+    addrs = rejoining_client_capture(cap, UNREGISTER_ELSEWHERE, unregister_s)
+    assert shard_of(addrs["U"], 2) != shard_of(UNREGISTER_ELSEWHERE, 2)
+    want = (REJOIN_SIZES, REJOIN_SPANS) if unregister_s == 65 else (REJOIN_AT_HEARTBEAT_SIZES, REJOIN_AT_HEARTBEAT_SPANS)
+    local = pcap.scan_local([cap])
+    check_rejoin_findings(local, *want)
+    for shards in (1, 2, 3):
+        f = pcap.scan(spark, [cap], shards=shards)
+        check_rejoin_findings(f, *want)
+        assert _comparable(f) == _comparable(local), shards
+
+
+def test_scan_member_addresses_end_at_the_close_or_unregister(spark, tmp_path):
+    """member_addresses on Spark use the capture's closes and unregisters as the local scan does: deviating
+    members that left a connection (FIN, UNREGISTER_CLIENT) before the span are not listed at it; sharded alike."""
+    from test_pcap import check_leaving_deviators, leaving_deviators_capture
+
+    cap = tmp_path / "leaving.pcap"
+    addrs = leaving_deviators_capture(cap)
+    local = pcap.scan_local([cap])
+    for shards in (1, 2):
+        f = pcap.scan(spark, [cap], shards=shards)
+        check_leaving_deviators(f, addrs)
+        assert _comparable(f) == _comparable(local), shards
+
+
 def test_sharded_scan_equals_the_unsharded(spark):
     one = pcap.scan(spark, INPUTS)
     three = pcap.scan(spark, INPUTS, shards=3)

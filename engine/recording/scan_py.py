@@ -16,9 +16,9 @@ Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
   ``conn_events`` and ``unregisters``), also at most until the first FIN / RST of the observation's connection or
   the client's first UNREGISTER_CLIENT for that group at or after it (:func:`member_left`): the broker removed the
   member then; a later heartbeat adds it back. (The Spark scan ends a member's run at such an unregister,
-  bindings.pcap.capture_runs and bindings.spark.merge_runs, for the same intervals. Not seen there: a capture read
-  in shards whose client sends UNREGISTER_CLIENT on another connection than the one it heartbeats that group on
-  and heartbeats it again within min(expiry, gap threshold): the heartbeats' shard does not see the unregister.)
+  bindings.pcap.capture_runs and bindings.spark.merge_runs, for the same intervals; a capture read in shards
+  applies every shard's unregisters to every shard's runs, bindings.pcap.recut_runs, as a client may unregister
+  on another connection than the one it heartbeats on.)
 * ``group_sizes``: per group and role, the number of live members over time, as change points.
 * ``inconsistent_subscriptions``: per consumer group, the maximal spans during which live members with a known set
   hold two or more different sets; spans shorter than ``min_duration`` are dropped. Each span lists the variants
@@ -36,7 +36,10 @@ Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
 * ``member_addresses`` (for the report, not a finding): per (group, client) of a deviating member -- one of an
   ``inconsistent_subscriptions`` span's variants after the first, which the most members hold -- the remote
   addresses of the connections of its observations in that group live during the span (``t < end`` and
-  ``t + expiry > start``).
+  ``t + expiry > start``). In a capture an observation's connection counts only until the member left it as
+  membership has it (:func:`member_left`: that connection's first FIN / RST, or the client's UNREGISTER_CLIENT
+  for the group, at or after ``t``): ``t < end`` and ``min(t + expiry, left) > max(start, t)``, so an address is
+  not listed for a span that starts after the member closed that connection or unregistered.
 * ``expired_clients``: what the broker's channel-expiry scan (SCAN) would remove: a client whose heartbeats (any
   connection) stop for more than ``expiry`` while the recording goes on at least that long. One row per silence:
   the connection of its last heartbeat (``conn_id``, ``addr``, ``connected_ms`` = that connection's first
@@ -182,7 +185,7 @@ def scan_records(records: Iterable, params: ScanParams = ScanParams(), conn_even
             departure, conn_events, unregisters, _groups_at(member_obs)) if conn_events or unregisters else None),
     }
     findings["member_addresses"] = _member_addresses(findings["inconsistent_subscriptions"], member_obs, conn_addr,
-                                                     params)
+                                                     params, conn_events, unregisters)
     findings["summary"] = {
         "records": n_records,
         "bad_bodies": n_bad,
@@ -269,11 +272,12 @@ def deviating_members(inconsistent) -> list:
             for c in v["clients"]]
 
 
-def _member_addresses(inconsistent, member_obs, conn_addr, params: ScanParams) -> list:
+def _member_addresses(inconsistent, member_obs, conn_addr, params: ScanParams, conn_events: Optional[dict] = None,
+                      unregisters: Optional[dict] = None) -> list:
     conns: Dict[Tuple[str, str], set] = defaultdict(set)
     for group, client, start, end in deviating_members(inconsistent):
         for t, conn, _ in member_obs.get(("consumer", group, client), ()):
-            if t < end and t + params.expiry_ms > start:
+            if t < end and address_live_until(conn_events, unregisters, client, group, conn, t, params) > max(start, t):
                 conns[(group, client)].add(conn)
     return [{"group": g, "client_id": c, "addrs": sorted({conn_addr[x] for x in cs if conn_addr.get(x)})}
             for (g, c), cs in sorted(conns.items())]
@@ -311,6 +315,15 @@ def member_left(conn_events: Optional[dict], unregisters: Optional[dict], client
             if k < len(times) and (out is None or times[k] < out):
                 out = times[k]
     return out
+
+
+def address_live_until(conn_events: Optional[dict], unregisters: Optional[dict], client, group, conn, t,
+                       params: ScanParams) -> int:
+    """Until when a consumer observed at ``t`` on ``conn`` counts at that connection's address in
+    ``member_addresses``: ``expiry`` after ``t``, or when it left (:func:`member_left`: the connection's first FIN /
+    RST or the client's UNREGISTER_CLIENT for ``group``, at or after ``t``) if earlier."""
+    left = member_left(conn_events, unregisters, client, "consumer", group, conn, t)
+    return t + params.expiry_ms if left is None else min(t + params.expiry_ms, left)
 
 
 def unregistered(unregisters: Optional[dict], client, groups, t, until) -> bool:

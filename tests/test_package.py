@@ -43,9 +43,11 @@ def test_twin_facade_decodes_a_real_frame(vectors):
 
 # Every compiled module counts: a build where one module fell back to its twin is not "native".
 MODULES_PROBE = (
-    "import json, engine, engine.registry.client_registry as r, engine.bindings.segments as s; "
+    "import json, engine, engine.registry.client_registry as r, engine.bindings.segments as s, "
+    "engine.broker.server as srv; "
     "print(json.dumps({'native': engine.NATIVE, 'modules': engine.native_modules(), "
-    "'registry': r.IMPLEMENTATION, 'scanner': s.BlockScanner.__module__, 'deduper': s.BodyDeduper.__module__}))"
+    "'registry': r.IMPLEMENTATION, 'scanner': s.BlockScanner.__module__, 'deduper': s.BodyDeduper.__module__, "
+    "'connection': srv.Connection.__name__}))"
 )
 BLOCK_DIGEST = (
     # a meta-path finder that refuses engine.registry._digest, as a build that did not compile it would
@@ -72,7 +74,8 @@ def test_native_modules_report_what_each_user_loads():
     require_native()
     got = _modules_probe()
     assert got["modules"] == {m: True for m in ("_frame", "_heartbeat", "_expiry", "_digest", "_segment", "_brokerlog",
-                                                "_pcap")}
+                                                "_pcap", "_protocol")}
+    assert got["connection"] == "NativeConnection"
     assert got["native"] is True
     assert got["registry"] == {"expiry": "native", "digest": "native"}
     assert (got["scanner"], got["deduper"]) == ("engine.recording._segment", "engine.recording._segment")
@@ -91,3 +94,4 @@ def test_no_extensions_reports_every_module_as_twin():
     assert got["native"] is False and not any(got["modules"].values())
     assert got["registry"] == {"expiry": "twin", "digest": "twin"}
     assert got["scanner"] == got["deduper"] == "engine.bindings.segments"
+    assert got["connection"] == "PyConnection"

@@ -4,7 +4,10 @@ Shape (NettyRemotingServer + BrokerController.registerProcessor, on one event lo
 
 * :class:`Connection` is the per-connection protocol. It feeds a :class:`engine.FrameDecoder`, dispatches every
   complete request, and writes the responses of one read in one ``transport.write``. It is also the channel key
-  the registry files registrations under, so closing it removes the client at once.
+  the registry files registrations under, so closing it removes the client at once. Two implementations:
+  :class:`NativeConnection` (``data_received``, the repeat route and HEART_BEAT served straight from the registry
+  in Cython, engine.broker._protocol; every other request through :meth:`RemotingServer.dispatch`) and its
+  pure-Python twin :class:`PyConnection` (ENGINE_NO_EXTENSIONS=1); ``Connection`` is the one in use.
 * The processor table maps a request code to (handler, executor). Executors stand in for the broker's thread
   pools: the heartbeat executor runs inline in the read callback (the shortest path, so heartbeats are answered in
   well under 3 s whatever else is queued); client-manage, consumer-manage, pull and admin work each go through a
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 try:
@@ -56,43 +60,11 @@ TIMEOUT_CLEAN_QUEUE_REMARK = ("[TIMEOUT_CLEAN_QUEUE]broker busy, start flow cont
                               "%dms, size of queue: %d")
 
 
-class Connection(asyncio.Protocol):
-    """One client connection; also the registry's channel key (hashable by identity)."""
+class ConnectionMethods(asyncio.Protocol):
+    """What both implementations of a client connection share: everything but the state's layout and, in the
+    native one, ``data_received`` (see :class:`PyConnection` and :class:`NativeConnection`)."""
 
-    __slots__ = ("server", "port_name", "id", "transport", "decoder", "remote_ip", "remote_port", "remote_addr",
-                 "local_ip", "local_port", "closing", "close_reason", "rejected", "partial_since", "buffered",
-                 "last_io", "inflight", "reading_paused", "write_paused_since", "serialize_type", "held_pulls",
-                 "route", "_out", "_soon", "__weakref__")
-
-    def __init__(self, server: "RemotingServer", port_name: str):
-        self.server = server
-        self.port_name = port_name
-        self.id = server._next_conn_id()
-        self.transport: asyncio.Transport | None = None
-        self.decoder = FrameDecoder(server.config.max_frame_size)
-        self.remote_ip = ""
-        self.remote_port = 0
-        self.remote_addr = ""
-        self.local_ip = ""
-        self.local_port = 0
-        self.closing = False
-        self.close_reason: str | None = None
-        self.rejected: str | None = None  # limit that refused this connection, answered on its first request
-        self.partial_since: float | None = None  # tick when the buffered partial frame started
-        self.buffered = 0  # bytes of a partial frame held by the decoder, as counted in server.partial_bytes
-        self.last_io = server.tick
-        self.inflight = 0
-        self.reading_paused = False
-        self.write_paused_since: float | None = None  # the client stopped reading what we write
-        self.serialize_type = "JSON"  # of the client's last request: NOTIFY goes out in the same form
-        self.held_pulls: dict = {}  # opaque -> TimerHandle of a held PULL_MESSAGE
-        # the repeat route (a heartbeat the client repeats: the decoder returns each repeat's opaque, answered by
-        # the route's armed answer) and the cached decode of the last heartbeat body
-        self.route = RepeatRoute()
-        if server.repeats:
-            self.decoder.watch_code = RequestCode.HEART_BEAT
-        self._out: list | None = None  # responses batched during one data_received
-        self._soon: list | None = None  # frames from send_soon, written once this loop iteration's reads are done
+    __slots__ = ()
 
     def __repr__(self) -> str:
         return f"<Connection #{self.id} {self.remote_addr} {self.port_name}>"
@@ -293,6 +265,67 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
 
+class PyConnection(ConnectionMethods):
+    """One client connection; also the registry's channel key (hashable by identity). The pure-Python twin of
+    :class:`NativeConnection` (engine.broker._protocol), used under ENGINE_NO_EXTENSIONS=1 or when it is not built."""
+
+    __slots__ = ("server", "port_name", "id", "transport", "decoder", "remote_ip", "remote_port", "remote_addr",
+                 "local_ip", "local_port", "closing", "close_reason", "rejected", "partial_since", "buffered",
+                 "last_io", "inflight", "reading_paused", "write_paused_since", "serialize_type", "held_pulls",
+                 "route", "_out", "_soon", "__weakref__")
+
+    def __init__(self, server: "RemotingServer", port_name: str):
+        self.server = server
+        self.port_name = port_name
+        self.id = server._next_conn_id()
+        self.transport: asyncio.Transport | None = None
+        self.decoder = FrameDecoder(server.config.max_frame_size)
+        self.remote_ip = ""
+        self.remote_port = 0
+        self.remote_addr = ""
+        self.local_ip = ""
+        self.local_port = 0
+        self.closing = False
+        self.close_reason: str | None = None
+        self.rejected: str | None = None  # limit that refused this connection, answered on its first request
+        self.partial_since: float | None = None  # tick when the buffered partial frame started
+        self.buffered = 0  # bytes of a partial frame held by the decoder, as counted in server.partial_bytes
+        self.last_io = server.tick
+        self.inflight = 0
+        self.reading_paused = False
+        self.write_paused_since: float | None = None  # the client stopped reading what we write
+        self.serialize_type = "JSON"  # of the client's last request: NOTIFY goes out in the same form
+        self.held_pulls: dict = {}  # opaque -> TimerHandle of a held PULL_MESSAGE
+        # the repeat route (a heartbeat the client repeats: the decoder returns each repeat's opaque, answered by
+        # the route's armed answer) and the cached decode of the last heartbeat body
+        self.route = RepeatRoute()
+        if server.repeats:
+            self.decoder.watch_code = RequestCode.HEART_BEAT
+        self._out: list | None = None  # responses batched during one data_received
+        self._soon: list | None = None  # frames from send_soon, written once this loop iteration's reads are done
+
+
+if not os.environ.get("ENGINE_NO_EXTENSIONS"):
+    try:
+        from engine.broker._protocol import ProtocolCore
+    except ImportError:  # not built: the twin serves
+        ProtocolCore = None
+else:
+    ProtocolCore = None
+
+if ProtocolCore is not None:
+    class NativeConnection(ProtocolCore, ConnectionMethods):
+        """A client connection whose state and ``data_received`` are native (engine.broker._protocol); the rest is
+        :class:`ConnectionMethods`, shared with the twin :class:`PyConnection`."""
+
+        __slots__ = ()
+else:
+    NativeConnection = None
+
+#: the implementation in use: the native one when built (and ENGINE_NO_EXTENSIONS is unset), else the twin
+Connection = NativeConnection or PyConnection
+
+
 def connection_capacity(max_connections: int) -> int:
     """maxConnections, lowered to RLIMIT_NOFILE - FD_RESERVE: a client over the descriptor limit would otherwise
     be dropped at accept with no answer, and the store could no longer open its files."""
@@ -413,6 +446,11 @@ class QueueExecutor:
 class RemotingServer:
     """Listens on the main port and the fast port (main - 2) with one processor table; tracks connections."""
 
+    #: the protocol class of client connections (tests set it per server to drive one implementation)
+    connection_class = Connection
+    #: the inline executor's class, for the native protocol's check of the heartbeat entry
+    _inline_type = InlineExecutor
+
     def __init__(self, config, metrics, *, on_close=None, acl=None, acl_exempt=frozenset()):
         self.config = config
         self.metrics = metrics
@@ -447,6 +485,10 @@ class RemotingServer:
         self.errors_log = RateLimitedLog(log)  # failed requests: one line per kind a minute
         #: what clients cause (closes, bad heartbeats, ACL refusals): at most 20 lines per kind a minute
         self.client_log = RateLimitedLog(log, burst=20)
+        # the native protocol's cache: the HEART_BEAT table entry it last looked at and the Processors it serves
+        # heartbeats with inline (None: every heartbeat through dispatch)
+        self._hb_entry = None
+        self._hb_procs = None
 
     def _queue_soon(self, conn: Connection) -> None:
         if not self._soon:
@@ -464,7 +506,7 @@ class RemotingServer:
     def new_connection(self, port_name: str) -> Connection:
         """The protocol object of a client connection accepted on ``port_name`` (asyncio's protocol factory, and
         the I/O worker pool's for the sockets it hands off)."""
-        return Connection(self, port_name)
+        return self.connection_class(self, port_name)
 
     def _next_conn_id(self) -> int:
         self._conn_seq += 1
@@ -700,28 +742,40 @@ class RemotingServer:
         at most once a minute per kind, so a client cannot flood the log or stop an executor's queue."""
         try:
             response = handler(conn, cmd)
-        except RemotingError as e:
-            response = self._failed(conn, cmd, "bad_request", clip(str(e), MAX_REMARK))
-        except Exception:
-            response = self._failed(conn, cmd, "internal_error", None, exc_info=True)
+        except Exception as e:
+            response = self._handler_failed(conn, cmd, e)
         if response is None or cmd.flag & FLAG_ONEWAY:
             return
         if type(response) is not bytes:
-            remark = response.remark
-            if remark is not None and len(remark) > MAX_REMARK:
-                response.remark = clip(remark, MAX_REMARK)
-            try:
-                response = response.encode()
-                if len(response) > self.config.max_frame_size:  # the client's decoder would refuse it
-                    response = self._failed(conn, cmd, "answer_too_large", None).encode()
-            except Exception as e:  # a header over its limit, or a handler's value that does not encode
-                kind = "answer_too_large" if "exceeds" in str(e) else "encode_failed"
-                response = self._failed(conn, cmd, kind, None).encode()
+            response = self._encode_answer(conn, cmd, response)
         out = conn._out
         if out is not None and not conn.closing:
             out.append(response)  # Connection.send during a read, inlined (pipelined heartbeats)
         else:
             conn.send(response)
+
+    def _handler_failed(self, conn, cmd, exc: Exception):
+        """The answer to a request whose handler raised ``exc`` (called from the ``except`` clause): a bad request
+        (RemotingError) is answered with the error's short message, anything else with a remark naming the
+        request, its traceback logged."""
+        if isinstance(exc, RemotingError):
+            return self._failed(conn, cmd, "bad_request", clip(str(exc), MAX_REMARK))
+        return self._failed(conn, cmd, "internal_error", None, exc_info=True)
+
+    def _encode_answer(self, conn, cmd, response) -> bytes:
+        """A handler's RemotingCommand answer as a frame: the remark clipped, an answer over the frame limit or one
+        that does not encode replaced by a SYSTEM_ERROR that names the request."""
+        remark = response.remark
+        if remark is not None and len(remark) > MAX_REMARK:
+            response.remark = clip(remark, MAX_REMARK)
+        try:
+            response = response.encode()
+            if len(response) > self.config.max_frame_size:  # the client's decoder would refuse it
+                response = self._failed(conn, cmd, "answer_too_large", None).encode()
+        except Exception as e:  # a header over its limit, or a handler's value that does not encode
+            kind = "answer_too_large" if "exceeds" in str(e) else "encode_failed"
+            response = self._failed(conn, cmd, kind, None).encode()
+        return response
 
     def _failed(self, conn: Connection, cmd, kind: str, remark, exc_info=None):
         """The SYSTEM_ERROR answer to a request that could not be served: ``remark`` (already short) or one

@@ -9,6 +9,12 @@ One benchmark call handles BATCH heartbeats (or one scan), so heartbeats/s = ops
 its per-heartbeat figure in ``extra_info``. ``ENGINE_BENCH_CLIENTS`` (default 100000) sets the size of the
 memory measurement; 1000000 is the issue's scale.
 
+Issue 15 targets: a new client (connect + first heartbeat) <= 2 us at 10k and at 1M registered clients
+(test_new_client_among), a close <= 2 us (test_close_among), a changed heartbeat <= 2 us (test_changed_heartbeat),
+<= 200 B per registered client at 1M (ENGINE_BENCH_CLIENTS=1000000), and the channel table's native scan at least
+as fast as its numpy twin at every size (test_table_scan). ``impl`` switches the registry's channel table
+(engine.registry._channel_table or its twin) and digest together.
+
 Targets (issue 3): steady heartbeat (decode + register, unchanged client) >= 300k/s on one core; expiry scan
 <= 1 ms per 1M channels; <= 256 bytes per registered client. Java measured here: ~12 us decode + 2.4 us register
 (~70k/s), scanNotActiveChannel ~6 ms per 10k clients, ~390 B of manager structures per client.
@@ -22,6 +28,7 @@ import numpy as np
 import pytest
 
 import engine
+import engine.registry._channel_table_py
 import engine.registry._digest_py
 import engine.registry._expiry_py
 import engine.codec._heartbeat_py
@@ -31,16 +38,17 @@ from engine.codec.heartbeat import encode_heartbeat
 from engine.registry.client_registry import ClientRegistry, ConsumerGroupEvent, RegistryConfig
 
 try:
+    import engine.registry._channel_table
     import engine.registry._digest
     import engine.registry._expiry
     import engine.codec._heartbeat
 
     NATIVE = {"decode": engine.codec._heartbeat.decode_heartbeat, "digest": engine.registry._digest.heartbeat_digest,
-              "scan": engine.registry._expiry.scan_expired}
+              "scan": engine.registry._expiry.scan_expired, "table": engine.registry._channel_table.ChannelTable}
 except ImportError:  # pragma: no cover
     NATIVE = None
 TWIN = {"decode": engine.codec._heartbeat_py.decode_heartbeat, "digest": engine.registry._digest_py.heartbeat_digest,
-        "scan": engine.registry._expiry_py.scan_expired}
+        "scan": engine.registry._expiry_py.scan_expired, "table": engine.registry._channel_table_py.ChannelTable}
 IMPLS = [pytest.param("native", marks=pytest.mark.skipif(NATIVE is None, reason="not built")), "twin"]
 
 BATCH = 1000
@@ -69,7 +77,7 @@ def use(monkeypatch):
     def select(name):
         impl = NATIVE if name == "native" else TWIN
         monkeypatch.setattr(registry_module, "_heartbeat_digest", impl["digest"])
-        monkeypatch.setattr(registry_module, "_scan_expired", impl["scan"])
+        monkeypatch.setattr(registry_module, "_ChannelTable", impl["table"])  # its scan is the registry's
         return impl["decode"]
     return select
 
@@ -239,6 +247,70 @@ def test_close(benchmark, use, impl):
     per_heartbeat(benchmark)
 
 
+def filled_registry(n: int):
+    """A registry holding ``n`` registered Java clients (channels 0..n-1, each heartbeat built and dropped)."""
+    reg = ClientRegistry(RegistryConfig(initial_capacity=n + BATCH), clock=lambda: 0)
+    for ch in range(n):
+        reg.open_channel(ch, address(ch))
+        reg.heartbeat(ch, java_heartbeat(ch), LanguageCode.JAVA, 479)
+    return reg
+
+
+@pytest.mark.benchmark(group="new client (connect + first heartbeat) among N registered")
+@pytest.mark.parametrize("registered", [10_000, 1_000_000], ids=["10k", "1M"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_new_client_among(benchmark, use, impl, registered):
+    """The issue's target (<= 2 us at 10k and 1M registered): BATCH new clients join a registry of N; the setup of
+    each round closes the previous round's clients, so N stays N."""
+    use(impl)
+    reg = filled_registry(registered)
+    hbs = [java_heartbeat(registered + i) for i in range(BATCH)]
+    addrs = [address(registered + i) for i in range(BATCH)]
+    channels = range(registered, registered + BATCH)
+
+    def setup():
+        for ch in channels:
+            reg.close_channel(ch)
+        return (), {}
+
+    def batch():
+        for ch, addr, hb in zip(channels, addrs, hbs):
+            reg.open_channel(ch, addr)
+            reg.heartbeat(ch, hb, LanguageCode.JAVA, 479)
+
+    benchmark.pedantic(batch, setup=setup, rounds=20)
+    per_heartbeat(benchmark)
+    assert reg.stats()["channels"] == registered + BATCH
+
+
+@pytest.mark.benchmark(group="close of a registered client among N registered")
+@pytest.mark.parametrize("registered", [10_000, 1_000_000], ids=["10k", "1M"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_close_among(benchmark, use, impl, registered):
+    """The issue's target (<= 2 us): BATCH registered clients of a registry of N close; each round's setup registers
+    them again. Java's log line for a closed consumer is written (as the broker does, within its per-minute budget:
+    after 6,000 lines a minute the rest are counted, not written)."""
+    use(impl)
+    reg = filled_registry(registered)
+    hbs = [java_heartbeat(registered + i) for i in range(BATCH)]
+    addrs = [address(registered + i) for i in range(BATCH)]
+    channels = range(registered, registered + BATCH)
+
+    def setup():
+        for ch, addr, hb in zip(channels, addrs, hbs):
+            reg.open_channel(ch, addr)
+            reg.heartbeat(ch, hb, LanguageCode.JAVA, 479)
+        return (), {}
+
+    def batch():
+        for ch in channels:
+            reg.close_channel(ch)
+
+    benchmark.pedantic(batch, setup=setup, rounds=20)
+    per_heartbeat(benchmark)
+    assert reg.stats()["channels"] == registered
+
+
 # ------------------------------------------------------------------------------------------------ expiry scan
 
 
@@ -255,6 +327,21 @@ def test_expiry_scan(benchmark, impl, n):
     out = benchmark(scan, last_update, live, 1_040_000, 120_000)
     assert len(out) > 0
     benchmark.extra_info["ms_per_1M"] = round(benchmark.stats.stats.median * 1e3 / (n / 1e6), 3)
+
+
+@pytest.mark.benchmark(group="channel table scan (none expired): the table's own scan vs the numpy twin")
+@pytest.mark.parametrize("n", [1_000, 10_000, 100_000, 1_000_000], ids=["1k", "10k", "100k", "1M"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_table_scan(benchmark, impl, n):
+    """The issue's target: the native scan at least as fast as numpy at every size. The twin's scan is numpy over
+    the same columns (engine.registry._channel_table_py)."""
+    table = (NATIVE if impl == "native" else TWIN)["table"](capacity=n, producer_shift=0)
+    for ch in range(n):
+        slot = table.open(ch)
+        table.add_member(slot, 0)
+        table.touch(slot, 1_000_000 + ch % 30_000)
+    assert benchmark(table.scan, 1_040_000, 120_000) == []
+    benchmark.extra_info["us_per_1k_slots"] = round(benchmark.stats.stats.min * 1e6 / (n / 1e3), 3)
 
 
 @pytest.mark.benchmark(group="registry.scan_expired (100k registered, none expired)")

@@ -119,7 +119,7 @@ def test_update_channel_settings_and_a_client_id_change(t, caplog):
             "old clientChannelInfo=")
     assert lines[0].startswith(head + "ClientChannelInfo [") and f"clientId={A}," in lines[0]
     assert f"clientId={B}," in lines[0].split("NEW: " if t.reg._rules4 else "new clientChannelInfo=")[1]
-    assert t.cm.consumer_ids("G") == [B] and t.reg._mv_armed[slot] == 0
+    assert t.cm.consumer_ids("G") == [B] and t.reg.channel_table.armed(slot) == 0
     t.reg.check_invariants()
 
 

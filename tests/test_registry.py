@@ -585,7 +585,7 @@ def test_repeated_heartbeat_takes_the_fast_path_with_the_same_answers(h):
     h.reg.heartbeat(1, data)  # a no-op run arms the fast path
     h.take()
     slot = h.reg._slot_of[1]
-    assert h.reg._mv_armed[slot]
+    assert h.reg.channel_table.armed(slot)
     for _ in range(3):
         h.now += 30_000
         assert h.reg.heartbeat(1, data).ext_fields["IS_SUB_CHANGE"] == "true"
@@ -612,10 +612,10 @@ def test_an_equal_heartbeat_decoded_anew_still_takes_the_fast_path(h):
     h.reg.heartbeat(1, hb(A, producers=["P"]))
     h.reg.heartbeat(1, hb(A, producers=["P"]))
     slot = h.reg._slot_of[1]
-    armed = h.reg._mv_armed[slot]
+    armed = h.reg.channel_table.armed(slot)
     h.now += 5_000
     h.reg.heartbeat(1, hb(A, producers=["P"]))  # another object, equal content: matched by its digest
-    assert h.reg._mv_armed[slot] == armed and h.reg.producer_channels("P")[0].last_update_timestamp == h.now
+    assert h.reg.channel_table.armed(slot) == armed and h.reg.producer_channels("P")[0].last_update_timestamp == h.now
 
 
 def test_a_heartbeat_in_another_set_order_takes_the_fast_path(h, monkeypatch):

@@ -1,6 +1,8 @@
 """Expiry with a driven clock (PROTOCOL.md 6.6.6, 6.8, 6.9, pitfall 9): the housekeeping scan runs every 10 s from
 10 s after start; an entry silent for more than 120 s (strictly) is removed without UNREGISTER or CHANGE and its
-channel is handed back to be closed. Runs with the native and the twin scan."""
+channel is handed back to be closed. Runs with the native and the twin channel table."""
+import importlib
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,8 +19,10 @@ SCAN_PERIOD = 10_000
 
 @pytest.fixture
 def scan_impl(impl, monkeypatch):
-    """Run the registry with the native or the twin expiry scan."""
-    monkeypatch.setattr(registry_module, "_scan_expired", impl.expiry.scan_expired)
+    """Run the registry with the native or the twin channel table (whose scan is the expiry scan)."""
+    module = importlib.import_module("engine.registry._channel_table" if impl.name == "native"
+                                     else "engine.registry._channel_table_py")
+    monkeypatch.setattr(registry_module, "_ChannelTable", module.ChannelTable)
     return impl.name
 
 
@@ -175,6 +179,6 @@ def test_fast_path_keeps_expiry_exact(scan_impl):
     data = hb("a@1", consumers=[("G", ["T"])], producers=["P"])
     b.run_until(600_000, periodic(1, data, 0, 600_000))
     assert 1 not in b.closed
-    assert b.reg._mv_armed[b.reg._slot_of[1]]  # the repeated heartbeats went through the fast path
+    assert b.reg.channel_table.armed(b.reg._slot_of[1])  # the repeated heartbeats went through the fast path
     b.run_until(800_000)
     assert 570_000 + 120_000 < b.closed[1] <= 570_000 + 130_000

@@ -1,7 +1,7 @@
 """Any interleaving of heartbeats, unregisters, closes, clock steps and scans: the registry matches the reference
 model (test_registry_model.RefRegistry) in every answer, event and query, its tables stay consistent (no slot in a
 group after removal, interned ids bounded by what live channels reference), and the native and twin expiry
-scans agree on its columns."""
+scans and the channel table's own scan agree on its columns."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
@@ -100,11 +100,12 @@ class RegistryMachine(RuleBasedStateMachine):
 
     @rule()
     def scan(self):
-        top = self.reg._top
-        lu, live = self.reg._oldest[:top], self.reg._live[:top]
+        lu, live = self.reg.channel_table.columns()
         twin = expiry_twin.scan_expired(lu, live, self.now, self.reg._timeout)
         if expiry_native is not None:
             assert np.array_equal(expiry_native.scan_expired(lu, live, self.now, self.reg._timeout), twin)
+        # the table's own scan (the registry's) over the same columns
+        assert self.reg.channel_table.scan(self.now, self.reg._timeout) == twin.tolist()
         closed = self.reg.scan_expired()
         assert len(closed) == len(set(closed))
         assert set(closed) == self.ref.scan()

@@ -1,13 +1,13 @@
-"""What the client managers share over the registry's channel table (issue 15): the membership kinds, a group's
-member array, and the per-registration records a query returns (RocketMQ's ClientChannelInfo and Connection).
+"""What the client managers share over the registry's channel table (issue 15): the membership kinds, a view of a
+group's member array, and the per-registration records a query returns (RocketMQ's ClientChannelInfo and Connection).
 
-The channel table itself (one slot per channel in flat numpy columns, memberships, interning) is
-:class:`engine.registry.client_registry.ClientRegistry`'s; :class:`engine.registry.producer_manager.ProducerManager` and the consumer side
-work over it. A membership key is ``gid * 2 + kind``: the group id interned by the table, and the kind below.
+The channel table itself (one slot per channel in flat columns, memberships, member arrays) is
+:class:`engine.registry._channel_table.ChannelTable` (Cython; twin ``_channel_table_py``), which
+:class:`engine.registry.client_registry.ClientRegistry` owns as ``channel_table`` with the interning around it;
+:class:`engine.registry.producer_manager.ProducerManager` and the consumer side work over it. A membership key is
+``gid * 2 + kind``: the group id interned by the registry, and the kind below.
 """
 from __future__ import annotations
-
-import numpy as np
 
 from engine.codec.enums import LanguageCode
 
@@ -18,37 +18,24 @@ CONSUMER, PRODUCER = 0, 1
 
 
 class Members:
-    """A group's member slots: int32 array, removal by swapping the last member in."""
+    """A group's member slots: a view of the channel table's member array of the group's key (removal there is by
+    swapping the last member in, so the order is insertion order until a member leaves)."""
 
-    __slots__ = ("slots", "mv", "n")
+    __slots__ = ("table", "key")
 
-    def __init__(self):
-        self.slots = np.empty(4, np.int32)
-        self.mv = memoryview(self.slots)
-        self.n = 0
+    def __init__(self, table, key: int):
+        self.table = table
+        self.key = key
 
-    def append(self, slot: int) -> int:
-        if self.n == len(self.slots):
-            grown = np.empty(len(self.slots) * 2, np.int32)
-            grown[:self.n] = self.slots
-            self.slots = grown
-            self.mv = memoryview(grown)
-        self.mv[self.n] = slot
-        self.n += 1
-        return self.n - 1
-
-    def pop_at(self, pos: int) -> int:
-        """Remove the member at ``pos``; returns the slot moved into ``pos`` (-1 if none moved)."""
-        self.n -= 1
-        last = self.n
-        if pos == last:
-            return -1
-        moved = self.mv[last]
-        self.mv[pos] = moved
-        return moved
+    @property
+    def n(self) -> int:
+        return self.table.group_size(self.key)
 
     def tolist(self) -> list:
-        return self.slots[:self.n].tolist()
+        return self.table.group_slots(self.key)
+
+    def __len__(self) -> int:
+        return self.table.group_size(self.key)
 
 
 class ClientChannelInfo:

@@ -5,8 +5,10 @@ ConsumerGroupInfo, ProducerManager, ClientHousekeepingService; PROTOCOL.md secti
 an embeddable object with no network code. The server feeds it decoded requests and connection events; it
 answers with results and reports consumer-group events to a listener.
 
-Managers (issue 15: named and split as in RocketMQ, over one channel table). ``ClientRegistry`` is the channel
-table (the slot columns and memberships below) and the facade: its public API is the broker's. The producer side
+Managers (issue 15: named and split as in RocketMQ, over one channel table). The channel table is
+:class:`engine.registry._channel_table.ChannelTable` (Cython, twin ``_channel_table_py``; ``registry.channel_table``):
+the slot columns, memberships and member arrays below. ``ClientRegistry`` owns it with the interning around it
+and is the facade: its public API is the broker's. The producer side
 is :class:`engine.registry.producer_manager.ProducerManager` (``registry.producers``: the producer groups and the client
 channel table), the consumer side :class:`engine.registry.consumer_manager.ConsumerManager` (``registry.consumers``: the
 consumer groups, their live ConsumerGroupInfo, and the topic -> groups table). What ClientManageProcessor decides
@@ -26,9 +28,10 @@ Usage::
 Channels are opaque hashable keys supplied by the caller (a connection object or an int id). Registration is
 keyed by channel, as in Java, never by client id.
 
-Layout ("tables over struct arrays", DESIGN.md). One slot per channel in flat numpy columns: latest heartbeat
-time, the scan key (oldest membership time), client id, language, version, remote address, live flag, and up to
-four (group, position) membership pairs inline (more spill into a dict). Groups and client ids are interned to
+Layout ("tables over struct arrays", DESIGN.md). One slot per channel in the channel table's flat C columns: latest
+heartbeat time, the scan key (oldest membership time), client id, language, version, remote address, live flag,
+and up to four (group, position) membership pairs inline (more spill into a dict); the table's budget is
+``RegistryConfig.max_channels`` slots (ChannelTableError past it). Groups and client ids are interned to
 small ints with reference counts (:class:`engine.registry.intern.StringPool` for client ids and addresses); a group keeps
 its members as an int32 array of slots, removed by swap (so group order is insertion order until a member
 leaves; Java's order is hash order, and clients sort the ids). Per-group state (subscription table, consume
@@ -39,8 +42,9 @@ Timestamps. Java keeps a timestamp per (group, channel) entry; a heartbeat refre
 names. Here a membership is "fresh" (its time is the slot's latest heartbeat) unless a later heartbeat on the
 channel left it out, in which case its own older time is kept in a side table. The scan column holds, per slot,
 the oldest membership time (producer memberships shifted so one column serves both timeouts: Java's consumer
-timeout is ``channelExpiredTimeout``, the producer one a fixed 120 s). The expiry scan (:mod:`engine.registry._expiry`,
-one nogil pass) finds the slots with an expired membership; only those are then examined in Python.
+timeout is ``channelExpiredTimeout``, the producer one a fixed 120 s). The expiry scan (the table's ``scan``: a
+vectorised nogil pass over the scan column) finds the slots with an expired membership; only those are then
+examined in Python.
 
 Fast path. A heartbeat that repeats the previous one on its channel (same 64-bit digest of the fields the rules
 read, :mod:`engine.registry._digest`; a Java client's sets in another HashSet order are the same digest), when nothing it depends on changed since (per-group epochs and a config epoch), is
@@ -74,8 +78,6 @@ import os
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from engine.codec.enums import ConsumeType, LanguageCode, ResponseCode
 from engine.registry import clientlog as jl
 from engine.registry.intern import StringPool
@@ -90,6 +92,7 @@ from engine.registry.consumer_manager import subscription_to_dict  # noqa: F401 
 log = logging.getLogger("engine.registry.client_registry")
 
 __all__ = [
+    "ChannelTableError",
     "ClientChannelInfo",
     "ClientRegistry",
     "Connection",
@@ -111,14 +114,19 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------------------------
 # Native hot paths or their twins, chosen as engine/__init__.py does (ENGINE_NO_EXTENSIONS=1 forces the twins).
 
-IMPLEMENTATION = {"expiry": "twin", "digest": "twin"}
-_scan_expired = _heartbeat_digest = _monotonic_ms = None
+IMPLEMENTATION = {"expiry": "twin", "digest": "twin", "channel_table": "twin"}
+_heartbeat_digest = _monotonic_ms = _ChannelTable = None
 if not os.environ.get("ENGINE_NO_EXTENSIONS"):
     try:
         from engine.registry._expiry import monotonic_ms as _monotonic_ms
-        from engine.registry._expiry import scan_expired as _scan_expired
 
         IMPLEMENTATION["expiry"] = "native"
+    except ImportError:
+        pass
+    try:
+        from engine.registry._channel_table import ChannelTable as _ChannelTable
+
+        IMPLEMENTATION["channel_table"] = "native"
     except ImportError:
         pass
     try:
@@ -127,11 +135,13 @@ if not os.environ.get("ENGINE_NO_EXTENSIONS"):
         IMPLEMENTATION["digest"] = "native"
     except ImportError:
         pass
-if _scan_expired is None:
+if _monotonic_ms is None:
     from engine.registry._expiry_py import monotonic_ms as _monotonic_ms
-    from engine.registry._expiry_py import scan_expired as _scan_expired
 if _heartbeat_digest is None:
     from engine.registry._digest_py import heartbeat_digest as _heartbeat_digest
+if _ChannelTable is None:
+    from engine.registry._channel_table_py import ChannelTable as _ChannelTable
+from engine.registry._channel_table_py import ChannelTableError  # noqa: E402 (the class both tables raise)
 
 # ---------------------------------------------------------------------------------------------------------------
 # Constants
@@ -139,7 +149,6 @@ if _heartbeat_digest is None:
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 IS_SUPPORT_HEART_BEAT_V2 = "IS_SUPPORT_HEART_BEAT_V2"
 IS_SUB_CHANGE = "IS_SUB_CHANGE"
-_INLINE = 4  # memberships kept inline per slot; more go to an overflow dict
 _NO_LANGUAGE = 255
 _ADDR_IPV4 = 1 << 48
 _CONSUME_ACTIVELY = ConsumeType.CONSUME_ACTIVELY
@@ -198,6 +207,9 @@ class RegistryConfig:
     notify_coalesce_window_ms: int = 0
     #: slots allocated up front (the columns grow by half when full)
     initial_capacity: int = 1024
+    #: the channel table's budget: open channels (connections and gRPC sessions) at most; one more raises
+    #: ChannelTableError (the broker's maxConnections and grpcMaxSessions keep far below it)
+    max_channels: int = 1 << 24
     #: answer IS_SUB_CHANGE=true to a light V2 heartbeat the broker cannot serve (see the module docstring)
     v2_restart_safe: bool = True
     #: 5: RocketMQ 5.1.3+ rules (the defaults above); 4: RocketMQ 4.9.x ClientManageProcessor / ConsumerManager
@@ -215,6 +227,9 @@ class RegistryConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"RegistryConfig.{name} must be a non-negative int, not {value!r}")
+        if isinstance(self.max_channels, bool) or not isinstance(self.max_channels, int) \
+                or not 1 <= self.max_channels <= 1 << 30:
+            raise ValueError(f"RegistryConfig.max_channels must be an int in [1, 2**30], not {self.max_channels!r}")
         if self.client_management_rules not in (4, 5) or isinstance(self.client_management_rules, bool):
             raise ValueError(f"RegistryConfig.client_management_rules must be 4 or 5, not "
                              f"{self.client_management_rules!r}")
@@ -317,8 +332,6 @@ class ClientRegistry:
         cfg = self.config
         self._timeout = cfg.channel_expired_timeout_ms
         self._producer_shift = PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS - self._timeout
-        # scan-key offset of a fully fresh slot by membership kinds (bit 0 consumer, bit 1 producer)
-        self._fresh_off = (0, 0, self._producer_shift, min(0, self._producer_shift))
         #: RocketMQ 4.x rules (RegistryConfig.client_management_rules == 4)
         self._rules4 = rules4 = cfg.client_management_rules == 4
         self._reject_pull = cfg.reject_pull_consumer_enable and not rules4  # 4.x has no rejectPullConsumerEnable
@@ -331,18 +344,11 @@ class ClientRegistry:
                             ProducerGroupEvent.CLIENT_UNREGISTER}
 
         self._pool = StringPool(max(64, cfg.initial_capacity))  # client ids and non-IPv4 addresses
-        self._slot_of: dict = {}
-        self._channels: list = []
-        # fast path: (hb, language, version) whose digest is in _fkey. A connection reuses its decoded body when
-        # the bytes repeat, so an identical request is recognised by identity without hashing it again
-        self._armed_by: list = []
-        self._free_slots: list[int] = []
-        self._top = 0  # slots handed out so far
-        self._cap = 0
-        self._grow(max(16, cfg.initial_capacity))
-        self._overflow: dict[int, dict[int, int]] = {}  # slot -> {key: pos} beyond the inline memberships
-        self._lag: dict[int, dict[int, int]] = {}  # slot -> {key: own older timestamp}
-        self._info: dict[int, dict[int, tuple]] = {}  # slot -> {key: (cid, language, version)} when != the slot's
+        #: the channel table: a slot per open channel with its columns and memberships (engine.registry._channel_table;
+        #: the fast path's token per slot is the (hb, language, version) whose digest it holds: a connection reuses
+        #: its decoded body when the bytes repeat, so an identical request is recognised by identity)
+        self.channel_table = ct = _ChannelTable(max(16, cfg.initial_capacity), cfg.max_channels, self._producer_shift)
+        self._slot_of = ct.slot_of  # the table's channel -> slot dict (read by the fast path)
 
         self._gid: dict[str, int] = {}
         self._gnames: list = []
@@ -367,75 +373,28 @@ class ClientRegistry:
         self._request_v2 = False  # that heartbeat takes the V2 path
 
     # =========================================================================================== slot storage
-    _COLUMNS = (
-        ("_last", np.int64, 1),  # latest heartbeat that refreshed anything on the channel
-        ("_oldest", np.int64, 1),  # scan key: oldest membership time, producer ones shifted
-        ("_cid", np.int32, 1),  # client id (pool id) of the slot's registrations
-        ("_lang", np.uint8, 1),
-        ("_ver", np.int32, 1),
-        ("_addr", np.int64, 1),  # packed IPv4 address, or -(pool id + 1), or 0 when unknown
-        ("_live", np.uint8, 1),  # has memberships (scanned)
-        ("_nmem", np.uint16, 1),
-        ("_kinds", np.uint8, 1),  # bit 0: has a consumer membership, bit 1: a producer one
-        ("_fkey", np.int64, 1),  # fast path: digest of the heartbeat it may repeat
-        ("_armed", np.int64, 1),  # fast path: tick + 1 when armed, 0 when not
-        ("_mkey", np.int32, _INLINE),  # inline membership keys (gid * 2 + kind), -1 unused
-        ("_mpos", np.int32, _INLINE),  # position in the group's member array
-    )
-
-    def _grow(self, cap: int) -> None:
-        for name, dtype, width in self._COLUMNS:
-            arr = np.zeros(cap * width, dtype)
-            if name == "_mkey":
-                arr.fill(-1)
-            if self._cap:
-                arr[:self._cap * width] = getattr(self, name)[:self._cap * width]
-            setattr(self, name, arr)
-            setattr(self, "_mv" + name, memoryview(arr))
-        self._channels.extend([None] * (cap - self._cap))
-        self._armed_by.extend([None] * (cap - self._cap))
-        self._cap = cap
-
     def _new_slot(self, channel, remote_addr) -> int:
-        if self._free_slots:
-            slot = self._free_slots.pop()
-        else:
-            if self._top == self._cap:
-                self._grow(self._cap + self._cap // 2)
-            slot = self._top
-            self._top += 1
-        self._slot_of[channel] = slot
-        self._channels[slot] = channel
-        self._mv_cid[slot] = -1
-        self._mv_lang[slot] = _NO_LANGUAGE
-        self._mv_ver[slot] = 0
-        self._mv_addr[slot] = self._encode_addr(remote_addr)
-        self._mv_live[slot] = 0
-        self._mv_nmem[slot] = 0
-        self._mv_kinds[slot] = 0
-        self._mv_armed[slot] = 0
-        self._mv_last[slot] = 0
-        self._mv_oldest[slot] = 0
-        return slot
+        addr = self._encode_addr(remote_addr)
+        try:
+            return self.channel_table.open(channel, addr)
+        except BaseException:
+            if addr < 0:
+                self._pool.release(-addr - 1)
+            raise
 
     def _free_slot(self, slot: int) -> None:
         if self._stale_client:
             stale = self._stale_client.pop(slot, None)
             if stale:
                 self.producers.free_slot(slot, stale)
-        cid = self._mv_cid[slot]
+        ct = self.channel_table
+        cid = ct.client(slot)[0]
         if cid >= 0:
             self._pool.release(cid)
-        addr = self._mv_addr[slot]
+        addr = ct.addr(slot)
         if addr < 0:
             self._pool.release(-addr - 1)
-        self._mv_cid[slot] = -1
-        self._mv_addr[slot] = 0
-        self._mv_live[slot] = 0
-        self._mv_armed[slot] = 0
-        self._channels[slot] = None
-        self._armed_by[slot] = None
-        self._free_slots.append(slot)
+        ct.close(slot)
 
     def _encode_addr(self, addr) -> int:
         if not addr or not isinstance(addr, str):
@@ -450,129 +409,26 @@ class ClientRegistry:
 
     # ------------------------------------------------------------------------------------------- memberships
     def _mem_keys(self, slot: int) -> list:
-        n = self._mv_nmem[slot]
-        base = slot * _INLINE
-        keys = [self._mv_mkey[base + i] for i in range(min(n, _INLINE))]
-        if n > _INLINE:
-            keys.extend(self._overflow[slot])
-        return keys
+        return self.channel_table.mem_keys(slot)
 
     def _mem_pos(self, slot: int, key: int) -> int:
         """Position of ``slot`` in the member array of membership ``key``, or -1 if not a member."""
-        base = slot * _INLINE
-        mkey = self._mv_mkey
-        for i in range(min(self._mv_nmem[slot], _INLINE)):
-            if mkey[base + i] == key:
-                return self._mv_mpos[base + i]
-        over = self._overflow.get(slot)
-        if over is not None:
-            return over.get(key, -1)
-        return -1
-
-    def _mem_set_pos(self, slot: int, key: int, pos: int) -> None:
-        base = slot * _INLINE
-        mkey = self._mv_mkey
-        for i in range(min(self._mv_nmem[slot], _INLINE)):
-            if mkey[base + i] == key:
-                self._mv_mpos[base + i] = pos
-                return
-        self._overflow[slot][key] = pos
-
-    def _mem_add(self, slot: int, key: int, pos: int) -> None:
-        n = self._mv_nmem[slot]
-        if n < _INLINE:
-            self._mv_mkey[slot * _INLINE + n] = key
-            self._mv_mpos[slot * _INLINE + n] = pos
-        else:
-            self._overflow.setdefault(slot, {})[key] = pos
-        self._mv_nmem[slot] = n + 1
-        self._mv_live[slot] = 1
-        self._mv_kinds[slot] |= 1 << (key & 1)
-        self._mv_armed[slot] = 0
-
-    def _mem_remove(self, slot: int, key: int) -> None:
-        n = self._mv_nmem[slot]
-        base = slot * _INLINE
-        mkey, mpos = self._mv_mkey, self._mv_mpos
-        inline = min(n, _INLINE)
-        for i in range(inline):
-            if mkey[base + i] == key:
-                for j in range(i, inline - 1):  # keep the inline keys compact and in order
-                    mkey[base + j] = mkey[base + j + 1]
-                    mpos[base + j] = mpos[base + j + 1]
-                over = self._overflow.get(slot)
-                if over:
-                    k = next(iter(over))
-                    mkey[base + inline - 1] = k
-                    mpos[base + inline - 1] = over.pop(k)
-                    if not over:
-                        del self._overflow[slot]
-                else:
-                    mkey[base + inline - 1] = -1
-                break
-        else:
-            over = self._overflow[slot]
-            del over[key]
-            if not over:
-                del self._overflow[slot]
-        n -= 1
-        self._mv_nmem[slot] = n
-        self._mv_armed[slot] = 0
-        kinds = 0
-        for k in self._mem_keys(slot):
-            kinds |= 1 << (k & 1)
-        self._mv_kinds[slot] = kinds
-        lag = self._lag.get(slot)
-        if lag is not None:
-            lag.pop(key, None)
-            if not lag:
-                del self._lag[slot]
-        info = self._info.get(slot)
-        if info is not None and key in info:
-            self._pool.release(info.pop(key)[0])
-            if not info:
-                del self._info[slot]
-        if n == 0:
-            self._mv_live[slot] = 0
-        else:
-            self._recompute_oldest(slot)
+        return self.channel_table.mem_pos(slot, key)
 
     def _member_time(self, slot: int, key: int) -> int:
-        lag = self._lag.get(slot)
-        if lag is not None:
-            t = lag.get(key)
-            if t is not None:
-                return t
-        return self._mv_last[slot]
-
-    def _recompute_oldest(self, slot: int) -> None:
-        shift = self._producer_shift
-        self._mv_oldest[slot] = min(self._member_time(slot, k) + (shift if k & 1 else 0)
-                                    for k in self._mem_keys(slot))
+        return self.channel_table.member_time(slot, key)
 
     def _member_info(self, slot: int, key: int) -> tuple:
-        info = self._info.get(slot)
-        if info is not None:
-            t = info.get(key)
-            if t is not None:
-                return t
-        return self._mv_cid[slot], self._mv_lang[slot], self._mv_ver[slot]
+        return self.channel_table.member_info(slot, key)
 
     def _set_member_info(self, slot: int, key: int, req: tuple) -> None:
         """Make the info of membership ``key`` the request's ``(cid, language, version)``."""
-        info = self._info.get(slot)
-        old = info.get(key) if info is not None else None
-        if req == (self._mv_cid[slot], self._mv_lang[slot], self._mv_ver[slot]):
-            if old is not None:
-                self._pool.release(old[0])
-                del info[key]
-                if not info:
-                    del self._info[slot]
-            return
-        self._pool.acquire(req[0])
-        if old is not None:
-            self._pool.release(old[0])
-        self._info.setdefault(slot, {})[key] = req
+        ct = self.channel_table
+        old = ct.set_member_info(slot, key, req[0], req[1], req[2])
+        if req != ct.client(slot):
+            self._pool.acquire(req[0])  # the table keeps it as the membership's own
+        if old >= 0:
+            self._pool.release(old)
 
     # ----------------------------------------------------------------------------------- Java's log lines
     def _wall_ms(self, t: int) -> int:
@@ -582,7 +438,7 @@ class ClientRegistry:
     def _jinfo(self, slot: int, key: int) -> str:
         """ClientChannelInfo.toString() of a stored membership."""
         cid, lang, ver = self._member_info(slot, key)
-        return jl.client_channel_info(self._channels[slot], self._pool.get(cid) if cid >= 0 else None,
+        return jl.client_channel_info(self.channel_table.channel(slot), self._pool.get(cid) if cid >= 0 else None,
                                       _language_of(lang), ver, self._wall_ms(self._member_time(slot, key)))
 
     def _jinfo_request(self) -> str:
@@ -593,36 +449,34 @@ class ClientRegistry:
 
     def _jaddr(self, slot: int, channel) -> str:
         """RemotingHelper.parseChannelRemoteAddr."""
-        addr = self._decode_addr(self._mv_addr[slot]) if slot is not None else ""
+        addr = self._decode_addr(self.channel_table.addr(slot)) if slot is not None else ""
         return addr or jl._text(getattr(channel, "remote_addr", "") or "")
 
     def _client_info(self, slot: int, key: int) -> ClientChannelInfo:
-        cid, lang, ver = self._member_info(slot, key)
-        return ClientChannelInfo(self._channels[slot], self._pool.get(cid) if cid >= 0 else None,
-                                 _language_of(lang), ver, self._member_time(slot, key),
-                                 self._decode_addr(self._mv_addr[slot]))
+        ct = self.channel_table
+        cid, lang, ver = ct.member_info(slot, key)
+        return ClientChannelInfo(ct.channel(slot), self._pool.get(cid) if cid >= 0 else None,
+                                 _language_of(lang), ver, ct.member_time(slot, key), self._decode_addr(ct.addr(slot)))
 
     def _add_member(self, group, slot: int, req: tuple) -> None:
-        if self._mv_nmem[slot] == 0:
+        ct = self.channel_table
+        if ct.nmem(slot) == 0:
             # the first registration on the channel sets the slot's own client id / language / version
-            old = self._mv_cid[slot]
+            old = ct.client(slot)[0]
             self._pool.acquire(req[0])
             if old >= 0:
                 self._pool.release(old)
-            self._mv_cid[slot], self._mv_lang[slot], self._mv_ver[slot] = req
-        pos = group.members.append(slot)
-        self._mem_add(slot, group.key, pos)
-        if req != (self._mv_cid[slot], self._mv_lang[slot], self._mv_ver[slot]):
+            ct.set_client(slot, req[0], req[1], req[2])
+        ct.add_member(slot, group.key)
+        if req != ct.client(slot):
             self._set_member_info(slot, group.key, req)
 
     def _remove_member(self, group, slot: int) -> bool:
-        pos = self._mem_pos(slot, group.key)
-        if pos < 0:
+        released = self.channel_table.remove_member(slot, group.key)
+        if released == -2:
             return False
-        moved = group.members.pop_at(pos)
-        if moved >= 0:
-            self._mem_set_pos(moved, group.key, pos)
-        self._mem_remove(slot, group.key)
+        if released >= 0:
+            self._pool.release(released)  # the membership's own client id
         return True
 
     # ------------------------------------------------------------------------------------------------ groups
@@ -662,8 +516,7 @@ class ClientRegistry:
         self._dirty = True
 
     def _group_channels(self, g) -> tuple:
-        channels = self._channels
-        return tuple([channels[s] for s in g.members.tolist()]) if g is not None else ()
+        return self.channel_table.group_channels(g.key) if g is not None else ()
 
     # ------------------------------------------------------------------------------------------------ events
     def _emit(self, kind, group, channels=(), client=None, subscriptions=(), topics=frozenset()) -> None:
@@ -713,8 +566,9 @@ class ClientRegistry:
         if slot is None:
             self._new_slot(channel, remote_addr)
         elif remote_addr:
-            old = self._mv_addr[slot]
-            self._mv_addr[slot] = self._encode_addr(remote_addr)
+            ct = self.channel_table
+            old = ct.addr(slot)
+            ct.set_addr(slot, self._encode_addr(remote_addr))
             if old < 0:
                 self._pool.release(-old - 1)
 
@@ -734,10 +588,11 @@ class ClientRegistry:
         """
         slot = self._slot_of.get(channel)
         if slot is not None:
-            armed = self._mv_armed[slot]
+            ct = self.channel_table
+            armed = ct.armed(slot)
             if armed and self._config_epoch < armed and (
-                    ((by := self._armed_by[slot])[0] is hb and by[1] == language and by[2] == version)
-                    or _heartbeat_digest(hb, language, version) == self._mv_fkey[slot]):
+                    ((by := ct.armed_by(slot))[0] is hb and by[1] == language and by[2] == version)
+                    or _heartbeat_digest(hb, language, version) == ct.fkey(slot)):
                 consumers = self._consumers
                 reject = self._reject_pull
                 for cd in hb.consumers:
@@ -748,8 +603,7 @@ class ClientRegistry:
                         break
                 else:
                     now = self._clock()
-                    self._mv_last[slot] = now
-                    self._mv_oldest[slot] = now + self._fresh_off[self._mv_kinds[slot]]
+                    ct.touch(slot, now)
                     v1 = hb.fingerprint == 0 or self._rules4
                     if self._want_register and (v1 or not hb.without_sub):
                         self._request = (channel, hb.client_id, language, version, now, slot)
@@ -767,8 +621,9 @@ class ClientRegistry:
         slot = self._slot_of.get(channel)
         if slot is None or self._want_register:
             return None
-        armed = self._mv_armed[slot]
-        by = self._armed_by[slot]
+        ct = self.channel_table
+        armed = ct.armed(slot)
+        by = ct.armed_by(slot)
         if (not armed or self._config_epoch >= armed or by is None or by[0] is not hb or by[1] != language
                 or by[2] != version):
             return None
@@ -788,22 +643,24 @@ class ClientRegistry:
         (the same arming of the slot, no config or group change since). None when they no longer hold: then
         nothing was done and the request is to go through :meth:`heartbeat`."""
         slot, by, armed, groups, result = token
-        if self._armed_by[slot] is not by or self._mv_armed[slot] != armed or self._config_epoch >= armed:
+        ct = self.channel_table
+        try:
+            if ct.armed_by(slot) is not by or ct.armed(slot) != armed or self._config_epoch >= armed:
+                return None
+        except ChannelTableError:  # the slot was freed since
             return None
         consumers = self._consumers
         for name, g in groups:
             if consumers.get(name) is not g or g.epoch >= armed:
                 return None
-        now = self._clock()
-        self._mv_last[slot] = now
-        self._mv_oldest[slot] = now + self._fresh_off[self._mv_kinds[slot]]
+        ct.touch(slot, self._clock())
         return result
 
     def _request_info(self) -> ClientChannelInfo:
         """The ClientChannelInfo Java builds for the request being handled (events carry it)."""
         channel, client_id, language, version, now, slot = self._request
         return ClientChannelInfo(channel, client_id, _language_of(_language_code(language)), version, now,
-                                 self._decode_addr(self._mv_addr[slot]))
+                                 self._decode_addr(self.channel_table.addr(slot)))
 
     def _heartbeat(self, channel, slot, hb, language, version) -> HeartbeatResult:
         client_id = hb.client_id
@@ -889,9 +746,8 @@ class ClientRegistry:
         result = self._result_v1 if not v2 else (_RESULT_V2_CHANGED if sub_change else _RESULT_V2_SAME)
         if covered_all and not self._dirty:
             # this run changed nothing: the same heartbeat may be answered by the fast path until a change
-            self._mv_fkey[slot] = _heartbeat_digest(hb, language, version)
-            self._armed_by[slot] = (hb, language, version)
-            self._mv_armed[slot] = self._tick + 1
+            self.channel_table.arm(slot, _heartbeat_digest(hb, language, version), (hb, language, version),
+                                   self._tick + 1)
         return result
 
     def _refresh(self, slot: int, refreshed: list, now: int) -> bool:
@@ -899,28 +755,10 @@ class ClientRegistry:
 
         Returns whether every membership of the slot was refreshed (a precondition of the fast path).
         """
-        keys = set(refreshed)
-        lag = self._lag.get(slot)
-        if len(keys) == self._mv_nmem[slot]:
-            if lag is not None:
-                del self._lag[slot]
-                self._dirty = True
-            self._mv_last[slot] = now
-            self._mv_oldest[slot] = now + self._fresh_off[self._mv_kinds[slot]]
-            return True
-        old_last = self._mv_last[slot]
-        lag = self._lag.setdefault(slot, {})
-        for key in self._mem_keys(slot):
-            if key in keys:
-                lag.pop(key, None)
-            elif key not in lag:
-                lag[key] = old_last
-        if not lag:
-            del self._lag[slot]
-        self._mv_last[slot] = now
-        self._recompute_oldest(slot)
-        self._dirty = True
-        return False
+        code = self.channel_table.refresh(slot, refreshed, now)
+        if code != 1:
+            self._dirty = True  # own times dropped (2) or kept (0)
+        return code != 0
 
     def _find_subscription_group_config(self, group: str):
         cfg = self.config
@@ -961,7 +799,7 @@ class ClientRegistry:
         def request_info():
             nonlocal req_info
             if req_info is None:
-                addr = self._decode_addr(self._mv_addr[slot]) if slot is not None else ""
+                addr = self._decode_addr(self.channel_table.addr(slot)) if slot is not None else ""
                 req_info = ClientChannelInfo(channel, client_id, language, version, self._clock(), addr)
             return req_info
 
@@ -981,12 +819,13 @@ class ClientRegistry:
         of every consumer group the channel was in unless the group is BROADCASTING (the group's notify flag is
         not consulted here). Returns whether the channel was in any group.
         """
-        slot = self._slot_of.pop(channel, None)
+        slot = self._slot_of.get(channel)
         if slot is None:
             return False
-        keys = self._mem_keys(slot)
+        ct = self.channel_table
+        keys = ct.mem_keys(slot)
         removed = bool(keys)
-        kinds = self._mv_kinds[slot]
+        kinds = ct.kinds(slot)
         if kinds & 2:  # producers first, as ClientHousekeepingService
             self.producers.close_channel(slot, keys, channel)
         if kinds & 1:
@@ -1004,19 +843,16 @@ class ClientRegistry:
         fresh entries keeps them until the server closes it and calls :meth:`close_channel`, which then notifies.
         """
         now = self._clock() if now is None else now
-        top = self._top
-        candidates = _scan_expired(self._oldest[:top], self._live[:top], now, self._timeout).tolist()
+        ct = self.channel_table
+        # the table's native scan over its scan-key column (the oldest membership time, producer ones shifted)
+        candidates = ct.scan(now, self._timeout)
         if not candidates:
             return []
-        expired = []
-        timeouts = (self._timeout, PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS)
-        for slot in candidates:
-            keys = [k for k in self._mem_keys(slot) if now - self._member_time(slot, k) > timeouts[k & 1]]
-            expired.append(keys)
+        expired = [ct.expired_keys(slot, now, self._timeout, PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS)
+                   for slot in candidates]
         self.producers.scan_expired(candidates, expired)  # ProducerManager's scan runs before ConsumerManager's
         self.consumers.scan_expired(candidates, expired)
-        channels = self._channels
-        return [channels[slot] for slot, keys in zip(candidates, expired) if keys]
+        return [ct.channel(slot) for slot, keys in zip(candidates, expired) if keys]
 
     # =========================================================================================== config checks
     def check_client_config(self, body) -> tuple:
@@ -1101,10 +937,10 @@ class ClientRegistry:
         slot = self._slot_of.get(channel)
         if slot is None:
             return None
-        cid = self._mv_cid[slot]
-        return ClientChannelInfo(channel, self._pool.get(cid) if cid >= 0 else None,
-                                 _language_of(self._mv_lang[slot]), self._mv_ver[slot], self._mv_last[slot],
-                                 self._decode_addr(self._mv_addr[slot]))
+        ct = self.channel_table
+        cid, lang, ver = ct.client(slot)
+        return ClientChannelInfo(channel, self._pool.get(cid) if cid >= 0 else None, _language_of(lang), ver,
+                                 ct.last(slot), self._decode_addr(ct.addr(slot)))
 
     def channel_groups(self, channel) -> tuple:
         """``(consumer groups, producer groups)`` the channel is registered in."""
@@ -1122,14 +958,14 @@ class ClientRegistry:
 
     @property
     def registered_channel_count(self) -> int:
-        return int(np.count_nonzero(self._live[:self._top]))
+        return self.channel_table.registered_count()
 
     def group_stats(self):
         """(role, group, distinct client ids, channels) per group, for metrics."""
         out = []
         for role, table in (("consumer", self._consumers), ("producer", self._producers)):
             for name, g in table.items():
-                slots = g.members.tolist()
+                slots = self.channel_table.group_slots(g.key)
                 clients = {self._member_info(s, g.key)[0] for s in slots}
                 out.append((role, name, len(clients), len(slots)))
         return out
@@ -1141,18 +977,17 @@ class ClientRegistry:
             "registered_channels": self.registered_channel_count,
             "consumer_groups": len(self._consumers),
             "producer_groups": len(self._producers),
-            "consumer_memberships": sum(g.members.n for g in self._consumers.values()),
-            "producer_memberships": sum(g.members.n for g in self._producers.values()),
+            "consumer_memberships": sum(self.channel_table.group_size(g.key) for g in self._consumers.values()),
+            "producer_memberships": sum(self.channel_table.group_size(g.key) for g in self._producers.values()),
             "interned_strings": len(self._pool),
             "interned_groups": len(self._gid),
-            "slot_capacity": self._cap,
+            "slot_capacity": self.channel_table.capacity,
             "pending_notifications": len(self._pending),
         }
 
     def nbytes(self) -> int:
         """Bytes of the flat arrays (slot columns, string pool, client table); Python objects not included."""
-        total = sum(getattr(self, name).nbytes for name, _, _ in self._COLUMNS)
-        return total + self._pool.nbytes() + self.producers.nbytes()
+        return self.channel_table.nbytes() + self._pool.nbytes() + self.producers.nbytes()
 
     # =========================================================================================== store
     def topic_config(self, topic: str) -> TopicConfig | None:
@@ -1225,55 +1060,37 @@ class ClientRegistry:
         def ref(cid):
             pool_refs[cid] = pool_refs.get(cid, 0) + 1
 
-        assert len(self._slot_of) + len(self._free_slots) == self._top, "slots leak"
-        free = set(self._free_slots)
-        assert len(free) == len(self._free_slots)
+        ct = self.channel_table
+        ct.check()  # slots, memberships, member arrays, scan keys, side tables
         for channel, slot in self._slot_of.items():
-            assert self._channels[slot] is channel and slot not in free
-        for slot in free:
-            assert self._channels[slot] is None and not self._mv_live[slot] and not self._mv_nmem[slot]
-            assert slot not in self._lag and slot not in self._info and slot not in self._overflow
-            assert slot not in self._stale_client
-        for channel, slot in self._slot_of.items():
-            keys = self._mem_keys(slot)
-            assert len(keys) == len(set(keys)) == self._mv_nmem[slot]
-            assert bool(self._mv_live[slot]) == bool(keys)
-            kinds = 0
+            keys = ct.mem_keys(slot)
             for k in keys:
-                kinds |= 1 << (k & 1)
                 g = (self._cgroup if k & 1 == _CONSUMER else self._pgroup)[k >> 1]
                 assert g is not None and g.key == k, f"slot {slot} in a dropped group"
-                pos = self._mem_pos(slot, k)
-                assert 0 <= pos < g.members.n and g.members.mv[pos] == slot
-            assert kinds == self._mv_kinds[slot]
-            if keys:
-                shift = self._producer_shift
-                assert self._mv_oldest[slot] == min(self._member_time(slot, k) + (shift if k & 1 else 0)
-                                                    for k in keys)
-                for k, t in self._lag.get(slot, {}).items():
-                    assert k in keys and t <= self._mv_last[slot]
-            for k, (cid, _, _) in self._info.get(slot, {}).items():
-                assert k in keys
+            for cid in ct.info_cids(slot):
                 ref(cid)
-            if self._mv_cid[slot] >= 0:
-                ref(self._mv_cid[slot])
-            if self._mv_addr[slot] < 0:
-                ref(-self._mv_addr[slot] - 1)
-            assert len(self._overflow.get(slot, ())) == max(0, len(keys) - _INLINE)
+            cid = ct.client(slot)[0]
+            if cid >= 0:
+                ref(cid)
+            addr = ct.addr(slot)
+            if addr < 0:
+                ref(-addr - 1)
+        for slot in self._stale_client:
+            assert ct.in_use(slot), f"stale producer client entries of free slot {slot}"
         for table, kind, by_gid in ((self._consumers, _CONSUMER, self._cgroup), (self._producers, _PRODUCER,
                                                                                self._pgroup)):
             for name, g in table.items():
-                assert g.members.n > 0, f"empty group {name} kept"
+                assert ct.group_size(g.key) > 0, f"empty group {name} kept"
                 assert self._gid[name] == g.gid and by_gid[g.gid] is g and self._gnames[g.gid] == name
-                members = g.members.tolist()
+                members = ct.group_slots(g.key)
                 assert len(set(members)) == len(members)
                 for pos, slot in enumerate(members):
-                    assert self._channels[slot] is not None and self._mem_pos(slot, g.key) == pos
+                    assert ct.mem_pos(slot, g.key) == pos
         for name, gid in self._gid.items():
             expected = (name in self._consumers) + (name in self._producers)
             assert self._grefs[gid] == expected > 0, f"group id of {name} has {self._grefs[gid]} refs"
         for cid, slot in self.producers.client_table_items():
-            assert self._channels[slot] is not None
+            assert ct.in_use(slot), f"producer client table entry {cid} on free slot {slot}"
             ref(cid)
         self.producers.check_invariants()
         self.consumers.check_invariants()

@@ -5,8 +5,9 @@ its subscription table and its consume type / model / where) and ``topicGroupTab
 subscribed to it). Here:
 
 * the consumer table maps a group name to a :class:`ConsumerGroup` (the live ConsumerGroupInfo: members are slots
-  of the shared channel table, :class:`engine.registry.client_registry.ClientRegistry`, keyed ``gid * 2 + CONSUMER``; group ids
-  are interned by the table and shared with producer groups of the same name);
+  of the shared channel table, :class:`engine.registry._channel_table.ChannelTable` (the registry's
+  ``channel_table``), keyed ``gid * 2 + CONSUMER`` with a member array per key; group ids are interned by the
+  registry and shared with producer groups of the same name);
 * :class:`ConsumerGroupInfo` is the snapshot a query returns (``ClientRegistry.consumer_group_info``), and
   :class:`ConsumerConnection` the data of GET_CONSUMER_CONNECTION_LIST (203).
 
@@ -122,11 +123,11 @@ class ConsumerGroup:
     __slots__ = ("name", "gid", "key", "members", "subscriptions", "consume_type", "message_model",
                  "consume_from_where", "epoch")
 
-    def __init__(self, name, gid, consume_type, message_model, consume_from_where):
+    def __init__(self, name, gid, channel_table, consume_type, message_model, consume_from_where):
         self.name = name
         self.gid = gid
         self.key = gid * 2 + CONSUMER
-        self.members = Members()
+        self.members = Members(channel_table, self.key)  # a view of the table's member array
         self.subscriptions = {}  # topic -> SubscriptionData (the objects of the heartbeat that set them)
         self.consume_type = consume_type
         self.message_model = message_model
@@ -149,10 +150,12 @@ class ConsumerManager:
       (Java's clearTopicGroupTable only clears a dropped group's current topics, and the expiry scan keeps them).
     """
 
-    __slots__ = ("table", "group_table", "by_gid", "topic_groups")
+    __slots__ = ("table", "ct", "group_table", "by_gid", "topic_groups")
 
     def __init__(self, table):
         self.table = table
+        #: the channel table (slots, memberships, member arrays): ``table.channel_table``
+        self.ct = table.channel_table
         #: consumerTable: group name -> ConsumerGroup
         self.group_table: dict[str, ConsumerGroup] = {}
         #: group id -> ConsumerGroup or None (the table's group-id allocator grows it with every new id)
@@ -164,7 +167,7 @@ class ConsumerManager:
     def new_group(self, name, consume_type, message_model, consume_from_where) -> ConsumerGroup:
         table = self.table
         gid = table._acquire_gid(name)
-        g = ConsumerGroup(name, gid, consume_type, message_model, consume_from_where)
+        g = ConsumerGroup(name, gid, self.ct, consume_type, message_model, consume_from_where)
         self.group_table[name] = g
         self.by_gid[gid] = g
         table._touch(g)
@@ -194,14 +197,15 @@ class ConsumerManager:
             g.consume_type, g.message_model, g.consume_from_where = (cd.consume_type, cd.message_model,
                                                                      cd.consume_from_where)
             table._touch(g)
-        if table._mem_pos(slot, g.key) < 0:
+        ct = self.ct
+        if ct.mem_pos(slot, g.key) < 0:
             table._add_member(g, slot, req)
             table._dirty = True
             if table.client_log.allow("new_consumer", logging.INFO):
                 jl.log.info("new consumer connected, group: %s %s %s channel: %s", jl._text(g.name),
                             jl._enum(cd.consume_type), jl._enum(cd.message_model), table._jinfo_request())
             return True
-        cur = table._member_info(slot, g.key)
+        cur = ct.member_info(slot, g.key)
         if cur[0] != req[0]:
             # same channel, another client id: Java logs an error and replaces the entry (not a change); the
             # line in the wording of the rules' version (operators' tools, the broker-log scan, read it)
@@ -215,7 +219,7 @@ class ConsumerManager:
                                  "one, group=%s, old clientChannelInfo=%s, new clientChannelInfo=%s",
                                  jl._text(g.name), old_info, new_info)
             table._set_member_info(slot, g.key, req)
-            table._mv_armed[slot] = 0
+            ct.disarm(slot)
             table._dirty = True
         return False
 
@@ -303,7 +307,7 @@ class ConsumerManager:
     def log_consumer_data(self, slot: int, cd) -> None:
         """ClientManageProcessor's line after a registerConsumer that changed something."""
         table = self.table
-        addr = table._jaddr(slot, table._channels[slot])
+        addr = table._jaddr(slot, self.ct.channel(slot))
         if table._rules4:
             jl.log.info("registerConsumer info changed %s %s", jl.consumer_data(cd), addr)
         else:
@@ -324,14 +328,14 @@ class ConsumerManager:
         if g is None:
             return
         old = None
-        if slot is not None and table._mem_pos(slot, g.key) >= 0 and table.client_log.allow(
+        if slot is not None and self.ct.mem_pos(slot, g.key) >= 0 and table.client_log.allow(
                 "unregister_consumer", logging.INFO):
             old = table._jinfo(slot, g.key)  # Java prints the entry it removed
         if slot is not None and table._remove_member(g, slot):
             if old is not None:
                 jl.log.info("unregister a consumer[%s] from consumerGroupInfo %s", jl._text(group), old)
             table._emit(_CLIENT_UNREGISTER, group, client=request_info(), topics=frozenset(g.subscriptions))
-        if not g.members.n:
+        if not self.ct.group_size(g.key):
             self.drop_group(g)
             table._emit(_UNREGISTER, group)
             self.clear_topic_groups(g)
@@ -355,7 +359,7 @@ class ConsumerManager:
                                "groupChannelTable, consumer group: %s", table._jinfo(slot, key), jl._text(g.name))
             table._remove_member(g, slot)
             table._emit(_CLIENT_UNREGISTER, g.name, client=info, topics=frozenset(g.subscriptions))
-            if not g.members.n:
+            if not self.ct.group_size(g.key):
                 self.drop_group(g)
                 table._emit(_UNREGISTER, g.name)
                 self.clear_topic_groups(g)
@@ -369,7 +373,7 @@ class ConsumerManager:
         silently and its topicGroupTable entries are kept (Java)."""
         table = self.table
         clog = table.client_log
-        channels = table._channels
+        ct = self.ct
         wants_client = _CLIENT_UNREGISTER in table._wants
         for slot, keys in zip(candidates, expired):
             for key in keys:
@@ -379,10 +383,10 @@ class ConsumerManager:
                 info = table._client_info(slot, key) if wants_client else None
                 if clog.allow("expired_consumer", logging.WARNING):
                     jl.log.warning("SCAN: remove expired channel from ConsumerManager consumerTable. channel=%s, "
-                                   "consumerGroup=%s", table._jaddr(slot, channels[slot]), jl._text(g.name))
+                                   "consumerGroup=%s", table._jaddr(slot, ct.channel(slot)), jl._text(g.name))
                 table._emit(_CLIENT_UNREGISTER, g.name, client=info, topics=frozenset(g.subscriptions))
                 table._remove_member(g, slot)
-                if not g.members.n:
+                if not ct.group_size(g.key):
                     if clog.allow("expired_group_cleared", logging.WARNING):
                         jl.log.warning("SCAN: remove expired channel from ConsumerManager consumerTable, all "
                                        "clear, consumerGroup=%s", jl._text(g.name))
@@ -396,9 +400,9 @@ class ConsumerManager:
             return []
         table = self.table
         pool = table._pool
-        member_info = table._member_info
+        member_info = self.ct.member_info
         out = []
-        for slot in g.members.tolist():
+        for slot in self.ct.group_slots(g.key):
             cid = member_info(slot, g.key)[0]
             out.append(pool.get(cid) if cid >= 0 else None)
         return out
@@ -408,7 +412,7 @@ class ConsumerManager:
         if g is None:
             return None
         client_info = self.table._client_info
-        channels = [client_info(slot, g.key) for slot in g.members.tolist()]
+        channels = [client_info(slot, g.key) for slot in self.ct.group_slots(g.key)]
         last = max((c.last_update_timestamp for c in channels), default=0)
         return ConsumerGroupInfo(group, channels, dict(g.subscriptions), g.consume_type, g.message_model,
                                  g.consume_from_where, last)
@@ -420,7 +424,7 @@ class ConsumerManager:
             return None
         client_info = self.table._client_info
         conns = []
-        for slot in g.members.tolist():
+        for slot in self.ct.group_slots(g.key):
             info = client_info(slot, g.key)
             conns.append(Connection(info.client_id, info.remote_addr, info.language, info.version))
         return ConsumerConnection(conns, dict(g.subscriptions), g.consume_type, g.message_model,
@@ -443,14 +447,14 @@ class ConsumerManager:
 
     def check_invariants(self) -> None:
         """The manager's own invariants (the table checks the memberships and the pool references)."""
-        table = self.table
+        ct = self.ct
         for name, g in self.group_table.items():
-            assert g.members.n > 0, f"empty consumer group {name} kept"
+            assert ct.group_size(g.key) > 0, f"empty consumer group {name} kept"
             assert self.by_gid[g.gid] is g and g.key == g.gid * 2 + CONSUMER
-            members = g.members.tolist()
+            members = ct.group_slots(g.key)
             assert len(set(members)) == len(members), f"consumer group {name} lists a channel twice"
             for pos, slot in enumerate(members):
-                assert table._channels[slot] is not None and table._mem_pos(slot, g.key) == pos
+                assert ct.mem_pos(slot, g.key) == pos
             for topic, sd in g.subscriptions.items():
                 assert sd.topic == topic, f"group {name} files {sd.topic} under {topic}"
         for gid, g in enumerate(self.by_gid):

@@ -4,8 +4,9 @@ RocketMQ's ProducerManager holds two tables: ``groupChannelTable`` (producer gro
 ``clientChannelTable`` (client id -> the channel last registered for it). Here:
 
 * the group table maps a group name to a :class:`ProducerGroup`, whose members are slots of the shared channel
-  table (:class:`engine.registry.client_registry.ClientRegistry`: one slot per channel, memberships keyed ``gid * 2 + PRODUCER``,
-  group ids interned by the table and shared with consumer groups of the same name);
+  table (:class:`engine.registry._channel_table.ChannelTable`, the registry's ``channel_table``: one slot per
+  channel, memberships keyed ``gid * 2 + PRODUCER`` with a member array per key; group ids interned by the
+  registry and shared with consumer groups of the same name);
 * the client channel table is an int32 array indexed by the client id's pool id (the table's
   :class:`engine.registry.intern.StringPool`), holding the slot, -1 when none; an entry holds one reference on its pool id.
 
@@ -64,11 +65,11 @@ class ProducerGroup:
 
     __slots__ = ("name", "gid", "key", "members")
 
-    def __init__(self, name, gid):
+    def __init__(self, name, gid, channel_table):
         self.name = name
         self.gid = gid
         self.key = gid * 2 + PRODUCER
-        self.members = Members()
+        self.members = Members(channel_table, self.key)  # a view of the table's member array
 
 
 class ProducerManager:
@@ -87,10 +88,12 @@ class ProducerManager:
       UNREGISTER_CLIENT with another client id), dropped when the slot is freed.
     """
 
-    __slots__ = ("table", "group_table", "by_gid", "client_slots", "_mv_client_slots", "stale")
+    __slots__ = ("table", "ct", "group_table", "by_gid", "client_slots", "_mv_client_slots", "stale")
 
     def __init__(self, table):
         self.table = table
+        #: the channel table (slots, memberships, member arrays): ``table.channel_table``
+        self.ct = table.channel_table
         #: groupChannelTable: group name -> ProducerGroup
         self.group_table: dict[str, ProducerGroup] = {}
         #: group id -> ProducerGroup or None (the table's group-id allocator grows it with every new id)
@@ -108,10 +111,10 @@ class ProducerManager:
         table = self.table
         g = self.group_table.get(group)
         if g is None:
-            g = ProducerGroup(group, table._acquire_gid(group))
+            g = ProducerGroup(group, table._acquire_gid(group), self.ct)
             self.group_table[group] = g
             self.by_gid[g.gid] = g
-        if table._mem_pos(slot, g.key) < 0:
+        if self.ct.mem_pos(slot, g.key) < 0:
             table._add_member(g, slot, req)
             self.set_client_slot(req[0], slot)
             table._dirty = True
@@ -123,12 +126,13 @@ class ProducerManager:
         """unregisterProducer of an UNREGISTER_CLIENT naming ``group`` (``slot`` None: an unknown channel);
         ``request_info()`` builds the request's ClientChannelInfo for the event."""
         table = self.table
+        ct = self.ct
         g = self.group_table.get(group)
-        if g is None or not g.members.n:
+        if g is None or not ct.group_size(g.key):
             return
         member_cid = -1
-        if slot is not None and table._mem_pos(slot, g.key) >= 0:
-            member_cid = table._member_info(slot, g.key)[0]
+        if slot is not None and ct.mem_pos(slot, g.key) >= 0:
+            member_cid = ct.member_info(slot, g.key)[0]
         removed = slot is not None and table._remove_member(g, slot)
         if removed and table.client_log.allow("unregister_producer", logging.INFO):
             # Java prints the request's ClientChannelInfo (built for the request: now)
@@ -142,7 +146,7 @@ class ProducerManager:
             self.stale.setdefault(slot, set()).add(member_cid)
         if removed:
             table._emit(_CLIENT_UNREGISTER, group, client=request_info())
-        if not g.members.n:
+        if not ct.group_size(g.key):
             self.drop_group(g)
             table._emit(_GROUP_UNREGISTER, group)
             if table.client_log.allow("producer_group_removed", logging.INFO):
@@ -162,10 +166,10 @@ class ProducerManager:
                 jl.log.info("NETTY EVENT: remove channel[%s][%s] from ProducerManager groupChannelTable, "
                             "producer group: %s", table._jinfo(slot, key), table._jaddr(slot, channel),
                             jl._text(g.name))
-            self.drop_client_slot(table._member_info(slot, key)[0])  # unconditionally, as Java does
+            self.drop_client_slot(self.ct.member_info(slot, key)[0])  # unconditionally, as Java does
             table._remove_member(g, slot)
             table._emit(_CLIENT_UNREGISTER, g.name, client=info)
-            if not g.members.n:
+            if not self.ct.group_size(g.key):
                 self.drop_group(g)  # 4.9 keeps the empty group (and says nothing)
                 table._emit(_GROUP_UNREGISTER, g.name)
                 if not table._rules4 and clog.allow("producer_group_removed", logging.INFO):
@@ -176,7 +180,7 @@ class ProducerManager:
         ``candidates[i]`` past their timeout); the table closes the channels."""
         table = self.table
         clog = table.client_log
-        channels = table._channels
+        ct = self.ct
         wants_client = _CLIENT_UNREGISTER in table._wants
         for slot, keys in zip(candidates, expired):
             for key in keys:
@@ -188,11 +192,11 @@ class ProducerManager:
                     jl.log.warning("%s: remove expired channel[%s] from ProducerManager groupChannelTable, "
                                    "producer group name: %s",
                                    "SCAN" if table._rules4 else "ProducerManager#scanNotActiveChannel",
-                                   table._jaddr(slot, channels[slot]), jl._text(g.name))
-                self.drop_client_slot(table._member_info(slot, key)[0], only_slot=slot)
+                                   table._jaddr(slot, ct.channel(slot)), jl._text(g.name))
+                self.drop_client_slot(ct.member_info(slot, key)[0], only_slot=slot)
                 table._remove_member(g, slot)
                 table._emit(_CLIENT_UNREGISTER, g.name, client=info)
-                if not g.members.n:
+                if not ct.group_size(g.key):
                     self.drop_group(g)  # 4.9 keeps the empty group (and says nothing)
                     table._emit(_GROUP_UNREGISTER, g.name)
                     if not table._rules4 and clog.allow("expired_group_cleared", logging.WARNING):
@@ -236,7 +240,7 @@ class ProducerManager:
         if 0 <= cid < len(self.client_slots):
             slot = self._mv_client_slots[cid]
             if slot >= 0:
-                return table._channels[slot]
+                return self.ct.channel(slot)
         return None
 
     # ---------------------------------------------------------------------------------------------- queries
@@ -247,7 +251,7 @@ class ProducerManager:
             return None
         client_info = self.table._client_info
         conns = []
-        for slot in g.members.tolist():
+        for slot in self.ct.group_slots(g.key):
             info = client_info(slot, g.key)
             conns.append(Connection(info.client_id, info.remote_addr, info.language, info.version))
         return ProducerConnection(conns)
@@ -255,7 +259,7 @@ class ProducerManager:
     def channels(self, group: str) -> list:
         """ClientChannelInfo of each channel of a producer group (table order)."""
         g = self.group_table.get(group)
-        return [] if g is None else [self.table._client_info(slot, g.key) for slot in g.members.tolist()]
+        return [] if g is None else [self.table._client_info(slot, g.key) for slot in self.ct.group_slots(g.key)]
 
     def groups(self) -> list:
         return list(self.group_table)
@@ -273,18 +277,17 @@ class ProducerManager:
 
     def check_invariants(self) -> None:
         """The manager's own invariants (the table checks the memberships and the pool references)."""
-        table = self.table
+        ct = self.ct
         for name, g in self.group_table.items():
-            assert g.members.n > 0, f"empty producer group {name} kept"
+            assert ct.group_size(g.key) > 0, f"empty producer group {name} kept"
             assert self.by_gid[g.gid] is g and g.key == g.gid * 2 + PRODUCER
-            members = g.members.tolist()
+            members = ct.group_slots(g.key)
             assert len(set(members)) == len(members), f"producer group {name} lists a channel twice"
             for pos, slot in enumerate(members):
-                assert table._channels[slot] is not None and table._mem_pos(slot, g.key) == pos
+                assert ct.mem_pos(slot, g.key) == pos
         for gid, g in enumerate(self.by_gid):
             assert g is None or self.group_table.get(g.name) is g, f"group id {gid} of a dropped producer group"
         for cid, slot in self.client_table_items():
-            assert table._channels[slot] is not None, f"client table entry {cid} on a free slot"
+            assert ct.in_use(slot), f"client table entry {cid} on a free slot"
         for slot in self.stale:
-            assert 0 <= slot < len(table._channels) and table._channels[slot] is not None, \
-                "stale client entries of a free slot"
+            assert ct.in_use(slot), "stale client entries of a free slot"

@@ -1,0 +1,762 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""Native channel table of the registry (twin: engine/registry/_channel_table_py.py, whose docstring is the
+specification: same methods, results and errors).
+
+The columns are C arrays allocated with PyMem (tracemalloc sees them), one element per slot, grown by half up to
+the slot budget; the member arrays are one C int32 array per membership key. Python objects: the channel of each
+slot, the fast path's token, the channel -> slot dict and the rare side tables (overflow memberships, own
+membership times and client infos), as in the twin. Bounds: every public method validates its slot (in use,
+below ``top``) and key (non-negative int32, below the member-array table for reads) before indexing; the scan
+runs over ``[0, top)``.
+"""
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
+from libc.string cimport memcpy, memset
+
+import numpy as np
+
+from engine.registry._channel_table_py import INLINE as _PY_INLINE
+from engine.registry._channel_table_py import MAX_SLOTS as _PY_MAX_SLOTS
+from engine.registry._channel_table_py import NO_LANGUAGE as _PY_NO_LANGUAGE
+from engine.registry._channel_table_py import ChannelTableError
+
+__all__ = ["ChannelTable", "ChannelTableError", "INLINE", "MAX_SLOTS", "NO_LANGUAGE"]
+
+DEF C_INLINE = 4
+INLINE = C_INLINE
+MAX_SLOTS = _PY_MAX_SLOTS
+NO_LANGUAGE = _PY_NO_LANGUAGE
+assert INLINE == _PY_INLINE
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <stddef.h>
+    /* Whether any of n slots is live with a scan key below thr: a branch-free reduction the compiler vectorises; on
+       x86-64 with GCC or Clang an AVX2 clone is picked at load time when the CPU has it (64-bit compares are
+       AVX2's, SSE2 has none), the default clone elsewhere. */
+    #if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
+    #if __has_attribute(target_clones)
+    #define CT_CLONES __attribute__((target_clones("avx2", "default")))
+    #endif
+    #endif
+    #ifndef CT_CLONES
+    #define CT_CLONES
+    #endif
+    CT_CLONES static int ct_any_below(const int64_t *oldest, const uint8_t *live, ptrdiff_t n, int64_t thr) {
+        int64_t flag = 0;
+        for (ptrdiff_t j = 0; j < n; j++)
+            flag |= (int64_t)(live[j] != 0) & (int64_t)(oldest[j] < thr);
+        return flag != 0;
+    }
+    """
+    int ct_any_below(const int64_t* oldest, const uint8_t* live, Py_ssize_t n, int64_t thr) nogil
+
+cdef int64_t I64_MAX = 0x7FFFFFFFFFFFFFFF
+cdef int64_t I64_MIN = -I64_MAX - 1
+cdef int MAX_MEMBERSHIPS = 65535
+DEF SCAN_BLOCK = 2048
+
+
+cdef int64_t _int64(str name, object value) except? -1:
+    value = int(value)
+    if not -(1 << 63) <= value <= (1 << 63) - 1:
+        raise ChannelTableError(f"{name} must fit in int64, not {value}")
+    return <int64_t>value
+
+
+cdef inline int64_t _sat_add(int64_t a, int64_t b) noexcept:
+    # a + b saturated to int64 (b is a shift within +-2**40, a any int64)
+    if b > 0 and a > I64_MAX - b:
+        return I64_MAX
+    if b < 0 and a < I64_MIN - b:
+        return I64_MIN
+    return a + b
+
+
+cdef void* _grow_array(void* p, Py_ssize_t old_n, Py_ssize_t new_n, size_t item, int fill) except NULL:
+    cdef void* q = PyMem_Realloc(p, new_n * item if new_n else 1)
+    if q == NULL:
+        raise MemoryError()
+    if new_n > old_n:
+        memset(<char*>q + old_n * item, fill, (new_n - old_n) * item)
+    return q
+
+
+cdef class ChannelTable:
+    """Slots of open channels with their columns and memberships (the twin's docstring). Not thread-safe."""
+
+    cdef int64_t* _last
+    cdef int64_t* _oldest
+    cdef int64_t* _addr
+    cdef int64_t* _fkey
+    cdef int64_t* _armed
+    cdef int32_t* _cid
+    cdef int32_t* _ver
+    cdef int32_t* _mkey
+    cdef int32_t* _mpos
+    cdef uint8_t* _lang
+    cdef uint8_t* _live
+    cdef uint8_t* _used
+    cdef uint8_t* _kinds
+    cdef uint16_t* _nmem
+    cdef int32_t* _free
+    cdef Py_ssize_t _nfree
+    cdef Py_ssize_t _top
+    cdef Py_ssize_t _cap
+    cdef int32_t** _members
+    cdef int32_t* _msize
+    cdef int32_t* _mcap
+    cdef Py_ssize_t _nkeys
+    cdef int64_t _fresh[4]
+    cdef readonly Py_ssize_t max_slots
+    cdef readonly int64_t producer_shift
+    cdef readonly dict slot_of
+    cdef list _channels
+    cdef list _armed_by
+    cdef dict _overflow
+    cdef dict _lag
+    cdef dict _info
+
+    def __cinit__(self):
+        self._last = self._oldest = self._addr = self._fkey = self._armed = NULL
+        self._cid = self._ver = self._mkey = self._mpos = self._free = NULL
+        self._lang = self._live = self._used = self._kinds = NULL
+        self._nmem = NULL
+        self._members = NULL
+        self._msize = self._mcap = NULL
+        self._nkeys = self._top = self._cap = self._nfree = 0
+
+    def __dealloc__(self):
+        cdef Py_ssize_t k
+        PyMem_Free(self._last); PyMem_Free(self._oldest); PyMem_Free(self._addr); PyMem_Free(self._fkey)
+        PyMem_Free(self._armed); PyMem_Free(self._cid); PyMem_Free(self._ver); PyMem_Free(self._mkey)
+        PyMem_Free(self._mpos); PyMem_Free(self._lang); PyMem_Free(self._live); PyMem_Free(self._used)
+        PyMem_Free(self._kinds); PyMem_Free(self._nmem); PyMem_Free(self._free)
+        if self._members != NULL:
+            for k in range(self._nkeys):
+                PyMem_Free(self._members[k])
+        PyMem_Free(self._members); PyMem_Free(self._msize); PyMem_Free(self._mcap)
+
+    def __init__(self, capacity=1024, max_slots=MAX_SLOTS, producer_shift=0):
+        capacity, max_slots = int(capacity), int(max_slots)
+        if not 1 <= max_slots <= MAX_SLOTS:
+            raise ChannelTableError(f"max_slots must be in [1, {MAX_SLOTS}], not {max_slots}")
+        if capacity < 1:
+            raise ChannelTableError(f"capacity must be >= 1, not {capacity}")
+        cdef int64_t shift = _int64("producer_shift", producer_shift)
+        if not -(1 << 40) <= shift <= 1 << 40:
+            raise ChannelTableError(f"producer_shift must be within +-2**40 ms, not {shift}")
+        if self._cap:
+            raise ChannelTableError("the channel table is already initialised")
+        self.max_slots = max_slots
+        self.producer_shift = shift
+        self._fresh[0] = 0
+        self._fresh[1] = 0
+        self._fresh[2] = shift
+        self._fresh[3] = shift if shift < 0 else 0
+        self.slot_of = {}
+        self._channels = []
+        self._armed_by = []
+        self._overflow = {}
+        self._lag = {}
+        self._info = {}
+        self._grow(min(capacity, max_slots))
+
+    # ------------------------------------------------------------------------------------------------ storage
+    cdef int _grow(self, Py_ssize_t cap) except -1:
+        cdef Py_ssize_t old = self._cap
+        self._last = <int64_t*>_grow_array(self._last, old, cap, 8, 0)
+        self._oldest = <int64_t*>_grow_array(self._oldest, old, cap, 8, 0)
+        self._addr = <int64_t*>_grow_array(self._addr, old, cap, 8, 0)
+        self._fkey = <int64_t*>_grow_array(self._fkey, old, cap, 8, 0)
+        self._armed = <int64_t*>_grow_array(self._armed, old, cap, 8, 0)
+        self._cid = <int32_t*>_grow_array(self._cid, old, cap, 4, 0)
+        self._ver = <int32_t*>_grow_array(self._ver, old, cap, 4, 0)
+        self._mkey = <int32_t*>_grow_array(self._mkey, old * C_INLINE, cap * C_INLINE, 4, 0xFF)  # -1
+        self._mpos = <int32_t*>_grow_array(self._mpos, old * C_INLINE, cap * C_INLINE, 4, 0)
+        self._lang = <uint8_t*>_grow_array(self._lang, old, cap, 1, 0)
+        self._live = <uint8_t*>_grow_array(self._live, old, cap, 1, 0)
+        self._used = <uint8_t*>_grow_array(self._used, old, cap, 1, 0)
+        self._kinds = <uint8_t*>_grow_array(self._kinds, old, cap, 1, 0)
+        self._nmem = <uint16_t*>_grow_array(self._nmem, old, cap, 2, 0)
+        self._free = <int32_t*>_grow_array(self._free, old, cap, 4, 0)
+        self._channels.extend([None] * (cap - old))
+        self._armed_by.extend([None] * (cap - old))
+        self._cap = cap
+        return 0
+
+    cdef inline Py_ssize_t _slot(self, object slot) except -1:
+        cdef Py_ssize_t s
+        try:
+            s = slot
+        except OverflowError:
+            s = -1
+        if s < 0 or s >= self._top or not self._used[s]:
+            raise ChannelTableError(f"slot {int(slot)} is not in use")
+        return s
+
+    cdef inline int32_t _key(self, object key) except -1:
+        cdef long long k
+        try:
+            k = key
+        except OverflowError:
+            k = -1
+        if k < 0 or k >= (1 << 31):
+            raise ChannelTableError(f"membership key must be in [0, 2**31), not {int(key)}")
+        return <int32_t>k
+
+    # ------------------------------------------------------------------------------------------------ channels
+    def open(self, channel, addr=0):
+        """A slot for a new channel (``addr``: the address column's value); the columns start empty."""
+        cdef int64_t a = _int64("addr", addr)
+        cdef Py_ssize_t slot
+        if channel in self.slot_of:
+            raise ChannelTableError("the channel is already open")
+        if self._nfree:
+            self._nfree -= 1
+            slot = self._free[self._nfree]
+        else:
+            if self._top == self._cap:
+                if self._cap >= self.max_slots:
+                    raise ChannelTableError(f"the channel table is full ({self.max_slots} slots)")
+                self._grow(min(self.max_slots, self._cap + max(1, self._cap // 2)))
+            slot = self._top
+            self._top += 1
+        self.slot_of[channel] = slot
+        self._channels[slot] = channel
+        self._used[slot] = 1
+        self._cid[slot] = -1
+        self._lang[slot] = NO_LANGUAGE
+        self._ver[slot] = 0
+        self._addr[slot] = a
+        self._last[slot] = 0
+        self._oldest[slot] = 0
+        self._fkey[slot] = 0
+        self._armed[slot] = 0
+        return slot
+
+    def lookup(self, channel):
+        """The channel's slot, or -1 when it is not open."""
+        return self.slot_of.get(channel, -1)
+
+    def in_use(self, slot):
+        """Whether ``slot`` is the slot of an open channel (any int; never raises)."""
+        slot = int(slot)
+        return 0 <= slot < self._top and self._used[<Py_ssize_t>slot] != 0
+
+    def channel(self, slot):
+        return self._channels[self._slot(slot)]
+
+    def close(self, slot):
+        """Free the slot of a channel whose memberships are all removed; its channel is forgotten."""
+        cdef Py_ssize_t s = self._slot(slot)
+        if self._nmem[s]:
+            raise ChannelTableError(f"slot {s} still has {self._nmem[s]} memberships")
+        del self.slot_of[self._channels[s]]
+        self._channels[s] = None
+        self._armed_by[s] = None
+        self._used[s] = 0
+        self._cid[s] = -1
+        self._addr[s] = 0
+        self._armed[s] = 0
+        self._kinds[s] = 0
+        self._free[self._nfree] = <int32_t>s
+        self._nfree += 1
+
+    # ------------------------------------------------------------------------------------------------ columns
+    def client(self, slot):
+        """The slot's own ``(client id, language, version)``."""
+        cdef Py_ssize_t s = self._slot(slot)
+        return self._cid[s], self._lang[s], self._ver[s]
+
+    def set_client(self, slot, cid, language, version):
+        cdef Py_ssize_t s = self._slot(slot)
+        cid, language, version = int(cid), int(language), int(version)
+        if not -1 <= cid < 1 << 31:
+            raise ChannelTableError(f"client id must be in [-1, 2**31), not {cid}")
+        if not 0 <= language <= 255:
+            raise ChannelTableError(f"language must be in [0, 255], not {language}")
+        if not -(1 << 31) <= version < 1 << 31:
+            raise ChannelTableError(f"version must fit in int32, not {version}")
+        self._cid[s] = cid
+        self._lang[s] = language
+        self._ver[s] = version
+
+    def addr(self, slot):
+        return self._addr[self._slot(slot)]
+
+    def set_addr(self, slot, addr):
+        cdef Py_ssize_t s = self._slot(slot)
+        self._addr[s] = _int64("addr", addr)
+
+    def last(self, slot):
+        return self._last[self._slot(slot)]
+
+    def oldest(self, slot):
+        return self._oldest[self._slot(slot)]
+
+    def live(self, slot):
+        return self._live[self._slot(slot)] != 0
+
+    def nmem(self, slot):
+        return self._nmem[self._slot(slot)]
+
+    def kinds(self, slot):
+        """Bit 0: the slot has a consumer membership, bit 1: a producer one."""
+        return self._kinds[self._slot(slot)]
+
+    def touch(self, slot, now):
+        """Every membership of the slot refreshed at ``now`` (the fast path: no side-table time is kept)."""
+        cdef Py_ssize_t s = self._slot(slot)
+        cdef int64_t t = _int64("now", now)
+        self._last[s] = t
+        self._oldest[s] = _sat_add(t, self._fresh[self._kinds[s] & 3])
+
+    # ------------------------------------------------------------------------------------------------ fast path
+    def armed(self, slot):
+        return self._armed[self._slot(slot)]
+
+    def fkey(self, slot):
+        return self._fkey[self._slot(slot)]
+
+    def armed_by(self, slot):
+        return self._armed_by[self._slot(slot)]
+
+    def arm(self, slot, fkey, by, armed):
+        """Arm the fast path: the digest of the heartbeat it may repeat, its token object, the arming tick."""
+        cdef Py_ssize_t s = self._slot(slot)
+        cdef int64_t f = _int64("fkey", fkey)
+        cdef int64_t a = _int64("armed", armed)
+        self._fkey[s] = f
+        self._armed_by[s] = by
+        self._armed[s] = a
+
+    def disarm(self, slot):
+        self._armed[self._slot(slot)] = 0
+
+    # ------------------------------------------------------------------------------------------------ memberships
+    cdef Py_ssize_t _find(self, Py_ssize_t slot, int32_t key) except -2:
+        cdef Py_ssize_t base = slot * C_INLINE
+        cdef int n = self._nmem[slot]
+        cdef int i
+        for i in range(n if n < C_INLINE else C_INLINE):
+            if self._mkey[base + i] == key:
+                return self._mpos[base + i]
+        if n > C_INLINE:
+            return (<dict>self._overflow[slot]).get(key, -1)
+        return -1
+
+    def mem_pos(self, slot, key):
+        """Position of ``slot`` in the member array of ``key``, or -1 when it is not a member."""
+        cdef Py_ssize_t s = self._slot(slot)
+        return self._find(s, self._key(key))
+
+    def mem_keys(self, slot):
+        """The slot's membership keys: the inline ones in order, then the overflow ones."""
+        return self._keys(self._slot(slot))
+
+    cdef list _keys(self, Py_ssize_t slot):
+        cdef int n = self._nmem[slot]
+        cdef Py_ssize_t base = slot * C_INLINE
+        cdef int i
+        cdef list keys = [self._mkey[base + i] for i in range(n if n < C_INLINE else C_INLINE)]
+        if n > C_INLINE:
+            keys.extend(self._overflow[slot])
+        return keys
+
+    cdef int _ensure_key(self, int32_t key) except -1:
+        cdef Py_ssize_t n
+        if key < self._nkeys:
+            return 0
+        n = max(<Py_ssize_t>key + 1, 2 * self._nkeys, 16)
+        self._members = <int32_t**>_grow_array(self._members, self._nkeys, n, sizeof(int32_t*), 0)
+        self._msize = <int32_t*>_grow_array(self._msize, self._nkeys, n, 4, 0)
+        self._mcap = <int32_t*>_grow_array(self._mcap, self._nkeys, n, 4, 0)
+        self._nkeys = n
+        return 0
+
+    def add_member(self, slot, key):
+        """Make ``slot`` a member of ``key`` (appended to its member array); returns its position. Disarms."""
+        cdef Py_ssize_t s = self._slot(slot)
+        cdef int32_t k = self._key(key)
+        return self._add(s, k)
+
+    cdef Py_ssize_t _add(self, Py_ssize_t s, int32_t k) except -1:
+        if self._find(s, k) >= 0:
+            raise ChannelTableError(f"slot {s} is already a member of key {k}")
+        cdef int n = self._nmem[s]
+        if n >= MAX_MEMBERSHIPS:
+            raise ChannelTableError(f"slot {s} has {n} memberships, the most a slot can hold")
+        self._ensure_key(k)
+        cdef int32_t pos = self._msize[k]
+        cdef int32_t cap = self._mcap[k]
+        if pos == cap:
+            self._members[k] = <int32_t*>_grow_array(self._members[k], cap, 4 if cap == 0 else 2 * cap, 4, 0)
+            cap = 4 if cap == 0 else 2 * cap
+            self._mcap[k] = cap
+        self._members[k][pos] = <int32_t>s
+        self._msize[k] = pos + 1
+        if n < C_INLINE:
+            self._mkey[s * C_INLINE + n] = k
+            self._mpos[s * C_INLINE + n] = pos
+        else:
+            over = self._overflow.get(s)
+            if over is None:
+                over = self._overflow[s] = {}
+            over[k] = pos
+        # the new membership's time is the slot's last: the scan key takes it in
+        cdef int64_t t = _sat_add(self._last[s], self.producer_shift if k & 1 else 0)
+        if n == 0 or t < self._oldest[s]:
+            self._oldest[s] = t
+        self._nmem[s] = n + 1
+        self._live[s] = 1
+        self._kinds[s] |= 1 << (k & 1)
+        self._armed[s] = 0
+        return pos
+
+    cdef void _set_pos(self, Py_ssize_t slot, int32_t key, int32_t pos) except *:
+        cdef Py_ssize_t base = slot * C_INLINE
+        cdef int n = self._nmem[slot]
+        cdef int i
+        for i in range(n if n < C_INLINE else C_INLINE):
+            if self._mkey[base + i] == key:
+                self._mpos[base + i] = pos
+                return
+        (<dict>self._overflow[slot])[key] = pos
+
+    def remove_member(self, slot, key):
+        """Remove ``slot`` from ``key``; -2 when it was not a member, else the client id of the membership's own
+        client info that went with it (-1: none). See the twin."""
+        cdef Py_ssize_t s = self._slot(slot)
+        cdef int32_t k = self._key(key)
+        return self._remove(s, k)
+
+    cdef int64_t _remove(self, Py_ssize_t s, int32_t k) except? -3:
+        cdef Py_ssize_t pos = self._find(s, k)
+        cdef int32_t last, moved
+        cdef int n, inline, i, j, kinds
+        cdef Py_ssize_t base = s * C_INLINE
+        if pos < 0:
+            return -2
+        last = self._msize[k] - 1
+        self._msize[k] = last
+        if pos != last:
+            moved = self._members[k][last]
+            self._members[k][pos] = moved
+            self._set_pos(moved, k, <int32_t>pos)
+        if last == 0:  # an emptied key gives its array back
+            PyMem_Free(self._members[k])
+            self._members[k] = NULL
+            self._mcap[k] = 0
+        n = self._nmem[s]
+        inline = n if n < C_INLINE else C_INLINE
+        for i in range(inline):
+            if self._mkey[base + i] == k:
+                for j in range(i, inline - 1):  # keep the inline keys compact and in order
+                    self._mkey[base + j] = self._mkey[base + j + 1]
+                    self._mpos[base + j] = self._mpos[base + j + 1]
+                if n > C_INLINE:
+                    over = <dict>self._overflow[s]
+                    first = next(iter(over))
+                    self._mkey[base + inline - 1] = first
+                    self._mpos[base + inline - 1] = over.pop(first)
+                    if not over:
+                        del self._overflow[s]
+                else:
+                    self._mkey[base + inline - 1] = -1
+                break
+        else:
+            over = <dict>self._overflow[s]
+            del over[k]
+            if not over:
+                del self._overflow[s]
+        n -= 1
+        self._nmem[s] = n
+        self._armed[s] = 0
+        kinds = 0
+        for i in range(n if n < C_INLINE else C_INLINE):
+            kinds |= 1 << (self._mkey[base + i] & 1)
+        if n > C_INLINE:
+            for key in self._overflow[s]:
+                kinds |= 1 << (<int>key & 1)
+        self._kinds[s] = kinds
+        if self._lag:
+            lag = self._lag.get(s)
+            if lag is not None:
+                (<dict>lag).pop(k, None)
+                if not lag:
+                    del self._lag[s]
+        cdef int64_t released = -1
+        if self._info:
+            info = self._info.get(s)
+            if info is not None and k in info:
+                released = (<dict>info).pop(k)[0]
+                if not info:
+                    del self._info[s]
+        if n == 0:
+            self._live[s] = 0
+        else:
+            self._recompute_oldest(s)
+        return released
+
+    cdef inline int64_t _time(self, Py_ssize_t slot, int32_t key) except? -1:
+        if self._lag:
+            lag = self._lag.get(slot)
+            if lag is not None:
+                t = (<dict>lag).get(key)
+                if t is not None:
+                    return t
+        return self._last[slot]
+
+    def member_time(self, slot, key):
+        """The membership's time: its own older time when a later heartbeat left it out, else the slot's last."""
+        cdef Py_ssize_t s = self._slot(slot)
+        cdef int32_t k = self._key(key)
+        if self._find(s, k) < 0:
+            raise ChannelTableError(f"slot {s} is not a member of key {k}")
+        return self._time(s, k)
+
+    cdef int _recompute_oldest(self, Py_ssize_t s) except -1:
+        cdef int64_t best = I64_MAX
+        cdef int64_t t
+        cdef int n = self._nmem[s]
+        cdef int i
+        cdef int32_t k
+        cdef Py_ssize_t base = s * C_INLINE
+        for i in range(n if n < C_INLINE else C_INLINE):
+            k = self._mkey[base + i]
+            t = _sat_add(self._time(s, k), self.producer_shift if k & 1 else 0)
+            if t < best:
+                best = t
+        if n > C_INLINE:
+            for key in self._overflow[s]:
+                k = key
+                t = _sat_add(self._time(s, k), self.producer_shift if k & 1 else 0)
+                if t < best:
+                    best = t
+        self._oldest[s] = best
+        return 0
+
+    def member_info(self, slot, key):
+        """``(client id, language, version)`` of the membership: its own when set, else the slot's."""
+        cdef Py_ssize_t s = self._slot(slot)
+        cdef int32_t k = self._key(key)
+        if self._info:
+            info = self._info.get(s)
+            if info is not None:
+                t = (<dict>info).get(k)
+                if t is not None:
+                    return t
+        return self._cid[s], self._lang[s], self._ver[s]
+
+    def set_member_info(self, slot, key, cid, language, version):
+        """Make the membership's client info ``(cid, language, version)``; returns the client id of the own info it
+        replaced (-1: none). See the twin."""
+        cdef Py_ssize_t s = self._slot(slot)
+        cdef int32_t k = self._key(key)
+        cid, language, version = int(cid), int(language), int(version)
+        if self._find(s, k) < 0:
+            raise ChannelTableError(f"slot {s} is not a member of key {k}")
+        if not 0 <= cid < 1 << 31 or not 0 <= language <= 255 or not -(1 << 31) <= version < 1 << 31:
+            raise ChannelTableError(f"bad client info ({cid}, {language}, {version})")
+        info = self._info.get(s)
+        old = info.get(k) if info is not None else None
+        released = -1 if old is None else old[0]
+        if cid == self._cid[s] and language == self._lang[s] and version == self._ver[s]:
+            if old is not None:
+                del info[k]
+                if not info:
+                    del self._info[s]
+            return released
+        if info is None:
+            info = self._info[s] = {}
+        info[k] = (cid, language, version)
+        return released
+
+    def info_cids(self, slot):
+        """Client ids held by the slot's own membership infos (reference checks)."""
+        return [t[0] for t in self._info.get(self._slot(slot), {}).values()]
+
+    def refresh(self, slot, keys, now):
+        """A heartbeat at ``now`` refreshed the memberships ``keys`` of the slot; 1, 2 or 0 as in the twin."""
+        cdef Py_ssize_t s = self._slot(slot)
+        cdef int64_t t = _int64("now", now)
+        cdef set ks = set()
+        for k in keys:
+            ks.add(self._key(k))
+        for k in ks:
+            if self._find(s, <int32_t>k) < 0:
+                raise ChannelTableError(f"slot {s} is not a member of key {k}")
+        lag = self._lag.get(s) if self._lag else None
+        if len(ks) == self._nmem[s]:
+            self._last[s] = t
+            self._oldest[s] = _sat_add(t, self._fresh[self._kinds[s] & 3])
+            if lag is not None:
+                del self._lag[s]
+                return 2
+            return 1
+        cdef int64_t old_last = self._last[s]
+        if lag is None:
+            lag = self._lag[s] = {}
+        for key in self._keys(s):
+            if key in ks:
+                (<dict>lag).pop(key, None)
+            elif key not in lag:
+                lag[key] = old_last
+        if not lag:
+            del self._lag[s]
+        self._last[s] = t
+        self._recompute_oldest(s)
+        return 0
+
+    def lag_items(self, slot):
+        """``(key, own time)`` of the slot's memberships that keep their own time (checks)."""
+        return list(self._lag.get(self._slot(slot), {}).items())
+
+    # ------------------------------------------------------------------------------------------------ groups
+    def group_size(self, key):
+        cdef int32_t k = self._key(key)
+        return self._msize[k] if k < self._nkeys else 0
+
+    def group_slots(self, key):
+        """The member slots of ``key`` in member-array order."""
+        cdef int32_t k = self._key(key)
+        cdef int32_t i
+        if k >= self._nkeys:
+            return []
+        cdef int32_t* arr = self._members[k]
+        return [arr[i] for i in range(self._msize[k])]
+
+    def group_channels(self, key):
+        """The channels of the member slots of ``key`` in member-array order."""
+        cdef int32_t k = self._key(key)
+        cdef int32_t i
+        if k >= self._nkeys:
+            return ()
+        cdef int32_t* arr = self._members[k]
+        cdef list channels = self._channels
+        return tuple([channels[arr[i]] for i in range(self._msize[k])])
+
+    # ------------------------------------------------------------------------------------------------ expiry
+    def scan(self, now, timeout):
+        """Live slots whose scan key is more than ``timeout`` ms before ``now`` (exact for any int64), ascending."""
+        cdef int64_t c_now = _int64("now", now)
+        cdef int64_t c_timeout = _int64("timeout", timeout)
+        if c_timeout < 0:
+            raise ChannelTableError(f"timeout must be >= 0, not {c_timeout}")
+        cdef list out = []
+        cdef Py_ssize_t i, j, end, n = self._top
+        cdef int64_t* oldest = self._oldest
+        cdef uint8_t* live = self._live
+        cdef Py_ssize_t* hits
+        cdef Py_ssize_t nhits
+        # expired: live and now - t > timeout in exact arithmetic, i.e. t < now - timeout (timeout >= 0); when
+        # now - timeout is below int64's range no slot qualifies
+        if c_now < I64_MIN + c_timeout:
+            return out
+        cdef int64_t thr = c_now - c_timeout
+        hits = <Py_ssize_t*>PyMem_Malloc(SCAN_BLOCK * sizeof(Py_ssize_t))
+        if hits == NULL:
+            raise MemoryError()
+        # blocks of SCAN_BLOCK slots are tested by the vectorised reduction; only a block with a hit is walked
+        # again for its slots (a scan normally finds few or none)
+        try:
+            i = 0
+            while i < n:
+                nhits = 0
+                with nogil:
+                    while i < n and nhits == 0:
+                        end = i + SCAN_BLOCK if n - i > SCAN_BLOCK else n
+                        if ct_any_below(oldest + i, live + i, end - i, thr):
+                            for j in range(i, end):
+                                if live[j] != 0 and oldest[j] < thr:
+                                    hits[nhits] = j
+                                    nhits += 1
+                        i = end
+                for j in range(nhits):
+                    out.append(hits[j])
+        finally:
+            PyMem_Free(hits)
+        return out
+
+    def expired_keys(self, slot, now, timeout, producer_timeout):
+        """The slot's membership keys whose own time is more than their kind's timeout before ``now``."""
+        cdef Py_ssize_t s = self._slot(slot)
+        t_now = _int64("now", now)
+        timeouts = (_int64("timeout", timeout), _int64("producer_timeout", producer_timeout))
+        return [k for k in self._keys(s) if t_now - self._time(s, k) > timeouts[k & 1]]
+
+    def columns(self):
+        """Copies of the scan columns ``(oldest int64, live uint8)`` over the slots handed out (tests)."""
+        oldest = np.empty(self._top, np.int64)
+        live = np.empty(self._top, np.uint8)
+        cdef int64_t[::1] o = oldest
+        cdef uint8_t[::1] l = live
+        if self._top:
+            memcpy(&o[0], self._oldest, self._top * 8)
+            memcpy(&l[0], self._live, self._top)
+        return oldest, live
+
+    # ------------------------------------------------------------------------------------------------ stats
+    def __len__(self):
+        return len(self.slot_of)
+
+    @property
+    def capacity(self):
+        return self._cap
+
+    @property
+    def top(self):
+        """Slots handed out so far (in use + free)."""
+        return self._top
+
+    def registered_count(self):
+        """Slots with memberships."""
+        cdef Py_ssize_t i, n = 0
+        for i in range(self._top):
+            n += self._live[i] != 0
+        return n
+
+    def nbytes(self):
+        """Bytes of the columns and member arrays (Python objects not included)."""
+        cdef Py_ssize_t k, total = self._cap * (5 * 8 + 2 * 4 + 2 * C_INLINE * 4 + 4 * 1 + 2 + 4)
+        for k in range(self._nkeys):
+            total += self._mcap[k] * 4
+        return total
+
+    def check(self):
+        """Verify the table's invariants; raises AssertionError on the first violation."""
+        cdef Py_ssize_t i
+        free = [self._free[i] for i in range(self._nfree)]
+        assert len(self.slot_of) + len(free) == self._top, "slots leak"
+        free_set = set(free)
+        assert len(free_set) == len(free)
+        for channel, slot in self.slot_of.items():
+            assert self._channels[slot] is channel and slot not in free_set and self._used[slot]
+        for slot in free:
+            assert self._channels[slot] is None and not self._used[slot] and not self._live[slot]
+            assert not self._nmem[slot] and not self._armed[slot]
+            assert slot not in self._lag and slot not in self._info and slot not in self._overflow
+        count = [0] * self._nkeys
+        for slot in self.slot_of.values():
+            keys = self._keys(slot)
+            assert len(keys) == len(set(keys)) == self._nmem[slot]
+            assert bool(self._live[slot]) == bool(keys)
+            kinds = 0
+            for k in keys:
+                kinds |= 1 << (k & 1)
+                pos = self._find(slot, k)
+                assert 0 <= pos < self._msize[k] and self._members[k][pos] == slot
+                count[k] += 1
+            assert kinds == self._kinds[slot]
+            if keys:
+                shift = self.producer_shift
+                assert self._oldest[slot] == min(max(min(self._time(slot, k) + (shift if k & 1 else 0),
+                                                         (1 << 63) - 1), -(1 << 63)) for k in keys)
+            for k, t in self._lag.get(slot, {}).items():
+                assert k in keys and t <= self._last[slot]
+            for k in self._info.get(slot, {}):
+                assert k in keys
+            assert len(self._overflow.get(slot, ())) == max(0, len(keys) - C_INLINE)
+        assert count == [self._msize[i] for i in range(self._nkeys)], "member arrays and memberships disagree"

@@ -1,0 +1,293 @@
+"""The registry's channel table (engine.registry._channel_table native, engine.registry._channel_table_py twin): slot
+allocation and budget, columns, memberships and member arrays, own times and infos, the expiry scan, errors, and
+parity (the same operation sequences give the same results and the same errors, message included)."""
+import importlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import require_native
+from engine.registry._channel_table_py import ChannelTableError, INLINE, NO_LANGUAGE
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+SHIFT = 60_000  # producer timeout 120 s - consumer timeout 60 s
+
+
+def module(name):
+    if name == "native":
+        require_native()
+        return importlib.import_module("engine.registry._channel_table")
+    return importlib.import_module("engine.registry._channel_table_py")
+
+
+@pytest.fixture(params=["native", "twin"])
+def ct(request):
+    return module(request.param)
+
+
+def test_native_shares_the_twin_error_class():
+    native = module("native")
+    assert native.ChannelTableError is ChannelTableError
+    assert issubclass(ChannelTableError, ValueError)
+    assert native.INLINE == INLINE and native.NO_LANGUAGE == NO_LANGUAGE
+
+
+def test_open_close_reuses_slots(ct):
+    t = ct.ChannelTable(capacity=2)
+    a, b, c = object(), object(), object()
+    assert [t.open(a, 5), t.open(b), t.open(c)] == [0, 1, 2]
+    assert t.capacity == 3 and t.top == 3 and len(t) == 3
+    assert t.lookup(b) == 1 and t.channel(1) is b and t.addr(0) == 5
+    assert t.client(0) == (-1, NO_LANGUAGE, 0)
+    t.close(1)
+    assert t.lookup(b) == -1 and len(t) == 2
+    with pytest.raises(ChannelTableError, match="slot 1 is not in use"):
+        t.channel(1)
+    d = object()
+    assert t.open(d) == 1 and t.top == 3  # the freed slot first
+    with pytest.raises(ChannelTableError, match="already open"):
+        t.open(d)
+    t.check()
+
+
+def test_budget(ct):
+    t = ct.ChannelTable(capacity=2, max_slots=3)
+    for i in range(3):
+        t.open(i)
+    with pytest.raises(ChannelTableError, match=r"the channel table is full \(3 slots\)"):
+        t.open(3)
+    assert len(t) == 3 and t.lookup(3) == -1
+    t.close(t.lookup(0))
+    assert t.open(3) == 0
+    with pytest.raises(ChannelTableError, match="max_slots"):
+        ct.ChannelTable(max_slots=0)
+    with pytest.raises(ChannelTableError, match="capacity"):
+        ct.ChannelTable(capacity=0)
+
+
+def test_members_swap_remove_and_positions(ct):
+    t = ct.ChannelTable(capacity=4, producer_shift=SHIFT)
+    slots = [t.open(i) for i in range(4)]
+    for s in slots:
+        assert t.add_member(s, 6) == s
+    assert t.group_slots(6) == [0, 1, 2, 3] and t.group_channels(6) == (0, 1, 2, 3)
+    assert t.remove_member(1, 6) == -1
+    assert t.group_slots(6) == [0, 3, 2] and t.mem_pos(3, 6) == 1
+    assert t.remove_member(1, 6) == -2  # not a member any more
+    with pytest.raises(ChannelTableError, match="already a member"):
+        t.add_member(0, 6)
+    with pytest.raises(ChannelTableError, match="still has 1 memberships"):
+        t.close(0)
+    assert t.group_size(6) == 3 and t.group_size(10**6) == 0 and t.group_slots(8) == []
+    t.check()
+
+
+def test_overflow_memberships_keep_order(ct):
+    t = ct.ChannelTable(capacity=1, producer_shift=SHIFT)
+    s = t.open("ch")
+    keys = [2, 5, 8, 11, 14, 17, 20]
+    for k in keys:
+        t.add_member(s, k)
+    assert t.mem_keys(s) == keys and t.nmem(s) == 7 and t.kinds(s) == 3 and t.live(s)
+    t.remove_member(s, 5)  # an inline key goes: the first overflow key moves inline
+    assert t.mem_keys(s) == [2, 8, 11, 14, 17, 20]
+    t.remove_member(s, 20)
+    t.remove_member(s, 2)
+    assert t.mem_keys(s) == [8, 11, 14, 17] and t.kinds(s) == 3
+    for k in (8, 14):
+        t.remove_member(s, k)
+    assert t.kinds(s) == 2  # 11 and 17 are producer keys
+    for k in (11, 17):
+        t.remove_member(s, k)
+    assert not t.live(s) and t.kinds(s) == 0
+    t.close(s)
+    t.check()
+
+
+def test_scan_key_and_refresh(ct):
+    t = ct.ChannelTable(capacity=1, producer_shift=SHIFT)
+    s = t.open("ch")
+    t.add_member(s, 0)  # consumer
+    t.add_member(s, 3)  # producer
+    assert t.refresh(s, [0, 3], 1_000) == 1
+    assert t.last(s) == 1_000 and t.oldest(s) == 1_000  # min(1000, 1000 + shift)
+    assert t.refresh(s, [3], 5_000) == 0  # the consumer membership keeps its own time
+    assert t.member_time(s, 0) == 1_000 and t.member_time(s, 3) == 5_000 and t.lag_items(s) == [(0, 1_000)]
+    assert t.oldest(s) == 1_000
+    assert t.expired_keys(s, 62_000, 60_000, 120_000) == [0]
+    assert t.scan(61_001, 60_000) == [s] and t.scan(61_000, 60_000) == []
+    assert t.refresh(s, [0, 3], 7_000) == 2  # all refreshed, the own time dropped
+    assert t.lag_items(s) == [] and t.oldest(s) == 7_000
+    t.remove_member(s, 0)
+    assert t.oldest(s) == 7_000 + SHIFT  # a producer-only slot
+    t.touch(s, 9_000)
+    assert t.oldest(s) == 9_000 + SHIFT and t.last(s) == 9_000
+    with pytest.raises(ChannelTableError, match="not a member of key 0"):
+        t.refresh(s, [0], 1)
+    t.check()
+
+
+def test_member_info(ct):
+    t = ct.ChannelTable(capacity=1)
+    s = t.open("ch")
+    t.set_client(s, 7, 0, 479)
+    t.add_member(s, 4)
+    assert t.member_info(s, 4) == (7, 0, 479)
+    assert t.set_member_info(s, 4, 9, 0, 479) == -1
+    assert t.member_info(s, 4) == (9, 0, 479) and t.info_cids(s) == [9]
+    assert t.set_member_info(s, 4, 10, 1, 1) == 9
+    assert t.set_member_info(s, 4, 7, 0, 479) == 10  # equal to the slot's: the own info goes
+    assert t.info_cids(s) == []
+    t.set_member_info(s, 4, 11, 0, 479)
+    assert t.remove_member(s, 4) == 11  # handed back for the caller to release
+    with pytest.raises(ChannelTableError, match="language"):
+        t.set_client(s, 1, 256, 0)
+    t.check()
+
+
+def test_fast_path_columns(ct):
+    t = ct.ChannelTable(capacity=1)
+    s = t.open("ch")
+    token = ("hb", 0, 1)
+    t.arm(s, -5, token, 12)
+    assert (t.fkey(s), t.armed_by(s), t.armed(s)) == (-5, token, 12)
+    t.add_member(s, 0)
+    assert t.armed(s) == 0  # a membership change disarms
+    t.arm(s, 1, token, 13)
+    t.disarm(s)
+    assert t.armed(s) == 0
+    with pytest.raises(ChannelTableError, match="fkey must fit in int64"):
+        t.arm(s, 1 << 63, token, 1)
+
+
+@pytest.mark.parametrize("now,timeout", [(INT64_MAX, 0), (INT64_MIN, 0), (0, INT64_MAX), (INT64_MAX, INT64_MAX),
+                                         (-1, 0), (10, 14)])
+def test_scan_exact_at_extremes(ct, now, timeout):
+    t = ct.ChannelTable(capacity=8)
+    times = [INT64_MIN, INT64_MAX, 0, -5, INT64_MIN + 1]
+    for i, v in enumerate(times):
+        s = t.open(i)
+        t.add_member(s, 0)
+        t.touch(s, v)
+    t.open("dead")
+    expected = [i for i, v in enumerate(times) if now - v > timeout]
+    assert t.scan(now, timeout) == expected
+    with pytest.raises(ChannelTableError, match="timeout must be >= 0"):
+        t.scan(0, -1)
+
+
+def test_scan_blocks(ct):
+    """Hits at block edges and many hits in one block (the native scan tests blocks of 2048 slots at once)."""
+    t = ct.ChannelTable(capacity=16)
+    n = 5000
+    edges = {0, 511, 512, 2047, 2048, 4095, 4096, 4999}
+    for i in range(n):
+        s = t.open(i)
+        t.add_member(s, 0)
+        t.touch(s, 0 if i in edges or 1500 <= i < 2100 else 100)
+    t.remove_member(3000, 0)  # not live: never a hit
+    t.touch(2500, 0)
+    expected = sorted(edges | set(range(1500, 2100)) | {2500})
+    assert t.scan(50, 10) == expected
+    assert t.scan(10, 10) == [] and t.scan(11, 10) == expected
+    oldest, live = t.columns()
+    assert oldest.dtype == np.int64 and live.dtype == np.uint8 and len(oldest) == n
+    assert live.tolist() == [0 if i == 3000 else 1 for i in range(n)]
+
+
+# ------------------------------------------------------------------------------------------------ parity
+
+SLOTS = st.integers(-1, 9)
+KEYS = st.one_of(st.integers(0, 2), st.integers(0, 9))  # few keys often: long member arrays
+TIMES = st.one_of(st.integers(-10, 200_000), st.sampled_from([INT64_MIN, INT64_MAX]))
+OPS = st.one_of(
+    st.tuples(st.just("open"), st.integers(0, 11), st.integers(-3, 3)),
+    st.tuples(st.just("open"), st.integers(0, 11), st.integers(-3, 3)),  # twice: tables fill up
+    st.tuples(st.just("close"), SLOTS),
+    st.tuples(st.just("add_member"), SLOTS, KEYS),
+    st.tuples(st.just("remove_member"), SLOTS, KEYS),
+    st.tuples(st.just("refresh"), SLOTS, st.lists(KEYS, max_size=4), TIMES),
+    st.tuples(st.just("touch"), SLOTS, TIMES),
+    st.tuples(st.just("set_client"), SLOTS, st.integers(-2, 5), st.sampled_from([0, 1, 255, 256]), st.integers(-1, 3)),
+    st.tuples(st.just("set_member_info"), SLOTS, KEYS, st.integers(-1, 5), st.sampled_from([0, 1, 300]),
+              st.integers(0, 2)),
+    st.tuples(st.just("arm"), SLOTS, st.integers(-3, 3), st.integers(0, 5)),
+    st.tuples(st.just("disarm"), SLOTS),
+    st.tuples(st.just("set_addr"), SLOTS, st.integers(-5, 5)),
+    st.tuples(st.just("scan"), TIMES, st.sampled_from([-1, 0, 1000, 60_000, INT64_MAX])),
+    st.tuples(st.just("expired_keys"), SLOTS, TIMES, st.sampled_from([0, 60_000]), st.sampled_from([0, 120_000])),
+    st.tuples(st.just("mem_pos"), SLOTS, KEYS),
+    st.tuples(st.just("mem_keys"), SLOTS),
+    st.tuples(st.just("member_time"), SLOTS, KEYS),
+    st.tuples(st.just("member_info"), SLOTS, KEYS),
+    st.tuples(st.just("group_slots"), KEYS),
+    st.tuples(st.just("group_channels"), KEYS),
+    st.tuples(st.just("channel"), SLOTS),
+    st.tuples(st.just("in_use"), st.integers(-2, 12)),
+    st.tuples(st.just("lookup"), st.integers(0, 11)),
+)
+
+
+def apply(table, op):
+    name, *args = op
+    if name == "open":
+        args = ((args[0],), args[1])  # channels are tuples: hashable, compared by value
+    elif name == "arm":
+        args = (args[0], args[1], ("token", args[1]), args[2])
+    elif name == "lookup":
+        args = ((args[0],),)
+    try:
+        return "ok", getattr(table, name)(*args)
+    except (ChannelTableError, OverflowError) as e:
+        return type(e).__name__, str(e)
+
+
+def snapshot(table):
+    out = {"len": len(table), "top": table.top, "registered": table.registered_count()}
+    slots = {}
+    for channel, slot in sorted(table.slot_of.items()):
+        slots[channel] = (slot, table.client(slot), table.addr(slot), table.last(slot), table.oldest(slot),
+                          table.live(slot), table.nmem(slot), table.kinds(slot), table.armed(slot), table.fkey(slot),
+                          table.armed_by(slot), table.mem_keys(slot), sorted(table.lag_items(slot)),
+                          sorted(table.info_cids(slot)))
+    out["slots"] = slots
+    out["groups"] = [table.group_slots(k) for k in range(10)]
+    oldest, live = table.columns()
+    out["columns"] = (oldest.tolist(), live.tolist())
+    return out
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(OPS, max_size=80), capacity=st.integers(1, 4), max_slots=st.integers(1, 12))
+def test_parity_operation_sequences(ops, capacity, max_slots):
+    native, twin = module("native"), module("twin")
+    tables = [m.ChannelTable(capacity=capacity, max_slots=max_slots, producer_shift=SHIFT) for m in (native, twin)]
+    for op in ops:
+        got = [apply(t, op) for t in tables]
+        assert got[0] == got[1], op
+    for t in tables:
+        t.check()
+    assert snapshot(tables[0]) == snapshot(tables[1])
+
+
+def test_long_member_arrays_grow_and_shrink(ct):
+    """Member arrays past their first allocations keep every member (growth copies them)."""
+    t = ct.ChannelTable(capacity=8)
+    slots = [t.open(i) for i in range(100)]
+    for s in slots:
+        t.add_member(s, 2)
+        if s % 3 == 0:
+            t.add_member(s, 0)
+    assert t.group_slots(2) == slots and t.group_channels(2) == tuple(range(100))
+    assert t.group_slots(0) == slots[::3]
+    for s in slots[:50]:
+        t.remove_member(s, 2)
+    assert sorted(t.group_slots(2)) == slots[50:]
+    for s in slots[50:]:
+        t.remove_member(s, 2)
+    assert t.group_slots(2) == [] and t.group_size(2) == 0
+    t.add_member(0, 2)  # an emptied key is used again
+    assert t.group_slots(2) == [0]
+    t.check()

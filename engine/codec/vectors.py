@@ -20,7 +20,7 @@ JAVA_HEARTBEAT_BODY = (
 def shared_dir() -> Path:
     """ENGINE_SHARED_DIR, or the `shared` folder beside the checkout (where CI and developers have it)."""
     env = os.environ.get("ENGINE_SHARED_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared"  # engine/codec/vectors.py -> beside the checkout
 
 
 def load_vectors(vectors_dir=None):

@@ -6,12 +6,16 @@ Data frames::
     events   broker, file, seq, ts_ms (UTC), line, kind, role, group, client_id, addr, language, version,
              consume_type, message_model, topic, sub_string, expression_type, sub_version, old_*, sub_key,
              last_update_ms                                                           read_broker_logs (mapInArrow)
+             (``columns=``: only the columns named, in that order; the scan asks for ``SCAN_COLUMNS``)
 
 One task per log file: it opens the file (``.gz`` too), cuts it into Arrow batches of ``READER_BATCH_LINES``
 lines (the scan's tasks: ``BATCH_LINES``) and parses each with the compiled line parser (``engine.recording._brokerlog``;
 twin ``engine.recording._brokerlog_py``), then turns the wall-clock times into UTC with the log's zone. ``seq`` orders the
 lines of one broker (older rolled files first). ``read_broker_logs``' tasks emit event rows only; the scan's also
-emit one stats row per file (``STATS_KIND``), which it filters out.
+emit one stats row per file (``STATS_KIND``), which it filters out. Spark cannot prune the output of mapInArrow,
+so the tasks emit only the columns asked for (``read_broker_logs(columns=...)``): Spark's per-row cost grows with
+the columns (the JVM reads every Arrow cell into a row), and the scan's 14 ``SCAN_COLUMNS`` (what
+``analyze_broker`` reads) cost about half the CPU of all 23 (BENCHMARKS.md, broker-log section).
 
 The analyses (``analyze_events``) run per broker (``groupBy("broker").applyInArrow``) with the definitions of
 ``engine.recording.scan_py`` where a log supports them:
@@ -53,6 +57,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
+from engine.codec.errors import RemotingError
 from engine.recording.scan_py import (CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, _inconsistent, deviating_members,
                             fleet_findings, parse_key)
 
@@ -1028,13 +1033,45 @@ def load_manifest(directory) -> dict:
 STATS_KIND = "_stats"  # one row per file task carrying its line counts (sub_key = JSON), filtered out of events
 
 
-def _stats_batch(broker: str, path: str, payload: dict):
+def _stats_batch(broker: str, path: str, payload: dict, sch=None):
     import pyarrow as pa
 
-    sch = events_schema()
+    sch = sch or events_schema()
     values = {"broker": broker, "file": path, "kind": STATS_KIND, "role": "", "seq": 0, "ts_ms": 0, "line": 0,
               "sub_key": json.dumps(payload)}
     return pa.RecordBatch.from_arrays([pa.array([values.get(f.name)], f.type) for f in sch], schema=sch)
+
+
+class EventColumnsError(RemotingError, ValueError):
+    """``read_broker_logs(columns=...)`` names no column, a column twice, or one the event frame does not have."""
+
+
+#: The event columns the scan's analyses read (``analyze_broker``: the broker, the order, the kind and role, the
+#: member, its address, the subscription fields and the member's subscription set); the scan asks its tasks for
+#: these only (``read_broker_logs(columns=SCAN_COLUMNS)``), as Spark cannot prune the output of mapInArrow.
+SCAN_COLUMNS = ("broker", "seq", "ts_ms", "kind", "role", "group", "client_id", "addr", "topic", "sub_string",
+                "expression_type", "old_sub_string", "old_expression_type", "sub_key")
+
+
+def event_columns(columns=None) -> Tuple[str, ...]:
+    """The event columns a reader task emits: all of ``events_schema()`` (None), or the ``columns`` named, in the
+    order given (EventColumnsError for an unknown or repeated name, or none)."""
+    names = events_schema().names
+    if columns is None:
+        return tuple(names)
+    cols = (columns,) if isinstance(columns, str) else tuple(columns)
+    unknown = [c for c in cols if c not in names]
+    if unknown or not cols or len(set(cols)) != len(cols):
+        raise EventColumnsError(f"columns must name distinct event columns ({', '.join(names)}); got {list(cols)!r}"
+                                + (f" (unknown: {', '.join(map(str, unknown))})" if unknown else ""))
+    return cols
+
+
+def _frame_schema(columns: Tuple[str, ...]):
+    import pyarrow as pa
+
+    sch = events_schema()
+    return pa.schema([sch.field(c) for c in columns])
 
 
 #: Lines per event batch a ``read_broker_logs`` task emits, cut from reads of ``READER_CHUNK_BYTES``: Spark's
@@ -1045,9 +1082,10 @@ READER_BATCH_LINES = 65_536
 READER_CHUNK_BYTES = 32 << 20
 
 
-def _read_task(plan, tz_label, native, batches, with_stats=True):
+def _read_task(plan, tz_label, native, batches, with_stats=True, columns=None):
     tz = resolve_tz(tz_label)[0]
     size = {} if with_stats else {"batch_lines": READER_BATCH_LINES, "chunk_bytes": READER_CHUNK_BYTES}
+    sch = _frame_schema(columns) if columns is not None else None
     for batch in batches:
         for i in batch.column(0).to_pylist():
             broker, path, rank = plan[i]
@@ -1056,35 +1094,44 @@ def _read_task(plan, tz_label, native, batches, with_stats=True):
                 if with_stats:
                     stats = twin.merge_stats(stats, s)
                     samples += z[: max(0, 64 - len(samples))]
-                yield b
+                yield b if sch is None else b.select(list(columns))  # (no copy: the columns are shared)
             if with_stats:
-                yield _stats_batch(broker, path, {"stats": stats, "samples": samples})
+                yield _stats_batch(broker, path, {"stats": stats, "samples": samples}, sch)
 
 
-def _raw_frame(spark, plan, tz_label: str, native: Optional[bool], with_stats: bool = True):
-    """The tasks' output: event rows, plus (``with_stats``) one ``STATS_KIND`` row per file for the scan."""
+def _raw_frame(spark, plan, tz_label: str, native: Optional[bool], with_stats: bool = True,
+               columns: Optional[Tuple[str, ...]] = None):
+    """The tasks' output: event rows (``columns`` of them, default all), plus (``with_stats``) one ``STATS_KIND``
+    row per file for the scan (then ``kind`` and ``sub_key`` must be among the columns)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     import functools
 
+    cols = event_columns(columns)
     n = len(plan)
     ids = spark.range(0, n, 1, numPartitions=max(1, n))
-    return ids.mapInArrow(functools.partial(_read_task, plan, tz_label, native, with_stats=with_stats),
-                          from_arrow_schema(events_schema()))
+    return ids.mapInArrow(functools.partial(_read_task, plan, tz_label, native, with_stats=with_stats,
+                                            columns=None if cols == tuple(events_schema().names) else cols),
+                          from_arrow_schema(_frame_schema(cols)))
 
 
 def read_broker_logs(spark, paths, *, log_tz: Optional[str] = None, brokers: Optional[Dict[str, str]] = None,
-                     native: Optional[bool] = None):
+                     native: Optional[bool] = None, columns: Optional[Iterable[str]] = None):
     """The client-management events of broker logs as a DataFrame (one task per file; see the module doc).
     ``paths``: log files or directories (one per broker, rolled and ``.gz`` files included); ``log_tz``: the
-    logs' zone (default: this machine's); ``brokers``: {name: path} (default: a file's directory name)."""
+    logs' zone (default: this machine's); ``brokers``: {name: path} (default: a file's directory name);
+    ``columns``: the event columns wanted, in that order (default: all of ``events_schema()``). Spark cannot
+    prune columns out of a mapInArrow's output, so the tasks emit only these: each column left out saves Spark's
+    per-row work on it (``SCAN_COLUMNS``, what the scan's analyses read, costs about half the CPU of all 23;
+    BENCHMARKS.md, broker-log section). EventColumnsError for a name the frame does not have."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
+    cols = event_columns(columns)
     _, label, _ = resolve_tz(log_tz)
     plan = plan_files(paths, brokers)
     # no per-file stats rows, so no filter over every row (measured: a filter's pass costs the JVM ~0.15 CPU-s
     # per million rows here)
-    return _raw_frame(spark, plan, label, native, with_stats=False)
+    return _raw_frame(spark, plan, label, native, with_stats=False, columns=cols)
 
 
 def _analyze_task(params: ScanParams, table):
@@ -1110,7 +1157,7 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, log_tz: Optional[st
         paths = [paths]
     tz, label, source = resolve_tz(log_tz)
     plan = plan_files(paths, brokers)
-    raw = _raw_frame(spark, plan, label, native).persist()
+    raw = _raw_frame(spark, plan, label, native, columns=SCAN_COLUMNS).persist()
     try:
         stats, samples = {}, []
         for r in raw.where(F.col("kind") == STATS_KIND).select("sub_key").collect():

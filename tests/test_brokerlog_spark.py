@@ -45,6 +45,22 @@ def test_reader_matches_local_reader(spark, fleet):
     assert {r["broker"] for r in got} == {"broker-a"}
 
 
+def test_reader_emits_only_the_columns_asked_for(spark, fleet):
+    """columns=: the tasks emit those columns only (the frame's schema is theirs, in their order), with the local
+    reader's values; the scan's own columns (SCAN_COLUMNS) included; an unknown name fails before Spark runs."""
+    d, _, _ = fleet
+    want, _ = bl.read_local([d / "broker-a"], log_tz="+08:00")
+    for cols in (list(bl.SCAN_COLUMNS), ["group", "seq", "version"]):
+        df = bl.read_broker_logs(spark, [d / "broker-a"], log_tz="+08:00", columns=cols)
+        assert df.columns == cols
+        assert [f.dataType.simpleString() for f in df.schema.fields] == [
+            {"string": "string", "int64": "bigint", "int32": "int"}[str(want.schema.field(c).type)] for c in cols]
+        got = sorted(df.toArrow().to_pylist(), key=lambda r: r["seq"])
+        assert got == sorted(want.select(cols).to_pylist(), key=lambda r: r["seq"])
+    with pytest.raises(bl.EventColumnsError):
+        bl.read_broker_logs(spark, [d / "broker-a"], log_tz="+08:00", columns=["kind", "language_code"])
+
+
 def test_scan_matches_local_analyses_per_broker(spark, fleet):
     d, ma, mb = fleet
     brokers = {"broker-b": str(d / "b-logs")}

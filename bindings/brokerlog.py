@@ -287,12 +287,17 @@ def _mapped_line_batches(path, batch_lines: int, chunk_bytes: int, ends_of):
 
 
 def file_events(broker: str, path: str, rank: int, tz, *, native: Optional[bool] = None,
-                batch_lines: int = BATCH_LINES, chunk_bytes: int = 8 << 20):
-    """(events RecordBatch with broker/file/seq and UTC times, stats) per batch of one file (at most
-    ``batch_lines`` lines, cut from reads of ``chunk_bytes``)."""
+                batch_lines: int = BATCH_LINES, chunk_bytes: int = 8 << 20,
+                columns: Optional[Tuple[str, ...]] = None, samples: bool = True):
+    """(events RecordBatch with broker/file/seq and UTC times, stats, zone samples) per batch of one file (at most
+    ``batch_lines`` lines, cut from reads of ``chunk_bytes``). ``columns``: the event columns of the batches, in
+    that order (default: all of ``events_schema()``; checked by the caller, see ``event_columns``); ``samples``:
+    take the zone samples from the first batch (else none)."""
     import pyarrow as pa
 
     parse = parser(native)
+    names = events_schema().names
+    order = list(names if columns is None else columns)
     base = 0
     for arr in line_batches(path, batch_lines, chunk_bytes, native=native):
         batch, stats = parse(arr, base)
@@ -300,11 +305,14 @@ def file_events(broker: str, path: str, rank: int, tz, *, native: Optional[bool]
         n = batch.num_rows
         ts = to_utc_ms(batch.column("ts_ms").to_numpy(zero_copy_only=False), tz)
         seq = (np.int64(rank) << 40) + batch.column("line").to_numpy(zero_copy_only=False).astype(np.int64)
-        cols = [pa.repeat(pa.scalar(broker, pa.string()), n), pa.repeat(pa.scalar(path, pa.string()), n), pa.array(seq, pa.int64()),
-                pa.array(ts, pa.int64())] + [batch.column(i) for i in range(1, batch.num_columns)]
-        names = ["broker", "file", "seq", "ts_ms"] + batch.schema.names[1:]
-        samples = _zone_samples(batch) if base == len(arr) else []  # the first batch of a file is enough
-        yield pa.RecordBatch.from_arrays(cols, names=names), stats, samples
+        out = {"seq": pa.array(seq, pa.int64()), "ts_ms": pa.array(ts, pa.int64())}
+        for c in ("broker", "file"):  # (a column of n copies: built only when asked for)
+            if c in order:
+                out[c] = pa.repeat(pa.scalar(broker if c == "broker" else path, pa.string()), n)
+        for i in range(1, batch.num_columns):
+            out[batch.schema.names[i]] = batch.column(i)
+        zone = _zone_samples(batch) if samples and base == len(arr) else []  # the first batch of a file is enough
+        yield pa.RecordBatch.from_arrays([out[c] for c in order], names=order), stats, zone
 
 
 def _zone_samples(batch) -> List[Tuple[int, int]]:
@@ -312,7 +320,8 @@ def _zone_samples(batch) -> List[Tuple[int, int]]:
     epoch ms against the line's wall clock gives the log's UTC offset, give or take the second resolution."""
     import pyarrow.compute as pc
 
-    sel = batch.filter(pc.is_valid(batch.column("last_update_ms"))).slice(0, 64)
+    sel = batch.select(["last_update_ms", "ts_ms"])
+    sel = sel.filter(pc.is_valid(sel.column("last_update_ms"))).slice(0, 64)
     lut = sel.column("last_update_ms").to_numpy(zero_copy_only=False).astype(np.int64)
     ts = sel.column("ts_ms").to_numpy(zero_copy_only=False).astype(np.int64)
     return list(zip(lut.tolist(), (ts - lut).tolist()))
@@ -1090,11 +1099,12 @@ def _read_task(plan, tz_label, native, batches, with_stats=True, columns=None):
         for i in batch.column(0).to_pylist():
             broker, path, rank = plan[i]
             stats, samples = {}, []
-            for b, s, z in file_events(broker, path, rank, tz, native=native, **size):
+            for b, s, z in file_events(broker, path, rank, tz, native=native, columns=columns, samples=with_stats,
+                                       **size):
                 if with_stats:
                     stats = twin.merge_stats(stats, s)
                     samples += z[: max(0, 64 - len(samples))]
-                yield b if sch is None else b.select(list(columns))  # (no copy: the columns are shared)
+                yield b
             if with_stats:
                 yield _stats_batch(broker, path, {"stats": stats, "samples": samples}, sch)
 

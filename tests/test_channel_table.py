@@ -291,3 +291,39 @@ def test_long_member_arrays_grow_and_shrink(ct):
     t.add_member(0, 2)  # an emptied key is used again
     assert t.group_slots(2) == [0]
     t.check()
+
+
+# ------------------------------------------------------------------------------------------------ addresses
+
+@pytest.mark.parametrize("text,packed", [
+    ("10.0.0.7:53412", 1 << 48 | 10 << 40 | 7 << 16 | 53412),
+    ("0.0.0.0:0", 1 << 48),
+    ("255.255.255.255:65535", 1 << 48 | 0xFFFFFFFF << 16 | 65535),
+    ("256.0.0.1:1", 0), ("1.2.3.4:65536", 0), ("01.2.3.4:5", 0), ("1.2.3.4:05", 0), ("1.2.3.4:", 0),
+    ("1.2.3:4", 0), ("1.2.3.4.5:6", 0), ("1.2.3.4:5:6", 0), ("1.2.3.4:5.6", 0), ("[::1]:5000", 0),
+    ("host-a:1", 0), ("", 0), ("1.2.3.4", 0), (":1", 0), ("1..3.4:5", 0), ("+1.2.3.4:5", 0),
+    ("1.2.3.\u0664:5", 0), ("1.2.3.4:100000", 0), ("1.2.3.4:00", 0),
+])
+def test_pack_ipv4(ct, text, packed):
+    assert ct.pack_ipv4(text) == packed
+
+
+def test_pack_ipv4_refuses_other_types(ct):
+    with pytest.raises(ChannelTableError, match="addr must be a str, not bytes"):
+        ct.pack_ipv4(b"1.2.3.4:5")
+
+
+@settings(max_examples=3000, deadline=None)
+@given(text=st.one_of(
+    st.text(alphabet="0123456789.:a \u0664", max_size=24),
+    st.builds(lambda a, b, c, d, p: f"{a}.{b}.{c}.{d}:{p}", *[st.integers(0, 300)] * 4, st.integers(0, 70000)),
+    st.builds(lambda parts, p: ".".join(parts) + ":" + p, st.lists(st.text("0123456789", max_size=4), max_size=5),
+              st.text("0123456789", max_size=7)),
+))
+def test_pack_ipv4_parity(text):
+    native, twin = module("native"), module("twin")
+    packed = twin.pack_ipv4(text)
+    assert native.pack_ipv4(text) == packed
+    if packed:  # a packed value is the exact text again
+        v = packed
+        assert f"{(v >> 40) & 255}.{(v >> 32) & 255}.{(v >> 24) & 255}.{(v >> 16) & 255}:{v & 0xFFFF}" == text

@@ -24,7 +24,7 @@ import numpy as np
 
 from engine.codec.errors import RemotingError
 
-__all__ = ["ChannelTable", "ChannelTableError", "INLINE", "MAX_SLOTS", "NO_LANGUAGE"]
+__all__ = ["ChannelTable", "ChannelTableError", "INLINE", "MAX_SLOTS", "NO_LANGUAGE", "pack_ipv4"]
 
 #: memberships kept inline per slot; more go to an overflow dict
 INLINE = 4
@@ -45,6 +45,26 @@ def _int64(name, value):
     if not _I64_MIN <= value <= _I64_MAX:
         raise ChannelTableError(f"{name} must fit in int64, not {value}")
     return value
+
+
+def pack_ipv4(addr: str) -> int:
+    """The address column's value of ``a.b.c.d:port``: ``1 << 48 | a << 40 | b << 32 | c << 24 | d << 16 | port``;
+    0 when the text is not exactly that form (decimal fields without leading zeros, each <= 255, port <= 65535,
+    ASCII digits only), so that every packed value unpacks to the very text it came from."""
+    if not isinstance(addr, str):
+        raise ChannelTableError(f"addr must be a str, not {type(addr).__name__}")
+    host, sep, port = addr.rpartition(":")
+    parts = host.split(".")
+    if not sep or len(parts) != 4:
+        return 0
+    packed = 1 << 48
+    for shift, text in zip((40, 32, 24, 16), parts):
+        if not (text.isascii() and text.isdigit()) or str(int(text)) != text or int(text) > 255:
+            return 0  # also refuses "010" and "+1", which would not round-trip
+        packed |= int(text) << shift
+    if not (port.isascii() and port.isdigit()) or str(int(port)) != port or int(port) > 65535:
+        return 0
+    return packed | int(port)
 
 
 class ChannelTable:

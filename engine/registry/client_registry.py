@@ -115,7 +115,7 @@ __all__ = [
 # Native hot paths or their twins, chosen as engine/__init__.py does (ENGINE_NO_EXTENSIONS=1 forces the twins).
 
 IMPLEMENTATION = {"expiry": "twin", "digest": "twin", "channel_table": "twin"}
-_heartbeat_digest = _monotonic_ms = _ChannelTable = None
+_heartbeat_digest = _monotonic_ms = _ChannelTable = _pack_ipv4 = None
 if not os.environ.get("ENGINE_NO_EXTENSIONS"):
     try:
         from engine.registry._expiry import monotonic_ms as _monotonic_ms
@@ -125,6 +125,7 @@ if not os.environ.get("ENGINE_NO_EXTENSIONS"):
         pass
     try:
         from engine.registry._channel_table import ChannelTable as _ChannelTable
+        from engine.registry._channel_table import pack_ipv4 as _pack_ipv4
 
         IMPLEMENTATION["channel_table"] = "native"
     except ImportError:
@@ -141,6 +142,7 @@ if _heartbeat_digest is None:
     from engine.registry._digest_py import heartbeat_digest as _heartbeat_digest
 if _ChannelTable is None:
     from engine.registry._channel_table_py import ChannelTable as _ChannelTable
+    from engine.registry._channel_table_py import pack_ipv4 as _pack_ipv4
 from engine.registry._channel_table_py import ChannelTableError  # noqa: E402 (the class both tables raise)
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -150,7 +152,6 @@ RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 IS_SUPPORT_HEART_BEAT_V2 = "IS_SUPPORT_HEART_BEAT_V2"
 IS_SUB_CHANGE = "IS_SUB_CHANGE"
 _NO_LANGUAGE = 255
-_ADDR_IPV4 = 1 << 48
 _CONSUME_ACTIVELY = ConsumeType.CONSUME_ACTIVELY
 _LANGUAGES = {m.value: m for m in LanguageCode}
 
@@ -282,22 +283,6 @@ def _language_code(language) -> int:
 
 def _language_of(code: int):
     return None if code == _NO_LANGUAGE else _LANGUAGES.get(code, code)
-
-
-def _pack_ipv4(addr: str) -> int:
-    """``a.b.c.d:port`` as one int (0 when the text is not exactly that form, so it round-trips)."""
-    host, sep, port = addr.rpartition(":")
-    parts = host.split(".")
-    if not sep or len(parts) != 4:
-        return 0
-    packed = _ADDR_IPV4
-    for shift, text in zip((40, 32, 24, 16), parts):
-        if not (text.isascii() and text.isdigit()) or str(int(text)) != text or int(text) > 255:
-            return 0  # also refuses "010" and "+1", which would not round-trip
-        packed |= int(text) << shift
-    if not (port.isascii() and port.isdigit()) or str(int(port)) != port or int(port) > 65535:
-        return 0
-    return packed | int(port)
 
 
 def _unpack_ipv4(v: int) -> str:

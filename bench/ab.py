@@ -61,10 +61,13 @@ def check_imports(tree: Path) -> None:
             raise SystemExit(f"{tree}: imports {path}, not its own tree")
 
 
-def run_suite(tree: Path, suite: str, k: str | None, out_json: Path) -> dict:
+def run_suite(tree: Path, suite: str, k: str | None, out_json: Path, timeout: float) -> dict:
     cmd = [sys.executable, "-m", "pytest", f"bench/{suite}.py", "--benchmark-only", "-q", "-p", "no:cacheprovider",
            f"--benchmark-json={out_json}"] + (["-k", k] if k else [])
-    proc = subprocess.run(cmd, cwd=tree, env=tree_env(tree), capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, cwd=tree, env=tree_env(tree), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        return {"error": f"timed out after {timeout:.0f} s: " + str(e.stdout or "")[-1500:]}
     if not out_json.exists():
         return {"error": (proc.stdout + proc.stderr)[-2000:]}
     data = json.loads(out_json.read_text())
@@ -133,6 +136,7 @@ def main(argv=None) -> int:
                    help="comma-separated bench/ suites (default: every bench_*.py)")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("-k", default=None, help="pytest -k expression passed to every suite")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds one suite run may take")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "rmqhb-ab")
     p.add_argument("--out", type=Path, default=None, help="write the raw runs and the table as JSON")
     args = p.parse_args(argv)
@@ -149,7 +153,7 @@ def main(argv=None) -> int:
             for side in order:
                 out = scratch / f"{side}-{suite}-{rep}.json"
                 print(f"rep {rep + 1}/{args.reps} {suite} {side} ({trees[side]})", file=sys.stderr, flush=True)
-                r = run_suite(trees[side], suite, args.k, out)
+                r = run_suite(trees[side], suite, args.k, out, args.timeout)
                 if "error" in r or "__failed__" in r:
                     failures.append((side, suite, rep, r.get("error") or r["__failed__"]["tail"]))
                 runs[side][suite].append(r)

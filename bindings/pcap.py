@@ -503,9 +503,14 @@ def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = 
     client_cuts: dict = defaultdict(list)
     for (c, _, _), times in member_cuts.items():
         client_cuts[c].extend(times)
+    # and at its connection's first FIN / RST (this reader's connections: it saw their ends), so that a heartbeat
+    # after it on a half-closed connection starts a new run, as scan_py.member_left has it
+    conn_cuts = {c: int(e["end"][0]) for c, e in connection_events([result]).items()
+                 if e.get("end") is not None} if result is not None else {}
     out = merge_run_batches(runs_from_ids(cat(recv), cat(conns), cat(ids), d.bodies, params,
-                                          cuts={c: sorted(set(ts)) for c, ts in client_cuts.items()}),
-                            params, cuts=member_cuts)
+                                          cuts={c: sorted(set(ts)) for c, ts in client_cuts.items()},
+                                          conn_cuts=conn_cuts),
+                            params, cuts=member_cuts, conn_cuts=conn_cuts)
     payload = json.dumps({"name": result.name, "files": result.files, "stats": result.stats,
                           "events": result.events, "losses": result.losses, "damaged": result.damaged,
                           "shard": list(result.shard), "addrs": [[c, a] for c, a in addrs.items()]})
@@ -612,7 +617,7 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
         if shards > 1:
             runs = recut_runs(spark, plan, runs, task_conns, unregisters, unregister_frame, params, native,
                               dict(options, ports=ports))
-        runs = runs.transform(sp.merge_runs(params, unregister_frame)).persist()
+        runs = runs.transform(sp.merge_runs(params, unregister_frame, cuts[0] if cuts is not None else None)).persist()
         try:
             stats = sp._stats(runs)
             stats.pop("runs")

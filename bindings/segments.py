@@ -497,11 +497,13 @@ def columns_runs(cols: SplitColumns, params: ScanParams = ScanParams(), dedupe_b
 
 def runs_from_ids(recv_ms: np.ndarray, conn_id: np.ndarray, ids: np.ndarray, uniq: List[bytes],
                   params: ScanParams = ScanParams(), dedupe_bodies: bool = True,
-                  cuts: Optional[dict] = None) -> List[pa.RecordBatch]:
+                  cuts: Optional[dict] = None, conn_cuts: Optional[dict] = None) -> List[pa.RecordBatch]:
     """Runs of records given as receive times, connections and ids into the list of distinct bodies.
     ``cuts``: {client_id: sorted ms} (a capture's UNREGISTER_CLIENT requests): a run of a client also ends before
     its first record after an unregister (one at or after the previous record); merge_run_batches / Spark's
-    merge_runs join back the pieces of the groups the client did not unregister."""
+    merge_runs join back the pieces of the groups the client did not unregister. ``conn_cuts``: {conn_id: ms} (a
+    capture's first FIN / RST per connection): a run also ends before its connection's first record after that
+    end (one at or after the previous record: heartbeats on a half-closed connection)."""
     n = len(recv_ms)
     if n == 0:
         return [_stats_batch(0, recv_ms)]
@@ -538,6 +540,8 @@ def runs_from_ids(recv_ms: np.ndarray, conn_id: np.ndarray, ids: np.ndarray, uni
         lo, hi = np.searchsorted(cl, k, "left"), np.searchsorted(cl, k, "right")
         if hi - lo > 1:
             brk[lo + 1:hi] |= _cut_between(np.asarray(times, np.int64), recv[lo:hi - 1], recv[lo + 1:hi])
+    if conn_cuts:
+        brk[1:] |= _conn_cut(conn_cuts, conn[1:], recv[:-1], recv[1:])
     starts = np.flatnonzero(brk)
     ends = np.append(starts[1:], m) - 1
     r_first, r_last, r_n = recv[starts], recv[ends], ends - starts + 1
@@ -598,14 +602,26 @@ def _cut_between(times: np.ndarray, prev_last: np.ndarray, first: np.ndarray) ->
     return (k < len(times)) & (times[np.minimum(k, len(times) - 1)] < first)
 
 
+def _conn_cut(conn_cuts: dict, conn: np.ndarray, prev_last: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Per pair (on one connection): does the connection's end (``conn_cuts``: {conn_id: ms}) fall at or after
+    ``prev_last`` and before ``first``?"""
+    keys = np.array(sorted(conn_cuts), np.int64)
+    if not len(conn) or not len(keys):
+        return np.zeros(len(conn), dtype=bool)
+    ends = np.array([conn_cuts[k] for k in keys.tolist()], np.int64)
+    k = np.minimum(np.searchsorted(keys, conn), len(keys) - 1)
+    return (keys[k] == conn) & (ends[k] >= prev_last) & (ends[k] < first)
+
+
 def merge_run_batches(batches: List[pa.RecordBatch], params: ScanParams = ScanParams(),
-                      cuts: Optional[dict] = None) -> List[pa.RecordBatch]:
+                      cuts: Optional[dict] = None, conn_cuts: Optional[dict] = None) -> List[pa.RecordBatch]:
     """Merge runs of consecutive splits (in time order) the way ``merge_runs`` in Spark would, so a task emits
     fewer rows. Only merges what the Spark merge merges too: neighbours in the order (member, first_ms,
     conn_id, sub_key nulls first) with the same connection and the same raw sub_key (two light runs next to
     each other carry the same set), at most the split threshold apart, and (``cuts``: {(client_id, role, group):
     sorted ms}, a capture's UNREGISTER_CLIENT requests) with no unregister of that member at or after the first
-    run's last heartbeat and before the second's first. Statistics rows are summed."""
+    run's last heartbeat and before the second's first (``conn_cuts``: {conn_id: ms}, a capture's first FIN / RST
+    per connection: nor that connection's end). Statistics rows are summed."""
     if not batches:
         return []
     t = pa.Table.from_batches(batches, schema=RUN_SCHEMA).combine_chunks()
@@ -649,6 +665,8 @@ def merge_run_batches(batches: List[pa.RecordBatch], params: ScanParams = ScanPa
             at = np.flatnonzero(joins & (co == c) & (ro == r) & (go == g))
             if len(at) and len(times):
                 joins[at] &= ~_cut_between(np.asarray(times, np.int64), ls[at - 1], fs[at])
+    if conn_cuts:
+        joins[1:] &= ~_conn_cut(conn_cuts, cn[1:], ls[:-1], fs[1:])
     starts = np.flatnonzero(~joins)
     keep = order[starts]
     merged = t.take(pa.array(keep))

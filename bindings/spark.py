@@ -430,13 +430,16 @@ def _member_window():
         F.col("first_ms"), F.col("conn_id"), F.col("sub_key").asc_nulls_first())
 
 
-def merge_runs(params: ScanParams = ScanParams(), unregisters: Optional[DataFrame] = None):
+def merge_runs(params: ScanParams = ScanParams(), unregisters: Optional[DataFrame] = None,
+               conn_ends: Optional[DataFrame] = None):
     """runs -> maximal runs. Observations of a (role, group, client) in (time, connection, set) order: a light
     heartbeat takes the previous set; a run ends at another connection, another set, or a silence over
     min(expiry, gap threshold). Works on single observations and on pre-aggregated runs alike. Statistics rows
     are summed into one. ``unregisters`` (a capture's, the second frame of :func:`capture_cuts`): a run also ends
     at an UNREGISTER_CLIENT of that member (one at or after its last heartbeat, before the next one's first), so
-    the member is out from the unregister until its next heartbeat, as in engine.recording.scan_py.member_left."""
+    the member is out from the unregister until its next heartbeat, as in engine.recording.scan_py.member_left;
+    ``conn_ends`` (capture_cuts' first frame): and at its connection's first FIN / RST (heartbeats after it on a
+    half-closed connection start a new run), so a run's connection end is never between two of its heartbeats."""
     split = params.split_ms
 
     def transform(df: DataFrame) -> DataFrame:
@@ -444,6 +447,8 @@ def merge_runs(params: ScanParams = ScanParams(), unregisters: Optional[DataFram
         if unregisters is not None:
             u = unregisters.groupBy("client_id", "role", "group").agg(F.collect_list("cut_ms").alias("_cuts"))
             df = df.join(F.broadcast(u), ["client_id", "role", "group"], "left").select(*cols, "_cuts")
+        if conn_ends is not None:
+            df = df.join(F.broadcast(conn_ends.select("conn_id", F.col("cut_ms").alias("_end"))), "conn_id", "left")
         w = _member_window()
         upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         df = df.withColumn("_key", F.last("sub_key", ignorenulls=True).over(upto))
@@ -456,6 +461,8 @@ def merge_runs(params: ScanParams = ScanParams(), unregisters: Optional[DataFram
             df = df.withColumn("_pl", prev_last).withColumn("_cut", F.coalesce(F.exists(
                 "_cuts", lambda t: (t >= F.col("_pl")) & (t < F.col("first_ms"))), F.lit(False)))
             new = new | F.col("_cut")
+        if conn_ends is not None:  # the same connection (another one starts a run anyway)
+            new = new | F.coalesce((F.col("_end") >= prev_last) & (F.col("_end") < F.col("first_ms")), F.lit(False))
         is_stats = F.col("role") == seg.STATS_ROLE
         # statistics rows all fall into run 0 of their own partition: summed in the same pass (a separate
         # branch would run the input, e.g. the segment scan, twice)
@@ -627,11 +634,10 @@ def member_address_records(runs: DataFrame, plan, wanted, params: ScanParams, co
     of its observations is live then), their addresses read on the driver (``plan``: a recording's seg.Plan,
     read with connection_addresses) or given (``plan``: {conn_id: address}, a capture's). A capture's
     ``conn_events`` and ``unregisters`` end a run's address at the member's leaving, as scan_py.address_live_until
-    does for each observation: a capture's merged runs are cut at the member's unregisters, so every observation
-    of a run leaves at the first unregister at or after its last heartbeat (scan_py.member_left at ``last``), and
-    the run counts while ``first < end and min(last + expiry, left) > max(start, first)``. The connection's first
-    FIN / RST is taken as at or after the run's last heartbeat, as live_intervals takes it (not cut: a run with
-    heartbeats after a FIN of its connection, a half-closed connection)."""
+    does for each observation: a capture's merged runs are cut at the member's unregisters and at their
+    connection's first FIN / RST (merge_runs), so every observation of a run leaves when its last does
+    (scan_py.member_left at ``last``), and the run counts while ``first < end and min(last + expiry, left) >
+    max(start, first)``."""
     from engine.recording.scan_py import address_live_until
 
     wanted = list(wanted)

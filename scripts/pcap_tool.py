@@ -239,8 +239,10 @@ def write_script(path, steps) -> None:
     ``(ms, "ip:port", kind, arg)`` with kind ``hb`` (arg: the HeartbeatData body; answered SUCCESS),
     ``unregister`` (arg: (clientID, producerGroup, consumerGroup), None for absent; answered SUCCESS), ``fin`` or
     ``rst`` (arg: "client" or "server", the side that sends it), ``missed`` (arg: a HeartbeatData body: the request
-    and its answer the capture missed, their bytes skipped). A connection's SYN handshake precedes its first
-    step; a FIN is answered by the other side's FIN and the ACK."""
+    and its answer the capture missed, their bytes skipped), ``half_close`` (arg: None: the server's FIN alone,
+    ACKed; the client may go on sending on the half-closed connection, its requests only ACKed; a later ``fin``
+    by the client ends it with the client's FIN and the server's ACK). A connection's SYN handshake precedes its
+    first step; a FIN is answered by the other side's FIN and the ACK."""
     import json
 
     server = (bytes([10, 255, 255, 254]), 10911)
@@ -257,7 +259,7 @@ def write_script(path, steps) -> None:
         if c is None:
             host, port = addr.rsplit(":", 1)
             c = conns[addr] = [bytes(int(x) for x in host.split(".")), int(port), 1000 + len(conns) * 7919,
-                               50000 + len(conns) * 104729]
+                               50000 + len(conns) * 104729, False]  # [4]: the server sent its FIN
             emit(us, _tcp(c[0], c[1], *server, c[2], 0, 0x02))
             emit(us, _tcp(*server, c[0], c[1], c[3], c[2] + 1, 0x12))
             emit(us, _tcp(c[0], c[1], *server, c[2] + 1, c[3] + 1, 0x10))
@@ -279,9 +281,23 @@ def write_script(path, steps) -> None:
             req = _frame(head, body)
             emit(us, _tcp(*cli, *srv, c[2], c[3], 0x18, req))
             c[2] += len(req)
+            if c[4]:  # half-closed by the server: no answer
+                emit(us, _tcp(*srv, *cli, c[3], c[2], 0x10))
+                continue
             emit(us, _tcp(*srv, *cli, c[3], c[2], 0x18, ok))
             c[3] += len(ok)
             emit(us, _tcp(*cli, *srv, c[2], c[3], 0x10))
+        elif kind == "half_close":
+            emit(us, _tcp(*srv, *cli, c[3], c[2], 0x11))
+            c[3] += 1
+            emit(us, _tcp(*cli, *srv, c[2], c[3], 0x10))
+            c[4] = True
+        elif kind == "fin" and c[4]:
+            if arg != "client":
+                raise ValueError("a connection the server half-closed ends by the client's FIN")
+            emit(us, _tcp(*cli, *srv, c[2], c[3], 0x11))
+            emit(us, _tcp(*srv, *cli, c[3], c[2] + 1, 0x10))
+            del conns[addr]
         elif kind == "fin":
             a, b, sa, sb = (cli, srv, 2, 3) if arg == "client" else (srv, cli, 3, 2)
             emit(us, _tcp(*a, *b, c[sa], c[sb], 0x11))

@@ -875,6 +875,51 @@ def test_member_addresses_end_at_the_close_or_unregister(tmp_path):
         ("D1@1", sorted([addrs["D1"], addrs["D1b"]])), ("D2@1", sorted([addrs["D2"], addrs["D2b"]]))]
 
 
+def half_closed_capture(path):
+    """D (consumer of G, topic T2) heartbeats at 0, 30 and 60 s; the broker half-closes D's connection (its FIN
+    alone, 65 s) and D heartbeats again on it at 90 and 120 s (unanswered) before its own FIN (130 s); K1 and K2
+    (topic T) heartbeat every 30 s until 300 s. Returns {client: address}."""
+    addrs = {"D": "10.0.6.1:46000", "K1": "10.0.6.2:46000", "K2": "10.0.6.3:46000"}
+    t2 = _body("D@1").replace(b'"topic":"T"', b'"topic":"T2"')
+    steps = [(T0 + s * 1000, addrs["D"], "hb", t2) for s in (0, 30, 60, 90, 120)]
+    steps += [(T0 + 65_000, addrs["D"], "half_close", None), (T0 + 130_000, addrs["D"], "fin", "client")]
+    steps += [(T0 + s * 1000, addrs[c], "hb", _body(c + "@1")) for s in range(0, 301, 30) for c in ("K1", "K2")]
+    tool.write_script(path, sorted(steps, key=lambda x: x[0]))
+    return addrs
+
+
+#: what half_closed_capture gives (ms after T0): D out of G at the connection's (first) FIN, 65 s; its heartbeats
+#: after it on the half-closed connection count as heartbeats (member_left takes the first FIN / RST at or after
+#: a heartbeat), so D is back at 90 s until 120 + 120 s
+HALF_CLOSED_SIZES = [[0, 3], [65_000, 2], [90_000, 3], [240_000, 2], [420_000, 0]]
+HALF_CLOSED_SPANS = [(0, 65_000), (90_000, 240_000)]
+
+
+def check_half_closed_findings(f, addrs):
+    sizes = {(g["group"], g["role"]): [[t - T0, n] for t, n in g["series"]] for g in f["group_sizes"]}
+    assert sizes[("G", "consumer")] == HALF_CLOSED_SIZES
+    assert [(r["start_ms"] - T0, r["end_ms"] - T0) for r in f["inconsistent_subscriptions"]] == HALF_CLOSED_SPANS
+    assert [(r["client_id"], r["addrs"]) for r in f["member_addresses"]] == [("D@1", [addrs["D"]])]
+    assert f["capture"]["connection_ends"] == {"fin_by_server": 1}
+
+
+def test_heartbeats_on_a_half_closed_connection(tmp_path):
+    """Heartbeats after the first FIN of their connection (the broker's, the client still sending): the member
+    leaves at the FIN and is back at the next heartbeat (scan_py.member_left); a capture's runs end at their
+    connection's FIN (capture_runs), as they end at an unregister, so Spark's live intervals see it too."""
+    from engine.recording.scan_py import ScanParams
+
+    cap = tmp_path / "half.pcap"
+    addrs = half_closed_capture(cap)
+    for shards in (1, 2):
+        check_half_closed_findings(pcap.scan_local([cap], shards=shards), addrs)
+    (whole,) = pcap.plan_captures([cap])
+    runs = [r for b in pcap.capture_runs(whole, ScanParams()) for r in b.to_pylist()
+            if r["role"] == "consumer" and r["client_id"] == "D@1"]
+    assert sorted((r["first_ms"] - T0, r["last_ms"] - T0, r["n"]) for r in runs) == [(0, 60_000, 3),
+                                                                                   (90_000, 120_000, 2)]
+
+
 def test_a_close_at_the_expiry_or_a_capture_ending_before_it(tmp_path):
     """The close must come before the expiry: a FIN at last heartbeat + expiry or later leaves the expiry (the
     broker's scan removed the channel first); a silence cut by the capture's end before the expiry is no expiry."""

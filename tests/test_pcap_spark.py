@@ -206,6 +206,20 @@ def test_scan_member_addresses_end_at_the_close_or_unregister(spark, tmp_path):
         assert _comparable(f) == _comparable(local), shards
 
 
+def test_scan_of_heartbeats_on_a_half_closed_connection(spark, tmp_path):
+    """Heartbeats after the broker's FIN on the same connection: the Spark scan's runs end at the FIN (capture_runs,
+    merge_runs), so group sizes, spans and member addresses are the local scan's; sharded alike."""
+    from test_pcap import check_half_closed_findings, half_closed_capture
+
+    cap = tmp_path / "half.pcap"
+    addrs = half_closed_capture(cap)
+    local = pcap.scan_local([cap])
+    for shards in (1, 2):
+        f = pcap.scan(spark, [cap], shards=shards)
+        check_half_closed_findings(f, addrs)
+        assert _comparable(f) == _comparable(local), shards
+
+
 def test_sharded_scan_equals_the_unsharded(spark):
     one = pcap.scan(spark, INPUTS)
     three = pcap.scan(spark, INPUTS, shards=3)

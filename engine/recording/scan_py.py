@@ -15,8 +15,9 @@ Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
   *live* from each observation until the next one or ``expiry`` later, whichever is first. In a capture (its
   ``conn_events`` and ``unregisters``), also at most until the first FIN / RST of the observation's connection or
   the client's first UNREGISTER_CLIENT for that group at or after it (:func:`member_left`): the broker removed the
-  member then; a later heartbeat adds it back. (The Spark scan ends a member's run at such an unregister,
-  bindings.pcap.capture_runs and bindings.spark.merge_runs, for the same intervals; a capture read in shards
+  member then; a later heartbeat adds it back (also one on that connection after its FIN, a half-closed
+  connection). (The Spark scan ends a member's run at such an unregister and at its connection's first FIN /
+  RST, bindings.pcap.capture_runs and bindings.spark.merge_runs, for the same intervals; a capture read in shards
   applies every shard's unregisters to every shard's runs, bindings.pcap.recut_runs, as a client may unregister
   on another connection than the one it heartbeats on.)
 * ``group_sizes``: per group and role, the number of live members over time, as change points.

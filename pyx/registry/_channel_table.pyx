@@ -10,7 +10,7 @@ below ``top``) and key (non-negative int32, below the member-array table for rea
 runs over ``[0, top)``.
 """
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport INT64_MIN, INT64_MAX, int32_t, int64_t, uint8_t, uint16_t, uint64_t
 from libc.string cimport memcpy, memset
 
 import numpy as np
@@ -52,8 +52,8 @@ cdef extern from *:
     """
     int ct_any_below(const int64_t* oldest, const uint8_t* live, Py_ssize_t n, int64_t thr) nogil
 
-cdef int64_t I64_MAX = 0x7FFFFFFFFFFFFFFF
-cdef int64_t I64_MIN = -I64_MAX - 1
+cdef int64_t I64_MAX = INT64_MAX
+cdef int64_t I64_MIN = INT64_MIN
 cdef int MAX_MEMBERSHIPS = 65535
 DEF SCAN_BLOCK = 2048
 

@@ -179,6 +179,8 @@ class ChannelTable:
         return 0 <= slot < self._top and bool(self._mv_used[slot])
 
     def channel(self, slot: int):
+        if type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]:
+            return self._channels[slot]
         return self._channels[self._slot(slot)]
 
     def close(self, slot: int) -> None:
@@ -199,7 +201,8 @@ class ChannelTable:
     # ------------------------------------------------------------------------------------------------ columns
     def client(self, slot: int) -> tuple:
         """The slot's own ``(client id, language, version)``."""
-        slot = self._slot(slot)
+        if not (type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]):
+            slot = self._slot(slot)
         return self._mv_cid[slot], self._mv_lang[slot], self._mv_ver[slot]
 
     def set_client(self, slot: int, cid: int, language: int, version: int) -> None:
@@ -214,6 +217,8 @@ class ChannelTable:
         self._mv_cid[slot], self._mv_lang[slot], self._mv_ver[slot] = cid, language, version
 
     def addr(self, slot: int) -> int:
+        if type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]:
+            return self._mv_addr[slot]
         return self._mv_addr[self._slot(slot)]
 
     def set_addr(self, slot: int, addr: int) -> None:
@@ -221,6 +226,8 @@ class ChannelTable:
         self._mv_addr[slot] = _int64("addr", addr)
 
     def last(self, slot: int) -> int:
+        if type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]:
+            return self._mv_last[slot]
         return self._mv_last[self._slot(slot)]
 
     def oldest(self, slot: int) -> int:
@@ -230,16 +237,22 @@ class ChannelTable:
         return bool(self._mv_live[self._slot(slot)])
 
     def nmem(self, slot: int) -> int:
+        if type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]:
+            return self._mv_nmem[slot]
         return self._mv_nmem[self._slot(slot)]
 
     def kinds(self, slot: int) -> int:
         """Bit 0: the slot has a consumer membership, bit 1: a producer one."""
+        if type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]:
+            return self._mv_kinds[slot]
         return self._mv_kinds[self._slot(slot)]
 
     def touch(self, slot: int, now: int) -> None:
         """Every membership of the slot refreshed at ``now`` (the fast path: no side-table time is kept)."""
-        slot = self._slot(slot)
-        now = _int64("now", now)
+        if not (type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]):
+            slot = self._slot(slot)
+        if not (type(now) is int and _I64_MIN <= now <= _I64_MAX):
+            now = _int64("now", now)
         self._mv_last[slot] = now
         self._mv_oldest[slot] = self._sat(now + self._fresh_off[self._mv_kinds[slot]])
 
@@ -249,12 +262,18 @@ class ChannelTable:
 
     # ------------------------------------------------------------------------------------------------ fast path
     def armed(self, slot: int) -> int:
+        if type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]:
+            return self._mv_armed[slot]
         return self._mv_armed[self._slot(slot)]
 
     def fkey(self, slot: int) -> int:
+        if type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]:
+            return self._mv_fkey[slot]
         return self._mv_fkey[self._slot(slot)]
 
     def armed_by(self, slot: int):
+        if type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]:
+            return self._armed_by[slot]
         return self._armed_by[self._slot(slot)]
 
     def arm(self, slot: int, fkey: int, by, armed: int) -> None:
@@ -282,7 +301,12 @@ class ChannelTable:
 
     def mem_pos(self, slot: int, key: int) -> int:
         """Position of ``slot`` in the member array of ``key``, or -1 when it is not a member."""
-        return self._find(self._slot(slot), self._key(key))
+        # an int slot in use and a key in range skip the validators (which raise the errors for anything else)
+        if not (type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]):
+            slot = self._slot(slot)
+        if not (type(key) is int and 0 <= key < 1 << 31):
+            key = self._key(key)
+        return self._find(slot, key)
 
     def mem_keys(self, slot: int) -> list:
         """The slot's membership keys: the inline ones in order, then the overflow ones."""
@@ -299,7 +323,10 @@ class ChannelTable:
 
     def add_member(self, slot: int, key: int) -> int:
         """Make ``slot`` a member of ``key`` (appended to its member array); returns its position. Disarms."""
-        slot, key = self._slot(slot), self._key(key)
+        if not (type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]):
+            slot = self._slot(slot)
+        if not (type(key) is int and 0 <= key < 1 << 31):
+            key = self._key(key)
         if self._find(slot, key) >= 0:
             raise ChannelTableError(f"slot {slot} is already a member of key {key}")
         n = self._mv_nmem[slot]
@@ -427,7 +454,10 @@ class ChannelTable:
 
     def member_info(self, slot: int, key: int) -> tuple:
         """``(client id, language, version)`` of the membership: its own when set, else the slot's."""
-        slot, key = self._slot(slot), self._key(key)
+        if not (type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]):
+            slot = self._slot(slot)
+        if not (type(key) is int and 0 <= key < 1 << 31):
+            key = self._key(key)
         info = self._info.get(slot)
         if info is not None:
             t = info.get(key)

@@ -425,7 +425,8 @@ def test_spark_one_core(benchmark, spark, log, contender, tmp_path):
     print(f"{contender}: {n:,} event rows (the generator wrote {events:,} event lines)")
     if contender.startswith("read_broker_logs"):
         assert n == events
-    elif contender.startswith("regexp_extract") and contender != "regexp_extract_light":  # the expressions also match damaged lines the parser counts as malformed
+    elif contender.startswith("regexp_extract") and contender != "regexp_extract_light":
+        # the expressions also match damaged lines the parser counts as malformed
         assert abs(n - events) <= m["counts"].get("malformed_register", 0) + 10
 
 

@@ -15,7 +15,8 @@ lines of one broker (older rolled files first). ``read_broker_logs``' tasks emit
 emit one stats row per file (``STATS_KIND``), which it filters out. Spark cannot prune the output of mapInArrow,
 so the tasks emit only the columns asked for (``read_broker_logs(columns=...)``): Spark's per-row cost grows with
 the columns (the JVM reads every Arrow cell into a row), and the scan's 14 ``SCAN_COLUMNS`` (what
-``analyze_broker`` reads) cost about half the CPU of all 23 (BENCHMARKS.md, broker-log section).
+``analyze_broker`` reads) cost about three quarters of the CPU of all 23, the JVM's part about 60 % (BENCHMARKS.md,
+broker-log section).
 
 The analyses (``analyze_events``) run per broker (``groupBy("broker").applyInArrow``) with the definitions of
 ``engine.recording.scan_py`` where a log supports them:
@@ -1132,8 +1133,8 @@ def read_broker_logs(spark, paths, *, log_tz: Optional[str] = None, brokers: Opt
     logs' zone (default: this machine's); ``brokers``: {name: path} (default: a file's directory name);
     ``columns``: the event columns wanted, in that order (default: all of ``events_schema()``). Spark cannot
     prune columns out of a mapInArrow's output, so the tasks emit only these: each column left out saves Spark's
-    per-row work on it (``SCAN_COLUMNS``, what the scan's analyses read, costs about half the CPU of all 23;
-    BENCHMARKS.md, broker-log section). EventColumnsError for a name the frame does not have."""
+    per-row work on it (``SCAN_COLUMNS``, what the scan's analyses read, costs about three quarters of the CPU
+    of all 23; BENCHMARKS.md, broker-log section). EventColumnsError for a name the frame does not have."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     cols = event_columns(columns)

@@ -254,7 +254,8 @@ class ChannelTable:
         if not (type(now) is int and _I64_MIN <= now <= _I64_MAX):
             now = _int64("now", now)
         self._mv_last[slot] = now
-        self._mv_oldest[slot] = self._sat(now + self._fresh_off[self._mv_kinds[slot]])
+        t = now + self._fresh_off[self._mv_kinds[slot]]
+        self._mv_oldest[slot] = t if _I64_MIN <= t <= _I64_MAX else self._sat(t)
 
     @staticmethod
     def _sat(v: int) -> int:
@@ -495,9 +496,14 @@ class ChannelTable:
         """A heartbeat at ``now`` refreshed the memberships ``keys`` of the slot; the others keep their own older
         time. Returns 1 when it refreshed all of them and no own time was kept before, 2 when it refreshed all of
         them and dropped own times, 0 when some were left out (their own times are now kept)."""
-        slot = self._slot(slot)
-        now = _int64("now", now)
-        keys = {self._key(k) for k in keys}
+        if not (type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]):
+            slot = self._slot(slot)
+        if not (type(now) is int and _I64_MIN <= now <= _I64_MAX):
+            now = _int64("now", now)
+        checked = set()
+        for k in keys:
+            checked.add(k if type(k) is int and 0 <= k < 1 << 31 else self._key(k))
+        keys = checked
         for k in keys:
             if self._find(slot, k) < 0:
                 raise ChannelTableError(f"slot {slot} is not a member of key {k}")

@@ -678,3 +678,21 @@ def test_remote_addresses_round_trip(h, addr):
     assert h.reg.producer_connection("P").connections[0].client_addr == addr
     h.reg.close_channel(1)
     assert h.reg.stats()["interned_strings"] == 0
+
+
+def test_memberships_per_channel_budget_refuses_before_any_change():
+    """A channel holds at most MAX_MEMBERSHIPS (65,535) memberships (the channel table's 16-bit count): a heartbeat
+    that could pass it is answered SYSTEM_ERROR and changes nothing (before the budget: an exception from the
+    table after part of the heartbeat was applied)."""
+    from engine.registry.client_registry import MAX_MEMBERSHIPS
+
+    h = Harness()
+    h.reg.heartbeat(1, hb(A, producers=["P0"]))
+    too_many = hb(A, producers=[f"P{i}" for i in range(MAX_MEMBERSHIPS)])
+    res = h.reg.heartbeat(1, too_many)
+    assert res.code == ResponseCode.SYSTEM_ERROR and res.remark == "a channel is registered in 65535 groups at most"
+    assert h.reg.producer_groups() == ["P0"] and h.reg.channel_groups(1) == ((), ("P0",))
+    fits = hb(B, producers=[f"P{i}" for i in range(MAX_MEMBERSHIPS)])
+    assert h.reg.heartbeat(2, fits).code == ResponseCode.SUCCESS  # a fresh channel takes exactly the budget
+    assert len(h.reg.channel_groups(2)[1]) == MAX_MEMBERSHIPS
+    h.reg.check_invariants()

@@ -24,7 +24,7 @@ import numpy as np
 
 from engine.codec.errors import RemotingError
 
-__all__ = ["ChannelTable", "ChannelTableError", "INLINE", "MAX_SLOTS", "NO_LANGUAGE", "pack_ipv4"]
+__all__ = ["ChannelTable", "ChannelTableError", "INLINE", "MAX_MEMBERSHIPS", "MAX_SLOTS", "NO_LANGUAGE", "pack_ipv4"]
 
 #: memberships kept inline per slot; more go to an overflow dict
 INLINE = 4
@@ -32,7 +32,9 @@ INLINE = 4
 MAX_SLOTS = 1 << 30
 #: language column value of a slot with no language
 NO_LANGUAGE = 255
-_MAX_MEMBERSHIPS = 65535  # the nmem column is 16 bits
+#: memberships one slot can hold (the nmem column is 16 bits); the registry refuses a heartbeat that would pass it
+MAX_MEMBERSHIPS = 65535
+_MAX_MEMBERSHIPS = MAX_MEMBERSHIPS
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
 

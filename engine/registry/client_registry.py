@@ -143,7 +143,7 @@ if _heartbeat_digest is None:
 if _ChannelTable is None:
     from engine.registry._channel_table_py import ChannelTable as _ChannelTable
     from engine.registry._channel_table_py import pack_ipv4 as _pack_ipv4
-from engine.registry._channel_table_py import ChannelTableError  # noqa: E402 (the class both tables raise)
+from engine.registry._channel_table_py import MAX_MEMBERSHIPS, ChannelTableError  # noqa: E402 (both tables')
 
 # ---------------------------------------------------------------------------------------------------------------
 # Constants
@@ -657,6 +657,12 @@ class ClientRegistry:
         for pd in hb.producers:
             if not isinstance(pd.group, str):
                 return HeartbeatResult(ResponseCode.SYSTEM_ERROR, "ProducerData.groupName is null", False)
+        named = len(hb.consumers) + len(hb.producers)
+        if named + (self.channel_table.nmem(slot) if slot is not None else 0) > MAX_MEMBERSHIPS:
+            # the channel table's budget of memberships per channel (Java has none): refused before any change
+            # (counted as if every group named were new, so a channel close to it may be refused a little early)
+            return HeartbeatResult(ResponseCode.SYSTEM_ERROR,
+                                   f"a channel is registered in {MAX_MEMBERSHIPS} groups at most", False)
         version = int(version)
         now = self._clock()
         if slot is None:

@@ -6,7 +6,9 @@
 ``subscription_group_manager``, ``consumer_offset_manager``; ``store.Store`` composes the three)
 and ``rebalance`` (RebalanceLockManager).
 ``intern`` interns client strings, ``sql92`` checks SQL92 filters, ``clientlog`` writes Java's log lines; the
-expiry scan and the heartbeat digest are compiled (pyx/registry/) with twins ``_expiry_py`` and ``_digest_py``.
+channel table the managers share (slots, their columns, memberships, member arrays, the expiry scan), the expiry
+scan over plain columns and the heartbeat digest are compiled (pyx/registry/) with twins ``_channel_table_py``,
+``_expiry_py`` and ``_digest_py``.
 """
 
 

@@ -70,15 +70,21 @@ def run_suite(tree: Path, suite: str, k: str | None, out_json: Path, timeout: fl
         return {"error": f"timed out after {timeout:.0f} s: " + str(e.stdout or "")[-1500:]}
     if not out_json.exists():
         return {"error": (proc.stdout + proc.stderr)[-2000:]}
-    data = json.loads(out_json.read_text())
+    result = run_json(out_json)
+    if proc.returncode not in (0, 5):
+        result["__failed__"] = {"tail": (proc.stdout + proc.stderr)[-1500:]}
+    return result
+
+
+def run_json(path: Path) -> dict:
+    """benchmark name -> {min, median, extra: numeric extra_info} of one pytest-benchmark JSON file."""
+    data = json.loads(path.read_text())
     result = {}
     for b in data.get("benchmarks", []):
         extra = {key: v for key, v in (b.get("extra_info") or {}).items()
                  if isinstance(v, (int, float)) and not isinstance(v, bool)}
         result[b["fullname"].split("::", 1)[-1]] = {"min": b["stats"]["min"], "median": b["stats"]["median"],
                                                     "extra": extra}
-    if proc.returncode not in (0, 5):
-        result["__failed__"] = {"tail": (proc.stdout + proc.stderr)[-1500:]}
     return result
 
 
@@ -132,21 +138,43 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--a", required=True, help="the 'before' revision (commit, or . for the working tree)")
     p.add_argument("--b", default=".", help="the 'after' revision (default: the working tree)")
-    p.add_argument("--suites", default=",".join(sorted(f.stem for f in (ROOT / "bench").glob("bench_*.py"))),
-                   help="comma-separated bench/ suites (default: every bench_*.py)")
+    p.add_argument("--suites", default=None,
+                   help="comma-separated bench/ suites (default: every bench_*.py both revisions have)")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("-k", default=None, help="pytest -k expression passed to every suite")
     p.add_argument("--timeout", type=float, default=1800, help="seconds one suite run may take")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "rmqhb-ab")
     p.add_argument("--out", type=Path, default=None, help="write the raw runs and the table as JSON")
+    p.add_argument("--tables-from", type=Path, default=None,
+                   help="only print the tables of the per-run JSON files an earlier (e.g. interrupted) run left "
+                        "in this directory (<A|B>-<suite>-<rep>.json, named on stderr as it runs)")
     args = p.parse_args(argv)
+    if args.tables_from:
+        suites = sorted({f.stem.split("-", 1)[1].rsplit("-", 1)[0] for f in args.tables_from.glob("[AB]-*.json")})
+        lines = [f"A = {args.a}, B = {args.b}, runs from {args.tables_from}", ""]
+        for suite in suites:
+            sides = {side: [run_json(f) for f in sorted(args.tables_from.glob(f"{side}-{suite}-*.json"))]
+                     for side in "AB"}
+            if sides["A"] and sides["B"]:
+                lines += table(suite, combine(sides["A"]), combine(sides["B"]))
+            else:
+                lines += [f"### {suite}", "", "only one side has a result", ""]
+        print("\n".join(lines))
+        return 0
     trees = {"A": export(args.a, args.work), "B": export(args.b, args.work)}
     for tree in trees.values():
         check_imports(tree)
-    suites = [s for s in args.suites.split(",") if s]
+    if args.suites:
+        suites = [s for s in args.suites.split(",") if s]
+    else:
+        have = [{f.stem for f in (t / "bench").glob("bench_*.py")} for t in trees.values()]
+        suites = sorted(have[0] & have[1])
+        if have[0] ^ have[1]:
+            print(f"suites in one revision only (not compared): {sorted(have[0] ^ have[1])}", file=sys.stderr)
     runs: dict = {side: {s: [] for s in suites} for side in trees}
     failures = []
     scratch = Path(tempfile.mkdtemp(prefix="ab-json-"))
+    print(f"per-run JSON in {scratch}", file=sys.stderr, flush=True)
     for rep in range(args.reps):
         order = ("A", "B") if rep % 2 == 0 else ("B", "A")
         for suite in suites:

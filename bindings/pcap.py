@@ -513,7 +513,10 @@ def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = 
                             params, cuts=member_cuts, conn_cuts=conn_cuts)
     payload = json.dumps({"name": result.name, "files": result.files, "stats": result.stats,
                           "events": result.events, "losses": result.losses, "damaged": result.damaged,
-                          "shard": list(result.shard), "addrs": [[c, a] for c, a in addrs.items()]})
+                          "shard": list(result.shard), "addrs": [[c, a] for c, a in addrs.items()],
+                          "clients": sorted({c for b in out for r, c in zip(b.column(0).to_pylist(),
+                                                                           b.column(2).to_pylist())
+                                             if r == "client"})})
     out.append(pa.RecordBatch.from_arrays(
         [pa.array([CAPTURE_ROLE]), pa.array([""]), pa.array([""]), pa.array([0], pa.int64()), pa.array([payload]),
          pa.array([None], pa.int64()), pa.array([None], pa.int64()), pa.array([0], pa.int64())], schema=RUN_SCHEMA))
@@ -549,6 +552,23 @@ def _runs_task(plan, params, native, options, batches, unregisters=None):
 
 def _recut_task(plan, params, native, options, unregisters, batches):
     return _runs_task(plan, params, native, options, batches, unregisters)
+
+
+def unseen_unregisters(results: Sequence[CaptureResult], task_clients: dict) -> bool:
+    """Whether a task of a sharded capture (``results``: the tasks' own, before merge_shards) has runs of a client
+    (``task_clients``: {(capture, shard): client ids}) that sent an UNREGISTER_CLIENT on another task's connection:
+    only then can its runs miss a cut (recut_runs checks which)."""
+    by: dict = defaultdict(list)
+    for r in results:
+        by[r.name].append(r)
+    for parts in by.values():
+        seen = [{tuple(e) for e in r.events if e[2] == "unregister" and e[5]} for r in parts]
+        every = set().union(*seen)
+        for r, mine in zip(parts, seen):
+            clients = task_clients.get((r.name, tuple(r.shard)), ())
+            if any(e[5] in clients for e in every - mine):
+                return True
+    return False
 
 
 def recut_runs(spark, plan: Sequence[Capture], runs, task_conns: dict, unregisters: dict, unregister_frame,
@@ -601,7 +621,7 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
     raw = _plan_ids(spark, len(plan)).mapInArrow(fn, sp.RUN_STRUCT).persist()
     saved = {}
     try:
-        results, addrs, task_conns = [], {}, {}
+        results, addrs, task_conns, task_clients = [], {}, {}, {}
         index = {(c.name, tuple(c.shard)): i for i, c in enumerate(plan)}
         for r in raw.where(F.col("role") == CAPTURE_ROLE).select("sub_key").collect():
             p = json.loads(r["sub_key"])
@@ -609,12 +629,14 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
             task_conns[index[(p["name"], tuple(p["shard"]))]] = {int(c) for c, _ in p["addrs"]}
             results.append(CaptureResult(p["name"], p["files"], p["stats"], [tuple(e) for e in p["events"]],
                                          [tuple(x) for x in p["losses"]], p["damaged"], tuple(p["shard"])))
+            task_clients[(p["name"], tuple(p["shard"]))] = set(p["clients"])
+        unseen = unseen_unregisters(results, task_clients)
         results = merge_shards(results)
         conn_events, unregisters = connection_events(results), unregister_times(results)
         cuts = sp.capture_cuts(spark, conn_events, unregisters)
         unregister_frame = cuts[1] if cuts is not None and unregisters else None
         runs = raw.where(F.col("role") != CAPTURE_ROLE)
-        if shards > 1:
+        if shards > 1 and unseen:
             runs = recut_runs(spark, plan, runs, task_conns, unregisters, unregister_frame, params, native,
                               dict(options, ports=ports))
         runs = runs.transform(sp.merge_runs(params, unregister_frame, cuts[0] if cuts is not None else None)).persist()

@@ -95,7 +95,7 @@ def request(step, opaque):
     raise AssertionError(kind)
 
 
-KINDS = ["hb"] * 6 + ["hb_rocketmq", "hb_oneway", "hb_subversion", "hb_nosubversion", "hb_v2", "hb_bad",
+KINDS = ["hb"] * 6 + ["hb_rocketmq", "hb_oneway", "hb_oneway", "hb_subversion", "hb_nosubversion", "hb_v2", "hb_bad",
                       "hb_response", "unregister", "consumer_list", "unknown"]
 STEP = st.tuples(st.sampled_from(KINDS), st.integers(0, len(FLEET) - 1), st.integers(0, 3))
 
@@ -182,6 +182,11 @@ def test_native_and_twin_protocols_agree_on_any_split(tmp_path_factory, steps, c
     got = run(tmp, "native", native, rules, streams, cuts, repeats)
     want = run(tmp, "twin", server_mod.PyConnection, rules, streams, cuts, repeats)
     assert got == want
+    # a oneway request is never answered (a property of both, which their agreement alone does not show)
+    for n, (conn_steps, chunks) in enumerate(zip(steps, got["writes"])):
+        oneway = {100 * n + j for j, s in enumerate(conn_steps) if s[0] == "hb_oneway"}
+        answered = {f.opaque for c in chunks for f in map(engine.decode_frame, split_frames(c)) if f.is_response}
+        assert not oneway & answered
 
 
 def test_repeated_and_varied_heartbeats_one_per_read(tmp_path):

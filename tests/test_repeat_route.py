@@ -1,13 +1,16 @@
 """engine.broker.repeat.RepeatRoute: the one object holding a connection's repeat route (issue 15), on its own (over the
 native and the twin FrameDecoder) and its invariants along a connection's life in the broker."""
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import engine
-from engine.codec.enums import RequestCode
+from engine.codec.enums import FLAG_ONEWAY, RequestCode, ResponseCode
+from engine.broker import server as server_mod
 from engine.broker.repeat import RepeatRoute
 
 from test_repeat import beat, connect, make_broker, other_topic, request  # noqa: F401 (fixture)
-from test_server_fastpath import body
+from test_server_fastpath import FakeTransport, body, split_frames
 
 ANSWER = object()  # stands for the HeartbeatRepeat the heartbeat processor offers
 
@@ -141,3 +144,68 @@ def test_no_route_where_the_server_runs_none(make_broker):  # noqa: F811
         beat(a, [step], body())
         check(a)
     assert a.route.armed is None and a.route.body == body()  # the decode is still cached
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A oneway heartbeat is never answered, also when repeated (the route was armed by a oneway heartbeat and answered
+# its later repeats from the template), in any order with answered heartbeats of the same body: both protocols
+
+@pytest.fixture(params=["native", "twin"])
+def conn_class(request):  # noqa: F811 (pytest's request)
+    from test_protocol_parity import native_class
+    return native_class() if request.param == "native" else server_mod.PyConnection
+
+
+def _connect_with(broker, cls, port=40001):
+    broker.server.connection_class = cls
+    conn = broker.server.new_connection("main")
+    assert type(conn) is cls
+    t = FakeTransport()
+    t.get_extra_info = lambda name: ("127.0.0.1", port)
+    conn.connection_made(t)
+    return conn
+
+
+def _answers(conn):
+    """(opaque, code) of every response written on ``conn``."""
+    frames = [engine.decode_frame(f) for chunk in conn.transport.chunks for f in split_frames(chunk)]
+    return [(f.opaque, f.code) for f in frames if f.is_response]
+
+
+@pytest.mark.parametrize("serialize_type", ["JSON", "ROCKETMQ"])
+@pytest.mark.parametrize("per_read", [1, 5])
+def test_repeated_oneway_heartbeats_are_never_answered(make_broker, conn_class, serialize_type, per_read):  # noqa: F811
+    broker = make_broker()
+    broker.server.repeats = True
+    conn = _connect_with(broker, conn_class)
+    frames = [request(o, body(), serialize_type, flag=FLAG_ONEWAY) for o in range(1, 6)]
+    for i in range(0, 5, per_read):
+        conn.data_received(b"".join(frames[i:i + per_read]))
+        check(conn)
+        assert conn.route.armed is None and not conn.decoder.repeating  # nothing to answer: nothing armed
+    assert _answers(conn) == []
+    assert not conn.closing and broker.metrics.heartbeats == 5
+    assert broker.registry.channel_groups(conn)  # the heartbeats were applied all the same
+
+
+ONEWAY_STEP = st.tuples(st.booleans(), st.sampled_from(["JSON", "ROCKETMQ"]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(ONEWAY_STEP, min_size=1, max_size=16),
+       cuts=st.lists(st.integers(0, 16), max_size=6))
+def test_oneway_and_answered_heartbeats_in_any_order(make_broker, conn_class, steps, cuts):  # noqa: F811
+    """The same heartbeat body, oneway or not, JSON or ROCKETMQ, in any order, in reads of any number of frames:
+    exactly the requests that are not oneway are answered (SUCCESS, in order); the route arms only on them."""
+    broker = make_broker()
+    broker.server.repeats = True
+    conn = _connect_with(broker, conn_class)
+    frames = [request(o, body(), st_, flag=FLAG_ONEWAY if oneway else 0) for o, (oneway, st_) in enumerate(steps)]
+    points = sorted({c % (len(frames) + 1) for c in cuts} | {0, len(frames)})
+    for a, z in zip(points, points[1:]):
+        conn.data_received(b"".join(frames[a:z]))
+        check(conn)
+        if conn.decoder.repeating:
+            assert not conn.decoder.repeat_command(0).is_oneway
+    assert _answers(conn) == [(o, ResponseCode.SUCCESS) for o, (oneway, _) in enumerate(steps) if not oneway]
+    assert not conn.closing and broker.metrics.heartbeats == len(steps)

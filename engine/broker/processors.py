@@ -15,7 +15,7 @@ import struct
 import time
 
 from engine import AnswerTemplate, RemotingCommand, decode_heartbeat
-from engine.codec.enums import RequestCode, ResponseCode
+from engine.codec.enums import FLAG_ONEWAY, RequestCode, ResponseCode
 from engine.codec.errors import HeartbeatError, RemotingError, clip, echo
 
 log = logging.getLogger("engine.broker.processors")
@@ -258,8 +258,11 @@ class Processors:
         result = self.registry.heartbeat(conn, hb, cmd.language, cmd.version)
         tpl = self._template(cmd, result)
         if tpl:
-            # a candidate only where the route is on: there the connection's decoder watches heartbeats
-            if conn.decoder.watch_code is not None and body != route.norepeat:
+            # a candidate only where the route is on (there the connection's decoder watches heartbeats), and never
+            # for a oneway heartbeat: its repeats would be answered from the template (a repeat's frame equals the
+            # armed one but for the opaque, so the route armed on an answered heartbeat takes no oneway frame)
+            if (conn.decoder.watch_code is not None and not cmd.flag & FLAG_ONEWAY
+                    and body != route.norepeat):
                 token = self.registry.repeat_token(conn, hb, cmd.language, cmd.version)
                 if token is not None:
                     repeat_tpl = self._template(cmd, token[-1])  # token[-1]: the result a repeat gets

@@ -39,7 +39,10 @@ class RepeatRoute:
        connection arms nothing.
     5. Once armed on the frame of the cached heartbeat, ``body`` is the decoder's ``repeat_body`` (one copy of the
        body per connection, not two).
-    6. Where the server runs no repeat route (ACL on, recording on, ``server.repeats`` False) the decoder watches
+    6. A oneway heartbeat (flag bit ONEWAY) is never offered: the armed answer answers every repeat, and a oneway
+       request is never answered. The flag is in the frame outside the opaque, so a route armed on an answered
+       heartbeat never takes a oneway frame as its repeat: those take the full path (which answers nothing).
+    7. Where the server runs no repeat route (ACL on, recording on, ``server.repeats`` False) the decoder watches
        no code, nothing is offered, and ``armed`` stays None; ``body`` / ``hb`` still cache the decode.
     """
 

@@ -222,8 +222,10 @@ cdef class ProtocolCore:
         result = registry.heartbeat(self, hb, language, version)
         tpl = _template(procs, cmd, result)
         if tpl:
-            # a candidate only where the route is on: there the connection's decoder watches heartbeats
-            if self.decoder.watch_code is not None and body != route.norepeat:
+            # a candidate only where the route is on (there the connection's decoder watches heartbeats), and never
+            # for a oneway heartbeat (its repeats would be answered from the template), as the twin
+            if (self.decoder.watch_code is not None and not cmd.flag & _FLAG_ONEWAY
+                    and body != route.norepeat):
                 token = registry.repeat_token(self, hb, language, version)
                 if token is not None:
                     repeat_tpl = _template(procs, cmd, token[len(token) - 1])  # the result a repeat gets

@@ -156,7 +156,25 @@ def plan_captures(paths, shards: int = 1) -> List[Capture]:
             out.append(Capture(p.name, [str(p)]))
         else:
             raise FileNotFoundError(f"no such capture file or directory: {p}")
-    return [Capture(c.name, c.files, (shards, i)) for c in out for i in range(shards)]
+    names = unique_names([Path(p) for p in paths])
+    return [Capture(name, c.files, (shards, i)) for c, name in zip(out, names) for i in range(shards)]
+
+
+def unique_names(paths: Sequence[Path]) -> List[str]:
+    """Each input's name: its base name, or as many of its last path parts as tell it from the other inputs
+    (``h1/capture.pcap`` and ``h2/capture.pcap``): the name keys a capture's shards when they are merged, so two
+    inputs must never share one. The same input given twice is refused."""
+    full = [p.resolve() for p in paths]
+    if len(set(full)) != len(full):
+        raise ValueError("a capture file or directory is given twice: "
+                         + ", ".join(sorted({str(p) for p in full if full.count(p) > 1})))
+    names = [p.name for p in full]
+    for depth in range(2, max((len(p.parts) for p in full), default=1) + 1):
+        dup = {n for n in names if names.count(n) > 1}
+        if not dup:
+            break
+        names = ["/".join(p.parts[-depth:]) if n in dup else n for n, p in zip(names, full)]
+    return names
 
 
 def looks_like_captures(paths) -> bool:

@@ -369,6 +369,30 @@ def test_bad_files_are_typed_errors(tmp_path, data, where):
         pcap.plan_captures([tmp_path / "nothing"])
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+def test_two_captures_with_one_base_name_stay_two(tmp_path, shards):
+    """h1/capture.pcap and h2/capture.pcap (one per broker host, as tcpdump names them) are two captures: each
+    keeps its own packet statistics and damage (they were merged as shards of one, the second's truncated tail lost)."""
+    raw = CAPTURES["lo-eth-ipv4"].read_bytes()
+    (tmp_path / "h1").mkdir()
+    (tmp_path / "h2").mkdir()
+    whole, cut = tmp_path / "h1" / "capture.pcap", tmp_path / "h2" / "capture.pcap"
+    whole.write_bytes(raw)
+    cut.write_bytes(raw[:len(raw) // 2])
+    names = sorted({c.name for c in pcap.plan_captures([whole, cut], shards)})
+    assert names == ["h1/capture.pcap", "h2/capture.pcap"]
+    _, results = pcap.read_local([whole, cut], shards=shards)
+    by = {r.name: r for r in results}
+    assert sorted(by) == names
+    _, (alone,) = pcap.read_local([cut])
+    assert by["h2/capture.pcap"].stats["truncated_file_tails"] == 1
+    assert by["h2/capture.pcap"].stats["packets"] == alone.stats["packets"]
+    assert by["h1/capture.pcap"].stats["truncated_file_tails"] == 0
+    assert by["h1/capture.pcap"].files == [str(whole.resolve())] or by["h1/capture.pcap"].files == [str(whole)]
+    with pytest.raises(ValueError, match="given twice"):
+        pcap.plan_captures([whole, tmp_path / "h1" / ".." / "h1" / "capture.pcap"])
+
+
 def test_truncated_capture_counts_its_tail(tmp_path):
     raw = CAPTURES["lo-eth-ipv4"].read_bytes()
     p = tmp_path / "cut.pcap"

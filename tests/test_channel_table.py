@@ -178,6 +178,35 @@ def test_scan_exact_at_extremes(ct, now, timeout):
         t.scan(0, -1)
 
 
+def test_check_and_own_times_at_extremes(ct):
+    """check() holds at the int64 edges (the native check once wrapped last + producer_shift around) and when the
+    clock goes back (an own time kept by refresh may then be after the slot's last)."""
+    t = ct.ChannelTable(capacity=1, producer_shift=SHIFT)
+    s = t.open("ch")
+    t.add_member(s, 1)
+    t.touch(s, INT64_MAX)
+    assert t.oldest(s) == INT64_MAX
+    t.check()
+    t.add_member(s, 0)
+    assert t.refresh(s, [], INT64_MIN) == 0 and sorted(t.lag_items(s)) == [(0, INT64_MAX), (1, INT64_MAX)]
+    t.check()
+    t.arm(s, 1, "tok", 5)
+    t.touch(s, 0)  # the fast path refreshes every membership: the own times go
+    assert t.lag_items(s) == [] and t.oldest(s) == 0 and t.member_time(s, 0) == 0
+    t.check()
+
+
+def test_refresh_leaving_memberships_out_disarms(ct):
+    t = ct.ChannelTable(capacity=1, producer_shift=SHIFT)
+    s = t.open("ch")
+    t.add_member(s, 0)
+    t.add_member(s, 2)
+    t.arm(s, 1, "tok", 5)
+    assert t.refresh(s, [0, 2], 10) == 1 and t.armed(s) == 5  # all refreshed: still armed
+    assert t.refresh(s, [0], 20) == 0 and t.armed(s) == 0 and t.lag_items(s) == [(2, 10)]
+    t.check()
+
+
 def test_scan_blocks(ct):
     """Hits at block edges and many hits in one block (the native scan tests blocks of 2048 slots at once)."""
     t = ct.ChannelTable(capacity=16)
@@ -304,6 +333,9 @@ def test_long_member_arrays_grow_and_shrink(ct):
     ("1.2.3:4", 0), ("1.2.3.4.5:6", 0), ("1.2.3.4:5:6", 0), ("1.2.3.4:5.6", 0), ("[::1]:5000", 0),
     ("host-a:1", 0), ("", 0), ("1.2.3.4", 0), (":1", 0), ("1..3.4:5", 0), ("+1.2.3.4:5", 0),
     ("1.2.3.\u0664:5", 0), ("1.2.3.4:100000", 0), ("1.2.3.4:00", 0),
+    # past Python's int() digit limit (4300): 0, not a ValueError from the twin
+    ("1.2.3.4:" + "1" * 5000, 0), ("1" * 5000 + ".2.3.4:5", 0), ("1.2.3." + "9" * 4301 + ":5", 0),
+    ("1.2.3.4:000001", 0), ("1.2.3.0255:1", 0),
 ])
 def test_pack_ipv4(ct, text, packed):
     assert ct.pack_ipv4(text) == packed
@@ -320,6 +352,10 @@ def test_pack_ipv4_refuses_other_types(ct):
     st.builds(lambda a, b, c, d, p: f"{a}.{b}.{c}.{d}:{p}", *[st.integers(0, 300)] * 4, st.integers(0, 70000)),
     st.builds(lambda parts, p: ".".join(parts) + ":" + p, st.lists(st.text("0123456789", max_size=4), max_size=5),
               st.text("0123456789", max_size=7)),
+    # fields of thousands of digits (the twin once raised int()'s 4300-digit ValueError where native gave 0)
+    st.builds(lambda parts, i, n, d: ".".join(parts[:i] + [d * n] + parts[i + 1:]) + ":1",
+              st.just(["1", "2", "3", "4"]), st.integers(0, 3), st.integers(4000, 6000), st.sampled_from("019")),
+    st.builds(lambda n, d: "1.2.3.4:" + d * n, st.integers(4000, 6000), st.sampled_from("019")),
 ))
 def test_pack_ipv4_parity(text):
     native, twin = module("native"), module("twin")

@@ -688,11 +688,75 @@ def test_memberships_per_channel_budget_refuses_before_any_change():
 
     h = Harness()
     h.reg.heartbeat(1, hb(A, producers=["P0"]))
-    too_many = hb(A, producers=[f"P{i}" for i in range(MAX_MEMBERSHIPS)])
+    too_many = hb(A, producers=[f"P{i}" for i in range(1, MAX_MEMBERSHIPS + 1)])  # P0 + 65,535 new ones
     res = h.reg.heartbeat(1, too_many)
     assert res.code == ResponseCode.SYSTEM_ERROR and res.remark == "a channel is registered in 65535 groups at most"
     assert h.reg.producer_groups() == ["P0"] and h.reg.channel_groups(1) == ((), ("P0",))
     fits = hb(B, producers=[f"P{i}" for i in range(MAX_MEMBERSHIPS)])
     assert h.reg.heartbeat(2, fits).code == ResponseCode.SUCCESS  # a fresh channel takes exactly the budget
     assert len(h.reg.channel_groups(2)[1]) == MAX_MEMBERSHIPS
+    h.reg.check_invariants()
+
+
+def test_memberships_budget_counts_only_the_groups_that_would_be_new():
+    """A heartbeat re-sending the channel's N >= 32,768 groups is not refused (the budget counted them twice before:
+    named + the channel's memberships); groups past the budget that would be new still are."""
+    from engine.registry.client_registry import MAX_MEMBERSHIPS
+
+    h = Harness()
+    n = MAX_MEMBERSHIPS // 2 + 1
+    groups = [f"P{i}" for i in range(n)]
+    assert h.reg.heartbeat(1, hb(A, producers=groups), LanguageCode.JAVA, 1).code == ResponseCode.SUCCESS
+    h.now += 30_000
+    res = h.reg.heartbeat(1, hb(A, producers=groups), LanguageCode.JAVA, 2)  # a change: the full path
+    assert res.code == ResponseCode.SUCCESS
+    slot = h.reg._slot_of[1]
+    assert h.reg.channel_table.member_time(slot, h.reg._producers["P0"].key) == h.now  # applied
+    # the same groups + the new ones up to the budget fit; one more new group does not (state unchanged)
+    over = groups + [f"Q{i}" for i in range(MAX_MEMBERSHIPS - n + 1)]
+    res = h.reg.heartbeat(1, hb(A, producers=over), LanguageCode.JAVA, 2)
+    assert res.code == ResponseCode.SYSTEM_ERROR and res.remark == "a channel is registered in 65535 groups at most"
+    assert h.reg.channel_table.nmem(slot) == n
+    assert h.reg.heartbeat(1, hb(A, producers=over[:-1]), LanguageCode.JAVA, 2).code == ResponseCode.SUCCESS
+    assert h.reg.channel_table.nmem(slot) == MAX_MEMBERSHIPS and len(h.reg.producer_groups()) == MAX_MEMBERSHIPS
+
+
+def test_fast_path_refreshes_a_group_a_later_heartbeat_left_out():
+    """A channel alternates heartbeats A = {G1, G2} and B = {G1}: B leaves G2 its own older time, and a repeat of A
+    (armed before B) must refresh G2 (Java: every heartbeat sets lastUpdateTimestamp of the groups it names). Before
+    the fix the fast path answered A, G2 kept its time from before B and expired while A still named it."""
+    h = Harness()
+    ch = object()
+    a = hb(A, consumers=[("G1", ["T"]), ("G2", ["T"])])
+    b = hb(A, consumers=[("G1", ["T"])])
+    ct = h.reg.channel_table
+    h.now = 1000
+    h.reg.heartbeat(ch, a, LanguageCode.JAVA, 1)
+    h.now = 2000
+    h.reg.heartbeat(ch, a, LanguageCode.JAVA, 1)  # the same object: a no-op run, arms the fast path
+    slot = ct.lookup(ch)
+    assert ct.armed(slot)
+    h.now = 3000
+    h.reg.heartbeat(ch, b, LanguageCode.JAVA, 1)  # leaves G2 out: G2 keeps its own time 2000, the slot is disarmed
+    assert ct.armed(slot) == 0
+    g2 = h.reg._consumers["G2"].key
+    assert ct.member_time(slot, g2) == 2000
+    h.now = 100_000
+    h.reg.heartbeat(ch, a, LanguageCode.JAVA, 1)
+    assert ct.member_time(slot, g2) == 100_000 and ct.lag_items(slot) == [] and ct.oldest(slot) == 100_000
+    assert {c.last_update_timestamp for c in h.reg.consumer_group_info("G2").channels} == {100_000}
+    ct.check()
+    h.reg.check_invariants()
+    h.now = 110_000
+    h.reg.heartbeat(ch, b, LanguageCode.JAVA, 1)
+    h.take()
+    assert h.reg.scan_expired(125_000) == []  # G2 was refreshed 25 s before: not expired
+    assert h.take() == [] and h.reg.channel_groups(ch) == (("G1", "G2"), ())
+    # the steady state still takes the fast path: A twice more arms it again, and it refreshes every group
+    h.reg.heartbeat(ch, a, LanguageCode.JAVA, 1)
+    h.reg.heartbeat(ch, a, LanguageCode.JAVA, 1)
+    assert ct.armed(slot)
+    h.now = 130_000
+    h.reg.heartbeat(ch, a, LanguageCode.JAVA, 1)
+    assert ct.member_time(slot, g2) == 130_000
     h.reg.check_invariants()

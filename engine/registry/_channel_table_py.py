@@ -61,10 +61,11 @@ def pack_ipv4(addr: str) -> int:
         return 0
     packed = 1 << 48
     for shift, text in zip((40, 32, 24, 16), parts):
-        if not (text.isascii() and text.isdigit()) or str(int(text)) != text or int(text) > 255:
+        # the length first: int() of more than 4300 digits raises (native: at most 5 digits a field)
+        if len(text) > 3 or not (text.isascii() and text.isdigit()) or str(int(text)) != text or int(text) > 255:
             return 0  # also refuses "010" and "+1", which would not round-trip
         packed |= int(text) << shift
-    if not (port.isascii() and port.isdigit()) or str(int(port)) != port or int(port) > 65535:
+    if len(port) > 5 or not (port.isascii() and port.isdigit()) or str(int(port)) != port or int(port) > 65535:
         return 0
     return packed | int(port)
 
@@ -250,11 +251,14 @@ class ChannelTable:
         return self._mv_kinds[self._slot(slot)]
 
     def touch(self, slot: int, now: int) -> None:
-        """Every membership of the slot refreshed at ``now`` (the fast path: no side-table time is kept)."""
+        """Every membership of the slot refreshed at ``now`` (the fast path): own older times kept by
+        :meth:`refresh` go (the registry never arms a slot that keeps any: refresh disarms when it keeps some)."""
         if not (type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]):
             slot = self._slot(slot)
         if not (type(now) is int and _I64_MIN <= now <= _I64_MAX):
             now = _int64("now", now)
+        if self._lag and slot in self._lag:
+            del self._lag[slot]
         self._mv_last[slot] = now
         t = now + self._fresh_off[self._mv_kinds[slot]]
         self._mv_oldest[slot] = t if _I64_MIN <= t <= _I64_MAX else self._sat(t)
@@ -497,7 +501,8 @@ class ChannelTable:
     def refresh(self, slot: int, keys, now: int) -> int:
         """A heartbeat at ``now`` refreshed the memberships ``keys`` of the slot; the others keep their own older
         time. Returns 1 when it refreshed all of them and no own time was kept before, 2 when it refreshed all of
-        them and dropped own times, 0 when some were left out (their own times are now kept)."""
+        them and dropped own times, 0 when some were left out (their own times are now kept; the slot is disarmed,
+        so that a repeat of an earlier heartbeat that named them goes the full way and refreshes them)."""
         if not (type(slot) is int and 0 <= slot < self._top and self._mv_used[slot]):
             slot = self._slot(slot)
         if not (type(now) is int and _I64_MIN <= now <= _I64_MAX):
@@ -527,6 +532,8 @@ class ChannelTable:
         if not lag:
             del self._lag[slot]
         self._mv_last[slot] = now
+        # the fast path repeats a heartbeat that covered every membership; it must not refresh the ones left out
+        self._mv_armed[slot] = 0
         self._recompute_oldest(slot)
         return 0
 
@@ -624,8 +631,8 @@ class ChannelTable:
                 shift = self.producer_shift
                 assert self._mv_oldest[slot] == self._sat(min(self._time(slot, k) + (shift if k & 1 else 0)
                                                               for k in keys))
-            for k, t in self._lag.get(slot, {}).items():
-                assert k in keys and t <= self._mv_last[slot]
+            for k in self._lag.get(slot, {}):
+                assert k in keys  # t may be after last: the registry's clock can go back
             for k in self._info.get(slot, {}):
                 assert k in keys
             assert len(self._overflow.get(slot, ())) == max(0, len(keys) - INLINE)

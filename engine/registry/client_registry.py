@@ -657,10 +657,12 @@ class ClientRegistry:
         for pd in hb.producers:
             if not isinstance(pd.group, str):
                 return HeartbeatResult(ResponseCode.SYSTEM_ERROR, "ProducerData.groupName is null", False)
-        named = len(hb.consumers) + len(hb.producers)
-        if named + (self.channel_table.nmem(slot) if slot is not None else 0) > MAX_MEMBERSHIPS:
-            # the channel table's budget of memberships per channel (Java has none): refused before any change
-            # (counted as if every group named were new, so a channel close to it may be refused a little early)
+        nmem = self.channel_table.nmem(slot) if slot is not None else 0
+        if (len(hb.consumers) + len(hb.producers) + nmem > MAX_MEMBERSHIPS
+                and self._new_memberships(slot, hb) + nmem > MAX_MEMBERSHIPS):
+            # the channel table's budget of memberships per channel (Java has none): refused before any change.
+            # Counted first as if every group named were new (the cheap bound), then, past it, only the distinct
+            # groups the channel is not yet a member of (a repeat of a big heartbeat is not refused)
             return HeartbeatResult(ResponseCode.SYSTEM_ERROR,
                                    f"a channel is registered in {MAX_MEMBERSHIPS} groups at most", False)
         version = int(version)
@@ -740,6 +742,21 @@ class ClientRegistry:
             self.channel_table.arm(slot, _heartbeat_digest(hb, language, version), (hb, language, version),
                                    self._tick + 1)
         return result
+
+    def _new_memberships(self, slot, hb) -> int:
+        """The distinct groups of ``hb`` that the channel (``slot``, None: not open) is not a member of yet: at
+        least the memberships the heartbeat adds (a group it names may still not be registered, e.g. no config)."""
+        ct = self.channel_table
+        reject = self._reject_pull
+        new = 0
+        for table, names in ((self._consumers, {cd.group for cd in hb.consumers
+                                                if not (reject and cd.consume_type is _CONSUME_ACTIVELY)}),
+                             (self._producers, {pd.group for pd in hb.producers})):
+            for name in names:
+                g = table.get(name)
+                if g is None or slot is None or ct.mem_pos(slot, g.key) < 0:
+                    new += 1
+        return new
 
     def _refresh(self, slot: int, refreshed: list, now: int) -> bool:
         """Set the refreshed memberships' time to ``now``; the others keep their own (older) time.

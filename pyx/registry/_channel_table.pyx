@@ -341,9 +341,12 @@ cdef class ChannelTable:
         return self._kinds[self._slot(slot)]
 
     def touch(self, slot, now):
-        """Every membership of the slot refreshed at ``now`` (the fast path: no side-table time is kept)."""
+        """Every membership of the slot refreshed at ``now`` (the fast path): own older times kept by
+        :meth:`refresh` go, as in the twin (the registry never arms a slot that keeps any: refresh disarms)."""
         cdef Py_ssize_t s = self._slot(slot)
         cdef int64_t t = _int64("now", now)
+        if self._lag and s in self._lag:
+            del self._lag[s]
         self._last[s] = t
         self._oldest[s] = _sat_add(t, self._fresh[self._kinds[s] & 3])
 
@@ -613,7 +616,8 @@ cdef class ChannelTable:
         return [t[0] for t in self._info.get(self._slot(slot), {}).values()]
 
     def refresh(self, slot, keys, now):
-        """A heartbeat at ``now`` refreshed the memberships ``keys`` of the slot; 1, 2 or 0 as in the twin."""
+        """A heartbeat at ``now`` refreshed the memberships ``keys`` of the slot; 1, 2 or 0 (disarmed) as in the
+        twin."""
         cdef Py_ssize_t s = self._slot(slot)
         cdef int64_t t = _int64("now", now)
         cdef set ks = set()
@@ -641,6 +645,7 @@ cdef class ChannelTable:
         if not lag:
             del self._lag[s]
         self._last[s] = t
+        self._armed[s] = 0  # the fast path repeats a heartbeat that covered every membership: not this state
         self._recompute_oldest(s)
         return 0
 
@@ -785,11 +790,11 @@ cdef class ChannelTable:
                 count[k] += 1
             assert kinds == self._kinds[slot]
             if keys:
-                shift = self.producer_shift
-                assert self._oldest[slot] == min(max(min(self._time(slot, k) + (shift if k & 1 else 0),
+                shift = <object>self.producer_shift  # Python ints: no int64 wrap-around in the check itself
+                assert self._oldest[slot] == min(max(min(<object>self._time(slot, k) + (shift if k & 1 else 0),
                                                          (1 << 63) - 1), -(1 << 63)) for k in keys)
-            for k, t in self._lag.get(slot, {}).items():
-                assert k in keys and t <= self._last[slot]
+            for k in self._lag.get(slot, {}):
+                assert k in keys  # t may be after last: the registry's clock can go back
             for k in self._info.get(slot, {}):
                 assert k in keys
             assert len(self._overflow.get(slot, ())) == max(0, len(keys) - C_INLINE)

@@ -35,7 +35,7 @@ build_copy() {
     echo "sanitized build failed (log: $tree/build.log)" >&2
     exit 1
   fi
-  for m in codec/_frame codec/_heartbeat registry/_expiry registry/_digest; do
+  for m in codec/_frame codec/_heartbeat registry/_expiry registry/_digest registry/_channel_table broker/_protocol; do
     ls "$tree"/engine/$m.*.so >/dev/null 2>&1 || { echo "sanitized build of engine/$m failed" >&2; exit 1; }
   done
 }

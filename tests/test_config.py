@@ -90,11 +90,19 @@ def test_slave_role_is_refused_no_ha(capsys):
     ({"aclEnable": "true", "aclFile": "/nonexistent/plain_acl.yml"}, "does not exist"),
     ({"brokerIP1": "localhost"}, "brokerIP1 must be an IP literal"),
     ({"maxConnections": "0"}, "maxConnections must be > 0"),
+    ({"maxConnections": str(16_000_000), "grpcMaxSessions": "777217"},
+     r"maxConnections \+ grpcMaxSessions must be at most 16777216 \(the slots of the registry's channel table\), "
+     "not 16777217"),
     ({"brokerRole": "MASTER"}, "brokerRole must be"),
 ])
 def test_invalid_values_are_clear_errors(props, msg):
     with pytest.raises(ConfigError, match=msg):
         BrokerConfig.load(None, props)
+
+
+def test_connection_and_session_budgets_fit_the_channel_table():
+    cfg = BrokerConfig.load(None, {"maxConnections": str(16_000_000), "grpcMaxSessions": "777216"})
+    assert cfg.max_connections + cfg.grpc_max_sessions == 1 << 24
 
 
 def test_register_period_is_clamped_like_broker_controller():

@@ -313,6 +313,14 @@ class BrokerConfig:
                      "waitTimeMillsInQueue", "ioWorkers", "ioCoreConnections"):
             if getattr(self, PROPERTIES[name].attr) < 0:
                 raise ConfigError(f"{name} must be >= 0")
+        from engine.registry.client_registry import RegistryConfig
+
+        # every connection and gRPC session is a channel of the registry's table: both budgets together must fit
+        # its slots, so the table's own budget (ChannelTableError) is never what refuses a client
+        slots = RegistryConfig.max_channels
+        if self.max_connections + self.grpc_max_sessions > slots:
+            raise ConfigError(f"maxConnections + grpcMaxSessions must be at most {slots} (the slots of the "
+                              f"registry's channel table), not {self.max_connections + self.grpc_max_sessions}")
         if not 64 * 1024 <= self.grpc_max_message_bytes <= 0x7FFFFFFF:
             raise ConfigError("grpcMaxMessageBytes must be between 65536 and 2147483647")
         if not 1024 <= self.grpc_max_metadata_bytes <= 1024 * 1024:  # the x-mq-* headers and a signature fit 1 KiB

@@ -164,10 +164,11 @@ def unique_names(paths: Sequence[Path]) -> List[str]:
     """Each input's name: its base name, or as many of its last path parts as tell it from the other inputs
     (``h1/capture.pcap`` and ``h2/capture.pcap``): the name keys a capture's shards when they are merged, so two
     inputs must never share one. The same input given twice is refused."""
-    full = [p.resolve() for p in paths]
-    if len(set(full)) != len(full):
+    real = [p.resolve() for p in paths]
+    if len(set(real)) != len(real):
         raise ValueError("a capture file or directory is given twice: "
-                         + ", ".join(sorted({str(p) for p in full if full.count(p) > 1})))
+                         + ", ".join(sorted({str(p) for p in real if real.count(p) > 1})))
+    full = [Path(os.path.abspath(p)) for p in paths]  # named as given (a link keeps its own name)
     names = [p.name for p in full]
     for depth in range(2, max((len(p.parts) for p in full), default=1) + 1):
         dup = {n for n in names if names.count(n) > 1}

@@ -389,4 +389,6 @@ def test_bytes_per_registered_client(benchmark):
     per_client, arrays, _ = benchmark.pedantic(bytes_per_client, args=(n,), rounds=1, iterations=1)
     benchmark.extra_info.update(clients=n, bytes_per_client=round(per_client, 1), array_bytes_per_client=round(arrays, 1))
     print(f"\n{n} clients: {per_client:.1f} B/client ({arrays:.1f} B in flat arrays)")
-    assert per_client <= 256
+    assert per_client <= 256  # issue 3; issue 15 wants <= 200 at ENGINE_BENCH_CLIENTS=1000000 (checked there)
+    if n >= 1_000_000:
+        assert per_client <= 200

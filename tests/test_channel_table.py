@@ -52,6 +52,89 @@ def test_open_close_reuses_slots(ct):
     t.check()
 
 
+class Colliding:
+    """A channel whose hash collides with every other one's: lookups go by == among the whole probe run."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __hash__(self):
+        return 7
+
+    def __eq__(self, other):
+        return isinstance(other, Colliding) and other.name == self.name
+
+
+def test_channel_index_by_equality_collisions_and_removal_order(ct):
+    """Channels are found by hash and ==, as a dict finds keys (an equal key of another identity finds the slot),
+    across growth of the index and removals in any order (native: backward-shift deletion in linear probing)."""
+    import random
+
+    rnd = random.Random(5)
+    t = ct.ChannelTable(capacity=1)
+    keys = [i * (1 << 20) for i in range(300)] + [("conn", i) for i in range(300)] + [Colliding(i) for i in range(60)]
+    slots = {}
+    for k in keys:
+        slots[repr(k) if isinstance(k, Colliding) else k] = t.open(k)
+    for _ in range(3):
+        order = list(keys)
+        rnd.shuffle(order)
+        for k in order[: len(order) // 2]:
+            key = repr(k) if isinstance(k, Colliding) else k
+            twin = Colliding(k.name) if isinstance(k, Colliding) else (k if isinstance(k, int) else tuple(k))
+            assert t.find(twin) == slots[key] == t.lookup(twin)
+            t.close(slots.pop(key))
+            assert t.find(twin) is None and t.lookup(twin) == -1
+        t.check()
+        for k in order[: len(order) // 2]:
+            slots[repr(k) if isinstance(k, Colliding) else k] = t.open(k)
+        t.check()
+    assert len(t) == len(keys) and sorted(s for _, s in t.items()) == sorted(slots.values())
+    for k in keys:
+        assert t.find(Colliding(k.name) if isinstance(k, Colliding) else k) == slots[repr(k) if isinstance(k, Colliding) else k]
+    with pytest.raises(ChannelTableError, match="already open"):
+        t.open(Colliding(3))
+
+
+def test_channel_index_survives_eq_that_changes_the_table(ct):
+    """A channel's __eq__ that closes a slot while a lookup probes (user code runs inside the probe): the lookup
+    restarts and still answers right, as a dict lookup does; the table stays consistent."""
+    t = ct.ChannelTable(capacity=4)
+    victims = []
+
+    class Meddler(Colliding):
+        __hash__ = Colliding.__hash__
+
+        def __eq__(self, other):
+            if victims:
+                t.close(victims.pop())
+            return super().__eq__(other)
+
+    a, b = Meddler("a"), Meddler("b")
+    sa, sb = t.open(a), t.open(b)
+    c = Colliding("c")
+    sc = t.open(c)
+    victims.append(sb)
+    assert t.find(Colliding("c")) == sc and not victims  # b was closed during the probe
+    assert t.find(b) is None and t.find(a) == sa
+    t.check()
+
+
+def test_channel_hash_errors_propagate_and_change_nothing(ct):
+    class Unhashable:
+        def __hash__(self):
+            raise RuntimeError("no hash")
+
+    t = ct.ChannelTable(capacity=2)
+    t.open("x")
+    with pytest.raises(RuntimeError, match="no hash"):
+        t.open(Unhashable())
+    with pytest.raises(TypeError):
+        t.open([])
+    assert len(t) == 1 and t.top == 1
+    t.check()
+
+
 def test_budget(ct):
     t = ct.ChannelTable(capacity=2, max_slots=3)
     for i in range(3):
@@ -257,6 +340,7 @@ OPS = st.one_of(
     st.tuples(st.just("channel"), SLOTS),
     st.tuples(st.just("in_use"), st.integers(-2, 12)),
     st.tuples(st.just("lookup"), st.integers(0, 11)),
+    st.tuples(st.just("find"), st.integers(0, 11)),
 )
 
 
@@ -266,7 +350,7 @@ def apply(table, op):
         args = ((args[0],), args[1])  # channels are tuples: hashable, compared by value
     elif name == "arm":
         args = (args[0], args[1], ("token", args[1]), args[2])
-    elif name == "lookup":
+    elif name in ("lookup", "find"):
         args = ((args[0],),)
     try:
         return "ok", getattr(table, name)(*args)
@@ -277,7 +361,8 @@ def apply(table, op):
 def snapshot(table):
     out = {"len": len(table), "top": table.top, "registered": table.registered_count()}
     slots = {}
-    for channel, slot in sorted(table.slot_of.items()):
+    assert table.items() == sorted(table.items(), key=lambda item: item[1])
+    for channel, slot in sorted(table.items()):
         slots[channel] = (slot, table.client(slot), table.addr(slot), table.last(slot), table.oldest(slot),
                           table.live(slot), table.nmem(slot), table.kinds(slot), table.armed(slot), table.fkey(slot),
                           table.armed_by(slot), table.mem_keys(slot), sorted(table.lag_items(slot)),

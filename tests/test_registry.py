@@ -584,7 +584,7 @@ def test_repeated_heartbeat_takes_the_fast_path_with_the_same_answers(h):
     h.reg.heartbeat(1, data)
     h.reg.heartbeat(1, data)  # a no-op run arms the fast path
     h.take()
-    slot = h.reg._slot_of[1]
+    slot = h.reg.channel_table.find(1)
     assert h.reg.channel_table.armed(slot)
     for _ in range(3):
         h.now += 30_000
@@ -611,7 +611,7 @@ def test_the_same_decoded_heartbeat_with_another_language_or_version_is_not_a_re
 def test_an_equal_heartbeat_decoded_anew_still_takes_the_fast_path(h):
     h.reg.heartbeat(1, hb(A, producers=["P"]))
     h.reg.heartbeat(1, hb(A, producers=["P"]))
-    slot = h.reg._slot_of[1]
+    slot = h.reg.channel_table.find(1)
     armed = h.reg.channel_table.armed(slot)
     h.now += 5_000
     h.reg.heartbeat(1, hb(A, producers=["P"]))  # another object, equal content: matched by its digest
@@ -710,7 +710,7 @@ def test_memberships_budget_counts_only_the_groups_that_would_be_new():
     h.now += 30_000
     res = h.reg.heartbeat(1, hb(A, producers=groups), LanguageCode.JAVA, 2)  # a change: the full path
     assert res.code == ResponseCode.SUCCESS
-    slot = h.reg._slot_of[1]
+    slot = h.reg.channel_table.find(1)
     assert h.reg.channel_table.member_time(slot, h.reg._producers["P0"].key) == h.now  # applied
     # the same groups + the new ones up to the budget fit; one more new group does not (state unchanged)
     over = groups + [f"Q{i}" for i in range(MAX_MEMBERSHIPS - n + 1)]

@@ -179,6 +179,6 @@ def test_fast_path_keeps_expiry_exact(scan_impl):
     data = hb("a@1", consumers=[("G", ["T"])], producers=["P"])
     b.run_until(600_000, periodic(1, data, 0, 600_000))
     assert 1 not in b.closed
-    assert b.reg.channel_table.armed(b.reg._slot_of[1])  # the repeated heartbeats went through the fast path
+    assert b.reg.channel_table.armed(b.reg.channel_table.find(1))  # the repeated heartbeats went through the fast path
     b.run_until(800_000)
     assert 570_000 + 120_000 < b.closed[1] <= 570_000 + 130_000

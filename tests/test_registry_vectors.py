@@ -115,7 +115,7 @@ def test_repeated_capture_heartbeats_use_the_fast_path(vectors, client):
         channel = (client, entry["conn"])
         for _ in range(3):
             assert reg.heartbeat(channel, engine.decode_heartbeat(cmd.body), cmd.language, cmd.version).code == 0
-        assert reg.channel_table.armed(reg._slot_of[channel]), "a repeated capture heartbeat must arm the fast path"
+        assert reg.channel_table.armed(reg.channel_table.find(channel)), "a repeated capture heartbeat must arm the fast path"
     check_registered(reg, frames)
 
 

@@ -211,7 +211,7 @@ def test_repeats_are_answered_as_the_full_path_answers_them(make_broker, seriali
     assert a.repeat is not None and a.decoder.repeating and b.repeat is None and not b.decoder.repeating
     assert a.hb_body is a.decoder.repeat_body  # the connection keeps one copy of the body
     # the route did the registry's work: the slot's time is the clock's, as on the full path
-    slot = fast.registry._slot_of[a]
+    slot = fast.registry.channel_table.find(a)
     assert fast.registry.channel_table.last(slot) > 0
     assert fast.metrics.heartbeats == full.metrics.heartbeats == 10
     assert fast.metrics.requests[RequestCode.HEART_BEAT] == full.metrics.requests[RequestCode.HEART_BEAT] == 10

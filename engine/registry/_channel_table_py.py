@@ -103,8 +103,7 @@ class ChannelTable:
         self.producer_shift = producer_shift
         # scan-key offset of a fully fresh slot by membership kinds (bit 0 consumer, bit 1 producer)
         self._fresh_off = (0, 0, producer_shift, min(0, producer_shift))
-        #: channel -> slot of every open channel
-        self.slot_of: dict = {}
+        self._slot_of: dict = {}  # channel -> slot of every open channel (native: a C hash index)
         self._channels: list = []
         self._armed_by: list = []
         self._free: list = []
@@ -148,7 +147,7 @@ class ChannelTable:
     def open(self, channel, addr: int = 0) -> int:
         """A slot for a new channel (``addr``: the address column's value); the columns start empty."""
         addr = _int64("addr", addr)
-        if channel in self.slot_of:
+        if channel in self._slot_of:
             raise ChannelTableError("the channel is already open")
         if self._free:
             slot = self._free.pop()
@@ -159,7 +158,7 @@ class ChannelTable:
                 self._grow(min(self.max_slots, self._cap + max(1, self._cap // 2)))
             slot = self._top
             self._top += 1
-        self.slot_of[channel] = slot
+        self._slot_of[channel] = slot
         self._channels[slot] = channel
         self._mv_used[slot] = 1
         self._mv_cid[slot] = -1
@@ -174,7 +173,15 @@ class ChannelTable:
 
     def lookup(self, channel) -> int:
         """The channel's slot, or -1 when it is not open."""
-        return self.slot_of.get(channel, -1)
+        return self._slot_of.get(channel, -1)
+
+    def find(self, channel):
+        """The channel's slot, or None when it is not open."""
+        return self._slot_of.get(channel)
+
+    def items(self) -> list:
+        """``(channel, slot)`` of every open channel, by slot."""
+        return sorted(self._slot_of.items(), key=lambda item: item[1])
 
     def in_use(self, slot: int) -> bool:
         """Whether ``slot`` is the slot of an open channel (any int; never raises)."""
@@ -191,7 +198,7 @@ class ChannelTable:
         slot = self._slot(slot)
         if self._mv_nmem[slot]:
             raise ChannelTableError(f"slot {slot} still has {self._mv_nmem[slot]} memberships")
-        del self.slot_of[self._channels[slot]]
+        del self._slot_of[self._channels[slot]]
         self._channels[slot] = None
         self._armed_by[slot] = None
         self._mv_used[slot] = 0
@@ -584,7 +591,7 @@ class ChannelTable:
 
     # ------------------------------------------------------------------------------------------------ stats
     def __len__(self) -> int:
-        return len(self.slot_of)
+        return len(self._slot_of)
 
     @property
     def capacity(self) -> int:
@@ -606,17 +613,17 @@ class ChannelTable:
 
     def check(self) -> None:
         """Verify the table's invariants; raises AssertionError on the first violation."""
-        assert len(self.slot_of) + len(self._free) == self._top, "slots leak"
+        assert len(self._slot_of) + len(self._free) == self._top, "slots leak"
         free = set(self._free)
         assert len(free) == len(self._free)
-        for channel, slot in self.slot_of.items():
+        for channel, slot in self._slot_of.items():
             assert self._channels[slot] is channel and slot not in free and self._mv_used[slot]
         for slot in free:
             assert self._channels[slot] is None and not self._mv_used[slot] and not self._mv_live[slot]
             assert not self._mv_nmem[slot] and not self._mv_armed[slot]
             assert slot not in self._lag and slot not in self._info and slot not in self._overflow
         count = [0] * len(self._msize)
-        for slot in self.slot_of.values():
+        for slot in self._slot_of.values():
             keys = self._keys(slot)
             assert len(keys) == len(set(keys)) == self._mv_nmem[slot]
             assert bool(self._mv_live[slot]) == bool(keys)

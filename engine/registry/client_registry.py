@@ -333,7 +333,7 @@ class ClientRegistry:
         #: the fast path's token per slot is the (hb, language, version) whose digest it holds: a connection reuses
         #: its decoded body when the bytes repeat, so an identical request is recognised by identity)
         self.channel_table = ct = _ChannelTable(max(16, cfg.initial_capacity), cfg.max_channels, self._producer_shift)
-        self._slot_of = ct.slot_of  # the table's channel -> slot dict (read by the fast path)
+        self._find_slot = ct.find  # channel -> slot or None
 
         self._gid: dict[str, int] = {}
         self._gnames: list = []
@@ -547,7 +547,7 @@ class ClientRegistry:
     def open_channel(self, channel, remote_addr: str = "") -> None:
         """Note a new connection and its remote address ("ip:port"). Optional: an unknown channel is opened by its
         first heartbeat, with the address taken from ``channel.remote_addr`` when it has a str one."""
-        slot = self._slot_of.get(channel)
+        slot = self._find_slot(channel)
         if slot is None:
             self._new_slot(channel, remote_addr)
         elif remote_addr:
@@ -558,7 +558,7 @@ class ClientRegistry:
                 self._pool.release(-old - 1)
 
     def _slot_for(self, channel) -> int:
-        slot = self._slot_of.get(channel)
+        slot = self._find_slot(channel)
         if slot is None:
             addr = getattr(channel, "remote_addr", None)
             slot = self._new_slot(channel, addr if isinstance(addr, str) else "")
@@ -571,7 +571,7 @@ class ClientRegistry:
         ``language`` and ``version`` are the request header's. Returns the answer: SUCCESS with the V2 ext fields
         (V1: ``IS_SUB_CHANGE`` always "true"), or SYSTEM_ERROR for a body Java would fail on (see the module doc).
         """
-        slot = self._slot_of.get(channel)
+        slot = self._find_slot(channel)
         if slot is not None:
             ct = self.channel_table
             armed = ct.armed(slot)
@@ -603,7 +603,7 @@ class ClientRegistry:
         """A token for :meth:`heartbeat_repeat`, when the heartbeat just handled on ``channel`` (``hb`` with this
         request header) armed the fast path; else None. Also None while REGISTER events are wanted: a repeat
         served on a token emits nothing."""
-        slot = self._slot_of.get(channel)
+        slot = self._find_slot(channel)
         if slot is None or self._want_register:
             return None
         ct = self.channel_table
@@ -801,7 +801,7 @@ class ClientRegistry:
         """
         if client_id is None:
             return ResponseCode.SYSTEM_ERROR, "the custom field <clientID> is null"
-        slot = self._slot_of.get(channel)
+        slot = self._find_slot(channel)
         req_info = None
 
         def request_info():
@@ -827,7 +827,7 @@ class ClientRegistry:
         of every consumer group the channel was in unless the group is BROADCASTING (the group's notify flag is
         not consulted here). Returns whether the channel was in any group.
         """
-        slot = self._slot_of.get(channel)
+        slot = self._find_slot(channel)
         if slot is None:
             return False
         ct = self.channel_table
@@ -942,7 +942,7 @@ class ClientRegistry:
 
     def channel_info(self, channel) -> ClientChannelInfo | None:
         """The channel's own client id, language, version, latest heartbeat and address (None if unknown)."""
-        slot = self._slot_of.get(channel)
+        slot = self._find_slot(channel)
         if slot is None:
             return None
         ct = self.channel_table
@@ -952,7 +952,7 @@ class ClientRegistry:
 
     def channel_groups(self, channel) -> tuple:
         """``(consumer groups, producer groups)`` the channel is registered in."""
-        slot = self._slot_of.get(channel)
+        slot = self._find_slot(channel)
         if slot is None:
             return (), ()
         keys = self._mem_keys(slot)
@@ -962,7 +962,7 @@ class ClientRegistry:
     @property
     def channel_count(self) -> int:
         """Open channels (with or without registrations)."""
-        return len(self._slot_of)
+        return len(self.channel_table)
 
     @property
     def registered_channel_count(self) -> int:
@@ -981,7 +981,7 @@ class ClientRegistry:
     def stats(self) -> dict:
         """Counts for metrics and tests."""
         return {
-            "channels": len(self._slot_of),
+            "channels": len(self.channel_table),
             "registered_channels": self.registered_channel_count,
             "consumer_groups": len(self._consumers),
             "producer_groups": len(self._producers),
@@ -1070,7 +1070,7 @@ class ClientRegistry:
 
         ct = self.channel_table
         ct.check()  # slots, memberships, member arrays, scan keys, side tables
-        for channel, slot in self._slot_of.items():
+        for channel, slot in ct.items():
             keys = ct.mem_keys(slot)
             for k in keys:
                 g = (self._cgroup if k & 1 == _CONSUMER else self._pgroup)[k >> 1]

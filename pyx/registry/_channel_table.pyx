@@ -4,13 +4,13 @@ specification: same methods, results and errors).
 
 The columns are C arrays allocated with PyMem (tracemalloc sees them), one element per slot, grown by half up to
 the slot budget; the member arrays are one C int32 array per membership key. Python objects: the channel of each
-slot, the fast path's token, the channel -> slot dict and the rare side tables (overflow memberships, own
-membership times and client infos), as in the twin. Bounds: every public method validates its slot (in use,
+slot, the fast path's token and the rare side tables (overflow memberships, own membership times and client
+infos), as in the twin; the channel -> slot map is a C hash index over the slots (the twin's is a dict). Bounds: every public method validates its slot (in use,
 below ``top``) and key (non-negative int32, below the member-array table for reads) before indexing; the scan
 runs over ``[0, top)``.
 """
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from libc.stdint cimport INT64_MIN, INT64_MAX, int32_t, int64_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport INT64_MIN, INT64_MAX, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
 import numpy as np
@@ -145,7 +145,11 @@ cdef class ChannelTable:
     cdef int64_t _fresh[4]
     cdef readonly Py_ssize_t max_slots
     cdef readonly int64_t producer_shift
-    cdef readonly dict slot_of
+    cdef uint32_t* _hash
+    cdef int32_t* _index
+    cdef Py_ssize_t _isize
+    cdef Py_ssize_t _count
+    cdef uint64_t _mutations
     cdef list _channels
     cdef list _armed_by
     cdef dict _overflow
@@ -157,6 +161,10 @@ cdef class ChannelTable:
         self._cid = self._ver = self._mkey = self._mpos = self._free = NULL
         self._lang = self._live = self._used = self._kinds = NULL
         self._nmem = NULL
+        self._hash = NULL
+        self._index = NULL
+        self._isize = self._count = 0
+        self._mutations = 0
         self._members = NULL
         self._msize = self._mcap = NULL
         self._nkeys = self._top = self._cap = self._nfree = 0
@@ -167,6 +175,7 @@ cdef class ChannelTable:
         PyMem_Free(self._armed); PyMem_Free(self._cid); PyMem_Free(self._ver); PyMem_Free(self._mkey)
         PyMem_Free(self._mpos); PyMem_Free(self._lang); PyMem_Free(self._live); PyMem_Free(self._used)
         PyMem_Free(self._kinds); PyMem_Free(self._nmem); PyMem_Free(self._free)
+        PyMem_Free(self._hash); PyMem_Free(self._index)
         if self._members != NULL:
             for k in range(self._nkeys):
                 PyMem_Free(self._members[k])
@@ -189,7 +198,6 @@ cdef class ChannelTable:
         self._fresh[1] = 0
         self._fresh[2] = shift
         self._fresh[3] = shift if shift < 0 else 0
-        self.slot_of = {}
         self._channels = []
         self._armed_by = []
         self._overflow = {}
@@ -215,10 +223,95 @@ cdef class ChannelTable:
         self._kinds = <uint8_t*>_grow_array(self._kinds, old, cap, 1, 0)
         self._nmem = <uint16_t*>_grow_array(self._nmem, old, cap, 2, 0)
         self._free = <int32_t*>_grow_array(self._free, old, cap, 4, 0)
+        self._hash = <uint32_t*>_grow_array(self._hash, old, cap, 4, 0)
         self._channels.extend([None] * (cap - old))
         self._armed_by.extend([None] * (cap - old))
         self._cap = cap
+        cdef Py_ssize_t isize = 8
+        while isize < 2 * cap:
+            isize *= 2
+        if isize > self._isize:
+            self._rehash(isize)
         return 0
+
+    # ------------------------------------------------------------------------------------------------ channel index
+    # channel -> slot: open addressing with linear probing over int32 slot numbers (-1 empty), at most half full,
+    # deletion by backward shift (no tombstones); each slot keeps 32 bits of its channel's mixed hash, so probing
+    # compares channels (Python ==) only on a hash match and rehashing calls no Python code. ~12 B a channel where
+    # a dict with its int values took ~75 B.
+    cdef int _rehash(self, Py_ssize_t isize) except -1:
+        cdef int32_t* index = <int32_t*>PyMem_Malloc(isize * sizeof(int32_t))
+        cdef Py_ssize_t i, j, s, mask = isize - 1
+        if index == NULL:
+            raise MemoryError()
+        memset(index, 0xFF, isize * sizeof(int32_t))
+        if self._index != NULL:
+            for i in range(self._isize):
+                s = self._index[i]
+                if s >= 0:
+                    j = self._hash[s] & mask
+                    while index[j] >= 0:
+                        j = (j + 1) & mask
+                    index[j] = <int32_t>s
+            PyMem_Free(self._index)
+        self._index = index
+        self._isize = isize
+        return 0
+
+    cdef inline uint32_t _hash_of(self, object channel) except? 0xFFFFFFFF:
+        # hash(channel) may run Python code (a channel's __hash__); Fibonacci mixing spreads sequential or
+        # aligned hashes (ints, object addresses) over the index
+        cdef uint64_t h = <uint64_t>hash(channel)
+        return <uint32_t>((h * <uint64_t>0x9E3779B97F4A7C15ULL) >> 32)
+
+    cdef Py_ssize_t _find_channel(self, object channel, uint32_t h) except -2:
+        # -1 when absent. A channel's __eq__ may run Python code that changes the table: the probe restarts then
+        cdef Py_ssize_t i, s, mask
+        cdef uint64_t mutations
+        while True:
+            mask = self._isize - 1
+            i = h & mask
+            mutations = self._mutations
+            while True:
+                s = self._index[i]
+                if s < 0:
+                    return -1
+                if self._hash[s] == h:
+                    other = self._channels[s]
+                    if other is channel:
+                        return s
+                    if other == channel:
+                        if mutations == self._mutations:
+                            return s
+                        break
+                    if mutations != self._mutations:
+                        break
+                i = (i + 1) & mask
+
+    cdef void _index_add(self, Py_ssize_t slot, uint32_t h) noexcept:
+        cdef Py_ssize_t mask = self._isize - 1
+        cdef Py_ssize_t i = h & mask
+        while self._index[i] >= 0:
+            i = (i + 1) & mask
+        self._index[i] = <int32_t>slot
+        self._hash[slot] = h
+
+    cdef void _index_remove(self, Py_ssize_t slot) noexcept:
+        cdef Py_ssize_t mask = self._isize - 1
+        cdef Py_ssize_t i = self._hash[slot] & mask
+        cdef Py_ssize_t j, home
+        while self._index[i] != slot:  # present: every open slot is in the index
+            i = (i + 1) & mask
+        j = i
+        while True:  # backward shift: move up each later entry of the run whose home is not in (i, j]
+            j = (j + 1) & mask
+            if self._index[j] < 0:
+                break
+            home = self._hash[self._index[j]] & mask
+            if (i <= j and (home <= i or home > j)) or (i > j and home <= i and home > j):
+                self._index[i] = self._index[j]
+                i = j
+        self._index[i] = -1
 
     cdef inline Py_ssize_t _slot(self, object slot) except -1:
         cdef Py_ssize_t s
@@ -245,7 +338,8 @@ cdef class ChannelTable:
         """A slot for a new channel (``addr``: the address column's value); the columns start empty."""
         cdef int64_t a = _int64("addr", addr)
         cdef Py_ssize_t slot
-        if channel in self.slot_of:
+        cdef uint32_t h = self._hash_of(channel)
+        if self._find_channel(channel, h) >= 0:
             raise ChannelTableError("the channel is already open")
         if self._nfree:
             self._nfree -= 1
@@ -257,8 +351,10 @@ cdef class ChannelTable:
                 self._grow(min(self.max_slots, self._cap + max(1, self._cap // 2)))
             slot = self._top
             self._top += 1
-        self.slot_of[channel] = slot
         self._channels[slot] = channel
+        self._index_add(slot, h)
+        self._count += 1
+        self._mutations += 1
         self._used[slot] = 1
         self._cid[slot] = -1
         self._lang[slot] = NO_LANGUAGE
@@ -272,7 +368,18 @@ cdef class ChannelTable:
 
     def lookup(self, channel):
         """The channel's slot, or -1 when it is not open."""
-        return self.slot_of.get(channel, -1)
+        return self._find_channel(channel, self._hash_of(channel))
+
+    def find(self, channel):
+        """The channel's slot, or None when it is not open."""
+        cdef Py_ssize_t s = self._find_channel(channel, self._hash_of(channel))
+        return None if s < 0 else s
+
+    def items(self):
+        """``(channel, slot)`` of every open channel, by slot."""
+        cdef Py_ssize_t i
+        cdef list channels = self._channels
+        return [(channels[i], i) for i in range(self._top) if self._used[i]]
 
     def in_use(self, slot):
         """Whether ``slot`` is the slot of an open channel (any int; never raises)."""
@@ -287,7 +394,9 @@ cdef class ChannelTable:
         cdef Py_ssize_t s = self._slot(slot)
         if self._nmem[s]:
             raise ChannelTableError(f"slot {s} still has {self._nmem[s]} memberships")
-        del self.slot_of[self._channels[s]]
+        self._index_remove(s)
+        self._count -= 1
+        self._mutations += 1
         self._channels[s] = None
         self._armed_by[s] = None
         self._used[s] = 0
@@ -739,7 +848,7 @@ cdef class ChannelTable:
 
     # ------------------------------------------------------------------------------------------------ stats
     def __len__(self):
-        return len(self.slot_of)
+        return self._count
 
     @property
     def capacity(self):
@@ -759,7 +868,7 @@ cdef class ChannelTable:
 
     def nbytes(self):
         """Bytes of the columns and member arrays (Python objects not included)."""
-        cdef Py_ssize_t k, total = self._cap * (5 * 8 + 2 * 4 + 2 * C_INLINE * 4 + 4 * 1 + 2 + 4)
+        cdef Py_ssize_t k, total = self._cap * (5 * 8 + 2 * 4 + 2 * C_INLINE * 4 + 4 * 1 + 2 + 4 + 4) + self._isize * 4
         for k in range(self._nkeys):
             total += self._mcap[k] * 4
         return total
@@ -768,17 +877,22 @@ cdef class ChannelTable:
         """Verify the table's invariants; raises AssertionError on the first violation."""
         cdef Py_ssize_t i
         free = [self._free[i] for i in range(self._nfree)]
-        assert len(self.slot_of) + len(free) == self._top, "slots leak"
+        slot_of = dict(self.items())
+        assert len(slot_of) == self._count, "channels counted twice"
+        assert len(slot_of) + len(free) == self._top, "slots leak"
         free_set = set(free)
         assert len(free_set) == len(free)
-        for channel, slot in self.slot_of.items():
+        for channel, slot in slot_of.items():
             assert self._channels[slot] is channel and slot not in free_set and self._used[slot]
+            assert self._hash[slot] == self._hash_of(channel) and self.lookup(channel) == slot, "index"
+        assert sum(1 for i in range(self._isize) if self._index[i] >= 0) == self._count, "index entries"
+        assert self._isize >= 2 * self._cap, "index more than half full"
         for slot in free:
             assert self._channels[slot] is None and not self._used[slot] and not self._live[slot]
             assert not self._nmem[slot] and not self._armed[slot]
             assert slot not in self._lag and slot not in self._info and slot not in self._overflow
         count = [0] * self._nkeys
-        for slot in self.slot_of.values():
+        for slot in slot_of.values():
             keys = self._keys(slot)
             assert len(keys) == len(set(keys)) == self._nmem[slot]
             assert bool(self._live[slot]) == bool(keys)

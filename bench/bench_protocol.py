@@ -16,6 +16,7 @@ import asyncio
 import gc
 import os
 import tempfile
+import tracemalloc
 
 import pytest
 
@@ -115,3 +116,54 @@ def test_one_heartbeat_per_read(benchmark, cls, shape):
     assert m.heartbeats == N * (3 + benchmark.stats.stats.rounds)
     benchmark.extra_info["us_per_heartbeat_min"] = round(benchmark.stats.stats.min / N * 1e6, 3)
     benchmark.extra_info["us_per_heartbeat_median"] = round(benchmark.stats.stats.median / N * 1e6, 3)
+
+
+# ------------------------------------------------------------------------------------------------ memory
+
+
+def connection_bytes(cls, repeats: bool, n: int, heartbeats: int = 4) -> float:
+    """Traced bytes per connection (protocol object, its decoder and route, the registry's state for it) after
+    ``heartbeats`` identical heartbeats on each of ``n`` connections, with the repeat route on or off."""
+    variants = _fleet()[:n]
+    loop = asyncio.new_event_loop()
+    b = Broker(BrokerConfig(listen_port=0, store_path_root_dir=tempfile.mkdtemp(prefix="bench-protocol-")))
+    b.loop = b.server.loop = loop
+    srv = b.server
+    srv.repeats = repeats
+    srv.max_connections = n + 1
+    srv.connection_class = cls
+    transports = [_Transport(i) for i in range(n)]
+    frames = [[v[0].build(seq) for v in variants] for seq in range(heartbeats)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        conns = []
+        for t in transports:
+            c = srv.new_connection("main")
+            c.connection_made(t)
+            conns.append(c)
+        for batch in frames:
+            for c, f in zip(conns, batch):
+                c.data_received(f)
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+        loop.close()
+    assert all((c.repeat is not None) == repeats for c in conns), "every connection armed (or none)"
+    return used / n
+
+
+@pytest.mark.parametrize("cls", _implementations())
+def test_armed_connection_bytes(benchmark, cls):
+    """Issue 15: an armed connection costs <= 0.5 KB over the same connection without the repeat route (its frame
+    pattern, its route's armed answer and the registry's token), measured with tracemalloc."""
+    benchmark.group = "memory per connection (repeat route on - off)"
+    n = min(N, 5000)
+    on, off = benchmark.pedantic(lambda: (connection_bytes(cls, True, n), connection_bytes(cls, False, n)),
+                                 rounds=1, iterations=1)
+    benchmark.extra_info.update(connections=n, bytes_armed=round(on), bytes_unarmed=round(off),
+                                armed_overhead=round(on - off))
+    print(f"\n{cls.__name__}: {on:.0f} B armed, {off:.0f} B without the route: {on - off:.0f} B overhead")
+    assert on - off <= 512

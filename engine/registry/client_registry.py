@@ -612,34 +612,42 @@ class ClientRegistry:
         if (not armed or self._config_epoch >= armed or by is None or by[0] is not hb or by[1] != language
                 or by[2] != version):
             return None
-        groups = []
+        # one flat tuple (slot, arming, group name, group, ..., result): a connection holds its token while its
+        # repeat route is armed, so its size is per-connection memory (the arming tick is the slot's own column)
+        token = [slot, by]
         for cd in hb.consumers:
             if self._reject_pull and cd.consume_type is _CONSUME_ACTIVELY:
                 continue
             g = self._consumers.get(cd.group)
             if g is None or g.epoch >= armed:
                 return None
-            groups.append((cd.group, g))
-        return (slot, by, armed, tuple(groups),
-                self._result_v1 if hb.fingerprint == 0 or self._rules4 else _RESULT_V2_SAME)
+            token.append(cd.group)
+            token.append(g)
+        token.append(self._result_v1 if hb.fingerprint == 0 or self._rules4 else _RESULT_V2_SAME)
+        return tuple(token)
 
     def heartbeat_repeat(self, token) -> HeartbeatResult | None:
         """:meth:`heartbeat` once more for the request ``token`` stands for, on the fast path's own conditions
         (the same arming of the slot, no config or group change since). None when they no longer hold: then
         nothing was done and the request is to go through :meth:`heartbeat`."""
-        slot, by, armed, groups, result = token
+        slot = token[0]
         ct = self.channel_table
         try:
-            if ct.armed_by(slot) is not by or ct.armed(slot) != armed or self._config_epoch >= armed:
+            # the same arming (a new one is another object) and not disarmed since (disarming zeroes the tick)
+            if ct.armed_by(slot) is not token[1]:
                 return None
+            armed = ct.armed(slot)
         except ChannelTableError:  # the slot was freed since
             return None
+        if self._config_epoch >= armed:
+            return None
         consumers = self._consumers
-        for name, g in groups:
-            if consumers.get(name) is not g or g.epoch >= armed:
+        for i in range(2, len(token) - 1, 2):
+            g = token[i + 1]
+            if consumers.get(token[i]) is not g or g.epoch >= armed:
                 return None
         ct.touch(slot, self._clock())
-        return result
+        return token[-1]
 
     def _request_info(self) -> ClientChannelInfo:
         """The ClientChannelInfo Java builds for the request being handled (events carry it)."""

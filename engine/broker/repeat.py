@@ -9,7 +9,19 @@ template. Everything else about a heartbeat goes through the full path (``Remoti
 """
 from __future__ import annotations
 
+from engine.codec.errors import FrameError
+
 __all__ = ["RepeatRoute"]
+
+
+def _stands_for(decoder, cmd) -> bool:
+    """Whether the decoder's armed frame, carrying ``cmd``'s opaque, is the request ``cmd``. The armed frame may be
+    another request's: with a longer opaque (up to 10 more digits) it can be over the frame limit, which the decoder
+    refuses (FrameError); ``cmd`` itself was decoded within the limit, so that frame is not ``cmd``."""
+    try:
+        return decoder.repeat_command(cmd.opaque) == cmd
+    except FrameError:
+        return False
 
 
 class RepeatRoute:
@@ -71,7 +83,7 @@ class RepeatRoute:
         self.candidate = None
         if closing:
             return
-        if decoder.repeating and decoder.repeat_command(cmd.opaque) == cmd:
+        if decoder.repeating and _stands_for(decoder, cmd):
             self.armed = answer
             return
         self.armed = None
@@ -79,7 +91,7 @@ class RepeatRoute:
         if frame is None:
             return
         if decoder.arm_repeat(frame):
-            if decoder.repeat_command(cmd.opaque) == cmd:
+            if _stands_for(decoder, cmd):
                 self.armed = answer
                 if self.body == cmd.body:
                     self.body = decoder.repeat_body  # invariant 5

@@ -1,0 +1,71 @@
+"""Regression tests from the line-by-line review of the connection protocol (issue 15): each runs on the native
+protocol (NativeConnection) and its twin (PyConnection) and holds both to the project's rules for untrusted
+clients (nothing escapes ``data_received``, a decoded request is answered once, one logged close)."""
+import asyncio
+
+import pytest
+
+import engine
+from engine.broker import server as server_mod
+from engine.broker.config import BrokerConfig
+from engine.broker.controller import Broker
+from engine.codec.enums import RequestCode, ResponseCode
+
+from test_protocol_parity import native_class
+from test_server_fastpath import FakeTransport, body, split_frames
+
+
+@pytest.fixture(params=["native", "twin"])
+def conn_class(request):
+    return native_class() if request.param == "native" else server_mod.PyConnection
+
+
+def make_broker(tmp_path, cls, **cfg):
+    loop = asyncio.new_event_loop()
+    b = Broker(BrokerConfig(listen_port=0, store_path_root_dir=str(tmp_path / "store"), **cfg))
+    b.loop = b.server.loop = loop
+    b.server.connection_class = cls
+    b.server.repeats = True
+    return b
+
+
+def connect(b):
+    conn = b.server.new_connection("main")
+    conn.connection_made(FakeTransport())
+    return conn
+
+
+def heartbeat(opaque, ext=None, **kw):
+    return engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=opaque, ext_fields=ext, body=body(**kw)).encode()
+
+
+def answers(conn):
+    return [f for c in conn.transport.chunks for f in map(engine.decode_frame, split_frames(c)) if f.is_response]
+
+
+def test_a_candidate_whose_opaque_would_push_the_armed_frame_past_the_limit_is_answered(tmp_path, conn_class):
+    """The route armed on a heartbeat frame of exactly maxFrameSize bytes (opaque 1); then another heartbeat with
+    an 11-character opaque is offered. RepeatRoute.arm asked the decoder for the armed frame with that opaque, which
+    is 10 bytes over the limit: the FrameError escaped data_received (asyncio's unthrottled "Fatal error" traceback
+    and a close without a logged reason in-process) and the heartbeat, applied to the registry, went unanswered."""
+    limit = 4096
+    b = make_broker(tmp_path, conn_class, max_frame_size=limit)
+    try:
+        conn = connect(b)
+        pad = limit - len(heartbeat(1, {"pad": ""}))
+        big = heartbeat(1, {"pad": "x" * pad})
+        assert len(big) == limit
+        for _ in range(3):
+            conn.data_received(big)
+        assert conn.route.armed is not None and conn.decoder.repeating
+        conn.data_received(heartbeat(-2**31))  # a different frame (no pad), a different request: the full path
+        got = answers(conn)
+        assert [(a.opaque, a.code) for a in got] == [(1, 0)] * 3 + [(-2**31, ResponseCode.SUCCESS)]
+        assert not conn.closing
+        assert b.metrics.internal_errors.get("dispatch_failed", 0) == 0
+        # the connection keeps being served: the big frame's repeats and the small one's alike
+        conn.data_received(big.replace(b'"opaque":1,', b'"opaque":2,') + heartbeat(5))
+        assert [(a.opaque, a.code) for a in answers(conn)[4:]] == [(2, 0), (5, 0)]
+        assert not conn.closing
+    finally:
+        b.loop.close()

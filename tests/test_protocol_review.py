@@ -102,3 +102,41 @@ def test_the_repeat_route_is_transparent(tmp_path_factory, steps, cuts, rules):
     assert not any(armed for armed, _ in off.pop("armed"))
     on.pop("armed")
     assert on == off
+
+
+class FlowTransport(FakeTransport):
+    """Records pause_reading / resume_reading."""
+
+    def __init__(self):
+        super().__init__()
+        self.reading = True
+
+    def pause_reading(self):
+        self.reading = False
+
+    def resume_reading(self):
+        self.reading = True
+
+
+def test_a_drained_queue_does_not_resume_reading_while_writes_are_paused(tmp_path, conn_class):
+    """Reading stops while the client does not read its answers (pause_writing) and resumes only once it does
+    (resume_writing). The executor's drain resumed reading as soon as the connection's queued requests were few,
+    with the write side still paused: a client that does not read kept being read, its answers piling up."""
+    b = make_broker(tmp_path, conn_class)
+    try:
+        conn = b.server.new_connection("main")
+        conn.connection_made(FlowTransport())
+        ask = engine.RemotingCommand(RequestCode.GET_CONSUMER_LIST_BY_GROUP, opaque=7,
+                                     ext_fields={"consumerGroup": "g"}).encode()
+        conn.data_received(ask)  # queued on the consumer-manage executor
+        assert conn.inflight == 1
+        conn.pause_writing()  # the transport's buffer passed its high-water mark
+        assert conn.reading_paused and not conn.transport.reading
+        parity.drain(b)
+        assert conn.inflight == 0
+        assert conn.reading_paused and not conn.transport.reading  # still not reading: writes are paused
+        conn.resume_writing()
+        assert not conn.reading_paused and conn.transport.reading
+        assert [a.opaque for a in answers(conn)] == [7]
+    finally:
+        b.loop.close()

@@ -410,7 +410,9 @@ class QueueExecutor:
                 conn, cmd, handler, queued_at = q.popleft()
                 try:
                     conn.inflight -= 1
-                    if conn.reading_paused and conn.inflight <= limit:
+                    # reading resumes once few requests wait, unless the client does not read its answers
+                    # (resume_writing resumes it then)
+                    if conn.reading_paused and conn.inflight <= limit and conn.write_paused_since is None:
                         conn._resume_reading()
                     if max_wait and now - queued_at > max_wait:
                         expired += 1

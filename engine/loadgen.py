@@ -409,14 +409,21 @@ def _percentiles(lat: list) -> dict:
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def proc_cpu_s(pid: int) -> float | None:
-    """utime + stime of a process (all its threads), seconds; None when it cannot be read."""
+def proc_cpu_split_s(pid: int) -> tuple[float, float] | None:
+    """(utime, stime) of a process (all its threads), seconds; None when they cannot be read. stime is the kernel's
+    share: on loopback it includes delivering the broker's answers into the load generator's sockets."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+        return int(fields[11]) / _CLK_TCK, int(fields[12]) / _CLK_TCK
     except (OSError, IndexError, ValueError):
         return None
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of a process (all its threads), seconds; None when it cannot be read."""
+    split = proc_cpu_split_s(pid)
+    return None if split is None else split[0] + split[1]
 
 
 def machine_cpu_s() -> tuple[float, float, float, float] | None:
@@ -475,7 +482,7 @@ class Window:
         self.t0 = time.perf_counter()
         self.s0 = dict(stats)
         self.cpu0 = time.process_time()
-        self.srv0 = proc_cpu_s(server_pid) if server_pid else None
+        self.srv0 = proc_cpu_split_s(server_pid) if server_pid else None
         self.children0 = {c: proc_cpu_s(c) for c in child_pids(server_pid)} if server_pid else {}
         self.m0 = machine_cpu_s()
 
@@ -484,8 +491,9 @@ class Window:
         for k, v in self.stats.items():
             out[k] = v - self.s0.get(k, 0)
         if self.srv0 is not None:
-            srv1 = proc_cpu_s(self.server_pid)
-            out["server_cpu_s"] = None if srv1 is None else srv1 - self.srv0
+            srv1 = proc_cpu_split_s(self.server_pid)
+            out["server_cpu_s"] = None if srv1 is None else sum(srv1) - sum(self.srv0)
+            out["server_sys_s"] = None if srv1 is None else srv1[1] - self.srv0[1]
             if self.children0:
                 out["server_children_cpu_s"] = sum((proc_cpu_s(c) or c0) - c0
                                                    for c, c0 in self.children0.items() if c0 is not None)
@@ -891,6 +899,7 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
     longest = max(results, key=lambda r: r["seconds"])
     if longest.get("server_cpu_s") is not None:
         merged["server_cpu_s"] = round(longest["server_cpu_s"], 3)
+        merged["server_sys_s"] = round(longest["server_sys_s"], 3)
     if longest.get("server_children_cpu_s") is not None:
         merged["io_workers_cpu_s"] = round(longest["server_children_cpu_s"], 3)
     if longest.get("machine_total_s"):
@@ -906,6 +915,7 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
         merged["loadgen_us_per_hb"] = round(1e6 * merged["loadgen_cpu_s"] / work, 2)
         if "server_cpu_s" in merged:
             merged["server_us_per_hb"] = round(1e6 * merged["server_cpu_s"] / work, 2)
+            merged["server_sys_us_per_hb"] = round(1e6 * merged["server_sys_s"] / work, 2)
             merged["server_cpu_pct"] = round(100 * merged["server_cpu_s"] / seconds, 1)
     return merged
 

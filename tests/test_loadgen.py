@@ -2,6 +2,7 @@
 holds only SUCCESS answers to the expected opaques; anything else must still be counted exactly, frame by frame."""
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -159,7 +160,8 @@ def test_rmqhb_loadgen_steady_varied_bytes(live_broker, tmp_path):
     port = live_broker.ports["main"]
     out, svg = tmp_path / "res.json", tmp_path / "lat.svg"
     proc = _run_cli(["steady", "--broker", f"127.0.0.1:{port}", "--clients", "40", "--groups", "4", "--rate", "400",
-                     "--duration", "3", "--vary", "--subversion-every", "4", "--out", str(out), "--plot", str(svg)],
+                     "--duration", "3", "--vary", "--subversion-every", "4", "--out", str(out), "--plot", str(svg),
+                     "--server-pid", str(os.getpid())],  # the broker runs in this process
                     tmp_path)
     res = json.loads(out.read_text())
     assert res == json.loads(proc.stdout)
@@ -176,6 +178,17 @@ def test_rmqhb_loadgen_steady_varied_bytes(live_broker, tmp_path):
     # reordered sets and newer subVersions are no membership change: the consumer groups were notified during
     # registration only, so the window saw no NOTIFY at all
     assert res["notifies"] == 0
+    # the broker's CPU in the window, and the kernel's share of it
+    assert res["server_cpu_s"] > 0 and 0 <= res["server_sys_s"] <= res["server_cpu_s"]
+    assert 0 <= res["server_sys_us_per_hb"] <= res["server_us_per_hb"]
+
+
+def test_process_cpu_split_matches_the_process_times():
+    t = os.times()
+    user, system = loadgen.proc_cpu_split_s(os.getpid())
+    assert abs(user - t.user) < 0.05 and abs(system - t.system) < 0.05
+    assert abs(loadgen.proc_cpu_s(os.getpid()) - (user + system)) < 0.05
+    assert loadgen.proc_cpu_split_s(2 ** 22 + 1) is None  # beyond pid_max: no such process
 
 
 def test_rmqhb_loadgen_storm(live_broker, tmp_path):

@@ -12,7 +12,7 @@ import engine
 from engine.broker import server as server_mod
 from engine.broker.config import BrokerConfig
 from engine.broker.controller import Broker
-from engine.codec.enums import RequestCode, ResponseCode
+from engine.codec.enums import FLAG_ONEWAY, RequestCode, ResponseCode
 
 import test_protocol_parity as parity
 from test_protocol_parity import native_class
@@ -140,3 +140,68 @@ def test_a_drained_queue_does_not_resume_reading_while_writes_are_paused(tmp_pat
         assert [a.opaque for a in answers(conn)] == [7]
     finally:
         b.loop.close()
+
+
+LIMIT = 2048
+#: opaques by decimal width: a repeat (same frame but the opaque) keeps its width, so the frame keeps its length
+OPAQUE_WIDTHS = ([0, 1, 7, 9], [10, 42, 99], [123456, -99999], [2**31 - 1, 1_000_000_000], [-2**31, -1_000_000_000])
+
+
+@st.composite
+def heartbeats_at_the_limit(draw):
+    """One connection's heartbeats padded (an ext field) to LIMIT bytes or a little less, from a pool of 1-3 kinds
+    (client, slack under the limit, oneway, opaque width) sent many times, so the route arms on frames at the limit
+    and meets other kinds with shorter and longer opaques."""
+    pool = [(draw(st.integers(0, 1)), draw(st.sampled_from([0, 0, 1, 10, 40])), draw(st.integers(0, 3)) == 0,
+             draw(st.sampled_from(OPAQUE_WIDTHS))) for _ in range(draw(st.integers(1, 3)))]
+    frames = []
+    for i in draw(st.lists(st.integers(0, 2), min_size=1, max_size=16)):
+        who, slack, oneway, opaques = pool[i % len(pool)]
+        opaque = draw(st.sampled_from(opaques))
+        hb = body(client=f"10.0.0.{who}@1#1")
+        bare = len(engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=opaque, ext_fields={"pad": ""},
+                                          body=hb).encode())
+        frames.append(engine.RemotingCommand(RequestCode.HEART_BEAT, opaque=opaque, body=hb,
+                                             ext_fields={"pad": "x" * max(0, LIMIT - bare - slack)},
+                                             flag=FLAG_ONEWAY if oneway else 0).encode())
+    return b"".join(frames)
+
+
+def run_at_the_limit(tmp_path, cls, streams, cuts, repeats):
+    b = make_broker(tmp_path, cls, max_frame_size=LIMIT)
+    b.server.repeats = repeats
+    try:
+        conns = [parity.connect(b, 40001 + i) for i in range(len(streams))]
+        pieces = []
+        for i, data in enumerate(streams):
+            points = sorted({p % (len(data) + 1) for p in cuts[i]} | {0, len(data)})
+            pieces.append([data[a:z] for a, z in zip(points, points[1:])])
+        k = 0
+        while any(pieces):
+            i = k % len(pieces)
+            k += 1
+            if pieces[i]:
+                conns[i].data_received(pieces[i].pop(0))
+                parity.drain(b)
+        return parity.state(b, conns)
+    finally:
+        b.loop.close()
+
+
+@settings(max_examples=int(os.environ.get("PARITY_EXAMPLES", 30)), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(streams=st.lists(heartbeats_at_the_limit(), min_size=1, max_size=2),
+       cuts=st.lists(st.lists(st.integers(0, 1 << 16), max_size=8), min_size=2, max_size=2))
+def test_heartbeats_at_the_frame_limit_with_any_opaque(tmp_path_factory, streams, cuts):
+    """Heartbeat frames of maxFrameSize bytes or just under, with opaques of every width, split anywhere: native
+    and twin agree, the route on gives what the route off gives, and no connection is closed (every frame is within
+    the limit). Before cdc32c2 the route's arming raised FrameError out of data_received here."""
+    native = native_class()
+    got = run_at_the_limit(tmp_path_factory.mktemp("n"), native, streams, cuts, True)
+    want = run_at_the_limit(tmp_path_factory.mktemp("t"), server_mod.PyConnection, streams, cuts, True)
+    assert got == want
+    off = run_at_the_limit(tmp_path_factory.mktemp("off"), server_mod.Connection, streams, cuts, False)
+    assert not any(armed for armed, _ in off.pop("armed"))
+    got.pop("armed")
+    assert got == off
+    assert not any(closing for closing, _ in got["closed"]), got["closed"]

@@ -289,6 +289,33 @@ def test_close_removes_from_every_group_producers_first(h):
     h.reg.check_invariants()
 
 
+class Channel:
+    """A connection-like channel (weakly referenceable)."""
+
+
+@pytest.mark.parametrize("events", [None, [CE.REGISTER]])
+def test_a_closed_channel_is_not_kept_by_the_registry(events):
+    """Nothing of the registry keeps a channel once it closed (the request being handled was kept until the next
+    changing heartbeat: a closed connection's buffers and transport with it), on the slow and the fast path, with
+    REGISTER events (built on the fast path) or none. The first heartbeat registers, the second arms, the third
+    takes the fast path."""
+    import gc
+    import weakref
+
+    reg = ClientRegistry(RegistryConfig(), clock=lambda: 1_000, listener=(lambda e: None) if events else None,
+                         events=events)
+    ch = Channel()
+    ref = weakref.ref(ch)
+    data = hb(A, consumers=[("G1", ["T"])], producers=["P"])
+    for _ in range(3):
+        assert reg.heartbeat(ch, data).code == ResponseCode.SUCCESS
+    assert reg.close_channel(ch) is True
+    del ch
+    gc.collect()
+    assert ref() is None
+    reg.check_invariants()
+
+
 def test_close_of_an_unregistered_channel(h):
     h.reg.open_channel(5, "127.0.0.1:1")
     assert h.reg.close_channel(5) is False

@@ -596,6 +596,7 @@ class ClientRegistry:
                             if not (reject and cd.consume_type is _CONSUME_ACTIVELY):
                                 self._emit(ConsumerGroupEvent.REGISTER, cd.group, client=self._request_info(),
                                            subscriptions=cd.subscriptions)
+                        self._request = None
                     return self._result_v1 if v1 else _RESULT_V2_SAME
         return self._heartbeat(channel, slot, hb, language, version)
 
@@ -680,76 +681,79 @@ class ClientRegistry:
         self._dirty = False
         self._request = (channel, client_id, language, version, now, slot)
         pool = self._pool
-        cid = pool.intern(client_id)  # held for the request, released below
-        req = (cid, _language_code(language), version)
-        cfg = self.config
-        topics = self.store.topics
-        fingerprint = hb.fingerprint
-        rules4 = self._rules4
-        v2 = fingerprint != 0 and not rules4  # a 4.9 broker's HeartbeatData has no fingerprint (fastjson drops it)
-        light = v2 and hb.without_sub
-        self._request_v2 = v2
-        sub_change = False
-        refreshed = []
-        consumers = self.consumers
-        for cd in hb.consumers:
-            if self._reject_pull and cd.consume_type is _CONSUME_ACTIVELY:
-                continue
-            group = cd.group
-            if rules4:
-                # ClientManageProcessor.heartBeat of 4.9.x: no fingerprint table, no hasOrderTopicSub; a group
-                # without config is registered anyway (notify on) and gets no retry topic
+        cid = pool.intern(client_id)  # held for the request, released in the finally
+        try:
+            req = (cid, _language_code(language), version)
+            cfg = self.config
+            topics = self.store.topics
+            fingerprint = hb.fingerprint
+            rules4 = self._rules4
+            v2 = fingerprint != 0 and not rules4  # a 4.9 broker's HeartbeatData has no fingerprint (fastjson drops it)
+            light = v2 and hb.without_sub
+            self._request_v2 = v2
+            sub_change = False
+            refreshed = []
+            consumers = self.consumers
+            for cd in hb.consumers:
+                if self._reject_pull and cd.consume_type is _CONSUME_ACTIVELY:
+                    continue
+                group = cd.group
+                if rules4:
+                    # ClientManageProcessor.heartBeat of 4.9.x: no fingerprint table, no hasOrderTopicSub; a group
+                    # without config is registered anyway (notify on) and gets no retry topic
+                    sgc = self._find_subscription_group_config(group)
+                    if sgc is not None:
+                        self._create_retry_topic(group, sgc.retry_queue_nums, None,
+                                                 FLAG_UNIT_SUB if cd.unit_mode else 0)
+                    refreshed.append(consumers.register(group, slot, req, cd,
+                                                        sgc.notify_consumer_ids_changed_enable if sgc is not None else True))
+                    continue
+                prev = self._fingerprints.get(group)
+                if v2:
+                    if prev is not None and prev != fingerprint:
+                        sub_change = True
+                    elif light and cfg.v2_restart_safe and (prev is None or group not in self._consumers):
+                        sub_change = True  # the broker lacks this group's subscriptions: ask for a full heartbeat
+                if prev != fingerprint:
+                    self._fingerprints[group] = fingerprint
+                    g = self._consumers.get(group)
+                    if g is not None:
+                        self._touch(g)
+                    self._dirty = True
+                has_order_topic_sub = False
+                for sd in cd.subscriptions:
+                    if topics.is_order_topic(sd.topic):
+                        has_order_topic_sub = True
+                        break
                 sgc = self._find_subscription_group_config(group)
-                if sgc is not None:
-                    self._create_retry_topic(group, sgc.retry_queue_nums, None,
-                                             FLAG_UNIT_SUB if cd.unit_mode else 0)
-                refreshed.append(consumers.register(group, slot, req, cd,
-                                                    sgc.notify_consumer_ids_changed_enable if sgc is not None else True))
-                continue
-            prev = self._fingerprints.get(group)
-            if v2:
-                if prev is not None and prev != fingerprint:
-                    sub_change = True
-                elif light and cfg.v2_restart_safe and (prev is None or group not in self._consumers):
-                    sub_change = True  # the broker lacks this group's subscriptions: ask for a full heartbeat
-            if prev != fingerprint:
-                self._fingerprints[group] = fingerprint
-                g = self._consumers.get(group)
-                if g is not None:
-                    self._touch(g)
-                self._dirty = True
-            has_order_topic_sub = False
-            for sd in cd.subscriptions:
-                if topics.is_order_topic(sd.topic):
-                    has_order_topic_sub = True
-                    break
-            sgc = self._find_subscription_group_config(group)
-            if sgc is None:
-                if prev is None and self.store.at_auto_create_limit(self.store.groups):
-                    # Java keeps the fingerprint of a skipped group for good; past the auto-create limit that
-                    # would let every new group name still grow this table (a later heartbeat of the group only
-                    # misses an IS_SUB_CHANGE it cannot use: the group is not registered)
-                    self._fingerprints.pop(group, None)
-                continue  # 5.1.1+: not registered, the heartbeat still succeeds
-            self._create_retry_topic(group, sgc.retry_queue_nums, has_order_topic_sub,
-                                     FLAG_UNIT_SUB if cd.unit_mode else 0)
-            if light:
-                refreshed.append(consumers.register_without_sub(group, slot, req, cd,
-                                                                sgc.notify_consumer_ids_changed_enable))
-            else:
-                refreshed.append(consumers.register(group, slot, req, cd, sgc.notify_consumer_ids_changed_enable))
-        if hb.producers:
-            register_producer = self.producers.register
-            for pd in hb.producers:
-                refreshed.append(register_producer(pd.group, slot, req))
-        pool.release(cid)
-        covered_all = self._refresh(slot, refreshed, now) if refreshed else False
-        result = self._result_v1 if not v2 else (_RESULT_V2_CHANGED if sub_change else _RESULT_V2_SAME)
-        if covered_all and not self._dirty:
-            # this run changed nothing: the same heartbeat may be answered by the fast path until a change
-            self.channel_table.arm(slot, _heartbeat_digest(hb, language, version), (hb, language, version),
-                                   self._tick + 1)
-        return result
+                if sgc is None:
+                    if prev is None and self.store.at_auto_create_limit(self.store.groups):
+                        # Java keeps the fingerprint of a skipped group for good; past the auto-create limit that
+                        # would let every new group name still grow this table (a later heartbeat of the group only
+                        # misses an IS_SUB_CHANGE it cannot use: the group is not registered)
+                        self._fingerprints.pop(group, None)
+                    continue  # 5.1.1+: not registered, the heartbeat still succeeds
+                self._create_retry_topic(group, sgc.retry_queue_nums, has_order_topic_sub,
+                                         FLAG_UNIT_SUB if cd.unit_mode else 0)
+                if light:
+                    refreshed.append(consumers.register_without_sub(group, slot, req, cd,
+                                                                    sgc.notify_consumer_ids_changed_enable))
+                else:
+                    refreshed.append(consumers.register(group, slot, req, cd, sgc.notify_consumer_ids_changed_enable))
+            if hb.producers:
+                register_producer = self.producers.register
+                for pd in hb.producers:
+                    refreshed.append(register_producer(pd.group, slot, req))
+            covered_all = self._refresh(slot, refreshed, now) if refreshed else False
+            result = self._result_v1 if not v2 else (_RESULT_V2_CHANGED if sub_change else _RESULT_V2_SAME)
+            if covered_all and not self._dirty:
+                # this run changed nothing: the same heartbeat may be answered by the fast path until a change
+                self.channel_table.arm(slot, _heartbeat_digest(hb, language, version), (hb, language, version),
+                                       self._tick + 1)
+            return result
+        finally:
+            pool.release(cid)
+            self._request = None  # the request's channel is not kept past it
 
     def _new_memberships(self, slot, hb) -> int:
         """The distinct groups of ``hb`` that the channel (``slot``, None: not open) is not a member of yet: at

@@ -75,27 +75,24 @@ def test_a_candidate_whose_opaque_would_push_the_armed_frame_past_the_limit_is_a
         b.loop.close()
 
 
-#: one connection's requests: a few distinct steps (the parity test's kinds), each sent many times, so the route
-#: arms (the registry gives a token from the third identical heartbeat on) and its repeats meet every other kind
-REPEATING_STEPS = st.tuples(st.lists(parity.STEP, min_size=1, max_size=3),
-                            st.lists(st.integers(0, 2), min_size=1, max_size=24)).map(
-    lambda pool_seq: [pool_seq[0][i % len(pool_seq[0])] for i in pool_seq[1]])
-
-
 @settings(max_examples=int(os.environ.get("PARITY_EXAMPLES", 40)), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(steps=st.lists(REPEATING_STEPS, min_size=1, max_size=3),
+@given(steps=st.lists(parity.REPEATING_STEPS, min_size=1, max_size=3),
        cuts=st.lists(st.lists(st.integers(0, 1 << 16), max_size=8), min_size=3, max_size=3),
-       rules=st.sampled_from([4, 5]))
-def test_the_repeat_route_is_transparent(tmp_path_factory, steps, cuts, rules):
+       rules=st.sampled_from([4, 5]), per_frame=st.booleans())
+def test_the_repeat_route_is_transparent(tmp_path_factory, steps, cuts, rules, per_frame):
     """The repeat route is an optimisation only: the same byte streams, split the same way, give the same writes,
     closes, registry state and metrics with the route on as with it off (every heartbeat decoded and run through
     the registry). The parity test compares native and twin with each other; this compares the route with the
     full path, which catches a repeat answered from a template after the registry's state changed (a oneway
     heartbeat, an unregister, another client's change to a shared group, a changed subVersion or fingerprint);
-    with f28a3fb's oneway check taken out of Processors.heart_beat it fails (twin run). Run on the protocol in use (native, or the twin under ENGINE_NO_EXTENSIONS=1)."""
-    streams = [b"".join(parity.request(s, 100 * n + j) for j, s in enumerate(conn_steps))
-               for n, conn_steps in enumerate(steps)]
+    with f28a3fb's oneway check taken out of Processors.heart_beat it fails (twin run). ``per_frame`` also cuts at
+    every frame's end (a client's heartbeats arrive a read each, which is where the route arms and answers). Run on
+    the protocol in use (native, or the twin under ENGINE_NO_EXTENSIONS=1)."""
+    frames = [[parity.request(s, 100 * n + j) for j, s in enumerate(conn_steps)] for n, conn_steps in enumerate(steps)]
+    streams = [b"".join(f) for f in frames]
+    if per_frame:
+        cuts = [c + [sum(map(len, f[:k])) for k in range(1, len(f))] for c, f in zip(cuts, frames)]
     tmp = tmp_path_factory.mktemp("route")
     on = parity.run(tmp, "on", server_mod.Connection, rules, streams, cuts, True)
     off = parity.run(tmp, "off", server_mod.Connection, rules, streams, cuts, False)

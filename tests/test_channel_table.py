@@ -387,6 +387,49 @@ def test_parity_operation_sequences(ops, capacity, max_slots):
     assert snapshot(tables[0]) == snapshot(tables[1])
 
 
+ODD_ARGS = [0, 1, -1, True, 1.0, 1.5, "0", None, b"\x01", np.int64(1), np.int32(0), 2 ** 70, -(2 ** 70), 2 ** 31,
+            2 ** 63, -(2 ** 63) - 1]
+ARG_CALLS = [  # (method, how the odd value is placed among otherwise valid arguments)
+    *[(m, lambda v: (v,)) for m in ("client", "addr", "last", "oldest", "live", "nmem", "kinds", "armed", "fkey",
+                                     "armed_by", "channel", "in_use", "mem_keys", "lag_items", "info_cids", "disarm",
+                                     "close", "group_size", "group_slots", "group_channels")],
+    *[(m, lambda v: (v, 0)) for m in ("mem_pos", "member_time", "member_info", "add_member", "remove_member",
+                                       "touch", "set_addr")],
+    *[(m, lambda v: (0, v)) for m in ("mem_pos", "member_time", "member_info", "add_member", "remove_member",
+                                       "touch", "set_addr")],
+    ("set_client", lambda v: (v, 1, 1, 1)), ("set_client", lambda v: (0, v, 1, 1)),
+    ("set_client", lambda v: (0, 1, v, 1)), ("set_client", lambda v: (0, 1, 1, v)),
+    ("set_member_info", lambda v: (0, 3, v, 1, 1)), ("set_member_info", lambda v: (0, 3, 1, 1, v)),
+    ("refresh", lambda v: (0, [v], 5)), ("refresh", lambda v: (0, [0, 3], v)), ("refresh", lambda v: (v, [], 5)),
+    ("arm", lambda v: (0, v, "tok", 1)), ("arm", lambda v: (0, 1, "tok", v)),
+    ("scan", lambda v: (v, 0)), ("scan", lambda v: (0, v)),
+    ("expired_keys", lambda v: (0, v, 0, 0)), ("expired_keys", lambda v: (0, 0, 0, v)),
+    ("open", lambda v: ("new", v)),
+]
+
+
+@pytest.mark.parametrize("name,place", ARG_CALLS)
+def test_argument_errors_are_the_same_in_both(name, place):
+    """Every int argument is taken as operator.index takes it (ints, bools, numpy integers); anything else is a
+    ChannelTableError, and out-of-range values the same error, in the native table and its twin alike (the twin
+    once took "0" and 1.5 through int())."""
+    native, twin = module("native"), module("twin")
+    for v in ODD_ARGS:
+        got = []
+        for m in (native, twin):
+            t = m.ChannelTable(capacity=4, producer_shift=SHIFT)
+            s = t.open("a")
+            t.add_member(s, 0)
+            t.add_member(s, 3)
+            try:
+                got.append(("ok", getattr(t, name)(*place(v)), snapshot(t)))
+            except ChannelTableError as e:
+                got.append(("ChannelTableError", str(e), snapshot(t)))
+        assert got[0] == got[1], (name, v)
+        if not isinstance(v, (int, np.integer)):
+            assert got[0][0] == "ChannelTableError", (name, v)  # never int()'s truncation or parsing
+
+
 def test_long_member_arrays_grow_and_shrink(ct):
     """Member arrays past their first allocations keep every member (growth copies them)."""
     t = ct.ChannelTable(capacity=8)

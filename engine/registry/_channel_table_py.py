@@ -20,6 +20,8 @@ channel beyond that raises ``ChannelTableError`` (the broker's connection budget
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from engine.codec.errors import RemotingError
@@ -42,8 +44,19 @@ class ChannelTableError(RemotingError, ValueError):
     """Misuse of the channel table (a slot not in use, a membership twice, a full table, a bad argument)."""
 
 
+def _as_int(name, value):
+    """``operator.index(value)``: an int (bool and numpy integers too); a float, str or anything else is a
+    ChannelTableError, in both implementations (``int()`` would take "7" and truncate 1.5)."""
+    if type(value) is int:
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ChannelTableError(f"{name} must be an int, not {type(value).__name__}") from None
+
+
 def _int64(name, value):
-    value = int(value)
+    value = _as_int(name, value)
     if not _I64_MIN <= value <= _I64_MAX:
         raise ChannelTableError(f"{name} must fit in int64, not {value}")
     return value
@@ -91,7 +104,7 @@ class ChannelTable:
     )
 
     def __init__(self, capacity: int = 1024, max_slots: int = MAX_SLOTS, producer_shift: int = 0):
-        capacity, max_slots = int(capacity), int(max_slots)
+        capacity, max_slots = _as_int("capacity", capacity), _as_int("max_slots", max_slots)
         if not 1 <= max_slots <= MAX_SLOTS:
             raise ChannelTableError(f"max_slots must be in [1, {MAX_SLOTS}], not {max_slots}")
         if capacity < 1:
@@ -131,14 +144,14 @@ class ChannelTable:
         self._cap = cap
 
     def _slot(self, slot) -> int:
-        slot = int(slot)
+        slot = _as_int("slot", slot)
         if not 0 <= slot < self._top or not self._mv_used[slot]:
             raise ChannelTableError(f"slot {slot} is not in use")
         return slot
 
     @staticmethod
     def _key(key) -> int:
-        key = int(key)
+        key = _as_int("membership key", key)
         if not 0 <= key < 1 << 31:
             raise ChannelTableError(f"membership key must be in [0, 2**31), not {key}")
         return key
@@ -184,8 +197,8 @@ class ChannelTable:
         return sorted(self._slot_of.items(), key=lambda item: item[1])
 
     def in_use(self, slot: int) -> bool:
-        """Whether ``slot`` is the slot of an open channel (any int; never raises)."""
-        slot = int(slot)
+        """Whether ``slot`` is the slot of an open channel (any int; only a non-int raises)."""
+        slot = _as_int("slot", slot)
         return 0 <= slot < self._top and bool(self._mv_used[slot])
 
     def channel(self, slot: int):
@@ -217,7 +230,8 @@ class ChannelTable:
 
     def set_client(self, slot: int, cid: int, language: int, version: int) -> None:
         slot = self._slot(slot)
-        cid, language, version = int(cid), int(language), int(version)
+        cid, language, version = (_as_int("client id", cid), _as_int("language", language),
+                                  _as_int("version", version))
         if not -1 <= cid < 1 << 31:
             raise ChannelTableError(f"client id must be in [-1, 2**31), not {cid}")
         if not 0 <= language <= 255:
@@ -484,7 +498,8 @@ class ChannelTable:
         slot's, dropped when equal. Returns the client id of the own info it replaced (-1: none); the caller
         takes a reference on ``cid`` when it differs from the slot's and releases the returned one."""
         slot, key = self._slot(slot), self._key(key)
-        cid, language, version = int(cid), int(language), int(version)
+        cid, language, version = (_as_int("client id", cid), _as_int("language", language),
+                                  _as_int("version", version))
         if self._find(slot, key) < 0:
             raise ChannelTableError(f"slot {slot} is not a member of key {key}")
         if not 0 <= cid < 1 << 31 or not 0 <= language <= 255 or not -(1 << 31) <= version < 1 << 31:

@@ -19,6 +19,7 @@ from engine.registry._channel_table_py import INLINE as _PY_INLINE
 from engine.registry._channel_table_py import MAX_SLOTS as _PY_MAX_SLOTS
 from engine.registry._channel_table_py import NO_LANGUAGE as _PY_NO_LANGUAGE
 from engine.registry._channel_table_py import ChannelTableError
+from engine.registry._channel_table_py import _as_int
 
 __all__ = ["ChannelTable", "ChannelTableError", "INLINE", "MAX_SLOTS", "NO_LANGUAGE", "pack_ipv4"]
 
@@ -59,7 +60,8 @@ DEF SCAN_BLOCK = 2048
 
 
 cdef int64_t _int64(str name, object value) except? -1:
-    value = int(value)
+    if type(value) is not int:
+        value = _as_int(name, value)  # the twin's conversion and error
     if not -(1 << 63) <= value <= (1 << 63) - 1:
         raise ChannelTableError(f"{name} must fit in int64, not {value}")
     return <int64_t>value
@@ -182,7 +184,7 @@ cdef class ChannelTable:
         PyMem_Free(self._members); PyMem_Free(self._msize); PyMem_Free(self._mcap)
 
     def __init__(self, capacity=1024, max_slots=MAX_SLOTS, producer_shift=0):
-        capacity, max_slots = int(capacity), int(max_slots)
+        capacity, max_slots = _as_int("capacity", capacity), _as_int("max_slots", max_slots)
         if not 1 <= max_slots <= MAX_SLOTS:
             raise ChannelTableError(f"max_slots must be in [1, {MAX_SLOTS}], not {max_slots}")
         if capacity < 1:
@@ -315,6 +317,8 @@ cdef class ChannelTable:
 
     cdef inline Py_ssize_t _slot(self, object slot) except -1:
         cdef Py_ssize_t s
+        if type(slot) is not int:
+            slot = _as_int("slot", slot)
         try:
             s = slot
         except OverflowError:
@@ -325,6 +329,8 @@ cdef class ChannelTable:
 
     cdef inline int32_t _key(self, object key) except -1:
         cdef long long k
+        if type(key) is not int:
+            key = _as_int("membership key", key)
         try:
             k = key
         except OverflowError:
@@ -382,8 +388,8 @@ cdef class ChannelTable:
         return [(channels[i], i) for i in range(self._top) if self._used[i]]
 
     def in_use(self, slot):
-        """Whether ``slot`` is the slot of an open channel (any int; never raises)."""
-        slot = int(slot)
+        """Whether ``slot`` is the slot of an open channel (any int; only a non-int raises)."""
+        slot = _as_int("slot", slot)
         return 0 <= slot < self._top and self._used[<Py_ssize_t>slot] != 0
 
     def channel(self, slot):
@@ -415,7 +421,8 @@ cdef class ChannelTable:
 
     def set_client(self, slot, cid, language, version):
         cdef Py_ssize_t s = self._slot(slot)
-        cid, language, version = int(cid), int(language), int(version)
+        cid, language, version = (_as_int("client id", cid), _as_int("language", language),
+                                  _as_int("version", version))
         if not -1 <= cid < 1 << 31:
             raise ChannelTableError(f"client id must be in [-1, 2**31), not {cid}")
         if not 0 <= language <= 255:
@@ -701,7 +708,8 @@ cdef class ChannelTable:
         replaced (-1: none). See the twin."""
         cdef Py_ssize_t s = self._slot(slot)
         cdef int32_t k = self._key(key)
-        cid, language, version = int(cid), int(language), int(version)
+        cid, language, version = (_as_int("client id", cid), _as_int("language", language),
+                                  _as_int("version", version))
         if self._find(s, k) < 0:
             raise ChannelTableError(f"slot {s} is not a member of key {k}")
         if not 0 <= cid < 1 << 31 or not 0 <= language <= 255 or not -(1 << 31) <= version < 1 << 31:

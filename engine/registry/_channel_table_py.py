@@ -622,7 +622,9 @@ class ChannelTable:
         return int(np.count_nonzero(self._live[:self._top]))
 
     def nbytes(self) -> int:
-        """Bytes of the columns and member arrays (Python objects not included)."""
+        """Bytes of this implementation's flat arrays: the numpy columns and member arrays (the free list and the
+        channel -> slot dict are Python objects, not included). The native table also counts its free list and
+        channel index, which are C arrays there, so the two differ by design."""
         total = sum(getattr(self, name).nbytes for name, _, _ in self._COLUMNS)
         return total + sum(a.nbytes for a in self._members if a is not None)
 

@@ -875,7 +875,10 @@ cdef class ChannelTable:
         return n
 
     def nbytes(self):
-        """Bytes of the columns and member arrays (Python objects not included)."""
+        """Bytes of this implementation's flat arrays: the C columns (with the free list and the channel index's
+        hash column), the channel index and the member arrays at their capacity; Python objects not included. The
+        twin counts its own numpy columns and member arrays (its free list and channel map are Python objects), so
+        the two differ by design."""
         cdef Py_ssize_t k, total = self._cap * (5 * 8 + 2 * 4 + 2 * C_INLINE * 4 + 4 * 1 + 2 + 4 + 4) + self._isize * 4
         for k in range(self._nkeys):
             total += self._mcap[k] * 4

@@ -707,31 +707,29 @@ def test_remote_addresses_round_trip(h, addr):
     assert h.reg.stats()["interned_strings"] == 0
 
 
-def test_memberships_per_channel_budget_refuses_before_any_change():
-    """A channel holds at most MAX_MEMBERSHIPS (65,535) memberships (the channel table's 16-bit count): a heartbeat
-    that could pass it is answered SYSTEM_ERROR and changes nothing (before the budget: an exception from the
-    table after part of the heartbeat was applied)."""
-    from engine.registry.client_registry import MAX_MEMBERSHIPS
-
-    h = Harness()
+def test_groups_per_channel_budget_refuses_before_any_change():
+    """A channel is registered in at most RegistryConfig.max_groups_per_channel groups (default 1024; Java has no
+    budget): a heartbeat that could pass it is answered SYSTEM_ERROR and changes nothing. It also bounds what a
+    close or an expiry does per membership (65,535 groups on one channel made a close take 37 s)."""
+    assert RegistryConfig().max_groups_per_channel == 1024
+    h = Harness(max_groups_per_channel=8)
     h.reg.heartbeat(1, hb(A, producers=["P0"]))
-    too_many = hb(A, producers=[f"P{i}" for i in range(1, MAX_MEMBERSHIPS + 1)])  # P0 + 65,535 new ones
+    too_many = hb(A, producers=[f"P{i}" for i in range(1, 9)])  # P0 + 8 new ones
     res = h.reg.heartbeat(1, too_many)
-    assert res.code == ResponseCode.SYSTEM_ERROR and res.remark == "a channel is registered in 65535 groups at most"
+    assert res.code == ResponseCode.SYSTEM_ERROR and res.remark == "a channel is registered in 8 groups at most"
     assert h.reg.producer_groups() == ["P0"] and h.reg.channel_groups(1) == ((), ("P0",))
-    fits = hb(B, producers=[f"P{i}" for i in range(MAX_MEMBERSHIPS)])
+    fits = hb(B, producers=[f"P{i}" for i in range(8)])
     assert h.reg.heartbeat(2, fits).code == ResponseCode.SUCCESS  # a fresh channel takes exactly the budget
-    assert len(h.reg.channel_groups(2)[1]) == MAX_MEMBERSHIPS
+    assert len(h.reg.channel_groups(2)[1]) == 8
     h.reg.check_invariants()
+    with pytest.raises(ValueError):
+        RegistryConfig(max_groups_per_channel=65536)  # the table's 16-bit membership count
 
 
-def test_memberships_budget_counts_only_the_groups_that_would_be_new():
-    """A heartbeat re-sending the channel's N >= 32,768 groups is not refused (the budget counted them twice before:
-    named + the channel's memberships); groups past the budget that would be new still are."""
-    from engine.registry.client_registry import MAX_MEMBERSHIPS
-
-    h = Harness()
-    n = MAX_MEMBERSHIPS // 2 + 1
+def test_groups_per_channel_budget_counts_only_the_groups_that_would_be_new():
+    """A heartbeat re-sending the channel's groups is not refused; groups past the budget that would be new are."""
+    h = Harness(max_groups_per_channel=10)
+    n = 6
     groups = [f"P{i}" for i in range(n)]
     assert h.reg.heartbeat(1, hb(A, producers=groups), LanguageCode.JAVA, 1).code == ResponseCode.SUCCESS
     h.now += 30_000
@@ -740,12 +738,52 @@ def test_memberships_budget_counts_only_the_groups_that_would_be_new():
     slot = h.reg.channel_table.find(1)
     assert h.reg.channel_table.member_time(slot, h.reg._producers["P0"].key) == h.now  # applied
     # the same groups + the new ones up to the budget fit; one more new group does not (state unchanged)
-    over = groups + [f"Q{i}" for i in range(MAX_MEMBERSHIPS - n + 1)]
+    over = groups + [f"Q{i}" for i in range(10 - n + 1)]
     res = h.reg.heartbeat(1, hb(A, producers=over), LanguageCode.JAVA, 2)
-    assert res.code == ResponseCode.SYSTEM_ERROR and res.remark == "a channel is registered in 65535 groups at most"
+    assert res.code == ResponseCode.SYSTEM_ERROR and res.remark == "a channel is registered in 10 groups at most"
     assert h.reg.channel_table.nmem(slot) == n
     assert h.reg.heartbeat(1, hb(A, producers=over[:-1]), LanguageCode.JAVA, 2).code == ResponseCode.SUCCESS
-    assert h.reg.channel_table.nmem(slot) == MAX_MEMBERSHIPS and len(h.reg.producer_groups()) == MAX_MEMBERSHIPS
+    assert h.reg.channel_table.nmem(slot) == 10 and len(h.reg.producer_groups()) == 10
+
+
+def test_broker_wide_group_and_membership_budgets_refuse_before_any_change():
+    """Live groups (consumer + producer) and (group, channel) registrations of all channels have budgets too
+    (RegistryConfig.max_groups, max_memberships): producer groups need no config, so without them many
+    connections with many group names each held memory without bound (~25 MB a connection at 65,535 groups)."""
+    h = Harness(max_groups=5, max_memberships=7)
+    assert h.reg.heartbeat(1, hb(A, consumers=[("G1", ["T"])], producers=["P1", "P2"])).code == ResponseCode.SUCCESS
+    # 3 groups, 3 memberships; a new channel naming 3 new groups would make 6 > 5
+    res = h.reg.heartbeat(2, hb(B, producers=["P3", "P4", "P5"]))
+    assert res.code == ResponseCode.SYSTEM_ERROR and res.remark == "the broker holds 5 consumer and producer groups at most"
+    assert h.reg.producer_groups() == ["P1", "P2"] and h.reg.channel_groups(2) == ((), ())
+    # existing groups only: 3 more memberships (6 <= 7) fit, then one more channel of 2 does not (8 > 7)
+    assert h.reg.heartbeat(2, hb(B, consumers=[("G1", ["T"])], producers=["P1", "P2"])).code == ResponseCode.SUCCESS
+    res = h.reg.heartbeat(3, hb("10.0.0.3@3", producers=["P1", "P2"]))
+    assert res.code == ResponseCode.SYSTEM_ERROR and res.remark == "the broker holds 7 group registrations at most"
+    assert h.reg.channel_groups(3) == ((), ())
+    assert h.reg.heartbeat(3, hb("10.0.0.3@3", producers=["P1"])).code == ResponseCode.SUCCESS  # exactly 7
+    h.reg.check_invariants()
+    h.reg.close_channel(1)  # registrations given back: room again
+    assert h.reg.heartbeat(4, hb("10.0.0.4@4", producers=["P3", "P4"])).code == ResponseCode.SUCCESS
+    h.reg.check_invariants()
+
+
+@pytest.mark.parametrize("language,version", [(LanguageCode.JAVA, 1 << 31), (LanguageCode.JAVA, -(1 << 31) - 1),
+                                              ("JAVA", 479), (LanguageCode.JAVA, "x")])
+def test_a_bad_language_or_version_changes_nothing(language, version):
+    """The registry's API refuses a version outside int32 or a language that is not a code before any change (it
+    used to create the group, take references and then fail in the table, leaving an empty group and a leaked
+    string reference)."""
+    h = Harness()
+    assert h.reg.heartbeat(1, hb(A, producers=["P0"]), LanguageCode.JAVA, 479).code == ResponseCode.SUCCESS
+    before = h.reg.stats()
+    for ch in (1, 2):
+        res = h.reg.heartbeat(ch, hb(A, consumers=[("G1", ["T"])], producers=["P1"]), language, version)
+        assert res.code == ResponseCode.SYSTEM_ERROR
+    stats = h.reg.stats()
+    assert {k: v for k, v in stats.items() if k not in ("channels", "slot_top")} == \
+        {k: v for k, v in before.items() if k not in ("channels", "slot_top")}
+    h.reg.check_invariants()
 
 
 def test_fast_path_refreshes_a_group_a_later_heartbeat_left_out():

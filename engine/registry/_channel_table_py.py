@@ -457,6 +457,8 @@ class ChannelTable:
                 del self._info[slot]
         if n == 0:
             self._mv_live[slot] = 0
+        elif slot not in self._lag:  # every membership at the slot's last: the scan key by kinds, no walk
+            self._mv_oldest[slot] = self._sat(int(self._mv_last[slot]) + self._fresh_off[kinds & 3])
         else:
             self._recompute_oldest(slot)
         return released

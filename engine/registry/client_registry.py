@@ -211,6 +211,15 @@ class RegistryConfig:
     #: the channel table's budget: open channels (connections and gRPC sessions) at most; one more raises
     #: ChannelTableError (the broker's maxConnections and grpcMaxSessions keep far below it)
     max_channels: int = 1 << 24
+    #: groups one channel may be registered in (a Java client instance registers a handful); the heartbeat that
+    #: would pass it is refused before any change. Also what bounds the per-membership work of a close or an
+    #: expiry (linear in the channel's groups)
+    max_groups_per_channel: int = 1024
+    #: live consumer and producer groups together; a heartbeat that would create more is refused before any change
+    #: (producer groups need no config, 4.x rules register consumer groups without one)
+    max_groups: int = 100_000
+    #: (group, channel) registrations of all channels together; a heartbeat that would pass it is refused
+    max_memberships: int = 1 << 24
     #: answer IS_SUB_CHANGE=true to a light V2 heartbeat the broker cannot serve (see the module docstring)
     v2_restart_safe: bool = True
     #: 5: RocketMQ 5.1.3+ rules (the defaults above); 4: RocketMQ 4.9.x ClientManageProcessor / ConsumerManager
@@ -231,6 +240,11 @@ class RegistryConfig:
         if isinstance(self.max_channels, bool) or not isinstance(self.max_channels, int) \
                 or not 1 <= self.max_channels <= 1 << 30:
             raise ValueError(f"RegistryConfig.max_channels must be an int in [1, 2**30], not {self.max_channels!r}")
+        for name, top in (("max_groups_per_channel", MAX_MEMBERSHIPS), ("max_groups", 1 << 30),
+                          ("max_memberships", 1 << 40)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+                raise ValueError(f"RegistryConfig.{name} must be an int in [1, {top}], not {value!r}")
         if self.client_management_rules not in (4, 5) or isinstance(self.client_management_rules, bool):
             raise ValueError(f"RegistryConfig.client_management_rules must be 4 or 5, not "
                              f"{self.client_management_rules!r}")
@@ -355,6 +369,7 @@ class ClientRegistry:
         self._config_epoch = 0
         self._dirty = False
         self._request = None  # (channel, client id, language, version, now, slot) of the heartbeat being handled
+        self._nmemberships = 0  # (group, channel) registrations: RegistryConfig.max_memberships
         self._request_v2 = False  # that heartbeat takes the V2 path
 
     # =========================================================================================== slot storage
@@ -453,6 +468,7 @@ class ClientRegistry:
                 self._pool.release(old)
             ct.set_client(slot, req[0], req[1], req[2])
         ct.add_member(slot, group.key)
+        self._nmemberships += 1
         if req != ct.client(slot):
             self._set_member_info(slot, group.key, req)
 
@@ -460,6 +476,7 @@ class ClientRegistry:
         released = self.channel_table.remove_member(slot, group.key)
         if released == -2:
             return False
+        self._nmemberships -= 1
         if released >= 0:
             self._pool.release(released)  # the membership's own client id
         return True
@@ -667,14 +684,22 @@ class ClientRegistry:
             if not isinstance(pd.group, str):
                 return HeartbeatResult(ResponseCode.SYSTEM_ERROR, "ProducerData.groupName is null", False)
         nmem = self.channel_table.nmem(slot) if slot is not None else 0
-        if (len(hb.consumers) + len(hb.producers) + nmem > MAX_MEMBERSHIPS
-                and self._new_memberships(slot, hb) + nmem > MAX_MEMBERSHIPS):
-            # the channel table's budget of memberships per channel (Java has none): refused before any change.
-            # Counted first as if every group named were new (the cheap bound), then, past it, only the distinct
-            # groups the channel is not yet a member of (a repeat of a big heartbeat is not refused)
-            return HeartbeatResult(ResponseCode.SYSTEM_ERROR,
-                                   f"a channel is registered in {MAX_MEMBERSHIPS} groups at most", False)
-        version = int(version)
+        named = len(hb.consumers) + len(hb.producers)
+        cfg = self.config
+        if (nmem + named > cfg.max_groups_per_channel or self._nmemberships + named > cfg.max_memberships
+                or len(self._consumers) + len(self._producers) + named > cfg.max_groups):
+            # the registry's budgets (Java has none): refused before any change. Counted first as if every group
+            # named were new (the cheap bound), then, past it, only the distinct groups that would be new
+            refusal = self._budget_refusal(slot, hb, nmem)
+            if refusal is not None:
+                return HeartbeatResult(ResponseCode.SYSTEM_ERROR, refusal, False)
+        try:
+            language_code = _language_code(language)
+            version = int(version)
+        except (TypeError, ValueError):
+            return HeartbeatResult(ResponseCode.SYSTEM_ERROR, "bad language or version", False)
+        if not -(1 << 31) <= version < 1 << 31:
+            return HeartbeatResult(ResponseCode.SYSTEM_ERROR, "version must fit in int32", False)
         now = self._clock()
         if slot is None:
             slot = self._slot_for(channel)
@@ -683,7 +708,7 @@ class ClientRegistry:
         pool = self._pool
         cid = pool.intern(client_id)  # held for the request, released in the finally
         try:
-            req = (cid, _language_code(language), version)
+            req = (cid, language_code, version)
             cfg = self.config
             topics = self.store.topics
             fingerprint = hb.fingerprint
@@ -755,20 +780,30 @@ class ClientRegistry:
             pool.release(cid)
             self._request = None  # the request's channel is not kept past it
 
-    def _new_memberships(self, slot, hb) -> int:
-        """The distinct groups of ``hb`` that the channel (``slot``, None: not open) is not a member of yet: at
-        least the memberships the heartbeat adds (a group it names may still not be registered, e.g. no config)."""
+    def _budget_refusal(self, slot, hb, nmem: int) -> str | None:
+        """The remark refusing ``hb`` when it would pass a budget of the registry, else None. Counts the distinct
+        groups it names that the channel (``slot``, None: not open) is not a member of yet, and those that do not
+        exist yet: at least what the heartbeat adds (a group it names may still not be registered, e.g. no config)."""
         ct = self.channel_table
         reject = self._reject_pull
-        new = 0
+        new_memberships = new_groups = 0
         for table, names in ((self._consumers, {cd.group for cd in hb.consumers
                                                 if not (reject and cd.consume_type is _CONSUME_ACTIVELY)}),
                              (self._producers, {pd.group for pd in hb.producers})):
             for name in names:
                 g = table.get(name)
+                if g is None:
+                    new_groups += 1
                 if g is None or slot is None or ct.mem_pos(slot, g.key) < 0:
-                    new += 1
-        return new
+                    new_memberships += 1
+        cfg = self.config
+        if nmem + new_memberships > cfg.max_groups_per_channel:
+            return f"a channel is registered in {cfg.max_groups_per_channel} groups at most"
+        if self._nmemberships + new_memberships > cfg.max_memberships:
+            return f"the broker holds {cfg.max_memberships} group registrations at most"
+        if len(self._consumers) + len(self._producers) + new_groups > cfg.max_groups:
+            return f"the broker holds {cfg.max_groups} consumer and producer groups at most"
+        return None
 
     def _refresh(self, slot: int, refreshed: list, now: int) -> bool:
         """Set the refreshed memberships' time to ``now``; the others keep their own (older) time.
@@ -1106,6 +1141,8 @@ class ClientRegistry:
                 assert len(set(members)) == len(members)
                 for pos, slot in enumerate(members):
                     assert ct.mem_pos(slot, g.key) == pos
+        assert self._nmemberships == sum(ct.group_size(g.key) for t in (self._consumers, self._producers)
+                                         for g in t.values()), "membership count"
         for name, gid in self._gid.items():
             expected = (name in self._consumers) + (name in self._producers)
             assert self._grefs[gid] == expected > 0, f"group id of {name} has {self._grefs[gid]} refs"

@@ -649,6 +649,8 @@ cdef class ChannelTable:
                     del self._info[s]
         if n == 0:
             self._live[s] = 0
+        elif not (self._lag and s in self._lag):  # every membership at the slot's last: the key by kinds, no walk
+            self._oldest[s] = _sat_add(self._last[s], self._fresh[kinds & 3])
         else:
             self._recompute_oldest(s)
         return released

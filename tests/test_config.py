@@ -94,6 +94,10 @@ def test_slave_role_is_refused_no_ha(capsys):
      r"maxConnections \+ grpcMaxSessions must be at most 16777216 \(the slots of the registry's channel table\), "
      "not 16777217"),
     ({"brokerRole": "MASTER"}, "brokerRole must be"),
+    ({"maxGroupsPerChannel": "65536"}, "maxGroupsPerChannel must be between 1 and 65535"),
+    ({"maxGroupsPerChannel": "0"}, "maxGroupsPerChannel must be between 1 and 65535"),
+    ({"maxRegisteredGroups": "0"}, "maxRegisteredGroups must be between 1"),
+    ({"maxRegisteredMemberships": "0"}, "maxRegisteredMemberships must be between 1"),
 ])
 def test_invalid_values_are_clear_errors(props, msg):
     with pytest.raises(ConfigError, match=msg):
@@ -103,6 +107,15 @@ def test_invalid_values_are_clear_errors(props, msg):
 def test_connection_and_session_budgets_fit_the_channel_table():
     cfg = BrokerConfig.load(None, {"maxConnections": str(16_000_000), "grpcMaxSessions": "777216"})
     assert cfg.max_connections + cfg.grpc_max_sessions == 1 << 24
+
+
+def test_registry_budgets_reach_the_registry(tmp_path):
+    from engine.broker.controller import Broker
+
+    cfg = BrokerConfig.load(None, {"maxGroupsPerChannel": "7", "maxRegisteredGroups": "99",
+                                   "maxRegisteredMemberships": "1234", "storePathRootDir": str(tmp_path)})
+    rc = Broker(cfg).registry.config
+    assert (rc.max_groups_per_channel, rc.max_groups, rc.max_memberships) == (7, 99, 1234)
 
 
 def test_register_period_is_clamped_like_broker_controller():

@@ -166,6 +166,13 @@ class BrokerConfig:
     write_stall_timeout_ms: int = 30_000
     #: requests of one connection waiting in executors; over this the server stops reading that connection
     max_inflight_per_connection: int = 1024
+    #: engine: groups one channel may be registered in; the heartbeat that would pass it is answered SYSTEM_ERROR
+    #: and changes nothing (a Java client instance registers a handful)
+    max_groups_per_channel: int = 1024
+    #: engine: live consumer and producer groups of the registry; a heartbeat that would create more is refused
+    max_registered_groups: int = 100_000
+    #: engine: (group, channel) registrations of all clients together; a heartbeat that would pass it is refused
+    max_registered_memberships: int = 1 << 24
     # -- observability (engine) --
     #: engine: port of the Prometheus endpoint (GET /metrics); 0 = off
     metrics_port: int = 0
@@ -302,6 +309,12 @@ class BrokerConfig:
                 raise ConfigError(f"{name} must be between 0 and 65535, not {v}")
         if self.metrics_port and self.metrics_port in (self.listen_port, self.fast_listen_port):
             raise ConfigError(f"metricsPort {self.metrics_port} collides with the broker's ports")
+        if not 1 <= self.max_groups_per_channel <= 65535:
+            raise ConfigError("maxGroupsPerChannel must be between 1 and 65535 (the channel table's membership count)")
+        if not 1 <= self.max_registered_groups <= 1 << 30:
+            raise ConfigError("maxRegisteredGroups must be between 1 and 1073741824")
+        if not 1 <= self.max_registered_memberships <= 0x7FFFFFFF:
+            raise ConfigError("maxRegisteredMemberships must be between 1 and 2147483647")
         positive = ("channelExpiredTimeout", "maxConnections", "maxFrameSize", "incompleteFrameTimeoutMs",
                     "maxWriteBufferBytes", "writeStallTimeoutMs", "maxInflightPerConnection", "serverChannelMaxIdleTimeSeconds",
                     "defaultTopicQueueNums", "pullMaxSuspendMillis", "flushConsumerOffsetInterval",

@@ -311,6 +311,24 @@ def test_close_among(benchmark, use, impl, registered):
     assert reg.stats()["channels"] == registered
 
 
+@pytest.mark.benchmark(group="close of one channel at the groups-per-channel budget (1024 producer groups)")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_close_channel_at_group_budget(benchmark, use, impl):
+    """The worst close a client can cause (RegistryConfig.max_groups_per_channel groups on its channel; a close
+    removes them one by one, each removal linear in the channel's groups): one heartbeat, then the close timed."""
+    use(impl)
+    reg = ClientRegistry(RegistryConfig(), clock=lambda: 0)
+    n = reg.config.max_groups_per_channel
+    data = engine.HeartbeatData("10.0.0.1@1", tuple(engine.ProducerData(f"PG_{i}") for i in range(n)), ())
+
+    def setup():
+        assert reg.heartbeat(1, data, LanguageCode.JAVA, 479).code == 0
+        return (1,), {}
+
+    benchmark.pedantic(reg.close_channel, setup=setup, rounds=10)
+    assert reg.stats()["channels"] == 0
+
+
 # ------------------------------------------------------------------------------------------------ expiry scan
 
 

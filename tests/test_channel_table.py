@@ -120,6 +120,30 @@ def test_channel_index_survives_eq_that_changes_the_table(ct):
     t.check()
 
 
+def test_a_channel_finaliser_that_closes_its_slot_again_meets_a_free_slot(ct):
+    """close() releases the channel after every state change: a channel whose __del__ closes its own slot again
+    (user code run by the table's release) gets ChannelTableError there, and the table stays consistent (the
+    native close used to loop for ever in its index)."""
+    t = ct.ChannelTable(capacity=2)
+    errors = []
+
+    class Finalised:
+        def __del__(self):
+            try:
+                t.close(self.slot)
+            except ChannelTableError as e:
+                errors.append(str(e))
+
+    ch = Finalised()
+    ch.slot = t.open(ch)
+    other = t.open("other")
+    del ch  # the table holds the last reference
+    t.close(0)
+    assert errors == ["slot 0 is not in use"]
+    assert len(t) == 1 and t.find("other") == other and t.open("new") == 0
+    t.check()
+
+
 def test_channel_hash_errors_propagate_and_change_nothing(ct):
     class Unhashable:
         def __hash__(self):

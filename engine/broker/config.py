@@ -326,7 +326,9 @@ class BrokerConfig:
                      "waitTimeMillsInQueue", "ioWorkers", "ioCoreConnections"):
             if getattr(self, PROPERTIES[name].attr) < 0:
                 raise ConfigError(f"{name} must be >= 0")
-        from engine.registry.client_registry import RegistryConfig
+        from engine.registry.client_registry import MAX_CHANNEL_EXPIRED_TIMEOUT_MS, RegistryConfig
+        if self.channel_expired_timeout > MAX_CHANNEL_EXPIRED_TIMEOUT_MS:
+            raise ConfigError(f"channelExpiredTimeout must be at most {MAX_CHANNEL_EXPIRED_TIMEOUT_MS} ms")
 
         # every connection and gRPC session is a channel of the registry's table: both budgets together must fit
         # its slots, so the table's own budget (ChannelTableError) is never what refuses a client

@@ -211,7 +211,10 @@ class ChannelTable:
         slot = self._slot(slot)
         if self._mv_nmem[slot]:
             raise ChannelTableError(f"slot {slot} still has {self._mv_nmem[slot]} memberships")
-        del self._slot_of[self._channels[slot]]
+        # every state change first; the channel and token are released last (the locals): a channel's __del__
+        # that re-enters the table then sees the slot free
+        channel, token = self._channels[slot], self._armed_by[slot]
+        del self._slot_of[channel]
         self._channels[slot] = None
         self._armed_by[slot] = None
         self._mv_used[slot] = 0
@@ -220,6 +223,7 @@ class ChannelTable:
         self._mv_armed[slot] = 0
         self._mv_kinds[slot] = 0
         self._free.append(slot)
+        del channel, token
 
     # ------------------------------------------------------------------------------------------------ columns
     def client(self, slot: int) -> tuple:
@@ -584,7 +588,9 @@ class ChannelTable:
 
     # ------------------------------------------------------------------------------------------------ expiry
     def scan(self, now: int, timeout: int) -> list:
-        """Live slots whose scan key is more than ``timeout`` ms before ``now`` (exact for any int64), ascending."""
+        """Live slots whose scan key is more than ``timeout`` ms before ``now`` (exact for any int64), ascending.
+        The scan key saturates at the int64 ends, so a producer membership within ``producer_shift`` of them can be
+        expired (``expired_keys``) and not found here; registry clocks (ms since an epoch) never come near."""
         now, timeout = _int64("now", now), _int64("timeout", timeout)
         if timeout < 0:
             raise ChannelTableError(f"timeout must be >= 0, not {timeout}")

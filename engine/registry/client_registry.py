@@ -188,6 +188,10 @@ class RegistryEvent:
         return f"RegistryEvent({self.kind.name}, {self.group!r}{''.join(', ' + e for e in extra)})"
 
 
+#: the longest channelExpiredTimeout (ms): the table's producer shift (120 s - timeout) stays within 2**40 ms
+MAX_CHANNEL_EXPIRED_TIMEOUT_MS = (1 << 40) + PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS
+
+
 @dataclass(frozen=True)
 class RegistryConfig:
     """Registry settings, named after their BrokerConfig keys (snake_case). Defaults are RocketMQ 5.x's."""
@@ -240,6 +244,11 @@ class RegistryConfig:
         if isinstance(self.max_channels, bool) or not isinstance(self.max_channels, int) \
                 or not 1 <= self.max_channels <= 1 << 30:
             raise ValueError(f"RegistryConfig.max_channels must be an int in [1, 2**30], not {self.max_channels!r}")
+        if self.channel_expired_timeout_ms > MAX_CHANNEL_EXPIRED_TIMEOUT_MS:
+            # the producer timeout is a fixed 120 s: the channel table shifts producer times by the difference,
+            # which it bounds to 2**40 ms (~34.8 years)
+            raise ValueError(f"RegistryConfig.channel_expired_timeout_ms must be at most "
+                             f"{MAX_CHANNEL_EXPIRED_TIMEOUT_MS}, not {self.channel_expired_timeout_ms}")
         for name, top in (("max_groups_per_channel", MAX_MEMBERSHIPS), ("max_groups", 1 << 30),
                           ("max_memberships", 1 << 40)):
             value = getattr(self, name)

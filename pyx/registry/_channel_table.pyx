@@ -302,7 +302,9 @@ cdef class ChannelTable:
         cdef Py_ssize_t mask = self._isize - 1
         cdef Py_ssize_t i = self._hash[slot] & mask
         cdef Py_ssize_t j, home
-        while self._index[i] != slot:  # present: every open slot is in the index
+        while self._index[i] != slot:  # every open slot is in the index; an empty entry ends the run anyway
+            if self._index[i] < 0:
+                return
             i = (i + 1) & mask
         j = i
         while True:  # backward shift: move up each later entry of the run whose home is not in (i, j]
@@ -400,6 +402,9 @@ cdef class ChannelTable:
         cdef Py_ssize_t s = self._slot(slot)
         if self._nmem[s]:
             raise ChannelTableError(f"slot {s} still has {self._nmem[s]} memberships")
+        # every state change first; the channel and token are released last (the locals): a channel's __del__
+        # that re-enters the table then sees the slot free
+        channel, token = self._channels[s], self._armed_by[s]
         self._index_remove(s)
         self._count -= 1
         self._mutations += 1
@@ -412,6 +417,7 @@ cdef class ChannelTable:
         self._kinds[s] = 0
         self._free[self._nfree] = <int32_t>s
         self._nfree += 1
+        del channel, token
 
     # ------------------------------------------------------------------------------------------------ columns
     def client(self, slot):
@@ -798,7 +804,9 @@ cdef class ChannelTable:
 
     # ------------------------------------------------------------------------------------------------ expiry
     def scan(self, now, timeout):
-        """Live slots whose scan key is more than ``timeout`` ms before ``now`` (exact for any int64), ascending."""
+        """Live slots whose scan key is more than ``timeout`` ms before ``now`` (exact for any int64), ascending.
+        The scan key saturates at the int64 ends, so a producer membership within ``producer_shift`` of them can be
+        expired (``expired_keys``) and not found here; registry clocks (ms since an epoch) never come near."""
         cdef int64_t c_now = _int64("now", now)
         cdef int64_t c_timeout = _int64("timeout", timeout)
         if c_timeout < 0:

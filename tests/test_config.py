@@ -95,8 +95,8 @@ def test_slave_role_is_refused_no_ha(capsys):
      "not 16777217"),
     ({"brokerRole": "MASTER"}, "brokerRole must be"),
     ({"channelExpiredTimeout": str((1 << 40) + 120_001)}, "channelExpiredTimeout must be at most 1099511747776 ms"),
-    ({"maxGroupsPerChannel": "65536"}, "maxGroupsPerChannel must be between 1 and 65535"),
-    ({"maxGroupsPerChannel": "0"}, "maxGroupsPerChannel must be between 1 and 65535"),
+    ({"maxGroupsPerChannel": "4097"}, "maxGroupsPerChannel must be between 1 and 4096"),
+    ({"maxGroupsPerChannel": "0"}, "maxGroupsPerChannel must be between 1 and 4096"),
     ({"maxRegisteredGroups": "0"}, "maxRegisteredGroups must be between 1"),
     ({"maxRegisteredMemberships": "0"}, "maxRegisteredMemberships must be between 1"),
 ])

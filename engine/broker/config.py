@@ -309,12 +309,6 @@ class BrokerConfig:
                 raise ConfigError(f"{name} must be between 0 and 65535, not {v}")
         if self.metrics_port and self.metrics_port in (self.listen_port, self.fast_listen_port):
             raise ConfigError(f"metricsPort {self.metrics_port} collides with the broker's ports")
-        if not 1 <= self.max_groups_per_channel <= 65535:
-            raise ConfigError("maxGroupsPerChannel must be between 1 and 65535 (the channel table's membership count)")
-        if not 1 <= self.max_registered_groups <= 1 << 30:
-            raise ConfigError("maxRegisteredGroups must be between 1 and 1073741824")
-        if not 1 <= self.max_registered_memberships <= 0x7FFFFFFF:
-            raise ConfigError("maxRegisteredMemberships must be between 1 and 2147483647")
         positive = ("channelExpiredTimeout", "maxConnections", "maxFrameSize", "incompleteFrameTimeoutMs",
                     "maxWriteBufferBytes", "writeStallTimeoutMs", "maxInflightPerConnection", "serverChannelMaxIdleTimeSeconds",
                     "defaultTopicQueueNums", "pullMaxSuspendMillis", "flushConsumerOffsetInterval",
@@ -326,9 +320,16 @@ class BrokerConfig:
                      "waitTimeMillsInQueue", "ioWorkers", "ioCoreConnections"):
             if getattr(self, PROPERTIES[name].attr) < 0:
                 raise ConfigError(f"{name} must be >= 0")
-        from engine.registry.client_registry import MAX_CHANNEL_EXPIRED_TIMEOUT_MS, RegistryConfig
+        from engine.registry.client_registry import (MAX_CHANNEL_EXPIRED_TIMEOUT_MS, MAX_GROUPS_PER_CHANNEL,
+                                                     RegistryConfig)
         if self.channel_expired_timeout > MAX_CHANNEL_EXPIRED_TIMEOUT_MS:
             raise ConfigError(f"channelExpiredTimeout must be at most {MAX_CHANNEL_EXPIRED_TIMEOUT_MS} ms")
+        if not 1 <= self.max_groups_per_channel <= MAX_GROUPS_PER_CHANNEL:
+            raise ConfigError(f"maxGroupsPerChannel must be between 1 and {MAX_GROUPS_PER_CHANNEL}")
+        if not 1 <= self.max_registered_groups <= 1 << 30:
+            raise ConfigError("maxRegisteredGroups must be between 1 and 1073741824")
+        if not 1 <= self.max_registered_memberships <= 0x7FFFFFFF:
+            raise ConfigError("maxRegisteredMemberships must be between 1 and 2147483647")
 
         # every connection and gRPC session is a channel of the registry's table: both budgets together must fit
         # its slots, so the table's own budget (ChannelTableError) is never what refuses a client

@@ -417,6 +417,8 @@ class ChannelTable:
             moved = int(arr[last])
             arr[pos] = moved
             self._set_pos(moved, key, pos)
+        if last == 0:  # an emptied key gives its array back, as the native table does
+            self._members[key] = None
         n = self._mv_nmem[slot]
         base = slot * INLINE
         mkey, mpos = self._mv_mkey, self._mv_mpos

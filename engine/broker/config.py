@@ -158,6 +158,11 @@ class BrokerConfig:
     #: engine: bytes of partial (incomplete) frames buffered across all connections; the connection whose read
     #: passes it is closed (16 connections each sending a whole 16 MiB frame slowly fit in the default)
     max_partial_frame_bytes_total: int = 256 * 1024 * 1024
+    #: engine: heartbeat bytes the connections keep after their reads, all together (each one's last heartbeat body
+    #: with its decode, a body not offered the repeat route, the armed repeat pattern); a heartbeat whose body or
+    #: arming does not fit keeps nothing (decoded again next time, no repeat route): same answer, only slower.
+    #: 0 = nothing kept, no repeat route
+    max_heartbeat_cache_bytes_total: int = 256 * 1024 * 1024
     #: a partial frame that is not complete after this long closes the connection (slowloris)
     incomplete_frame_timeout_ms: int = 30_000
     #: responses queued for a client that does not read them; over this the connection is closed
@@ -317,7 +322,7 @@ class BrokerConfig:
             if getattr(self, PROPERTIES[name].attr) <= 0:
                 raise ConfigError(f"{name} must be > 0")
         for name in ("maxConnectionsPerIp", "notifyCoalesceWindowMs", "clientManageLogLinesPerMinute", "waitTimeMillsInPullQueue",
-                     "waitTimeMillsInQueue", "ioWorkers", "ioCoreConnections"):
+                     "waitTimeMillsInQueue", "ioWorkers", "ioCoreConnections", "maxHeartbeatCacheBytesTotal"):
             if getattr(self, PROPERTIES[name].attr) < 0:
                 raise ConfigError(f"{name} must be >= 0")
         from engine.registry.client_registry import (MAX_CHANNEL_EXPIRED_TIMEOUT_MS, MAX_GROUPS_PER_CHANNEL,
@@ -398,7 +403,8 @@ class _Spec:
 
 #: properties that are a Java ``long`` (Long.parseLong); every other int property is an ``int`` (Integer.parseInt)
 LONG_PROPERTIES = frozenset({"channelExpiredTimeout", "waitTimeMillsInPullQueue", "brokerId",
-                             "maxPartialFrameBytesTotal", "rebalanceLockMaxLiveTime"})
+                             "maxPartialFrameBytesTotal", "maxHeartbeatCacheBytesTotal",
+                             "rebalanceLockMaxLiveTime"})
 
 
 def _java_int(name: str, text: str, long: bool) -> int:

@@ -329,7 +329,7 @@ class Broker:
         text = render(self.metrics, len(self.server.connections), stats() if stats is not None else (),
                       max_group_series=self.config.metrics_max_group_series,
                       auto_create_refused=store.auto_create_refused if store is not None else None,
-                      recorder=self.recorder)
+                      recorder=self.recorder, hb_cache=self.server.hb_cache)
         if self.server.io_pool is not None:  # ioWorkers > 0: connections held by each worker process
             text += self.server.io_pool.render_metrics()
         return text

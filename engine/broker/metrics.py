@@ -97,7 +97,7 @@ def _code_samples(metrics: Metrics):
 
 
 def render(metrics: Metrics, connections: int, group_stats=None, *, max_group_series: int = 1000,
-           auto_create_refused=None, recorder=None) -> str:
+           auto_create_refused=None, recorder=None, hb_cache=None) -> str:
     """The exposition text. ``group_stats`` yields (role, group, clients, channels) for the per-group gauges, of
     which at most ``max_group_series`` are written (the most clients first; 0 = none)."""
     w = _Writer()
@@ -130,6 +130,13 @@ def render(metrics: Metrics, connections: int, group_stats=None, *, max_group_se
              [({}, metrics.notifications_sent)])
     w.metric(p + "register_broker_total", "counter", "REGISTER_BROKER calls to name servers, by outcome.",
              [({"result": "ok"}, metrics.register_broker_ok), ({"result": "failed"}, metrics.register_broker_failed)])
+    if hb_cache is not None:  # engine.broker.repeat.CacheBudget (maxHeartbeatCacheBytesTotal)
+        w.metric(p + "heartbeat_cache_bytes", "gauge",
+                 "Heartbeat bytes the connections keep after their reads (cached bodies, armed repeat patterns).",
+                 [({}, hb_cache.used)])
+        w.metric(p + "heartbeat_cache_full_total", "counter",
+                 "Heartbeats that kept nothing (no cached decode, no repeat route) because maxHeartbeatCacheBytesTotal "
+                 "was reached.", [({}, hb_cache.full)])
     if recorder is not None:
         w.metric(p + "recorder_records_written_total", "counter", "Heartbeats written to the recording.",
                  [({}, recorder.records_written)])

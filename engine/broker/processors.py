@@ -239,6 +239,7 @@ class Processors:
         route = conn.route
         if body == route.body:
             hb = route.hb
+            kept = True
         else:
             try:
                 hb = decode_heartbeat(body)
@@ -251,17 +252,18 @@ class Processors:
                 # a subscription without subVersion: Java stamps the decode time on it at every heartbeat (a
                 # newer subVersion replaces the subscription), so such a body is decoded every time: no cached
                 # decode, no repeat route
-                route.body = route.hb = None
-                route.norepeat = body
+                route.keep_norepeat(body)
+                kept = False
             else:
-                route.body, route.hb = body, hb
+                # cached within maxHeartbeatCacheBytesTotal; past it this heartbeat keeps nothing (not offered)
+                kept = route.keep(body, hb)
         result = self.registry.heartbeat(conn, hb, cmd.language, cmd.version)
         tpl = self._template(cmd, result)
         if tpl:
             # a candidate only where the route is on (there the connection's decoder watches heartbeats), and never
             # for a oneway heartbeat: its repeats would be answered from the template (a repeat's frame equals the
             # armed one but for the opaque, so the route armed on an answered heartbeat takes no oneway frame)
-            if (conn.decoder.watch_code is not None and not cmd.flag & FLAG_ONEWAY
+            if (kept and conn.decoder.watch_code is not None and not cmd.flag & FLAG_ONEWAY
                     and body != route.norepeat):
                 token = self.registry.repeat_token(conn, hb, cmd.language, cmd.version)
                 if token is not None:

@@ -11,7 +11,28 @@ from __future__ import annotations
 
 from engine.codec.errors import FrameError
 
-__all__ = ["RepeatRoute"]
+__all__ = ["CacheBudget", "RepeatRoute"]
+
+
+class CacheBudget:
+    """maxHeartbeatCacheBytesTotal: the heartbeat bytes every connection of a server keeps after its reads, together.
+
+    What a connection keeps (:class:`RepeatRoute`): the body of its last heartbeat decoded in full (with its decode),
+    the body no longer offered the repeat route (``norepeat``) and the decoder's armed repeat pattern (counted as the
+    armed frame's header and body), each distinct bytes object once. ``used`` is their sum over the connections,
+    ``full`` the heartbeats whose body or arming did not fit (that heartbeat keeps nothing: no cached decode, no
+    repeat route; its answer is the same). ``limit`` None: no limit (a route on its own, in tests).
+    Invariant: ``0 <= used <= limit``; ``used`` is 0 once every connection has closed."""
+
+    __slots__ = ("limit", "used", "full")
+
+    def __init__(self, limit: int | None = None):
+        self.limit = limit
+        self.used = 0
+        self.full = 0
+
+    def __repr__(self) -> str:
+        return f"<CacheBudget {self.used}/{self.limit} full={self.full}>"
 
 
 def _stands_for(decoder, cmd) -> bool:
@@ -54,22 +75,99 @@ class RepeatRoute:
     6. A oneway heartbeat (flag bit ONEWAY) is never offered: the armed answer answers every repeat, and a oneway
        request is never answered. The flag is in the frame outside the opaque, so a route armed on an answered
        heartbeat never takes a oneway frame as its repeat: those take the full path (which answers nothing).
-    7. Where the server runs no repeat route (ACL on, recording on, ``server.repeats`` False) the decoder watches
-       no code, nothing is offered, and ``armed`` stays None; ``body`` / ``hb`` still cache the decode.
+    7. Where the server runs no repeat route (ACL on, recording on, ``server.repeats`` False,
+       maxHeartbeatCacheBytesTotal 0) the decoder watches no code, nothing is offered, and ``armed`` stays None;
+       ``body`` / ``hb`` still cache the decode (within the budget).
+    8. Budget (:class:`CacheBudget`): ``kept`` is what this route has charged to ``budget.used``, the bytes of
+       ``body``, ``norepeat`` and the armed pattern it made (``pattern``: (its body, its size)), each distinct object
+       once. A new body (:meth:`keep`, :meth:`keep_norepeat`) or arming (:meth:`arm`) that would take ``used`` past
+       the limit keeps nothing for that heartbeat (``budget.full`` += 1): no cached decode, not offered, not armed.
+       :meth:`release` (the connection closes) drops everything and gives ``kept`` back; the route keeps nothing
+       after it.
     """
 
-    __slots__ = ("body", "hb", "norepeat", "candidate", "armed")
+    __slots__ = ("body", "hb", "norepeat", "candidate", "armed", "budget", "kept", "pattern", "closed")
 
-    def __init__(self):
+    def __init__(self, budget: CacheBudget | None = None):
         self.body: bytes | None = None
         self.hb = None
         self.norepeat: bytes | None = None
         self.candidate: tuple | None = None
         self.armed = None
+        self.budget = CacheBudget() if budget is None else budget
+        self.kept = 0
+        self.pattern: tuple | None = None  # (body of the armed pattern, bytes charged for it) when this route armed it
+        self.closed = False
 
     def __repr__(self) -> str:
         state = "armed" if self.armed is not None else "candidate" if self.candidate is not None else "idle"
         return f"<RepeatRoute {state} body={None if self.body is None else len(self.body)}>"
+
+    def _charge(self) -> int:
+        """The bytes this route's state keeps: each distinct body once, the pattern as its frame's header + body."""
+        body, nr, pat = self.body, self.norepeat, self.pattern
+        n = 0 if body is None else len(body)
+        if nr is not None and nr is not body:
+            n += len(nr)
+        if pat is not None:
+            n += pat[1]
+            if pat[0] is body or pat[0] is nr:
+                n -= len(pat[0])
+        return n
+
+    def _settle(self) -> None:
+        """Charge the budget what the state keeps now (only ever less than before, or checked by _fits)."""
+        n = self._charge()
+        self.budget.used += n - self.kept
+        self.kept = n
+
+    def _fits(self) -> bool:
+        """Whether the state as it is now fits in the budget (the other routes' bytes + this one's)."""
+        limit = self.budget.limit
+        return not self.closed and (limit is None or self.budget.used - self.kept + self._charge() <= limit)
+
+    def keep(self, body: bytes, hb) -> bool:
+        """Cache ``body`` / its decode ``hb`` (a heartbeat decoded in full whose body is not ``self.body``). False,
+        with nothing cached (the previous body is dropped as well), when the budget cannot take it."""
+        pat = self.pattern
+        if pat is not None and pat[0] == body:  # the armed pattern's body (a oneway copy of it, say): one copy
+            body = pat[0]
+        self.body, self.hb = body, hb
+        if self._fits():
+            self._settle()
+            return True
+        self.body = self.hb = None
+        self._settle()
+        if not self.closed:
+            self.budget.full += 1
+        return False
+
+    def keep_norepeat(self, body: bytes) -> None:
+        """A body that is decoded every time (a subscription without subVersion): no cached decode, and it is
+        remembered as ``norepeat`` where the budget takes it (the caller does not offer it either way)."""
+        self.body = self.hb = None
+        self.norepeat = body
+        if not self._fits():
+            self.norepeat = None
+            if not self.closed:
+                self.budget.full += 1
+        self._settle()
+
+    def disarm(self, decoder) -> None:
+        """Disarm the decoder; the pattern's bytes leave the budget."""
+        decoder.disarm_repeat()
+        if self.pattern is not None:
+            self.pattern = None
+            self._settle()
+
+    def release(self, decoder=None) -> None:
+        """The connection closes: keep nothing from now on (the decoder's pattern and watched frame go too)."""
+        self.closed = True
+        self.body = self.hb = self.norepeat = self.candidate = self.armed = self.pattern = None
+        if decoder is not None:
+            decoder.disarm_repeat()
+            decoder.drop_watched()
+        self._settle()
 
     def offer(self, answer, cmd) -> None:
         """The heartbeat processor's candidate: ``answer`` (HeartbeatRepeat) answers repeats of ``cmd``."""
@@ -81,7 +179,7 @@ class RepeatRoute:
         frame if it is; a frame that cannot be armed is not offered again (``norepeat``)."""
         answer, cmd = self.candidate
         self.candidate = None
-        if closing:
+        if closing or self.closed:
             return
         if decoder.repeating and _stands_for(decoder, cmd):
             self.armed = answer
@@ -90,11 +188,29 @@ class RepeatRoute:
         frame = decoder.watched
         if frame is None:
             return
+        body = cmd.body
+        shared = self.body == body  # then the pattern's body becomes the cached one (invariant 5)
+        size = len(frame) - 8  # the pattern: the frame's header (less the opaque) and body
+        # budget: the new pattern replaces the old one (arm_repeat does); checked before the work of arming
+        old, self.pattern = self.pattern, (self.body if shared else body, size)
+        fits = self._fits()
+        self.pattern = old
+        if not fits:
+            self.disarm(decoder)
+            self.budget.full += 1
+            return
         if decoder.arm_repeat(frame):
             if _stands_for(decoder, cmd):
                 self.armed = answer
-                if self.body == cmd.body:
+                self.pattern = (decoder.repeat_body, size)
+                if shared:
                     self.body = decoder.repeat_body  # invariant 5
+                self._settle()
                 return
             decoder.disarm_repeat()
-        self.norepeat = cmd.body
+        self.pattern = None
+        self.norepeat = self.body if shared else body  # the cached object where it is the same body: no copy
+        if not self._fits():
+            self.norepeat = None
+            self.budget.full += 1
+        self._settle()

@@ -38,7 +38,7 @@ from engine import FrameDecoder, FrameError, RemotingCommand
 from engine.codec.enums import FLAG_ONEWAY, FLAG_RESPONSE, RequestCode, ResponseCode
 from engine.codec.errors import RemotingError, clip
 from engine.logutil import RateLimitedLog
-from engine.broker.repeat import RepeatRoute
+from engine.broker.repeat import CacheBudget, RepeatRoute
 
 log = logging.getLogger("engine.broker.server")
 
@@ -106,7 +106,7 @@ class ConnectionMethods(asyncio.Protocol):
         if commands:  # dispatched here, not in a helper: one call less per heartbeat read
             self._out = out = []
             route = self.route
-            replayed = False
+            replayed = full = False
             try:
                 for cmd in commands:
                     if self.closing:
@@ -121,6 +121,7 @@ class ConnectionMethods(asyncio.Protocol):
                             route.armed = None
                         replayed = True  # the full path from here on; the read's later repeats too
                         cmd = self.decoder.repeat_command(cmd)
+                    full = True
                     server.dispatch(self, cmd)
             except Exception:
                 # a failure outside the handlers' own guard (server.run), e.g. in the repeat route or the ACL
@@ -132,7 +133,9 @@ class ConnectionMethods(asyncio.Protocol):
                 if route.candidate is not None:
                     route.arm(self.closing, self.decoder)
                 if replayed and route.armed is None:
-                    self.decoder.disarm_repeat()
+                    route.disarm(self.decoder)
+                if full:  # the read's heartbeat frame was only kept for arm(): not past the read
+                    self.decoder.drop_watched()
                 if out and not self.closing:
                     self._write(b"".join(out) if len(out) > 1 else out[0])
         if bad is not None:
@@ -171,6 +174,7 @@ class ConnectionMethods(asyncio.Protocol):
         self.closing = True
         if self.buffered:
             self._untrack_partial()
+        self.route.release(self.decoder)  # its heartbeat bytes leave maxHeartbeatCacheBytesTotal
         for handle in self.held_pulls.values():
             handle.cancel()
         self.held_pulls.clear()
@@ -244,6 +248,7 @@ class ConnectionMethods(asyncio.Protocol):
         self.close_reason = reason
         if self.buffered:  # a closing connection reads no more: its partial frame leaves the budget now
             self._untrack_partial()
+        self.route.release(self.decoder)  # and so do its cached heartbeat bytes (maxHeartbeatCacheBytesTotal)
         kind = _reason_kind(reason)
         # one line per closed connection, but a client opening and breaking connections cannot flood the log
         self.server.client_log.log(level, kind, "closing %s (%s): %s", self.remote_addr, self.port_name, reason)
@@ -298,8 +303,8 @@ class PyConnection(ConnectionMethods):
         self.held_pulls: dict = {}  # opaque -> TimerHandle of a held PULL_MESSAGE
         # the repeat route (a heartbeat the client repeats: the decoder returns each repeat's opaque, answered by
         # the route's armed answer) and the cached decode of the last heartbeat body
-        self.route = RepeatRoute()
-        if server.repeats:
+        self.route = RepeatRoute(server.hb_cache)
+        if server.repeats and server.hb_cache.limit:  # maxHeartbeatCacheBytesTotal 0: no route
             self.decoder.watch_code = RequestCode.HEART_BEAT
         self._out: list | None = None  # responses batched during one data_received
         self._soon: list | None = None  # frames from send_soon, written once this loop iteration's reads are done
@@ -484,6 +489,9 @@ class RemotingServer:
         #: repeated heartbeats take the short route (Connection.repeat): the Broker turns it on when no request
         #: must be seen whole (no ACL, no recording); a connection's decoder watches heartbeats only then
         self.repeats = False
+        #: heartbeat bytes the connections keep after their reads (cached bodies, armed repeat patterns), together
+        #: (maxHeartbeatCacheBytesTotal; 0: none kept, no repeat route)
+        self.hb_cache = CacheBudget(config.max_heartbeat_cache_bytes_total)
         self.errors_log = RateLimitedLog(log)  # failed requests: one line per kind a minute
         #: what clients cause (closes, bad heartbeats, ACL refusals): at most 20 lines per kind a minute
         self.client_log = RateLimitedLog(log, burst=20)

@@ -887,6 +887,11 @@ class FrameDecoder:
         """The last frame (bytes) with code ``watch_code`` that the latest feed() decoded into a command, or None."""
         return self._watched
 
+    def drop_watched(self) -> None:
+        """Let go of :attr:`watched` (a copy of a whole frame) once the caller has decided on it: until the next
+        feed() it would otherwise stay held for nothing."""
+        self._watched = None
+
     @property
     def repeating(self) -> bool:
         return self._repeat is not None

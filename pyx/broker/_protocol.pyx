@@ -92,8 +92,8 @@ cdef class ProtocolCore:
         self.write_paused_since = None
         self.serialize_type = "JSON"
         self.held_pulls = {}
-        self.route = RepeatRoute()
-        if server.repeats:
+        self.route = RepeatRoute(server.hb_cache)
+        if server.repeats and server.hb_cache.limit:  # maxHeartbeatCacheBytesTotal 0: no route
             self.decoder.watch_code = _HEART_BEAT
         self._out = None
         self._soon = None
@@ -122,6 +122,7 @@ cdef class ProtocolCore:
     cdef _serve(self, server, list commands):
         cdef list out = []
         cdef bint replayed = False
+        cdef bint full = False
         cdef object route = self.route
         cdef object procs = _heartbeat_processors(server)
         self._out = out
@@ -139,6 +140,7 @@ cdef class ProtocolCore:
                         route.armed = None
                     replayed = True  # the full path from here on; the read's later repeats too
                     cmd = self.decoder.repeat_command(cmd)
+                full = True
                 if procs is not None and cmd.code == _HEART_BEAT and self._heart_beat(server, procs, cmd, out):
                     continue
                 server.dispatch(self, cmd)
@@ -151,7 +153,9 @@ cdef class ProtocolCore:
             if route.candidate is not None:
                 route.arm(self.closing, self.decoder)
             if replayed and route.armed is None:
-                self.decoder.disarm_repeat()
+                route.disarm(self.decoder)
+            if full:  # the read's heartbeat frame was only kept for arm(): not past the read
+                self.decoder.drop_watched()
             if PyList_GET_SIZE(out) and not self.closing:
                 self._write(b"".join(out) if PyList_GET_SIZE(out) > 1 else out[0])
 
@@ -198,6 +202,7 @@ cdef class ProtocolCore:
         """Processors.heart_beat without the recorder (the caller checked it is off)."""
         metrics = procs.metrics
         metrics.heartbeats += 1
+        cdef bint kept = True
         body = cmd.body
         route = self.route
         if body == route.body:
@@ -213,10 +218,11 @@ cdef class ProtocolCore:
             consumers = hb.consumers
             if consumers and body.count(_SUBVERSION) < _subscriptions(consumers):
                 # a subscription without subVersion: decoded every time, no cached decode, no repeat route
-                route.body = route.hb = None
-                route.norepeat = body
+                route.keep_norepeat(body)
+                kept = False
             else:
-                route.body, route.hb = body, hb
+                # cached within maxHeartbeatCacheBytesTotal; past it this heartbeat keeps nothing (not offered)
+                kept = route.keep(body, hb)
         registry = procs.registry
         language, version = cmd.language, cmd.version
         result = registry.heartbeat(self, hb, language, version)
@@ -224,7 +230,7 @@ cdef class ProtocolCore:
         if tpl:
             # a candidate only where the route is on (there the connection's decoder watches heartbeats), and never
             # for a oneway heartbeat (its repeats would be answered from the template), as the twin
-            if (self.decoder.watch_code is not None and not cmd.flag & _FLAG_ONEWAY
+            if (kept and self.decoder.watch_code is not None and not cmd.flag & _FLAG_ONEWAY
                     and body != route.norepeat):
                 token = registry.repeat_token(self, hb, language, version)
                 if token is not None:

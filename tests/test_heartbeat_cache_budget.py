@@ -70,9 +70,9 @@ def check_budget(broker, conns):
             assert r.kept == 0 and r.body is None and not c.decoder.repeating
         # the pattern the route counts is the decoder's (invariant 5: shared with the body when it is that body)
         if r.pattern is not None:
-            assert c.decoder.repeating and r.pattern[0] is c.decoder.repeat_body
-            if r.body is not None and r.body == r.pattern[0]:
-                assert r.body is r.pattern[0]
+            assert c.decoder.repeating and r.pattern is c.decoder.repeat_body
+            if r.body is not None and r.body == r.pattern:
+                assert r.body is r.pattern
 
 
 def close_all(conns, order):

@@ -79,14 +79,14 @@ class RepeatRoute:
        maxHeartbeatCacheBytesTotal 0) the decoder watches no code, nothing is offered, and ``armed`` stays None;
        ``body`` / ``hb`` still cache the decode (within the budget).
     8. Budget (:class:`CacheBudget`): ``kept`` is what this route has charged to ``budget.used``, the bytes of
-       ``body``, ``norepeat`` and the armed pattern it made (``pattern``: (its body, its size)), each distinct object
-       once. A new body (:meth:`keep`, :meth:`keep_norepeat`) or arming (:meth:`arm`) that would take ``used`` past
+       ``body``, ``norepeat`` and the armed pattern it made (``pattern``: its body; ``head``: the rest, counted as the
+       armed frame's header), each distinct object once. A new body (:meth:`keep`, :meth:`keep_norepeat`) or arming (:meth:`arm`) that would take ``used`` past
        the limit keeps nothing for that heartbeat (``budget.full`` += 1): no cached decode, not offered, not armed.
        :meth:`release` (the connection closes) drops everything and gives ``kept`` back; the route keeps nothing
        after it.
     """
 
-    __slots__ = ("body", "hb", "norepeat", "candidate", "armed", "budget", "kept", "pattern", "closed")
+    __slots__ = ("body", "hb", "norepeat", "candidate", "armed", "budget", "kept", "pattern", "head", "closed")
 
     def __init__(self, budget: CacheBudget | None = None):
         self.body: bytes | None = None
@@ -96,7 +96,10 @@ class RepeatRoute:
         self.armed = None
         self.budget = CacheBudget() if budget is None else budget
         self.kept = 0
-        self.pattern: tuple | None = None  # (body of the armed pattern, bytes charged for it) when this route armed it
+        # the armed pattern's body when this route armed the decoder, and the bytes charged beside it (two slots, not a
+        # tuple: an armed connection costs no object more; a header's length is mostly a cached small int)
+        self.pattern: bytes | None = None
+        self.head = 0
         self.closed = False
 
     def __repr__(self) -> str:
@@ -110,9 +113,9 @@ class RepeatRoute:
         if nr is not None and nr is not body:
             n += len(nr)
         if pat is not None:
-            n += pat[1]
-            if pat[0] is body or pat[0] is nr:
-                n -= len(pat[0])
+            n += self.head
+            if pat is not body and pat is not nr:
+                n += len(pat)
         return n
 
     def _settle(self) -> None:
@@ -130,8 +133,8 @@ class RepeatRoute:
         """Cache ``body`` / its decode ``hb`` (a heartbeat decoded in full whose body is not ``self.body``). False,
         with nothing cached (the previous body is dropped as well), when the budget cannot take it."""
         pat = self.pattern
-        if pat is not None and pat[0] == body:  # the armed pattern's body (a oneway copy of it, say): one copy
-            body = pat[0]
+        if pat is not None and pat == body:  # the armed pattern's body (a oneway copy of it, say): one copy
+            body = pat
         self.body, self.hb = body, hb
         if self._fits():
             self._settle()
@@ -190,11 +193,12 @@ class RepeatRoute:
             return
         body = cmd.body
         shared = self.body == body  # then the pattern's body becomes the cached one (invariant 5)
-        size = len(frame) - 8  # the pattern: the frame's header (less the opaque) and body
+        head = len(frame) - 8 - len(body)  # the pattern: the frame's header (less the opaque) and body
         # budget: the new pattern replaces the old one (arm_repeat does); checked before the work of arming
-        old, self.pattern = self.pattern, (self.body if shared else body, size)
+        old, old_head = self.pattern, self.head
+        self.pattern, self.head = (self.body if shared else body), head
         fits = self._fits()
-        self.pattern = old
+        self.pattern, self.head = old, old_head
         if not fits:
             self.disarm(decoder)
             self.budget.full += 1
@@ -202,7 +206,7 @@ class RepeatRoute:
         if decoder.arm_repeat(frame):
             if _stands_for(decoder, cmd):
                 self.armed = answer
-                self.pattern = (decoder.repeat_body, size)
+                self.pattern, self.head = decoder.repeat_body, head
                 if shared:
                     self.body = decoder.repeat_body  # invariant 5
                 self._settle()

@@ -124,3 +124,27 @@ def test_monotonic_ms_is_the_monotonic_clock_in_whole_ms(impl):
     got = clock()
     after = time.monotonic_ns() // 1_000_000
     assert type(got) is int and before <= got <= after
+
+
+def test_review_scalar_arguments_accepted_and_refused_alike():
+    # review: the native took a str now as TypeError while the twin's int() parsed it, a float was truncated by
+    # both, and a timeout below int64 was OverflowError native but ValueError twin
+    import numpy as _np
+
+    from engine.registry import _expiry as _native
+    from engine.registry import _expiry_py as _twin
+
+    lu = _np.array([0, 5], dtype=_np.int64)
+    lv = _np.ones(2, _np.uint8)
+    cases = [(10, 1), (_np.int64(10), _np.int32(1)), (True, 0), ("10", 1), (10.7, 1), (10, 1.5), (None, 1),
+             (10, -(1 << 64)), (1 << 63, 0), (10, 1 << 63), (10, -1)]
+    for now, timeout in cases:
+        got = []
+        for mod in (_native, _twin):
+            try:
+                got.append(("ok", mod.scan_expired(lu, lv, now, timeout).tolist()))
+            except Exception as exc:  # noqa: BLE001 - compared between implementations
+                got.append((type(exc).__name__, str(exc)))
+        assert got[0] == got[1], (now, timeout, got)
+        if isinstance(now, (str, float)) or isinstance(timeout, (str, float)) or now is None:
+            assert got[0][0] == "TypeError", (now, timeout, got)

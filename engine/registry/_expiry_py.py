@@ -9,11 +9,12 @@ overflows (the native module computes the same thing in C).
 ``monotonic_ms()`` is the registry's default clock (the scan's ``now``): CLOCK_MONOTONIC in whole milliseconds,
 read once per heartbeat, so the native module reads it without the interpreter's float round trip.
 """
+import operator
 import time
 
 import numpy as np
 
-__all__ = ["scan_expired", "check_columns", "monotonic_ms"]
+__all__ = ["scan_expired", "check_columns", "check_scalars", "monotonic_ms"]
 
 
 def monotonic_ms() -> int:
@@ -40,12 +41,19 @@ def check_columns(last_update, live, timeout):
     return lu, lv
 
 
+def check_scalars(now, timeout):
+    """``now`` and ``timeout`` as Python ints, shared by both implementations so they accept and refuse alike:
+    ints, bools and numpy integers (operator.index; a float, str or None is TypeError), OverflowError outside int64."""
+    now = operator.index(now)
+    timeout = operator.index(timeout)
+    if not -(1 << 63) <= now < (1 << 63) or not -(1 << 63) <= timeout < (1 << 63):
+        raise OverflowError("now and timeout must fit in int64")
+    return now, timeout
+
+
 def scan_expired(last_update, live, now, timeout):
     """Slots that are live and whose last update is more than ``timeout`` ms before ``now`` (ascending int64)."""
-    now = int(now)
-    timeout = int(timeout)
-    if not -(1 << 63) <= now < (1 << 63) or timeout >= (1 << 63):
-        raise OverflowError("now and timeout must fit in int64")
+    now, timeout = check_scalars(now, timeout)
     lu, lv = check_columns(last_update, live, timeout)
     # int64 subtraction wraps; for last_update < now the wrapped value read as uint64 is the exact distance
     with np.errstate(over="ignore"):

@@ -14,7 +14,7 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
-from engine.registry._expiry_py import check_columns
+from engine.registry._expiry_py import check_columns, check_scalars
 
 cdef extern from *:
     """
@@ -57,11 +57,9 @@ def scan_expired(last_update, live, now, timeout):
     """Slots that are live and whose last update is more than ``timeout`` ms before ``now`` (ascending int64)."""
     cdef int64_t c_now
     cdef int64_t c_timeout
-    try:
-        c_now = now
-        c_timeout = timeout
-    except OverflowError:
-        raise OverflowError("now and timeout must fit in int64") from None
+    now, timeout = check_scalars(now, timeout)  # the twin's checks: same accepted types and errors
+    c_now = now
+    c_timeout = timeout
     lu_arr, lv_arr = check_columns(last_update, live, c_timeout)
     lu_arr, lv_arr = np.ascontiguousarray(lu_arr), np.ascontiguousarray(lv_arr)  # a copy only of a strided view
     cdef const int64_t[:] lu = lu_arr

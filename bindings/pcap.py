@@ -140,6 +140,7 @@ def plan_captures(paths, shards: int = 1) -> List[Capture]:
     is read by that many tasks, each taking its share of the connections (every task reads the whole file)."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
+    paths = list(paths)  # read twice below: a generator gave no names the second time, so zip dropped every capture
     if shards < 1:
         raise ValueError("shards must be >= 1")
     out = []
@@ -157,6 +158,10 @@ def plan_captures(paths, shards: int = 1) -> List[Capture]:
         else:
             raise FileNotFoundError(f"no such capture file or directory: {p}")
     names = unique_names([Path(p) for p in paths])
+    files = [Path(f).resolve() for c in out for f in c.files]
+    if len(set(files)) != len(files):  # a file given alone and inside a directory given: read (and counted) twice
+        raise CaptureError("a capture file is given twice (alone and in a directory given): "
+                           + ", ".join(sorted({str(f) for f in files if files.count(f) > 1})))
     return [Capture(name, c.files, (shards, i)) for c, name in zip(out, names) for i in range(shards)]
 
 

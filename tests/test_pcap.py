@@ -1010,3 +1010,15 @@ def test_a_hole_over_the_silence_is_no_expiry(tmp_path):
         ("1@1", 60_000, 200_000)]
     assert {(lo["addr"], lo["first_ms"] - T0, lo["last_ms"] - T0) for lo in f["capture"]["losses"]} == {
         (m, 60_000, 200_000), (n, 60_000, 100_000)}
+
+
+def test_review_plan_captures_generator_and_file_inside_given_directory(tmp_path):
+    # review: a generator of paths planned no capture at all (its names were read from the spent generator), and
+    # a file given both alone and through its directory was read twice (its heartbeats counted twice)
+    raw = CAPTURES["lo-eth-ipv4"].read_bytes()
+    d = tmp_path / "rot"
+    d.mkdir()
+    (d / "a.pcap").write_bytes(raw)
+    assert [c.name for c in pcap.plan_captures(p for p in [d / "a.pcap"])] == ["a.pcap"]
+    with pytest.raises(pcap.CaptureError, match="given twice"):
+        pcap.plan_captures([d, d / "a.pcap"])

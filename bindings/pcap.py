@@ -171,7 +171,7 @@ def unique_names(paths: Sequence[Path]) -> List[str]:
     inputs must never share one. The same input given twice is refused."""
     real = [p.resolve() for p in paths]
     if len(set(real)) != len(real):
-        raise ValueError("a capture file or directory is given twice: "
+        raise CaptureError("a capture file or directory is given twice: "
                          + ", ".join(sorted({str(p) for p in real if real.count(p) > 1})))
     full = [Path(os.path.abspath(p)) for p in paths]  # named as given (a link keeps its own name)
     names = [p.name for p in full]

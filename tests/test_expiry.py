@@ -1,6 +1,8 @@
 """The expiry scan (engine.registry._expiry native, engine.registry._expiry_py twin): exact rule, edge values, errors, parity."""
 import numpy as np
 import pytest
+
+import engine.registry._expiry_py as _expiry_py
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -88,7 +90,7 @@ def test_non_contiguous_and_read_only_views(impl):
     ((np.zeros(3, np.int64), np.zeros(3, np.uint8), 0, -1), "timeout must be >= 0"),
 ])
 def test_bad_input_same_error(impl, args, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(_expiry_py.ExpiryScanError, match=message):  # typed, and a ValueError
         impl.expiry.scan_expired(*args)
 
 

@@ -14,7 +14,13 @@ import time
 
 import numpy as np
 
-__all__ = ["scan_expired", "check_columns", "check_scalars", "monotonic_ms"]
+from engine.codec.errors import RemotingError
+
+__all__ = ["ExpiryScanError", "scan_expired", "check_columns", "check_scalars", "monotonic_ms"]
+
+
+class ExpiryScanError(RemotingError, ValueError):
+    """Columns the expiry scan cannot take (dtype, rank, lengths) or a negative timeout."""
 
 
 def monotonic_ms() -> int:
@@ -26,18 +32,18 @@ def check_columns(last_update, live, timeout):
     """Validate the inputs both implementations accept; returns (last_update, live) as numpy views.
 
     Shared by the twin and the native module so that both raise the same error, with the same message, on the
-    same input: ValueError for a wrong dtype, rank or length, or a negative timeout.
+    same input: ExpiryScanError (a ValueError) for a wrong dtype, rank or length, or a negative timeout.
     """
     lu = np.asarray(last_update)
     lv = np.asarray(live)
     if lu.dtype != np.int64 or lu.ndim != 1:
-        raise ValueError(f"last_update must be a 1-D int64 array, not {lu.ndim}-D {lu.dtype}")
+        raise ExpiryScanError(f"last_update must be a 1-D int64 array, not {lu.ndim}-D {lu.dtype}")
     if lv.dtype != np.uint8 or lv.ndim != 1:
-        raise ValueError(f"live must be a 1-D uint8 array, not {lv.ndim}-D {lv.dtype}")
+        raise ExpiryScanError(f"live must be a 1-D uint8 array, not {lv.ndim}-D {lv.dtype}")
     if lu.shape[0] != lv.shape[0]:
-        raise ValueError(f"last_update has {lu.shape[0]} slots but live has {lv.shape[0]}")
+        raise ExpiryScanError(f"last_update has {lu.shape[0]} slots but live has {lv.shape[0]}")
     if timeout < 0:
-        raise ValueError(f"timeout must be >= 0, not {timeout}")
+        raise ExpiryScanError(f"timeout must be >= 0, not {timeout}")
     return lu, lv
 
 

@@ -9,8 +9,10 @@ place with this interpreter (``setup.py build_ext --inplace``), and run with ``P
 suite runs A then B, the next repetition B then A, so a change in the machine's load hits both alike. Per
 benchmark the table gives the min over repetitions of each side's min (and median) and the ratio B / A; numeric
 ``extra_info`` figures a suite records (CPU per heartbeat, lines per CPU-second...) are compared too. A benchmark
-present on one side only is listed as such. A ratio within the spread of the two sides' repetitions is noise:
-the table shows the spread so the reader can tell.
+present on one side only is listed as such. Only pytest-benchmark suites are run: a bench/ file without pytest tests
+(bench_pcap, bench_grpc, bench_grpc_handler, and bench_brokerlog before it had tests) is a script with its own
+command line, left out of the default selection and reported as such when named in ``--suites``. A ratio within
+the spread of the two sides' repetitions is noise: the table shows the spread so the reader can tell.
 """
 from __future__ import annotations
 
@@ -69,11 +71,20 @@ def run_suite(tree: Path, suite: str, k: str | None, out_json: Path, timeout: fl
     except subprocess.TimeoutExpired as e:
         return {"error": f"timed out after {timeout:.0f} s: " + str(e.stdout or "")[-1500:]}
     if not out_json.exists():
+        if proc.returncode == 5 and not is_pytest_suite(tree / "bench" / f"{suite}.py"):
+            return {"error": f"bench/{suite}.py has no pytest tests in this revision: it is a standalone script "
+                             f"(python bench/{suite}.py), which ab.py does not run"}
         return {"error": (proc.stdout + proc.stderr)[-2000:]}
     result = run_json(out_json)
     if proc.returncode not in (0, 5):
         result["__failed__"] = {"tail": (proc.stdout + proc.stderr)[-1500:]}
     return result
+
+
+def is_pytest_suite(path: Path) -> bool:
+    """Whether a bench/ file holds pytest-benchmark tests (bench_pcap, bench_grpc, bench_grpc_handler are scripts
+    with their own command line: pytest collects nothing from them and writes no JSON)."""
+    return path.exists() and "\ndef test_" in path.read_text()
 
 
 def run_json(path: Path) -> dict:
@@ -167,10 +178,13 @@ def main(argv=None) -> int:
     if args.suites:
         suites = [s for s in args.suites.split(",") if s]
     else:
-        have = [{f.stem for f in (t / "bench").glob("bench_*.py")} for t in trees.values()]
+        have = [{f.stem for f in (t / "bench").glob("bench_*.py") if is_pytest_suite(f)} for t in trees.values()]
         suites = sorted(have[0] & have[1])
         if have[0] ^ have[1]:
             print(f"suites in one revision only (not compared): {sorted(have[0] ^ have[1])}", file=sys.stderr)
+        scripts = sorted({f.stem for t in trees.values() for f in (t / "bench").glob("bench_*.py")} - have[0] - have[1])
+        if scripts:
+            print(f"standalone scripts, no pytest tests (not run; run them per tree): {scripts}", file=sys.stderr)
     runs: dict = {side: {s: [] for s in suites} for side in trees}
     failures = []
     scratch = Path(tempfile.mkdtemp(prefix="ab-json-"))

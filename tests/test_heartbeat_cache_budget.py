@@ -19,7 +19,8 @@ from engine.broker.controller import Broker
 from engine.broker.repeat import CacheBudget, RepeatRoute
 from engine.codec.enums import FLAG_ONEWAY, RequestCode
 
-from test_server_fastpath import FakeTransport, body
+from test_protocol_parity import connect
+from test_server_fastpath import body
 
 
 @pytest.fixture(params=["native", "twin"])
@@ -35,14 +36,6 @@ def make_broker(tmp_path, name, cls, **cfg):
     b.server.connection_class = cls
     b.server.repeats = True
     return b
-
-
-def connect(broker, port):
-    conn = broker.server.new_connection("main")
-    t = FakeTransport()
-    t.get_extra_info = lambda name: ("127.0.0.1", port)
-    conn.connection_made(t)
-    return conn
 
 
 def padded(data: bytes, size: int) -> bytes:

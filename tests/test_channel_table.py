@@ -39,10 +39,10 @@ def test_open_close_reuses_slots(ct):
     a, b, c = object(), object(), object()
     assert [t.open(a, 5), t.open(b), t.open(c)] == [0, 1, 2]
     assert t.capacity == 3 and t.top == 3 and len(t) == 3
-    assert t.lookup(b) == 1 and t.channel(1) is b and t.addr(0) == 5
+    assert t.find(b) == 1 and t.channel(1) is b and t.addr(0) == 5
     assert t.client(0) == (-1, NO_LANGUAGE, 0)
     t.close(1)
-    assert t.lookup(b) == -1 and len(t) == 2
+    assert t.find(b) is None and len(t) == 2
     with pytest.raises(ChannelTableError, match="slot 1 is not in use"):
         t.channel(1)
     d = object()
@@ -82,9 +82,9 @@ def test_channel_index_by_equality_collisions_and_removal_order(ct):
         for k in order[: len(order) // 2]:
             key = repr(k) if isinstance(k, Colliding) else k
             twin = Colliding(k.name) if isinstance(k, Colliding) else (k if isinstance(k, int) else tuple(k))
-            assert t.find(twin) == slots[key] == t.lookup(twin)
+            assert t.find(twin) == slots[key]
             t.close(slots.pop(key))
-            assert t.find(twin) is None and t.lookup(twin) == -1
+            assert t.find(twin) is None
         t.check()
         for k in order[: len(order) // 2]:
             slots[repr(k) if isinstance(k, Colliding) else k] = t.open(k)
@@ -165,8 +165,8 @@ def test_budget(ct):
         t.open(i)
     with pytest.raises(ChannelTableError, match=r"the channel table is full \(3 slots\)"):
         t.open(3)
-    assert len(t) == 3 and t.lookup(3) == -1
-    t.close(t.lookup(0))
+    assert len(t) == 3 and t.find(3) is None
+    t.close(t.find(0))
     assert t.open(3) == 0
     with pytest.raises(ChannelTableError, match="max_slots"):
         ct.ChannelTable(max_slots=0)
@@ -363,7 +363,6 @@ OPS = st.one_of(
     st.tuples(st.just("group_channels"), KEYS),
     st.tuples(st.just("channel"), SLOTS),
     st.tuples(st.just("in_use"), st.integers(-2, 12)),
-    st.tuples(st.just("lookup"), st.integers(0, 11)),
     st.tuples(st.just("find"), st.integers(0, 11)),
 )
 
@@ -374,7 +373,7 @@ def apply(table, op):
         args = ((args[0],), args[1])  # channels are tuples: hashable, compared by value
     elif name == "arm":
         args = (args[0], args[1], ("token", args[1]), args[2])
-    elif name in ("lookup", "find"):
+    elif name == "find":
         args = ((args[0],),)
     try:
         return "ok", getattr(table, name)(*args)

@@ -802,7 +802,7 @@ def test_fast_path_refreshes_a_group_a_later_heartbeat_left_out():
     h.reg.heartbeat(ch, a, LanguageCode.JAVA, 1)
     h.now = 2000
     h.reg.heartbeat(ch, a, LanguageCode.JAVA, 1)  # the same object: a no-op run, arms the fast path
-    slot = ct.lookup(ch)
+    slot = ct.find(ch)
     assert ct.armed(slot)
     h.now = 3000
     h.reg.heartbeat(ch, b, LanguageCode.JAVA, 1)  # leaves G2 out: G2 keeps its own time 2000, the slot is disarmed

@@ -184,10 +184,6 @@ class ChannelTable:
         self._mv_armed[slot] = 0
         return slot
 
-    def lookup(self, channel) -> int:
-        """The channel's slot, or -1 when it is not open."""
-        return self._slot_of.get(channel, -1)
-
     def find(self, channel):
         """The channel's slot, or None when it is not open."""
         return self._slot_of.get(channel)

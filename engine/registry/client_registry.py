@@ -722,7 +722,6 @@ class ClientRegistry:
         cid = pool.intern(client_id)  # held for the request, released in the finally
         try:
             req = (cid, language_code, version)
-            cfg = self.config
             topics = self.store.topics
             fingerprint = hb.fingerprint
             rules4 = self._rules4
@@ -743,8 +742,8 @@ class ClientRegistry:
                     if sgc is not None:
                         self._create_retry_topic(group, sgc.retry_queue_nums, None,
                                                  FLAG_UNIT_SUB if cd.unit_mode else 0)
-                    refreshed.append(consumers.register(group, slot, req, cd,
-                                                        sgc.notify_consumer_ids_changed_enable if sgc is not None else True))
+                    notify = sgc.notify_consumer_ids_changed_enable if sgc is not None else True
+                    refreshed.append(consumers.register(group, slot, req, cd, notify))
                     continue
                 prev = self._fingerprints.get(group)
                 if v2:

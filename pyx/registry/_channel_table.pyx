@@ -5,8 +5,8 @@ specification: same methods, results and errors).
 The columns are C arrays allocated with PyMem (tracemalloc sees them), one element per slot, grown by half up to
 the slot budget; the member arrays are one C int32 array per membership key. Python objects: the channel of each
 slot, the fast path's token and the rare side tables (overflow memberships, own membership times and client
-infos), as in the twin; the channel -> slot map is a C hash index over the slots (the twin's is a dict). Bounds: every public method validates its slot (in use,
-below ``top``) and key (non-negative int32, below the member-array table for reads) before indexing; the scan
+infos), as in the twin; the channel -> slot map is a C hash index over the slots (the twin's is a dict). Bounds:
+every public method validates its slot (in use, below ``top``) and key (non-negative int32, below the member-array table for reads) before indexing; the scan
 runs over ``[0, top)``.
 """
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
@@ -150,7 +150,6 @@ cdef class ChannelTable:
     cdef uint32_t* _hash
     cdef int32_t* _index
     cdef Py_ssize_t _isize
-    cdef Py_ssize_t _count
     cdef uint64_t _mutations
     cdef list _channels
     cdef list _armed_by
@@ -165,7 +164,7 @@ cdef class ChannelTable:
         self._nmem = NULL
         self._hash = NULL
         self._index = NULL
-        self._isize = self._count = 0
+        self._isize = 0
         self._mutations = 0
         self._members = NULL
         self._msize = self._mcap = NULL
@@ -361,7 +360,6 @@ cdef class ChannelTable:
             self._top += 1
         self._channels[slot] = channel
         self._index_add(slot, h)
-        self._count += 1
         self._mutations += 1
         self._used[slot] = 1
         self._cid[slot] = -1
@@ -373,10 +371,6 @@ cdef class ChannelTable:
         self._fkey[slot] = 0
         self._armed[slot] = 0
         return slot
-
-    def lookup(self, channel):
-        """The channel's slot, or -1 when it is not open."""
-        return self._find_channel(channel, self._hash_of(channel))
 
     def find(self, channel):
         """The channel's slot, or None when it is not open."""
@@ -406,7 +400,6 @@ cdef class ChannelTable:
         # that re-enters the table then sees the slot free
         channel, token = self._channels[s], self._armed_by[s]
         self._index_remove(s)
-        self._count -= 1
         self._mutations += 1
         self._channels[s] = None
         self._armed_by[s] = None
@@ -866,7 +859,7 @@ cdef class ChannelTable:
 
     # ------------------------------------------------------------------------------------------------ stats
     def __len__(self):
-        return self._count
+        return self._top - self._nfree  # every slot handed out and not freed is an open channel
 
     @property
     def capacity(self):
@@ -899,14 +892,13 @@ cdef class ChannelTable:
         cdef Py_ssize_t i
         free = [self._free[i] for i in range(self._nfree)]
         slot_of = dict(self.items())
-        assert len(slot_of) == self._count, "channels counted twice"
         assert len(slot_of) + len(free) == self._top, "slots leak"
         free_set = set(free)
         assert len(free_set) == len(free)
         for channel, slot in slot_of.items():
             assert self._channels[slot] is channel and slot not in free_set and self._used[slot]
-            assert self._hash[slot] == self._hash_of(channel) and self.lookup(channel) == slot, "index"
-        assert sum(1 for i in range(self._isize) if self._index[i] >= 0) == self._count, "index entries"
+            assert self._hash[slot] == self._hash_of(channel) and self.find(channel) == slot, "index"
+        assert sum(1 for i in range(self._isize) if self._index[i] >= 0) == len(slot_of), "index entries"
         assert self._isize >= 2 * self._cap, "index more than half full"
         for slot in free:
             assert self._channels[slot] is None and not self._used[slot] and not self._live[slot]

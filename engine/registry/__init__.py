@@ -5,10 +5,10 @@
 (ClientChannelInfo), the persisted tables over ``config_manager`` (``topic_config_manager``,
 ``subscription_group_manager``, ``consumer_offset_manager``; ``store.Store`` composes the three)
 and ``rebalance`` (RebalanceLockManager).
-``intern`` interns client strings, ``sql92`` checks SQL92 filters, ``clientlog`` writes Java's log lines; the
-channel table the managers share (slots, their columns, memberships, member arrays, the expiry scan), the expiry
-scan over plain columns and the heartbeat digest are compiled (pyx/registry/) with twins ``_channel_table_py``,
-``_expiry_py`` and ``_digest_py``.
+``sql92`` checks SQL92 filters, ``clientlog`` writes Java's log lines; the channel table the managers share (slots,
+their columns, memberships, member arrays, the expiry scan), the string pool of client ids and addresses, the
+expiry scan over plain columns and the heartbeat digest are compiled (pyx/registry/) with twins
+``_channel_table_py``, ``_intern_py``, ``_expiry_py`` and ``_digest_py``.
 """
 
 

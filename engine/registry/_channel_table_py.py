@@ -3,7 +3,7 @@
 One slot per open channel, in flat columns: the latest heartbeat time (``last``), the scan key (``oldest``: the
 oldest membership time, producer memberships shifted by ``producer_shift`` so that one column serves both
 timeouts), the channel's own client id / language / version (interned ids, the registry's
-:class:`engine.registry.intern.StringPool`), its remote address (a packed IPv4 address, ``-(pool id + 1)`` or 0),
+:class:`engine.registry._intern_py.StringPool`), its remote address (a packed IPv4 address, ``-(pool id + 1)`` or 0),
 the live flag (has memberships), the membership count and kinds, and the fast path's digest, arming tick and
 token. A membership is a key ``gid * 2 + kind`` (kind 0 consumer, 1 producer); a slot keeps up to :data:`INLINE`
 of them inline as (key, position in the group's member array), more in an overflow dict. Each key has a member

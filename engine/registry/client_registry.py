@@ -32,7 +32,7 @@ Layout ("tables over struct arrays", DESIGN.md). One slot per channel in the cha
 heartbeat time, the scan key (oldest membership time), client id, language, version, remote address, live flag,
 and up to four (group, position) membership pairs inline (more spill into a dict); the table's budget is
 ``RegistryConfig.max_channels`` slots (ChannelTableError past it). Groups and client ids are interned to
-small ints with reference counts (:class:`engine.registry.intern.StringPool` for client ids and addresses); a group keeps
+small ints with reference counts (:class:`engine.registry._intern_py.StringPool` for client ids and addresses); a group keeps
 its members as an int32 array of slots, removed by swap (so group order is insertion order until a member
 leaves; Java's order is hash order, and clients sort the ids). Per-group state (subscription table, consume
 type/model/where) and per-group dicts are Python objects: there are few groups. Python objects per client appear
@@ -80,7 +80,6 @@ from dataclasses import dataclass
 
 from engine.codec.enums import ConsumeType, LanguageCode, ResponseCode
 from engine.registry import clientlog as jl
-from engine.registry.intern import StringPool
 from engine.registry.store import FLAG_UNIT_SUB, PERM_READ, PERM_WRITE, Store, SubscriptionGroupConfig, TopicConfig
 from engine.registry.client_channel import CONSUMER as _CONSUMER, PRODUCER as _PRODUCER, ClientChannelInfo, Connection
 from engine.registry.client_channel import Members as _Members
@@ -114,8 +113,8 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------------------------
 # Native hot paths or their twins, chosen as engine/__init__.py does (ENGINE_NO_EXTENSIONS=1 forces the twins).
 
-IMPLEMENTATION = {"expiry": "twin", "digest": "twin", "channel_table": "twin"}
-_heartbeat_digest = _monotonic_ms = _ChannelTable = _pack_ipv4 = None
+IMPLEMENTATION = {"expiry": "twin", "digest": "twin", "channel_table": "twin", "intern": "twin"}
+_heartbeat_digest = _monotonic_ms = _ChannelTable = _pack_ipv4 = StringPool = None
 if not os.environ.get("ENGINE_NO_EXTENSIONS"):
     try:
         from engine.registry._expiry import monotonic_ms as _monotonic_ms
@@ -136,6 +135,12 @@ if not os.environ.get("ENGINE_NO_EXTENSIONS"):
         IMPLEMENTATION["digest"] = "native"
     except ImportError:
         pass
+    try:
+        from engine.registry._intern import StringPool
+
+        IMPLEMENTATION["intern"] = "native"
+    except ImportError:
+        pass
 if _monotonic_ms is None:
     from engine.registry._expiry_py import monotonic_ms as _monotonic_ms
 if _heartbeat_digest is None:
@@ -143,6 +148,8 @@ if _heartbeat_digest is None:
 if _ChannelTable is None:
     from engine.registry._channel_table_py import ChannelTable as _ChannelTable
     from engine.registry._channel_table_py import pack_ipv4 as _pack_ipv4
+if StringPool is None:
+    from engine.registry._intern_py import StringPool
 from engine.registry._channel_table_py import MAX_MEMBERSHIPS, ChannelTableError  # noqa: E402 (both tables')
 
 # ---------------------------------------------------------------------------------------------------------------

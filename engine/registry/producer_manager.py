@@ -8,7 +8,7 @@ RocketMQ's ProducerManager holds two tables: ``groupChannelTable`` (producer gro
   channel, memberships keyed ``gid * 2 + PRODUCER`` with a member array per key; group ids interned by the
   registry and shared with consumer groups of the same name);
 * the client channel table is an int32 array indexed by the client id's pool id (the table's
-  :class:`engine.registry.intern.StringPool`), holding the slot, -1 when none; an entry holds one reference on its pool id.
+  :class:`engine.registry._intern_py.StringPool`), holding the slot, -1 when none; an entry holds one reference on its pool id.
 
 The manager does what Java's does on a heartbeat (registerProducer), an UNREGISTER_CLIENT naming a producer group
 (unregisterProducer), a closed channel (doChannelCloseEvent), the expiry scan (scanNotActiveChannel) and the admin

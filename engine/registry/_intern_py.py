@@ -115,6 +115,8 @@ class StringPool:
 
     @staticmethod
     def _encode(s: str) -> bytes:
+        if not isinstance(s, str):
+            raise TypeError(f"a string pool holds str, not {type(s).__name__}")
         # lone surrogates cannot come from a valid UTF-8 body, but must never make interning fail
         return s.encode("utf-8", "surrogatepass")
 
@@ -130,6 +132,8 @@ class StringPool:
         if e >= 0:
             self._mv_refs[e] += 1
             return e
+        if len(data) > 0x7FFFFFFF:  # a length is an int32
+            raise MemoryError("string too long for the string pool (2 GiB)")
         if self._free:
             e = self._free.pop()
         else:
@@ -155,18 +159,19 @@ class StringPool:
             self._alloc_index(self._index_size(self._live))
         return e
 
+    def _live_id(self, e: int) -> int:
+        if not 0 <= e < self._top or self._mv_refs[e] <= 0:
+            raise KeyError(f"string id {e} is not live")
+        return e
+
     def acquire(self, e: int) -> int:
         """Take one more reference on a live id; returns it."""
-        if self._mv_refs[e] <= 0:
-            raise KeyError(f"string id {e} is not live")
-        self._mv_refs[e] += 1
+        self._mv_refs[self._live_id(e)] += 1
         return e
 
     def release(self, e: int) -> None:
         """Drop one reference; the string is freed when none is left."""
-        refs = self._mv_refs[e] - 1
-        if refs < 0:
-            raise KeyError(f"string id {e} is not live")
+        refs = self._mv_refs[self._live_id(e)] - 1
         self._mv_refs[e] = refs
         if refs:
             return
@@ -186,9 +191,7 @@ class StringPool:
 
     def get(self, e: int) -> str:
         """The string of a live id."""
-        n = self._mv_len[e]
-        if n < 0:
-            raise KeyError(f"string id {e} is not live")
+        n = self._mv_len[self._live_id(e)]
         start = self._mv_off[e]
         return self._arena[start:start + n].decode("utf-8", "surrogatepass")
 

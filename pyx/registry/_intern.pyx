@@ -1,0 +1,322 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""Native string pool of the registry (twin: engine/registry/_intern_py.py, whose docstring is the specification:
+same ids for the same sequence of calls, same results and errors).
+
+Columns, index and arena are C arrays (freed ids are chained through the offset column) allocated with PyMem (tracemalloc sees them). Bounds: every public
+method checks its id against ``top`` and liveness before indexing; index positions are masked by ``isize - 1``
+(a power of two); arena reads stay within ``[off, off + len)`` of a live id, which lies below ``arena_len``.
+"""
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.string cimport memcmp, memcpy
+
+__all__ = ["StringPool"]
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object)
+    void* PyUnicode_DATA(object)
+    Py_ssize_t PyUnicode_GET_LENGTH(object)
+    char* PyBytes_AS_STRING(object)
+    Py_ssize_t PyBytes_GET_SIZE(object)
+
+DEF EMPTY = -1
+DEF TOMBSTONE = -2
+cdef int64_t ARENA_LIMIT = 1LL << 32
+cdef Py_ssize_t MAX_LEN = 0x7FFFFFFF  # a length is an int32
+cdef uint32_t FREE_END = 0xFFFFFFFF  # the free list's end (ids stay below 2^31)
+
+
+cdef inline int32_t _h32(str s) except? -1:
+    # the low 32 bits of the str hash, as a signed int32 (the twin's _h32); a str caches its hash
+    cdef Py_hash_t h = hash(s)
+    return <int32_t><uint32_t>h
+
+
+cdef Py_ssize_t _index_size(Py_ssize_t n):
+    """Power of two holding ``n`` entries at load <= 1/2 (the twin's _index_size)."""
+    cdef Py_ssize_t size = 16
+    while size < 2 * n:
+        size <<= 1
+    return size
+
+
+cdef class StringPool:
+    """Reference-counted string ids over flat arrays (the twin's docstring). Not thread-safe."""
+
+    cdef uint32_t* _off
+    cdef int32_t* _len
+    cdef int32_t* _hash
+    cdef int32_t* _refs
+    cdef int64_t _free  # the last freed id, -1 if none; a freed id's offset column holds the one freed before it
+    cdef Py_ssize_t _cap
+    cdef Py_ssize_t _top
+    cdef int32_t* _index
+    cdef Py_ssize_t _isize
+    cdef char* _arena
+    cdef int64_t _arena_len
+    cdef int64_t _arena_cap
+    cdef Py_ssize_t _live
+    cdef Py_ssize_t _tombstones
+    cdef int64_t _garbage
+
+    def __cinit__(self, capacity=64):
+        cdef Py_ssize_t cap = max(16, int(capacity))
+        self._cap = 0
+        self._free = -1
+        self._alloc_ids(cap)
+        self._alloc_index(_index_size(cap))
+
+    def __dealloc__(self):
+        PyMem_Free(self._off)
+        PyMem_Free(self._len)
+        PyMem_Free(self._hash)
+        PyMem_Free(self._refs)
+        PyMem_Free(self._index)
+        PyMem_Free(self._arena)
+
+    # ---------------------------------------------------------------------------------------------- storage
+    cdef int _alloc_ids(self, Py_ssize_t cap) except -1:
+        cdef void* p
+        cdef Py_ssize_t i
+        if cap > (1 << 31) - 1:
+            raise MemoryError("string pool is full (2^31 ids)")
+        p = PyMem_Realloc(self._off, cap * sizeof(uint32_t))
+        if p == NULL:
+            raise MemoryError()
+        self._off = <uint32_t*>p
+        p = PyMem_Realloc(self._len, cap * sizeof(int32_t))
+        if p == NULL:
+            raise MemoryError()
+        self._len = <int32_t*>p
+        p = PyMem_Realloc(self._hash, cap * sizeof(int32_t))
+        if p == NULL:
+            raise MemoryError()
+        self._hash = <int32_t*>p
+        p = PyMem_Realloc(self._refs, cap * sizeof(int32_t))
+        if p == NULL:
+            raise MemoryError()
+        self._refs = <int32_t*>p
+        for i in range(self._cap, cap):
+            self._off[i] = 0
+            self._len[i] = -1
+            self._hash[i] = 0
+            self._refs[i] = 0
+        self._cap = cap
+        return 0
+
+    cdef int _alloc_index(self, Py_ssize_t size) except -1:
+        cdef int32_t* index = <int32_t*>PyMem_Malloc(size * sizeof(int32_t))
+        cdef Py_ssize_t i, j, mask = size - 1
+        if index == NULL:
+            raise MemoryError()
+        for i in range(size):
+            index[i] = EMPTY
+        for i in range(self._top):
+            if self._len[i] >= 0:
+                j = <uint32_t>self._hash[i] & mask
+                while index[j] != EMPTY:
+                    j = (j + 1) & mask
+                index[j] = <int32_t>i
+        PyMem_Free(self._index)
+        self._index = index
+        self._isize = size
+        self._tombstones = 0
+        return 0
+
+    cdef int _reserve_arena(self, int64_t need) except -1:
+        # grown by an eighth (as a bytearray, the twin's arena): amortised O(1) appends, little slack per string
+        cdef int64_t cap
+        cdef void* p
+        if need > self._arena_cap:
+            cap = max(need, self._arena_cap + (self._arena_cap >> 3) + 256)
+            p = PyMem_Realloc(self._arena, <size_t>cap)
+            if p == NULL:
+                raise MemoryError()
+            self._arena = <char*>p
+            self._arena_cap = cap
+        return 0
+
+    cdef void _compact_arena(self) noexcept:
+        # into a fresh buffer in id order, as the twin (a reused id's bytes are not in arena order)
+        cdef char* fresh
+        cdef int64_t pos = 0
+        cdef Py_ssize_t i
+        cdef int64_t cap
+        for i in range(self._top):
+            if self._len[i] >= 0:
+                pos += self._len[i]
+        cap = pos + (pos >> 3) + 256
+        fresh = <char*>PyMem_Malloc(<size_t>cap)
+        if fresh == NULL:
+            return  # keep the old arena: compaction is an optimisation
+        pos = 0
+        for i in range(self._top):
+            if self._len[i] >= 0:
+                memcpy(fresh + pos, self._arena + self._off[i], self._len[i])
+                self._off[i] = <uint32_t>pos
+                pos += self._len[i]
+        PyMem_Free(self._arena)
+        self._arena = fresh
+        self._arena_len = pos
+        self._arena_cap = cap
+        self._garbage = 0
+
+    # ---------------------------------------------------------------------------------------------- lookup
+    cdef Py_ssize_t _find(self, const char* data, Py_ssize_t n, int32_t h, Py_ssize_t* where) noexcept:
+        """The id holding ``data`` or -1; ``where``: the index position where it is or would be inserted."""
+        cdef Py_ssize_t mask = self._isize - 1
+        cdef Py_ssize_t j = <uint32_t>h & mask
+        cdef Py_ssize_t insert_at = -1
+        cdef int32_t e
+        while True:
+            e = self._index[j]
+            if e == EMPTY:
+                where[0] = insert_at if insert_at >= 0 else j
+                return -1
+            if e == TOMBSTONE:
+                if insert_at < 0:
+                    insert_at = j
+            elif self._hash[e] == h and self._len[e] == n and memcmp(self._arena + self._off[e], data, n) == 0:
+                where[0] = j
+                return e
+            j = (j + 1) & mask
+
+    cdef object _utf8(self, str s, const char** data, Py_ssize_t* n):
+        """UTF-8 of ``s``: an ASCII str's own buffer (nothing returned), else a new bytes object (returned, to be
+        kept alive while ``data`` is used); lone surrogates pass (the twin's encode)."""
+        if PyUnicode_IS_ASCII(s):
+            data[0] = <const char*>PyUnicode_DATA(s)
+            n[0] = PyUnicode_GET_LENGTH(s)
+            return None
+        b = s.encode("utf-8", "surrogatepass")
+        data[0] = PyBytes_AS_STRING(b)
+        n[0] = PyBytes_GET_SIZE(b)
+        return b
+
+    def lookup(self, str s not None) -> int:
+        """The id of ``s``, or -1 if it is not interned (no reference taken)."""
+        cdef const char* data
+        cdef Py_ssize_t n, j
+        keep = self._utf8(s, &data, &n)
+        return self._find(data, n, _h32(s), &j)
+
+    def intern(self, str s not None) -> int:
+        """The id of ``s``, interning it if needed; takes one reference."""
+        cdef const char* data
+        cdef Py_ssize_t n, j, e
+        cdef int32_t h = _h32(s)
+        keep = self._utf8(s, &data, &n)
+        e = self._find(data, n, h, &j)
+        if e >= 0:
+            self._refs[e] += 1
+            return <int32_t>e
+        if n > MAX_LEN:
+            raise MemoryError("string too long for the string pool (2 GiB)")
+        if self._arena_len + n >= ARENA_LIMIT:
+            self._compact_arena()
+            if self._arena_len + n >= ARENA_LIMIT:
+                raise MemoryError("string pool arena is full (4 GiB)")
+        self._reserve_arena(self._arena_len + n)
+        if self._free >= 0:
+            e = self._free
+            self._free = -1 if self._off[e] == FREE_END else self._off[e]
+        else:
+            if self._top == self._cap:
+                self._alloc_ids(self._cap * 2)
+            e = self._top
+            self._top += 1
+        memcpy(self._arena + self._arena_len, data, n)
+        self._off[e] = <uint32_t>self._arena_len
+        self._arena_len += n
+        self._len[e] = <int32_t>n
+        self._hash[e] = h
+        self._refs[e] = 1
+        if self._index[j] == TOMBSTONE:
+            self._tombstones -= 1
+        self._index[j] = <int32_t>e
+        self._live += 1
+        if (self._live + self._tombstones) * 10 > self._isize * 7:
+            # rebuild at load <= 1/2 once live strings and tombstones fill 70 %: grows, and drops tombstones
+            self._alloc_index(_index_size(self._live))
+        return <int32_t>e
+
+    cdef inline Py_ssize_t _live_id(self, object e) except -1:
+        cdef Py_ssize_t i = e
+        if i < 0 or i >= self._top or self._refs[i] <= 0:
+            raise KeyError(f"string id {e} is not live")
+        return i
+
+    def acquire(self, e) -> int:
+        """Take one more reference on a live id; returns it."""
+        cdef Py_ssize_t i = self._live_id(e)
+        self._refs[i] += 1
+        return i
+
+    def release(self, id) -> None:
+        """Drop one reference; the string is freed when none is left."""
+        cdef Py_ssize_t j, mask, e = self._live_id(id)
+        self._refs[e] -= 1
+        if self._refs[e]:
+            return
+        mask = self._isize - 1
+        j = <uint32_t>self._hash[e] & mask
+        while self._index[j] != e:  # a live id is indexed: the probe ends
+            j = (j + 1) & mask
+        self._index[j] = TOMBSTONE
+        self._tombstones += 1
+        self._garbage += self._len[e]
+        self._len[e] = -1
+        self._off[e] = FREE_END if self._free < 0 else <uint32_t>self._free
+        self._free = e
+        self._live -= 1
+        if self._garbage > 4096 and self._garbage * 2 > self._arena_len:
+            self._compact_arena()
+
+    def get(self, e) -> str:
+        """The string of a live id."""
+        cdef Py_ssize_t i = self._live_id(e)
+        return PyUnicode_DecodeUTF8(self._arena + self._off[i], self._len[i], "surrogatepass")
+
+    def refs(self, e) -> int:
+        cdef Py_ssize_t i = e
+        return self._refs[i] if 0 <= i < self._top else 0
+
+    # ---------------------------------------------------------------------------------------------- stats
+    def __len__(self):
+        return self._live
+
+    @property
+    def high_water(self) -> int:
+        """Ids handed out so far (live + free); bounded by the peak number of live strings."""
+        return self._top
+
+    def nbytes(self) -> int:
+        """Bytes held by the columns, the free list, the index and the arena (implementation-specific)."""
+        return self._cap * 4 * 4 + self._isize * 4 + self._arena_cap
+
+    def check(self) -> None:
+        """Verify the internal invariants (tests): every live id indexed once, refs positive, counts right."""
+        cdef Py_ssize_t i, tomb = 0
+        live = [i for i in range(self._top) if self._len[i] >= 0]
+        assert len(live) == self._live, (len(live), self._live)
+        assert all(self._refs[i] > 0 for i in live)
+        free = []
+        e = self._free
+        while e >= 0:
+            free.append(e)
+            e = -1 if self._off[e] == FREE_END else self._off[e]
+        free.sort()
+        assert free == sorted(i for i in range(self._top) if self._len[i] < 0)
+        indexed = []
+        for i in range(self._isize):
+            if self._index[i] >= 0:
+                indexed.append(self._index[i])
+            elif self._index[i] == TOMBSTONE:
+                tomb += 1
+        assert sorted(indexed) == live
+        assert tomb == self._tombstones
+        for i in live:
+            assert self._off[i] + <int64_t>self._len[i] <= self._arena_len
+            s = self.get(i)
+            assert self.lookup(s) == i

@@ -31,6 +31,7 @@ import engine
 import engine.registry._channel_table_py
 import engine.registry._digest_py
 import engine.registry._expiry_py
+import engine.registry._intern_py
 import engine.codec._heartbeat_py
 import engine.registry.client_registry as registry_module
 from engine.codec.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
@@ -41,14 +42,18 @@ try:
     import engine.registry._channel_table
     import engine.registry._digest
     import engine.registry._expiry
+    import engine.registry._intern
+    import engine.registry._rules
     import engine.codec._heartbeat
 
     NATIVE = {"decode": engine.codec._heartbeat.decode_heartbeat, "digest": engine.registry._digest.heartbeat_digest,
-              "scan": engine.registry._expiry.scan_expired, "table": engine.registry._channel_table.ChannelTable}
+              "scan": engine.registry._expiry.scan_expired, "table": engine.registry._channel_table.ChannelTable,
+              "pool": engine.registry._intern.StringPool, "rules": engine.registry._rules.HeartbeatRules}
 except ImportError:  # pragma: no cover
     NATIVE = None
 TWIN = {"decode": engine.codec._heartbeat_py.decode_heartbeat, "digest": engine.registry._digest_py.heartbeat_digest,
-        "scan": engine.registry._expiry_py.scan_expired, "table": engine.registry._channel_table_py.ChannelTable}
+        "scan": engine.registry._expiry_py.scan_expired, "table": engine.registry._channel_table_py.ChannelTable,
+        "pool": engine.registry._intern_py.StringPool, "rules": None}  # the twin of the rules: the Python path
 IMPLS = [pytest.param("native", marks=pytest.mark.skipif(NATIVE is None, reason="not built")), "twin"]
 
 BATCH = 1000
@@ -78,6 +83,8 @@ def use(monkeypatch):
         impl = NATIVE if name == "native" else TWIN
         monkeypatch.setattr(registry_module, "_heartbeat_digest", impl["digest"])
         monkeypatch.setattr(registry_module, "_ChannelTable", impl["table"])  # its scan is the registry's
+        monkeypatch.setattr(registry_module, "StringPool", impl["pool"])
+        monkeypatch.setattr(registry_module, "_HeartbeatRules", impl["rules"])
         return impl["decode"]
     return select
 

@@ -1,7 +1,7 @@
 """RocketMQ broker client management: frame codec, heartbeat decoding, client registry, server.
 
 Every hot path has a Cython module (``engine.codec._frame``, ``engine.codec._heartbeat``, ``engine.registry._expiry``,
-``engine.registry._digest``, ``engine.registry._channel_table``, ``engine.registry._intern``, ``engine.recording._segment``, ``engine.recording._brokerlog``, ``engine.recording._pcap``, the connection protocol
+``engine.registry._digest``, ``engine.registry._channel_table``, ``engine.registry._intern``, ``engine.registry._rules``, ``engine.recording._segment``, ``engine.recording._brokerlog``, ``engine.recording._pcap``, the connection protocol
 ``engine.broker._protocol``, built from ``pyx/``) and a pure-Python twin with the same inputs, outputs and errors. The compiled modules are used when they are built;
 ``ENGINE_NO_EXTENSIONS=1`` forces the twins. ``engine.native_modules()`` says, per module, which one is in use;
 ``engine.NATIVE`` is true only when every compiled module is.
@@ -92,6 +92,7 @@ COMPILED_MODULES = {
     "_digest": ("engine.registry._digest", "engine.registry._digest_py"),
     "_channel_table": ("engine.registry._channel_table", "engine.registry._channel_table_py"),
     "_intern": ("engine.registry._intern", "engine.registry._intern_py"),
+    "_rules": ("engine.registry._rules", "engine.registry.client_registry"),  # twin: ClientRegistry._heartbeat
     "_segment": ("engine.recording._segment", "engine.bindings.segments"),
     "_brokerlog": ("engine.recording._brokerlog", "engine.recording._brokerlog_py"),
     "_pcap": ("engine.recording._pcap", "engine.recording._pcap_py"),

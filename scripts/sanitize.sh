@@ -4,7 +4,7 @@
 #
 #   bash scripts/sanitize.sh [test] [pytest args]   gcc ASan/UBSan build in build/sanitize/tree, then the codec
 #                                                    suites (tests/test_frame*, tests/test_heartbeat*), the short
-#                                                    fuzz run (tests/test_fuzz_short.py), the channel table, the string pool,
+#                                                    fuzz run (tests/test_fuzz_short.py), the channel table, the string pool, the rules,
 #                                                    registry, protocol parity and repeat suites under it
 #   bash scripts/sanitize.sh fuzz-build              clang build with ASan/UBSan *and* libFuzzer coverage
 #                                                    (-fsanitize=...,fuzzer-no-link) in build/fuzz/tree, for the
@@ -36,7 +36,8 @@ build_copy() {
     echo "sanitized build failed (log: $tree/build.log)" >&2
     exit 1
   fi
-  for m in codec/_frame codec/_heartbeat registry/_expiry registry/_digest registry/_channel_table broker/_protocol; do
+  for m in codec/_frame codec/_heartbeat registry/_expiry registry/_digest registry/_channel_table registry/_intern \
+      registry/_rules broker/_protocol; do
     ls "$tree"/engine/$m.*.so >/dev/null 2>&1 || { echo "sanitized build of engine/$m failed" >&2; exit 1; }
   done
 }
@@ -72,7 +73,7 @@ case "${1:-test}" in
     "$PYTHON" -m pytest -p no:cacheprovider -q -m "not slow" \
       tests/test_frame.py tests/test_frame_parity.py tests/test_frame_vectors.py \
       tests/test_heartbeat.py tests/test_heartbeat_parity.py tests/test_fuzz_short.py \
-      tests/test_channel_table.py tests/test_registry_intern.py tests/test_registry.py tests/test_protocol_parity.py tests/test_repeat.py "$@"
+      tests/test_channel_table.py tests/test_registry_intern.py tests/test_registry_rules.py tests/test_registry.py tests/test_protocol_parity.py tests/test_repeat.py "$@"
     rc=$?
     set -e
     if ls "$TREE"/sanitizer.* >/dev/null 2>&1; then

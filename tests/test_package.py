@@ -74,10 +74,11 @@ def test_native_modules_report_what_each_user_loads():
     require_native()
     got = _modules_probe()
     assert got["modules"] == {m: True for m in ("_frame", "_heartbeat", "_expiry", "_digest", "_channel_table",
-                                                "_intern", "_segment", "_brokerlog", "_pcap", "_protocol")}
+                                                "_intern", "_rules", "_segment", "_brokerlog", "_pcap", "_protocol")}
     assert got["connection"] == "NativeConnection"
     assert got["native"] is True
-    assert got["registry"] == {"expiry": "native", "digest": "native", "channel_table": "native", "intern": "native"}
+    assert got["registry"] == {"expiry": "native", "digest": "native", "channel_table": "native", "intern": "native",
+                               "rules": "native"}
     assert (got["scanner"], got["deduper"]) == ("engine.recording._segment", "engine.recording._segment")
 
 
@@ -92,6 +93,7 @@ def test_one_missing_module_makes_native_false():
 def test_no_extensions_reports_every_module_as_twin():
     got = _modules_probe(ENGINE_NO_EXTENSIONS="1")
     assert got["native"] is False and not any(got["modules"].values())
-    assert got["registry"] == {"expiry": "twin", "digest": "twin", "channel_table": "twin", "intern": "twin"}
+    assert got["registry"] == {"expiry": "twin", "digest": "twin", "channel_table": "twin", "intern": "twin",
+                               "rules": "twin"}
     assert got["scanner"] == got["deduper"] == "engine.bindings.segments"
     assert got["connection"] == "PyConnection"

@@ -8,7 +8,8 @@ and ``rebalance`` (RebalanceLockManager).
 ``sql92`` checks SQL92 filters, ``clientlog`` writes Java's log lines; the channel table the managers share (slots,
 their columns, memberships, member arrays, the expiry scan), the string pool of client ids and addresses, the
 expiry scan over plain columns and the heartbeat digest are compiled (pyx/registry/) with twins
-``_channel_table_py``, ``_intern_py``, ``_expiry_py`` and ``_digest_py``.
+``_channel_table_py``, ``_intern_py``, ``_expiry_py`` and ``_digest_py``; so are the heartbeat rules of the common
+requests (``_rules``), whose twin is ``client_registry``'s Python path.
 """
 
 

@@ -113,8 +113,8 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------------------------
 # Native hot paths or their twins, chosen as engine/__init__.py does (ENGINE_NO_EXTENSIONS=1 forces the twins).
 
-IMPLEMENTATION = {"expiry": "twin", "digest": "twin", "channel_table": "twin", "intern": "twin"}
-_heartbeat_digest = _monotonic_ms = _ChannelTable = _pack_ipv4 = StringPool = None
+IMPLEMENTATION = {"expiry": "twin", "digest": "twin", "channel_table": "twin", "intern": "twin", "rules": "twin"}
+_heartbeat_digest = _monotonic_ms = _ChannelTable = _pack_ipv4 = StringPool = _HeartbeatRules = None
 if not os.environ.get("ENGINE_NO_EXTENSIONS"):
     try:
         from engine.registry._expiry import monotonic_ms as _monotonic_ms
@@ -139,6 +139,13 @@ if not os.environ.get("ENGINE_NO_EXTENSIONS"):
         from engine.registry._intern import StringPool
 
         IMPLEMENTATION["intern"] = "native"
+    except ImportError:
+        pass
+    try:
+        # the native rule path; its twin is this module's (ClientRegistry._heartbeat and the managers' register)
+        from engine.registry._rules import HeartbeatRules as _HeartbeatRules
+
+        IMPLEMENTATION["rules"] = "native"
     except ImportError:
         pass
 if _monotonic_ms is None:
@@ -391,6 +398,11 @@ class ClientRegistry:
         self._request = None  # (channel, client id, language, version, now, slot) of the heartbeat being handled
         self._nmemberships = 0  # (group, channel) registrations: RegistryConfig.max_memberships
         self._request_v2 = False  # that heartbeat takes the V2 path
+        #: the native rule path (engine.registry._rules) for the heartbeats it takes, 5.x rules without events but
+        #: CHANGE; None: every heartbeat takes the Python path below
+        self._rules = None
+        if _HeartbeatRules is not None and not rules4 and self._wants <= {ConsumerGroupEvent.CHANGE}:
+            self._rules = _HeartbeatRules(self, _heartbeat_digest, _RESULT_V1, _RESULT_V2_SAME, _RESULT_V2_CHANGED)
 
     # =========================================================================================== slot storage
     def _new_slot(self, channel, remote_addr) -> int:
@@ -694,6 +706,10 @@ class ClientRegistry:
                                  self._decode_addr(self.channel_table.addr(slot)))
 
     def _heartbeat(self, channel, slot, hb, language, version) -> HeartbeatResult:
+        if self._rules is not None:
+            result = self._rules.heartbeat(channel, slot, hb, language, version)
+            if result is not None:
+                return result
         client_id = hb.client_id
         if not isinstance(client_id, str):
             return HeartbeatResult(ResponseCode.SYSTEM_ERROR, "HeartbeatData.clientID is null", False)

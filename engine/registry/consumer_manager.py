@@ -201,9 +201,7 @@ class ConsumerManager:
         if ct.mem_pos(slot, g.key) < 0:
             table._add_member(g, slot, req)
             table._dirty = True
-            if table.client_log.allow("new_consumer", logging.INFO):
-                jl.log.info("new consumer connected, group: %s %s %s channel: %s", jl._text(g.name),
-                            jl._enum(cd.consume_type), jl._enum(cd.message_model), table._jinfo_request())
+            self.log_new_consumer(g, cd)
             return True
         cur = ct.member_info(slot, g.key)
         if cur[0] != req[0]:
@@ -228,33 +226,34 @@ class ConsumerManager:
         table = g.subscriptions
         changed = replaced = False
         topics = set()
-        clog = self.table.client_log
         for sd in subs:
             topic = sd.topic
             old = table.get(topic)
             if old is None:
                 table[topic] = sd
                 changed = True
-                if clog.allow("sub_add", logging.INFO):
-                    jl.log.info("subscription changed, add new topic, group: %s %s", jl._text(g.name),
-                                jl.subscription_data(sd))
+                self.log_sub_added(g, sd)
             elif sd.sub_version > old.sub_version:
                 table[topic] = sd  # a newer subVersion replaces silently
                 replaced = True
-                if g.consume_type is _PASSIVELY and clog.allow("sub_change", logging.INFO):
-                    jl.log.info("subscription changed, group: %s OLD: %s NEW: %s", jl._text(g.name),
-                                jl.subscription_data(old), jl.subscription_data(sd))
+                if g.consume_type is _PASSIVELY:
+                    self.log_sub_replaced(g, old, sd)
             topics.add(topic)
         if len(table) != len(topics):
-            for topic in [t for t in table if t not in topics]:
-                if clog.allow("sub_remove", logging.WARNING):
-                    jl.log.warning("subscription changed, group: %s remove topic %s %s", jl._text(g.name),
-                                   jl._text(topic), jl.subscription_data(table[topic]))
-                del table[topic]
-                changed = True
+            self.remove_topics(g, topics)
+            changed = True
         if changed or replaced:
             self.table._touch(g)
         return changed
+
+    def remove_topics(self, g: ConsumerGroup, keep) -> None:
+        """The end of updateSubscription: drop the subscriptions whose topic is not in ``keep``."""
+        table = g.subscriptions
+        for topic in [t for t in table if t not in keep]:
+            if self.table.client_log.allow("sub_remove", logging.WARNING):
+                jl.log.warning("subscription changed, group: %s remove topic %s %s", jl._text(g.name),
+                               jl._text(topic), jl.subscription_data(table[topic]))
+            del table[topic]
 
     def register(self, group: str, slot: int, req: tuple, cd, notify: bool) -> int:
         """registerConsumer for the heartbeat being handled (``req`` = (cid, language, version)); ``notify``: the
@@ -278,7 +277,7 @@ class ConsumerManager:
         r2 = self.update_subscription(g, subs)
         if (r1 or r2) and notify and (table._rules4 or g.message_model is not _BROADCASTING):
             table._change(group)  # 4.x: BROADCASTING groups are notified too
-        if (r1 or r2) and table.client_log.allow("consumer_data", logging.INFO):
+        if r1 or r2:
             self.log_consumer_data(slot, cd)
         if table._want_register:
             table._emit(_REGISTER, group, client=table._request_info(), subscriptions=subs)
@@ -300,13 +299,31 @@ class ConsumerManager:
         if self.update_channel(g, slot, req, cd):
             if notify and g.message_model is not _BROADCASTING:
                 table._change(group)
-            if table.client_log.allow("consumer_data", logging.INFO):
-                self.log_consumer_data(slot, cd)
+            self.log_consumer_data(slot, cd)
         return g.key
+
+    # Java's lines of a registration, each within its budget (the native rules, engine.registry._rules, call them too)
+    def log_new_consumer(self, g: ConsumerGroup, cd) -> None:
+        table = self.table
+        if table.client_log.allow("new_consumer", logging.INFO):
+            jl.log.info("new consumer connected, group: %s %s %s channel: %s", jl._text(g.name),
+                        jl._enum(cd.consume_type), jl._enum(cd.message_model), table._jinfo_request())
+
+    def log_sub_added(self, g: ConsumerGroup, sd) -> None:
+        if self.table.client_log.allow("sub_add", logging.INFO):
+            jl.log.info("subscription changed, add new topic, group: %s %s", jl._text(g.name),
+                        jl.subscription_data(sd))
+
+    def log_sub_replaced(self, g: ConsumerGroup, old, sd) -> None:
+        if self.table.client_log.allow("sub_change", logging.INFO):
+            jl.log.info("subscription changed, group: %s OLD: %s NEW: %s", jl._text(g.name),
+                        jl.subscription_data(old), jl.subscription_data(sd))
 
     def log_consumer_data(self, slot: int, cd) -> None:
         """ClientManageProcessor's line after a registerConsumer that changed something."""
         table = self.table
+        if not table.client_log.allow("consumer_data", logging.INFO):
+            return
         addr = table._jaddr(slot, self.ct.channel(slot))
         if table._rules4:
             jl.log.info("registerConsumer info changed %s %s", jl.consumer_data(cd), addr)

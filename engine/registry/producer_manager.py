@@ -118,9 +118,13 @@ class ProducerManager:
             table._add_member(g, slot, req)
             self.set_client_slot(req[0], slot)
             table._dirty = True
-            if table.client_log.allow("new_producer", logging.INFO):
-                jl.log.info("new producer connected, group: %s channel: %s", jl._text(group), table._jinfo_request())
+            self.log_new_producer(group)
         return g.key
+
+    def log_new_producer(self, group: str) -> None:
+        table = self.table
+        if table.client_log.allow("new_producer", logging.INFO):
+            jl.log.info("new producer connected, group: %s channel: %s", jl._text(group), table._jinfo_request())
 
     def unregister(self, channel, slot, client_id: str, group: str, language, version, request_info) -> None:
         """unregisterProducer of an UNREGISTER_CLIENT naming ``group`` (``slot`` None: an unknown channel);

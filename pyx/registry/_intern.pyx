@@ -153,7 +153,8 @@ cdef class StringPool:
         pos = 0
         for i in range(self._top):
             if self._len[i] >= 0:
-                memcpy(fresh + pos, self._arena + self._off[i], self._len[i])
+                if self._len[i]:
+                    memcpy(fresh + pos, self._arena + self._off[i], self._len[i])
                 self._off[i] = <uint32_t>pos
                 pos += self._len[i]
         PyMem_Free(self._arena)
@@ -177,7 +178,8 @@ cdef class StringPool:
             if e == TOMBSTONE:
                 if insert_at < 0:
                     insert_at = j
-            elif self._hash[e] == h and self._len[e] == n and memcmp(self._arena + self._off[e], data, n) == 0:
+            elif self._hash[e] == h and self._len[e] == n and (
+                    n == 0 or memcmp(self._arena + self._off[e], data, n) == 0):  # no arena yet: only ""
                 where[0] = j
                 return e
             j = (j + 1) & mask
@@ -226,7 +228,8 @@ cdef class StringPool:
                 self._alloc_ids(self._cap * 2)
             e = self._top
             self._top += 1
-        memcpy(self._arena + self._arena_len, data, n)
+        if n:  # "" may come before any arena
+            memcpy(self._arena + self._arena_len, data, n)
         self._off[e] = <uint32_t>self._arena_len
         self._arena_len += n
         self._len[e] = <int32_t>n
@@ -276,6 +279,8 @@ cdef class StringPool:
     def get(self, e) -> str:
         """The string of a live id."""
         cdef Py_ssize_t i = self._live_id(e)
+        if self._len[i] == 0:
+            return ""  # the arena may not exist yet
         return PyUnicode_DecodeUTF8(self._arena + self._off[i], self._len[i], "surrogatepass")
 
     def refs(self, e) -> int:

@@ -1,0 +1,236 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""Native rule path of :meth:`ClientRegistry.heartbeat` (twin: the Python path, ``ClientRegistry._heartbeat`` with
+``ConsumerManager.register`` and ``ProducerManager.register`` in engine/registry/, which is the specification:
+the same state, answers, events and log lines).
+
+It takes the heartbeats that change no more than the channel's memberships, its groups' subscriptions and consume
+settings, and the times: RocketMQ 5.x rules, every consumer group named exists with its subscription-group config,
+its retry topic (with the order flag the heartbeat implies) and its V2 fingerprint unchanged; every producer group
+exists; the channel's memberships hold the request's client id; the heartbeat is not a light V2 one and stays
+within the budgets even if every group it names were new; the listener wants no event but CHANGE. For anything else
+:meth:`HeartbeatRules.heartbeat` returns None having changed nothing, and the Python path takes the request. Java's
+log lines and CHANGE go through the managers' and the registry's own methods.
+
+A registry uses it when its channel table and string pool are the native ones (``ClientRegistry.__init__``).
+"""
+import logging
+
+from engine.codec.enums import ConsumeType, MessageModel
+
+__all__ = ["HeartbeatRules"]
+
+cdef object _ACTIVELY = ConsumeType.CONSUME_ACTIVELY
+cdef object _PASSIVELY = ConsumeType.CONSUME_PASSIVELY
+cdef object _BROADCASTING = MessageModel.BROADCASTING
+cdef str _RETRY = "%RETRY%"
+cdef int _NO_LANGUAGE = 255
+
+
+cdef class HeartbeatRules:
+    """The native rule path of one registry (built by it; see the module docstring)."""
+
+    cdef object reg, ct, pool, consumers, producers, cgroups, pgroups, fingerprints, topic_groups, store, digest
+    # bound methods, looked up once (a call through them skips the method lookup)
+    cdef object nmem, mem_pos, member_info, refresh, arm, intern, release, lookup, clock
+    cdef object result_v1, result_same, result_changed
+    cdef bint reject_pull
+    cdef Py_ssize_t max_per_channel, max_groups
+    cdef long long max_memberships
+
+    def __init__(self, reg, digest, result_v1, result_same, result_changed):
+        cfg = reg.config
+        self.reg = reg
+        self.ct = reg.channel_table
+        self.pool = reg._pool
+        self.consumers = reg.consumers
+        self.producers = reg.producers
+        self.cgroups = reg.consumers.group_table
+        self.pgroups = reg.producers.group_table
+        self.fingerprints = reg._fingerprints
+        self.topic_groups = reg.consumers.topic_groups
+        self.store = reg.store
+        self.digest = digest
+        ct, pool = self.ct, self.pool
+        self.nmem, self.mem_pos, self.member_info = ct.nmem, ct.mem_pos, ct.member_info
+        self.refresh, self.arm = ct.refresh, ct.arm
+        self.intern, self.release, self.lookup = pool.intern, pool.release, pool.lookup
+        self.clock = reg._clock
+        self.result_v1, self.result_same, self.result_changed = result_v1, result_same, result_changed
+        self.reject_pull = reg._reject_pull
+        self.max_per_channel = cfg.max_groups_per_channel
+        self.max_groups = cfg.max_groups
+        self.max_memberships = cfg.max_memberships
+
+    def heartbeat(self, channel, slot, hb, language, version):
+        """The answer to ``hb`` on ``channel`` (``slot``: its slot, None when not open), or None when the request
+        is not one this path takes; then nothing was changed."""
+        cdef Py_ssize_t nmem, named
+        cdef long long ver
+        cdef int code
+        cdef bint v2
+        reg = self.reg
+        ct = self.ct
+        client_id = hb.client_id
+        if type(client_id) is not str:
+            return None
+        consumers = hb.consumers
+        producers = hb.producers
+        if type(consumers) is not tuple or type(producers) is not tuple:
+            return None
+        fingerprint = hb.fingerprint
+        v2 = fingerprint != 0
+        if v2 and hb.without_sub:
+            return None
+        if type(version) is not int:
+            return None
+        ver = version
+        if not -(1 << 31) <= ver < (1 << 31):
+            return None
+        if language is None:
+            code = _NO_LANGUAGE
+        elif isinstance(language, int) and not isinstance(language, bool):
+            code = language if 0 <= language < _NO_LANGUAGE else _NO_LANGUAGE
+        else:
+            return None
+        nmem = 0 if slot is None else self.nmem(slot)
+        named = len(consumers) + len(producers)
+        if (nmem + named > self.max_per_channel or reg._nmemberships + named > self.max_memberships
+                or len(self.cgroups) + len(self.pgroups) + named > self.max_groups):
+            return None
+
+        # plan: every condition of the module docstring, before any change
+        topics = self.store.topics.table
+        configs = self.store.groups.table
+        fingerprints = self.fingerprints
+        cgroups = self.cgroups
+        cid_now = -2  # the pool id of client_id, looked up once when a membership's is compared
+        for cd in consumers:
+            group = cd.group
+            if type(group) is not str:
+                return None
+            if self.reject_pull and cd.consume_type is _ACTIVELY:
+                continue
+            prev = fingerprints.get(group)
+            if prev is None or prev != fingerprint:
+                return None
+            sgc = configs.get(group)
+            if sgc is None:
+                return None
+            g = cgroups.get(group)
+            if g is None:
+                return None
+            has_order = False
+            for sd in cd.subscriptions:
+                tc = topics.get(sd.topic)
+                if tc is not None and tc.order:
+                    has_order = True
+                    break
+            tc = topics.get(_RETRY + group)
+            if tc is None or bool(tc.order) != has_order:
+                return None
+            if slot is not None and self.mem_pos(slot, g.key) >= 0:
+                if cid_now == -2:
+                    cid_now = self.lookup(client_id)
+                if self.member_info(slot, g.key)[0] != cid_now:
+                    return None
+        pgroups = self.pgroups
+        for pd in producers:
+            group = pd.group
+            if type(group) is not str or group not in pgroups:
+                return None
+
+        # apply, in the Python path's order
+        now = self.clock()
+        if slot is None:
+            slot = reg._slot_for(channel)
+        reg._dirty = False
+        reg._request = (channel, client_id, language, version, now, slot)
+        cid = self.intern(client_id)
+        try:
+            req = (cid, code, version)
+            reg._request_v2 = v2
+            refreshed = []
+            for cd in consumers:
+                if self.reject_pull and cd.consume_type is _ACTIVELY:
+                    continue
+                refreshed.append(self._register_consumer(cd, slot, req, configs[cd.group]))
+            for pd in producers:
+                refreshed.append(self._register_producer(pd.group, slot, req))
+            covered_all = False
+            if refreshed:
+                rc = self.refresh(slot, refreshed, now)
+                if rc != 1:
+                    reg._dirty = True  # own times dropped (2) or kept (0)
+                covered_all = rc != 0
+            result = self.result_same if v2 else self.result_v1
+            if covered_all and not reg._dirty:
+                self.arm(slot, self.digest(hb, language, version), (hb, language, version), reg._tick + 1)
+            return result
+        finally:
+            self.release(cid)
+            reg._request = None
+
+    cdef object _register_consumer(self, cd, slot, tuple req, sgc):
+        """ConsumerManager.register with updateChannel and updateSubscription for a group that exists and a
+        channel whose membership, if any, holds the request's client id."""
+        reg = self.reg
+        ct = self.ct
+        group = cd.group
+        g = self.cgroups[group]
+        subs = cd.subscriptions
+        topic_groups = self.topic_groups
+        for sd in subs:
+            groups = topic_groups.get(sd.topic)
+            if groups is None:
+                topic_groups[sd.topic] = {group}
+            else:
+                groups.add(group)
+        # updateChannel
+        consume_type, message_model, where = cd.consume_type, cd.message_model, cd.consume_from_where
+        if (g.consume_type is not consume_type or g.message_model is not message_model
+                or g.consume_from_where is not where):
+            g.consume_type, g.message_model, g.consume_from_where = consume_type, message_model, where
+            reg._touch(g)
+        key = g.key
+        r1 = False
+        if self.mem_pos(slot, key) < 0:
+            reg._add_member(g, slot, req)
+            reg._dirty = True
+            self.consumers.log_new_consumer(g, cd)
+            r1 = True
+        # updateSubscription
+        table = g.subscriptions
+        changed = replaced = False
+        for sd in subs:
+            topic = sd.topic
+            old = table.get(topic)
+            if old is None:
+                table[topic] = sd
+                changed = True
+                self.consumers.log_sub_added(g, sd)
+            elif sd.sub_version > old.sub_version:
+                table[topic] = sd
+                replaced = True
+                if g.consume_type is _PASSIVELY:
+                    self.consumers.log_sub_replaced(g, old, sd)
+        topics = {sd.topic for sd in subs}  # the table holds them all now: more is a removal
+        if len(table) != len(topics):
+            self.consumers.remove_topics(g, topics)
+            changed = True
+        if changed or replaced:
+            reg._touch(g)
+        if (r1 or changed) and sgc.notify_consumer_ids_changed_enable and g.message_model is not _BROADCASTING:
+            reg._change(group)
+        if r1 or changed:
+            self.consumers.log_consumer_data(slot, cd)
+        return key
+
+    cdef object _register_producer(self, group, slot, tuple req):
+        """ProducerManager.register for a group that exists."""
+        g = self.pgroups[group]
+        if self.mem_pos(slot, g.key) < 0:
+            self.reg._add_member(g, slot, req)
+            self.producers.set_client_slot(req[0], slot)
+            self.reg._dirty = True
+            self.producers.log_new_producer(group)
+        return g.key

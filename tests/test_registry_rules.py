@@ -1,0 +1,264 @@
+"""The native rule path (engine.registry._rules) against its twin, the registry's Python path: two registries, one
+with the native rules and one without, take the same operations and must give the same answers, CHANGE events,
+Java log lines, tables, arming state and string-pool contents; and the native path takes the heartbeats its
+docstring names (a new client of existing groups, subscription and setting changes) and leaves the others alone,
+having changed nothing."""
+import logging
+import re
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from test_registry_model import CLIENT_IDS, CONSUMER_GROUPS, LANGUAGES, PRODUCER_GROUPS, TOPICS, VERSIONS, hb
+from test_registry_model import heartbeats, registry_event_key, registry_snapshot
+
+import engine
+from conftest import require_native
+from engine.codec.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
+from engine.registry import client_registry as registry_module
+from engine.registry import clientlog
+from engine.registry.client_registry import ClientRegistry, ConsumerGroupEvent, RegistryConfig
+from engine.registry.store import TopicConfig
+
+CHANGE = {ConsumerGroupEvent.CHANGE}
+
+
+class Lines(logging.Handler):
+    """Java's client-management lines, as written."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        # lastUpdateTimestamp is the wall clock at the time of writing: it differs between the two registries
+        self.lines.append(re.sub(r"lastUpdateTimestamp=-?\d+", "lastUpdateTimestamp=T", record.getMessage()))
+
+    def take(self):
+        out, self.lines = self.lines, []
+        return out
+
+
+@pytest.fixture
+def lines():
+    handler = Lines()
+    log = clientlog.log
+    old = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    yield handler
+    log.removeHandler(handler)
+    log.setLevel(old)
+
+
+class Counting:
+    """The native rules behind a counter of the heartbeats they took."""
+
+    def __init__(self, rules):
+        self.rules = rules
+        self.taken = self.declined = 0
+
+    def heartbeat(self, *args):
+        result = self.rules.heartbeat(*args)
+        if result is None:
+            self.declined += 1
+        else:
+            self.taken += 1
+        return result
+
+
+def pair(config=RegistryConfig(), clock=lambda: 0):
+    """(native, twin): the same registry with and without the native rules, CHANGE events only. The rules are
+    built here, so that a twin run (ENGINE_NO_EXTENSIONS=1: the registry builds none) tests them over the twin
+    channel table and string pool."""
+    require_native()
+    from engine.registry._rules import HeartbeatRules
+
+    out = []
+    for native in (True, False):
+        events = []
+        reg = ClientRegistry(config, clock=clock, listener=events.append, events=CHANGE)
+        reg._rules = Counting(HeartbeatRules(reg, registry_module._heartbeat_digest, registry_module._RESULT_V1,
+                                             registry_module._RESULT_V2_SAME,
+                                             registry_module._RESULT_V2_CHANGED)) if native else None
+        reg.client_log.clock = lambda: clock() / 1000  # both budgets count the same minutes
+        out.append((reg, events))
+    return out
+
+
+def state(reg):
+    """Everything a later request could observe, internals included (the fast path's arming, epochs, ids)."""
+    ct = reg.channel_table
+    slots = {}
+    for channel, slot in sorted(ct.items(), key=lambda kv: kv[1]):
+        keys = ct.mem_keys(slot)
+        slots[slot] = (channel, ct.addr(slot), ct.client(slot), ct.armed(slot), ct.fkey(slot), ct.armed_by(slot),
+                       tuple(keys),
+                       tuple(ct.member_info(slot, k) for k in keys), tuple(ct.member_time(slot, k) for k in keys))
+    groups = {name: (g.gid, g.epoch, dict(g.subscriptions), g.consume_type, g.message_model, g.consume_from_where)
+              for name, g in reg._consumers.items()}
+    pool = reg._pool
+    strings = {pool.get(i): pool.refs(i) for i in range(pool.high_water) if pool.refs(i)}
+    return (registry_snapshot(reg), slots, groups, sorted(reg._producers), dict(reg._fingerprints),
+            {t: set(g) for t, g in reg._topic_groups.items()}, reg._tick, reg._config_epoch, reg._nmemberships,
+            dict(reg._pending), strings, reg.client_log.left_out)
+
+
+class RulesMachine(RuleBasedStateMachine):
+    config = RegistryConfig(client_log_lines_per_minute=3)
+
+    def __init__(self):
+        super().__init__()
+        self.now = 1_000_000
+        (self.native, self.native_events), (self.twin, self.twin_events) = pair(self.config, lambda: self.now)
+        self.lines = Lines()
+        clientlog.log.addHandler(self.lines)
+        self.level = clientlog.log.level
+        clientlog.log.setLevel(logging.INFO)
+
+    def teardown(self):
+        clientlog.log.removeHandler(self.lines)
+        clientlog.log.setLevel(self.level)
+
+    def both(self, op, *args):
+        ours = op(self.native, *args)
+        ours_lines = self.lines.take()
+        theirs = op(self.twin, *args)
+        assert ours == theirs
+        assert ours_lines == self.lines.take()
+        assert [registry_event_key(e) for e in self.native_events] == [registry_event_key(e) for e in self.twin_events]
+        self.native_events.clear()
+        self.twin_events.clear()
+
+    @rule(channel=st.integers(0, 4), data=heartbeats, language=st.sampled_from(LANGUAGES),
+          version=st.sampled_from(VERSIONS), repeat=st.booleans())
+    def heartbeat(self, channel, data, language, version, repeat):
+        for _ in range(2 if repeat else 1):
+            self.both(lambda reg: reg.heartbeat(channel, data, language, version))
+
+    @rule(channel=st.integers(0, 4), data=st.data())
+    def changed_heartbeat(self, channel, data):
+        """A member's heartbeat again with a subscription changed (a subVersion bump, a topic added or dropped)."""
+        info = self.twin.channel_info(channel)
+        cds = []
+        for cd in data.draw(heartbeats).consumers:
+            subs = list(cd.subscriptions)
+            if subs and data.draw(st.booleans()):
+                s = subs[0]
+                subs[0] = engine.SubscriptionData(s.topic, s.sub_string, s.tags, s.codes, s.sub_version + 1)
+            cds.append(engine.ConsumerData(cd.group, cd.consume_type, cd.message_model, cd.consume_from_where,
+                                           cd.unit_mode, tuple(subs)))
+        client_id = info.client_id if info is not None else CLIENT_IDS[0]
+        heartbeat = engine.HeartbeatData(client_id, (), tuple(cds))
+        self.both(lambda reg: reg.heartbeat(channel, heartbeat, LanguageCode.JAVA, 479))
+
+    @rule(channel=st.integers(0, 4), client_id=st.sampled_from(CLIENT_IDS),
+          producer_group=st.sampled_from(PRODUCER_GROUPS + [None]),
+          consumer_group=st.sampled_from(CONSUMER_GROUPS + [None]))
+    def unregister(self, channel, client_id, producer_group, consumer_group):
+        self.both(lambda reg: reg.unregister(channel, client_id, producer_group, consumer_group))
+
+    @rule(channel=st.integers(0, 4))
+    def close(self, channel):
+        self.both(lambda reg: reg.close_channel(channel))
+
+    @rule(ms=st.sampled_from([0, 1, 30_000, 60_001, 120_001]))
+    def advance(self, ms):
+        self.now += ms
+
+    @rule()
+    def scan(self):
+        self.both(lambda reg: reg.scan_expired())
+
+    @rule(topic=st.sampled_from(TOPICS), order=st.booleans())
+    def admin_sets_order_flag(self, topic, order):
+        self.both(lambda reg: reg.update_topic_config(TopicConfig(topic, order=order)))
+
+    @rule()
+    def flush(self):
+        self.both(lambda reg: reg.flush_notifications(force=True))
+
+    @invariant()
+    def same_state(self):
+        assert state(self.native) == state(self.twin)
+        self.native.check_invariants()
+
+
+SETTINGS = settings(max_examples=80, stateful_step_count=40, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+def machine(name, **config):
+    cls = type(name, (RulesMachine,), {"config": RegistryConfig(client_log_lines_per_minute=3, **config)})
+    case = cls.TestCase
+    case.settings = SETTINGS
+    return case
+
+
+TestRulesDefaults = machine("RulesDefaults")
+TestRulesRejectPullNoAutoCreate = machine("RulesRejectPullNoAutoCreate", reject_pull_consumer_enable=True,
+                                          auto_create_subscription_group=False)
+TestRulesCoalescedNotifyOff = machine("RulesCoalesced", notify_coalesce_window_ms=1000, v2_restart_safe=False)
+TestRulesTightBudgets = machine("RulesTightBudgets", max_groups_per_channel=3, max_groups=4, max_memberships=6)
+
+
+# ------------------------------------------------------------------------------------------ what the native path takes
+
+
+def consumer(group, topics, version=1, model=MessageModel.CLUSTERING, ctype=ConsumeType.CONSUME_PASSIVELY):
+    return engine.ConsumerData(group, ctype, model, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+                               subscriptions=tuple(engine.SubscriptionData(t, sub_version=version) for t in topics))
+
+
+def test_the_native_path_takes_the_common_heartbeats(lines):
+    t = [0]
+    (native, native_events), (twin, twin_events) = pair(clock=lambda: t[0])
+    rules = native._rules
+    steps = [
+        (1, hb("c1", [("G1", ["T1"])], ["P1"])),  # new groups: declined (created by the Python path)
+        (2, hb("c2", [("G1", ["T1"])], ["P1"])),  # a new client of existing groups: taken
+        (2, hb("c2", [consumer("G1", ["T1"], version=2)], ["P1"])),  # a subVersion bump: taken
+        (2, hb("c2", [consumer("G1", ["T1", "T2"], version=2)], ["P1"])),  # a topic added: taken
+        (2, hb("c2", [consumer("G1", ["T2"], version=2)], ["P1"])),  # a topic dropped: taken
+        (2, hb("c2", [consumer("G1", ["T2"], model=MessageModel.BROADCASTING)], ["P1"])),  # settings: taken
+        (3, hb("c3", [("G2", ["T1"])])),  # a new group: declined
+        (2, hb("c9", [consumer("G1", ["T2"])])),  # another client id on the channel: declined
+        (2, hb("c9", [consumer("G1", ["T2"])], fingerprint=5)),  # a fingerprint change: declined
+        (2, hb("c9", [consumer("G1", ["T2"])], fingerprint=5, without_sub=True)),  # light V2: declined
+        (4, hb("c4", [("G1", ["T1"])], ["P1"], fingerprint=5)),  # a new client, V2, the group's fingerprint: taken
+    ]
+    taken = []
+    for channel, heartbeat in steps:
+        before = rules.taken
+        t[0] += 1000
+        assert native.heartbeat(channel, heartbeat, LanguageCode.JAVA, 479) == \
+            twin.heartbeat(channel, heartbeat, LanguageCode.JAVA, 479)
+        taken.append(rules.taken - before)
+        assert state(native) == state(twin)
+        assert [registry_event_key(e) for e in native_events] == [registry_event_key(e) for e in twin_events]
+    assert taken == [0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1]
+    assert any("new consumer connected" in line for line in lines.lines)
+
+
+def test_a_declined_heartbeat_changed_nothing():
+    (native, _), _ = pair()
+    native.heartbeat(1, hb("c1", [("G1", ["T1"])], ["P1"]), LanguageCode.JAVA, 479)
+    rules = native._rules.rules
+    before = state(native)
+    for declined in (hb("c1", [("G2", ["T1"])]), hb("c1", producers=["P2"]), hb(None, [("G1", ["T1"])]),
+                     hb("c2", [("G1", ["T1"])]), hb("c1", [("G1", ["T1"])], fingerprint=3)):
+        slot = native._find_slot(1)
+        assert rules.heartbeat(1, slot, declined, LanguageCode.JAVA, 479) is None
+        assert state(native) == before
+    for language, version in ((LanguageCode.JAVA, 1 << 31), ("JAVA", 1), (LanguageCode.JAVA, 1.0)):
+        assert rules.heartbeat(1, native._find_slot(1), hb("c1", [("G1", ["T1"])]), language, version) is None
+        assert state(native) == before
+
+
+def test_events_other_than_change_keep_the_python_path():
+    built = registry_module._HeartbeatRules is not None  # not under ENGINE_NO_EXTENSIONS=1
+    assert (ClientRegistry()._rules is not None) == built
+    assert (ClientRegistry(listener=lambda e: None, events=CHANGE)._rules is not None) == built
+    assert ClientRegistry(listener=lambda e: None)._rules is None
+    assert ClientRegistry(RegistryConfig(client_management_rules=4))._rules is None

@@ -199,7 +199,8 @@ def machine(name, **config):
 TestRulesDefaults = machine("RulesDefaults")
 TestRulesRejectPullNoAutoCreate = machine("RulesRejectPullNoAutoCreate", reject_pull_consumer_enable=True,
                                           auto_create_subscription_group=False)
-TestRulesCoalescedNotifyOff = machine("RulesCoalesced", notify_coalesce_window_ms=1000, v2_restart_safe=False)
+TestRulesCoalesced = machine("RulesCoalesced", notify_coalesce_window_ms=1000, v2_restart_safe=False)
+TestRulesNotifyOff = machine("RulesNotifyOff", notify_consumer_ids_changed_enable=False)
 TestRulesTightBudgets = machine("RulesTightBudgets", max_groups_per_channel=3, max_groups=4, max_memberships=6)
 
 

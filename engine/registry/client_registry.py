@@ -647,6 +647,10 @@ class ClientRegistry:
                                            subscriptions=cd.subscriptions)
                         self._request = None
                     return self._result_v1 if v1 else _RESULT_V2_SAME
+        if self._rules is not None:
+            result = self._rules.heartbeat(channel, slot, hb, language, version)
+            if result is not None:
+                return result
         return self._heartbeat(channel, slot, hb, language, version)
 
     def repeat_token(self, channel, hb, language=LanguageCode.JAVA, version: int = 0):
@@ -706,10 +710,7 @@ class ClientRegistry:
                                  self._decode_addr(self.channel_table.addr(slot)))
 
     def _heartbeat(self, channel, slot, hb, language, version) -> HeartbeatResult:
-        if self._rules is not None:
-            result = self._rules.heartbeat(channel, slot, hb, language, version)
-            if result is not None:
-                return result
+        """The Python rule path: every heartbeat the native rules (self._rules) do not take."""
         client_id = hb.client_id
         if not isinstance(client_id, str):
             return HeartbeatResult(ResponseCode.SYSTEM_ERROR, "HeartbeatData.clientID is null", False)

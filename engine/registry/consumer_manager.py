@@ -43,6 +43,10 @@ class ConsumerGroupEvent(enum.Enum):
     CLIENT_REGISTER = "CLIENT_REGISTER"
     CLIENT_UNREGISTER = "CLIENT_UNREGISTER"
 
+    # members are singletons compared by identity: hashed by identity too (Enum's own hash is a Python call, and
+    # the registry tests membership of these in its wanted set several times per request)
+    __hash__ = object.__hash__
+
 
 _REGISTER = ConsumerGroupEvent.REGISTER
 _CLIENT_REGISTER = ConsumerGroupEvent.CLIENT_REGISTER
@@ -375,7 +379,8 @@ class ConsumerManager:
                 jl.log.warning("NETTY EVENT: remove not active channel[%s] from ConsumerGroupInfo "
                                "groupChannelTable, consumer group: %s", table._jinfo(slot, key), jl._text(g.name))
             table._remove_member(g, slot)
-            table._emit(_CLIENT_UNREGISTER, g.name, client=info, topics=frozenset(g.subscriptions))
+            if wants_client:  # the topics are built only for a listener that wants them
+                table._emit(_CLIENT_UNREGISTER, g.name, client=info, topics=frozenset(g.subscriptions))
             if not self.ct.group_size(g.key):
                 self.drop_group(g)
                 table._emit(_UNREGISTER, g.name)
@@ -401,7 +406,8 @@ class ConsumerManager:
                 if clog.allow("expired_consumer", logging.WARNING):
                     jl.log.warning("SCAN: remove expired channel from ConsumerManager consumerTable. channel=%s, "
                                    "consumerGroup=%s", table._jaddr(slot, ct.channel(slot)), jl._text(g.name))
-                table._emit(_CLIENT_UNREGISTER, g.name, client=info, topics=frozenset(g.subscriptions))
+                if wants_client:  # the topics are built only for a listener that wants them
+                    table._emit(_CLIENT_UNREGISTER, g.name, client=info, topics=frozenset(g.subscriptions))
                 table._remove_member(g, slot)
                 if not ct.group_size(g.key):
                     if clog.allow("expired_group_cleared", logging.WARNING):

@@ -43,6 +43,10 @@ class ProducerGroupEvent(enum.Enum):
     GROUP_UNREGISTER = "GROUP_UNREGISTER"
     CLIENT_UNREGISTER = "CLIENT_UNREGISTER"
 
+    # members are singletons compared by identity: hashed by identity too (Enum's own hash is a Python call, and
+    # the registry tests membership of these in its wanted set several times per request)
+    __hash__ = object.__hash__
+
 
 _CLIENT_UNREGISTER = ProducerGroupEvent.CLIENT_UNREGISTER
 _GROUP_UNREGISTER = ProducerGroupEvent.GROUP_UNREGISTER
@@ -172,7 +176,8 @@ class ProducerManager:
                             jl._text(g.name))
             self.drop_client_slot(self.ct.member_info(slot, key)[0])  # unconditionally, as Java does
             table._remove_member(g, slot)
-            table._emit(_CLIENT_UNREGISTER, g.name, client=info)
+            if wants_client:
+                table._emit(_CLIENT_UNREGISTER, g.name, client=info)
             if not self.ct.group_size(g.key):
                 self.drop_group(g)  # 4.9 keeps the empty group (and says nothing)
                 table._emit(_GROUP_UNREGISTER, g.name)
@@ -199,7 +204,8 @@ class ProducerManager:
                                    table._jaddr(slot, ct.channel(slot)), jl._text(g.name))
                 self.drop_client_slot(ct.member_info(slot, key)[0], only_slot=slot)
                 table._remove_member(g, slot)
-                table._emit(_CLIENT_UNREGISTER, g.name, client=info)
+                if wants_client:
+                    table._emit(_CLIENT_UNREGISTER, g.name, client=info)
                 if not ct.group_size(g.key):
                     self.drop_group(g)  # 4.9 keeps the empty group (and says nothing)
                     table._emit(_GROUP_UNREGISTER, g.name)

@@ -16,6 +16,8 @@ A registry uses it when its channel table and string pool are the native ones (`
 import logging
 
 from engine.codec.enums import ConsumeType, MessageModel
+from engine.registry import clientlog
+from engine.registry.consumer_manager import ConsumerGroupEvent
 
 __all__ = ["HeartbeatRules"]
 
@@ -24,6 +26,7 @@ cdef object _PASSIVELY = ConsumeType.CONSUME_PASSIVELY
 cdef object _BROADCASTING = MessageModel.BROADCASTING
 cdef str _RETRY = "%RETRY%"
 cdef int _NO_LANGUAGE = 255
+cdef int _INFO = logging.INFO
 
 
 cdef class HeartbeatRules:
@@ -32,6 +35,9 @@ cdef class HeartbeatRules:
     cdef object reg, ct, pool, consumers, producers, cgroups, pgroups, fingerprints, topic_groups, store, digest
     # bound methods, looked up once (a call through them skips the method lookup)
     cdef object nmem, mem_pos, member_info, refresh, arm, intern, release, lookup, clock
+    cdef object client, set_client, add_member, acquire, logs_at
+    #: whether ClientRegistry._change would do anything (the notify switch and the wanted events are fixed)
+    cdef bint want_change
     cdef object result_v1, result_same, result_changed
     cdef bint reject_pull
     cdef Py_ssize_t max_per_channel, max_groups
@@ -55,6 +61,11 @@ cdef class HeartbeatRules:
         self.refresh, self.arm = ct.refresh, ct.arm
         self.intern, self.release, self.lookup = pool.intern, pool.release, pool.lookup
         self.clock = reg._clock
+        self.client, self.set_client, self.add_member = ct.client, ct.set_client, ct.add_member
+        self.acquire = pool.acquire
+        self.logs_at = clientlog.log.isEnabledFor  # the level may change at any time: asked per line
+        self.want_change = (cfg.notify_consumer_ids_changed_enable
+                            and ConsumerGroupEvent.CHANGE in reg._wants)
         self.result_v1, self.result_same, self.result_changed = result_v1, result_same, result_changed
         self.reject_pull = reg._reject_pull
         self.max_per_channel = cfg.max_groups_per_channel
@@ -194,9 +205,10 @@ cdef class HeartbeatRules:
         key = g.key
         r1 = False
         if self.mem_pos(slot, key) < 0:
-            reg._add_member(g, slot, req)
+            self._add_member(key, slot, req)
             reg._dirty = True
-            self.consumers.log_new_consumer(g, cd)
+            if self.logs_at(_INFO):
+                self.consumers.log_new_consumer(g, cd)
             r1 = True
         # updateSubscription
         table = g.subscriptions
@@ -207,11 +219,12 @@ cdef class HeartbeatRules:
             if old is None:
                 table[topic] = sd
                 changed = True
-                self.consumers.log_sub_added(g, sd)
+                if self.logs_at(_INFO):
+                    self.consumers.log_sub_added(g, sd)
             elif sd.sub_version > old.sub_version:
                 table[topic] = sd
                 replaced = True
-                if g.consume_type is _PASSIVELY:
+                if g.consume_type is _PASSIVELY and self.logs_at(_INFO):
                     self.consumers.log_sub_replaced(g, old, sd)
         topics = {sd.topic for sd in subs}  # the table holds them all now: more is a removal
         if len(table) != len(topics):
@@ -219,18 +232,37 @@ cdef class HeartbeatRules:
             changed = True
         if changed or replaced:
             reg._touch(g)
-        if (r1 or changed) and sgc.notify_consumer_ids_changed_enable and g.message_model is not _BROADCASTING:
+        if (r1 or changed) and self.want_change and sgc.notify_consumer_ids_changed_enable \
+                and g.message_model is not _BROADCASTING:
             reg._change(group)
-        if r1 or changed:
+        if (r1 or changed) and self.logs_at(_INFO):
             self.consumers.log_consumer_data(slot, cd)
         return key
+
+    cdef int _add_member(self, key, slot, tuple req) except -1:
+        """ClientRegistry._add_member."""
+        reg = self.reg
+        if self.nmem(slot) == 0:
+            # the first registration on the channel sets the slot's own client id / language / version
+            old = self.client(slot)[0]
+            self.acquire(req[0])
+            if old >= 0:
+                self.release(old)
+            self.set_client(slot, req[0], req[1], req[2])
+        self.add_member(slot, key)
+        reg._nmemberships += 1
+        if req != self.client(slot):
+            reg._set_member_info(slot, key, req)
+        return 0
 
     cdef object _register_producer(self, group, slot, tuple req):
         """ProducerManager.register for a group that exists."""
         g = self.pgroups[group]
-        if self.mem_pos(slot, g.key) < 0:
-            self.reg._add_member(g, slot, req)
+        key = g.key
+        if self.mem_pos(slot, key) < 0:
+            self._add_member(key, slot, req)
             self.producers.set_client_slot(req[0], slot)
             self.reg._dirty = True
-            self.producers.log_new_producer(group)
-        return g.key
+            if self.logs_at(_INFO):
+                self.producers.log_new_producer(group)
+        return key

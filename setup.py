@@ -33,7 +33,9 @@ if not os.environ.get("ENGINE_NO_EXTENSIONS"):
             or os.path.splitext(os.path.basename(path))[0] in os.environ["ENGINE_BUILD_ONLY"].split(",")
         ],
         compiler_directives={"language_level": "3", "embedsignature": True},
-        include_path=["pyx"],
+        # the .pxd files are named by full module name beside their .pyx (pyx/codec/engine.codec._heartbeat.pxd):
+        # every pyx/<layer>/ is searched for them
+        include_path=["pyx"] + sorted(glob.glob("pyx/*/")),
     )
 
 setup(ext_modules=ext_modules)

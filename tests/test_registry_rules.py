@@ -69,22 +69,42 @@ class Counting:
 
 
 def pair(config=RegistryConfig(), clock=lambda: 0):
-    """(native, twin): the same registry with and without the native rules, CHANGE events only. The rules are
-    built here, so that a twin run (ENGINE_NO_EXTENSIONS=1: the registry builds none) tests them over the twin
-    channel table and string pool."""
+    """(native, twin): the same registry with and without the native rules, CHANGE events only. Both are built
+    here over the native channel table and string pool, which the rules need, so that a twin run
+    (ENGINE_NO_EXTENSIONS=1: the registry builds neither) tests them too."""
     require_native()
+    from engine.registry._channel_table import ChannelTable
+    from engine.registry._intern import StringPool
     from engine.registry._rules import HeartbeatRules
 
     out = []
     for native in (True, False):
         events = []
-        reg = ClientRegistry(config, clock=clock, listener=events.append, events=CHANGE)
+        saved = registry_module._ChannelTable, registry_module.StringPool
+        registry_module._ChannelTable, registry_module.StringPool = ChannelTable, StringPool
+        try:
+            reg = ClientRegistry(config, clock=clock, listener=events.append, events=CHANGE)
+        finally:
+            registry_module._ChannelTable, registry_module.StringPool = saved
         reg._rules = Counting(HeartbeatRules(reg, registry_module._heartbeat_digest, registry_module._RESULT_V1,
                                              registry_module._RESULT_V2_SAME,
                                              registry_module._RESULT_V2_CHANGED)) if native else None
         reg.client_log.clock = lambda: clock() / 1000  # both budgets count the same minutes
         out.append((reg, events))
     return out
+
+
+def native_model(h):
+    """The heartbeat as the native decoder's model (the rules decline the twin's)."""
+    from engine.codec import _heartbeat as nh
+
+    return nh.HeartbeatData(
+        h.client_id, tuple(nh.ProducerData(p.group) for p in h.producers),
+        tuple(nh.ConsumerData(c.group, c.consume_type, c.message_model, c.consume_from_where, c.unit_mode,
+                              tuple(nh.SubscriptionData(s.topic, s.sub_string, s.tags, s.codes, s.sub_version,
+                                                        s.expression_type, s.class_filter_mode)
+                                    for s in c.subscriptions))
+              for c in h.consumers), h.fingerprint, h.without_sub)
 
 
 def state(reg):
@@ -134,6 +154,7 @@ class RulesMachine(RuleBasedStateMachine):
     @rule(channel=st.integers(0, 4), data=heartbeats, language=st.sampled_from(LANGUAGES),
           version=st.sampled_from(VERSIONS), repeat=st.booleans())
     def heartbeat(self, channel, data, language, version, repeat):
+        data = native_model(data)
         for _ in range(2 if repeat else 1):
             self.both(lambda reg: reg.heartbeat(channel, data, language, version))
 
@@ -150,7 +171,7 @@ class RulesMachine(RuleBasedStateMachine):
             cds.append(engine.ConsumerData(cd.group, cd.consume_type, cd.message_model, cd.consume_from_where,
                                            cd.unit_mode, tuple(subs)))
         client_id = info.client_id if info is not None else CLIENT_IDS[0]
-        heartbeat = engine.HeartbeatData(client_id, (), tuple(cds))
+        heartbeat = native_model(engine.HeartbeatData(client_id, (), tuple(cds)))
         self.both(lambda reg: reg.heartbeat(channel, heartbeat, LanguageCode.JAVA, 479))
 
     @rule(channel=st.integers(0, 4), client_id=st.sampled_from(CLIENT_IDS),
@@ -231,6 +252,7 @@ def test_the_native_path_takes_the_common_heartbeats(lines):
     ]
     taken = []
     for channel, heartbeat in steps:
+        heartbeat = native_model(heartbeat)
         before = rules.taken
         t[0] += 1000
         assert native.heartbeat(channel, heartbeat, LanguageCode.JAVA, 479) == \
@@ -250,15 +272,22 @@ def test_a_declined_heartbeat_changed_nothing():
     for declined in (hb("c1", [("G2", ["T1"])]), hb("c1", producers=["P2"]), hb(None, [("G1", ["T1"])]),
                      hb("c2", [("G1", ["T1"])]), hb("c1", [("G1", ["T1"])], fingerprint=3)):
         slot = native._find_slot(1)
-        assert rules.heartbeat(1, slot, declined, LanguageCode.JAVA, 479) is None
+        assert rules.heartbeat(1, slot, native_model(declined), LanguageCode.JAVA, 479) is None
         assert state(native) == before
+    accepted = native_model(hb("c1", [("G1", ["T1"])]))
     for language, version in ((LanguageCode.JAVA, 1 << 31), ("JAVA", 1), (LanguageCode.JAVA, 1.0)):
-        assert rules.heartbeat(1, native._find_slot(1), hb("c1", [("G1", ["T1"])]), language, version) is None
+        assert rules.heartbeat(1, native._find_slot(1), accepted, language, version) is None
         assert state(native) == before
+    from engine.codec import _heartbeat_py
+
+    twin_decoded = _heartbeat_py.HeartbeatData("c1", (), (_heartbeat_py.ConsumerData("G1"),))
+    assert rules.heartbeat(1, native._find_slot(1), twin_decoded, LanguageCode.JAVA, 479) is None
+    assert state(native) == before
+    assert rules.heartbeat(1, native._find_slot(1), accepted, LanguageCode.JAVA, 479) is not None
 
 
 def test_events_other_than_change_keep_the_python_path():
-    built = registry_module._HeartbeatRules is not None  # not under ENGINE_NO_EXTENSIONS=1
+    built = registry_module._HeartbeatRules is not None  # not under ENGINE_NO_EXTENSIONS=1 (twin table and pool)
     assert (ClientRegistry()._rules is not None) == built
     assert (ClientRegistry(listener=lambda e: None, events=CHANGE)._rules is not None) == built
     assert ClientRegistry(listener=lambda e: None)._rules is None

@@ -401,7 +401,8 @@ class ClientRegistry:
         #: the native rule path (engine.registry._rules) for the heartbeats it takes, 5.x rules without events but
         #: CHANGE; None: every heartbeat takes the Python path below
         self._rules = None
-        if _HeartbeatRules is not None and not rules4 and self._wants <= {ConsumerGroupEvent.CHANGE}:
+        if (_HeartbeatRules is not None and not rules4 and self._wants <= {ConsumerGroupEvent.CHANGE}
+                and _HeartbeatRules.usable(self.channel_table, self._pool)):
             self._rules = _HeartbeatRules(self, _heartbeat_digest, _RESULT_V1, _RESULT_V2_SAME, _RESULT_V2_CHANGED)
 
     # =========================================================================================== slot storage

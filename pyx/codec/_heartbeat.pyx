@@ -109,13 +109,6 @@ cdef class _Model:
 cdef class SubscriptionData(_Model):
     """One subscription: topic, expression (sub_string), its tags and their Java hash codes, version, type."""
 
-    cdef readonly object topic
-    cdef readonly object sub_string
-    cdef readonly tuple tags
-    cdef readonly tuple codes
-    cdef readonly int64_t sub_version
-    cdef readonly object expression_type
-    cdef readonly bint class_filter_mode
 
     _rmq_kind = "SubscriptionData"
 
@@ -163,7 +156,6 @@ cdef class SubscriptionData(_Model):
 cdef class ProducerData(_Model):
     """A producer group of the client."""
 
-    cdef readonly object group
 
     _rmq_kind = "ProducerData"
 
@@ -186,12 +178,6 @@ cdef class ProducerData(_Model):
 cdef class ConsumerData(_Model):
     """A consumer group of the client with its consume settings and subscriptions."""
 
-    cdef readonly object group
-    cdef readonly object consume_type
-    cdef readonly object message_model
-    cdef readonly object consume_from_where
-    cdef readonly bint unit_mode
-    cdef readonly tuple subscriptions
 
     _rmq_kind = "ConsumerData"
 
@@ -234,11 +220,6 @@ cdef class ConsumerData(_Model):
 cdef class HeartbeatData(_Model):
     """The body of a HEART_BEAT request: client id, producer and consumer groups, V2 fingerprint and flag."""
 
-    cdef readonly object client_id
-    cdef readonly tuple producers
-    cdef readonly tuple consumers
-    cdef readonly int32_t fingerprint
-    cdef readonly bint without_sub
 
     _rmq_kind = "HeartbeatData"
 

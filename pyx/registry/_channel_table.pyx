@@ -122,40 +122,6 @@ def pack_ipv4(addr):
 cdef class ChannelTable:
     """Slots of open channels with their columns and memberships (the twin's docstring). Not thread-safe."""
 
-    cdef int64_t* _last
-    cdef int64_t* _oldest
-    cdef int64_t* _addr
-    cdef int64_t* _fkey
-    cdef int64_t* _armed
-    cdef int32_t* _cid
-    cdef int32_t* _ver
-    cdef int32_t* _mkey
-    cdef int32_t* _mpos
-    cdef uint8_t* _lang
-    cdef uint8_t* _live
-    cdef uint8_t* _used
-    cdef uint8_t* _kinds
-    cdef uint16_t* _nmem
-    cdef int32_t* _free
-    cdef Py_ssize_t _nfree
-    cdef Py_ssize_t _top
-    cdef Py_ssize_t _cap
-    cdef int32_t** _members
-    cdef int32_t* _msize
-    cdef int32_t* _mcap
-    cdef Py_ssize_t _nkeys
-    cdef int64_t _fresh[4]
-    cdef readonly Py_ssize_t max_slots
-    cdef readonly int64_t producer_shift
-    cdef uint32_t* _hash
-    cdef int32_t* _index
-    cdef Py_ssize_t _isize
-    cdef uint64_t _mutations
-    cdef list _channels
-    cdef list _armed_by
-    cdef dict _overflow
-    cdef dict _lag
-    cdef dict _info
 
     def __cinit__(self):
         self._last = self._oldest = self._addr = self._fkey = self._armed = NULL
@@ -372,7 +338,7 @@ cdef class ChannelTable:
         self._armed[slot] = 0
         return slot
 
-    def find(self, channel):
+    cpdef find(self, channel):
         """The channel's slot, or None when it is not open."""
         cdef Py_ssize_t s = self._find_channel(channel, self._hash_of(channel))
         return None if s < 0 else s
@@ -413,12 +379,12 @@ cdef class ChannelTable:
         del channel, token
 
     # ------------------------------------------------------------------------------------------------ columns
-    def client(self, slot):
+    cpdef client(self, slot):
         """The slot's own ``(client id, language, version)``."""
         cdef Py_ssize_t s = self._slot(slot)
         return self._cid[s], self._lang[s], self._ver[s]
 
-    def set_client(self, slot, cid, language, version):
+    cpdef set_client(self, slot, cid, language, version):
         cdef Py_ssize_t s = self._slot(slot)
         cid, language, version = (_as_int("client id", cid), _as_int("language", language),
                                   _as_int("version", version))
@@ -448,7 +414,7 @@ cdef class ChannelTable:
     def live(self, slot):
         return self._live[self._slot(slot)] != 0
 
-    def nmem(self, slot):
+    cpdef nmem(self, slot):
         return self._nmem[self._slot(slot)]
 
     def kinds(self, slot):
@@ -475,7 +441,7 @@ cdef class ChannelTable:
     def armed_by(self, slot):
         return self._armed_by[self._slot(slot)]
 
-    def arm(self, slot, fkey, by, armed):
+    cpdef arm(self, slot, fkey, by, armed):
         """Arm the fast path: the digest of the heartbeat it may repeat, its token object, the arming tick."""
         cdef Py_ssize_t s = self._slot(slot)
         cdef int64_t f = _int64("fkey", fkey)
@@ -499,7 +465,7 @@ cdef class ChannelTable:
             return (<dict>self._overflow[slot]).get(key, -1)
         return -1
 
-    def mem_pos(self, slot, key):
+    cpdef mem_pos(self, slot, key):
         """Position of ``slot`` in the member array of ``key``, or -1 when it is not a member."""
         cdef Py_ssize_t s = self._slot(slot)
         return self._find(s, self._key(key))
@@ -528,7 +494,7 @@ cdef class ChannelTable:
         self._nkeys = n
         return 0
 
-    def add_member(self, slot, key):
+    cpdef add_member(self, slot, key):
         """Make ``slot`` a member of ``key`` (appended to its member array); returns its position. Disarms."""
         cdef Py_ssize_t s = self._slot(slot)
         cdef int32_t k = self._key(key)
@@ -692,7 +658,7 @@ cdef class ChannelTable:
         self._oldest[s] = best
         return 0
 
-    def member_info(self, slot, key):
+    cpdef member_info(self, slot, key):
         """``(client id, language, version)`` of the membership: its own when set, else the slot's."""
         cdef Py_ssize_t s = self._slot(slot)
         cdef int32_t k = self._key(key)
@@ -733,7 +699,7 @@ cdef class ChannelTable:
         """Client ids held by the slot's own membership infos (reference checks)."""
         return [t[0] for t in self._info.get(self._slot(slot), {}).values()]
 
-    def refresh(self, slot, keys, now):
+    cpdef refresh(self, slot, keys, now):
         """A heartbeat at ``now`` refreshed the memberships ``keys`` of the slot; 1, 2 or 0 (disarmed) as in the
         twin."""
         cdef Py_ssize_t s = self._slot(slot)

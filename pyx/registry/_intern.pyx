@@ -44,21 +44,6 @@ cdef Py_ssize_t _index_size(Py_ssize_t n):
 cdef class StringPool:
     """Reference-counted string ids over flat arrays (the twin's docstring). Not thread-safe."""
 
-    cdef uint32_t* _off
-    cdef int32_t* _len
-    cdef int32_t* _hash
-    cdef int32_t* _refs
-    cdef int64_t _free  # the last freed id, -1 if none; a freed id's offset column holds the one freed before it
-    cdef Py_ssize_t _cap
-    cdef Py_ssize_t _top
-    cdef int32_t* _index
-    cdef Py_ssize_t _isize
-    cdef char* _arena
-    cdef int64_t _arena_len
-    cdef int64_t _arena_cap
-    cdef Py_ssize_t _live
-    cdef Py_ssize_t _tombstones
-    cdef int64_t _garbage
 
     def __cinit__(self, capacity=64):
         cdef Py_ssize_t cap = max(16, int(capacity))
@@ -198,6 +183,9 @@ cdef class StringPool:
 
     def lookup(self, str s not None) -> int:
         """The id of ``s``, or -1 if it is not interned (no reference taken)."""
+        return self.c_lookup(s)
+
+    cdef Py_ssize_t c_lookup(self, str s) except -2:
         cdef const char* data
         cdef Py_ssize_t n, j
         keep = self._utf8(s, &data, &n)
@@ -205,6 +193,9 @@ cdef class StringPool:
 
     def intern(self, str s not None) -> int:
         """The id of ``s``, interning it if needed; takes one reference."""
+        return self.c_intern(s)
+
+    cdef int32_t c_intern(self, str s) except -1:
         cdef const char* data
         cdef Py_ssize_t n, j, e
         cdef int32_t h = _h32(s)
@@ -252,16 +243,22 @@ cdef class StringPool:
 
     def acquire(self, e) -> int:
         """Take one more reference on a live id; returns it."""
+        return self.c_acquire(e)
+
+    cdef Py_ssize_t c_acquire(self, object e) except -1:
         cdef Py_ssize_t i = self._live_id(e)
         self._refs[i] += 1
         return i
 
     def release(self, id) -> None:
         """Drop one reference; the string is freed when none is left."""
+        self.c_release(id)
+
+    cdef int c_release(self, object id) except -1:
         cdef Py_ssize_t j, mask, e = self._live_id(id)
         self._refs[e] -= 1
         if self._refs[e]:
-            return
+            return 0
         mask = self._isize - 1
         j = <uint32_t>self._hash[e] & mask
         while self._index[j] != e:  # a live id is indexed: the probe ends
@@ -275,6 +272,7 @@ cdef class StringPool:
         self._live -= 1
         if self._garbage > 4096 and self._garbage * 2 > self._arena_len:
             self._compact_arena()
+        return 0
 
     def get(self, e) -> str:
         """The string of a live id."""

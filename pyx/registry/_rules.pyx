@@ -11,13 +11,19 @@ within the budgets even if every group it names were new; the listener wants no 
 :meth:`HeartbeatRules.heartbeat` returns None having changed nothing, and the Python path takes the request. Java's
 log lines and CHANGE go through the managers' and the registry's own methods.
 
-A registry uses it when its channel table and string pool are the native ones (``ClientRegistry.__init__``).
+It works on the native heartbeat model, channel table and string pool, whose fields and methods it reaches
+directly (their .pxd files): a registry builds it when its table and pool are the native ones
+(:meth:`HeartbeatRules.usable`), and it declines a heartbeat decoded by the twin decoder.
 """
 import logging
 
 from engine.codec.enums import ConsumeType, MessageModel
 from engine.registry import clientlog
 from engine.registry.consumer_manager import ConsumerGroupEvent
+
+from engine.codec._heartbeat cimport ConsumerData, HeartbeatData, ProducerData, SubscriptionData
+from engine.registry._channel_table cimport ChannelTable
+from engine.registry._intern cimport StringPool
 
 __all__ = ["HeartbeatRules"]
 
@@ -32,16 +38,21 @@ cdef int _INFO = logging.INFO
 cdef class HeartbeatRules:
     """The native rule path of one registry (built by it; see the module docstring)."""
 
-    cdef object reg, ct, pool, consumers, producers, cgroups, pgroups, fingerprints, topic_groups, store, digest
-    # bound methods, looked up once (a call through them skips the method lookup)
-    cdef object nmem, mem_pos, member_info, refresh, arm, intern, release, lookup, clock
-    cdef object client, set_client, add_member, acquire, logs_at
+    cdef object reg, consumers, producers, store, digest, clock, logs_at
+    cdef ChannelTable ct
+    cdef StringPool pool
+    cdef dict cgroups, pgroups, fingerprints, topic_groups
     #: whether ClientRegistry._change would do anything (the notify switch and the wanted events are fixed)
     cdef bint want_change
     cdef object result_v1, result_same, result_changed
     cdef bint reject_pull
     cdef Py_ssize_t max_per_channel, max_groups
     cdef long long max_memberships
+
+    @staticmethod
+    def usable(table, pool) -> bool:
+        """Whether the rules can work over this channel table and string pool (the native ones)."""
+        return type(table) is ChannelTable and type(pool) is StringPool
 
     def __init__(self, reg, digest, result_v1, result_same, result_changed):
         cfg = reg.config
@@ -56,13 +67,7 @@ cdef class HeartbeatRules:
         self.topic_groups = reg.consumers.topic_groups
         self.store = reg.store
         self.digest = digest
-        ct, pool = self.ct, self.pool
-        self.nmem, self.mem_pos, self.member_info = ct.nmem, ct.mem_pos, ct.member_info
-        self.refresh, self.arm = ct.refresh, ct.arm
-        self.intern, self.release, self.lookup = pool.intern, pool.release, pool.lookup
         self.clock = reg._clock
-        self.client, self.set_client, self.add_member = ct.client, ct.set_client, ct.add_member
-        self.acquire = pool.acquire
         self.logs_at = clientlog.log.isEnabledFor  # the level may change at any time: asked per line
         self.want_change = (cfg.notify_consumer_ids_changed_enable
                             and ConsumerGroupEvent.CHANGE in reg._wants)
@@ -72,24 +77,27 @@ cdef class HeartbeatRules:
         self.max_groups = cfg.max_groups
         self.max_memberships = cfg.max_memberships
 
-    def heartbeat(self, channel, slot, hb, language, version):
-        """The answer to ``hb`` on ``channel`` (``slot``: its slot, None when not open), or None when the request
-        is not one this path takes; then nothing was changed."""
+    def heartbeat(self, channel, slot, hb_obj, language, version):
+        """The answer to ``hb_obj`` on ``channel`` (``slot``: its slot, None when not open), or None when the
+        request is not one this path takes; then nothing was changed."""
         cdef Py_ssize_t nmem, named
         cdef long long ver
         cdef int code
-        cdef bint v2
+        cdef bint v2, has_order
+        cdef HeartbeatData hb
+        cdef ConsumerData cd
+        cdef SubscriptionData sd
+        cdef ProducerData pd
+        cdef ChannelTable ct = self.ct
+        cdef Py_ssize_t cid_now = -2  # the pool id of the client id, looked up once when a membership's is compared
+        if type(hb_obj) is not HeartbeatData:
+            return None
+        hb = <HeartbeatData>hb_obj
         reg = self.reg
-        ct = self.ct
         client_id = hb.client_id
         if type(client_id) is not str:
             return None
-        consumers = hb.consumers
-        producers = hb.producers
-        if type(consumers) is not tuple or type(producers) is not tuple:
-            return None
-        fingerprint = hb.fingerprint
-        v2 = fingerprint != 0
+        v2 = hb.fingerprint != 0
         if v2 and hb.without_sub:
             return None
         if type(version) is not int:
@@ -103,51 +111,53 @@ cdef class HeartbeatRules:
             code = language if 0 <= language < _NO_LANGUAGE else _NO_LANGUAGE
         else:
             return None
-        nmem = 0 if slot is None else self.nmem(slot)
-        named = len(consumers) + len(producers)
+        nmem = 0 if slot is None else ct.nmem(slot)
+        named = len(hb.consumers) + len(hb.producers)
         if (nmem + named > self.max_per_channel or reg._nmemberships + named > self.max_memberships
                 or len(self.cgroups) + len(self.pgroups) + named > self.max_groups):
             return None
 
         # plan: every condition of the module docstring, before any change
-        topics = self.store.topics.table
-        configs = self.store.groups.table
-        fingerprints = self.fingerprints
-        cgroups = self.cgroups
-        cid_now = -2  # the pool id of client_id, looked up once when a membership's is compared
-        for cd in consumers:
+        cdef dict topics = self.store.topics.table
+        cdef dict configs = self.store.groups.table
+        for o in hb.consumers:
+            if type(o) is not ConsumerData:  # a model built by hand may hold the twin's objects
+                return None
+            cd = <ConsumerData>o
             group = cd.group
             if type(group) is not str:
                 return None
             if self.reject_pull and cd.consume_type is _ACTIVELY:
                 continue
-            prev = fingerprints.get(group)
-            if prev is None or prev != fingerprint:
+            prev = self.fingerprints.get(group)
+            if prev is None or prev != hb.fingerprint:
                 return None
-            sgc = configs.get(group)
-            if sgc is None:
+            if group not in configs:
                 return None
-            g = cgroups.get(group)
+            g = self.cgroups.get(group)
             if g is None:
                 return None
             has_order = False
-            for sd in cd.subscriptions:
-                tc = topics.get(sd.topic)
+            for o in cd.subscriptions:
+                if type(o) is not SubscriptionData:
+                    return None
+                tc = topics.get((<SubscriptionData>o).topic)
                 if tc is not None and tc.order:
                     has_order = True
                     break
             tc = topics.get(_RETRY + group)
             if tc is None or bool(tc.order) != has_order:
                 return None
-            if slot is not None and self.mem_pos(slot, g.key) >= 0:
+            if slot is not None and ct.mem_pos(slot, g.key) >= 0:
                 if cid_now == -2:
-                    cid_now = self.lookup(client_id)
-                if self.member_info(slot, g.key)[0] != cid_now:
+                    cid_now = self.pool.c_lookup(client_id)
+                if ct.member_info(slot, g.key)[0] != cid_now:
                     return None
-        pgroups = self.pgroups
-        for pd in producers:
-            group = pd.group
-            if type(group) is not str or group not in pgroups:
+        for o in hb.producers:
+            if type(o) is not ProducerData:
+                return None
+            pd = <ProducerData>o
+            if type(pd.group) is not str or pd.group not in self.pgroups:
                 return None
 
         # apply, in the Python path's order
@@ -156,77 +166,76 @@ cdef class HeartbeatRules:
             slot = reg._slot_for(channel)
         reg._dirty = False
         reg._request = (channel, client_id, language, version, now, slot)
-        cid = self.intern(client_id)
+        cid = self.pool.c_intern(client_id)
         try:
             req = (cid, code, version)
             reg._request_v2 = v2
             refreshed = []
-            for cd in consumers:
+            for cd in hb.consumers:
                 if self.reject_pull and cd.consume_type is _ACTIVELY:
                     continue
                 refreshed.append(self._register_consumer(cd, slot, req, configs[cd.group]))
-            for pd in producers:
+            for pd in hb.producers:
                 refreshed.append(self._register_producer(pd.group, slot, req))
             covered_all = False
             if refreshed:
-                rc = self.refresh(slot, refreshed, now)
+                rc = ct.refresh(slot, refreshed, now)
                 if rc != 1:
                     reg._dirty = True  # own times dropped (2) or kept (0)
                 covered_all = rc != 0
             result = self.result_same if v2 else self.result_v1
             if covered_all and not reg._dirty:
-                self.arm(slot, self.digest(hb, language, version), (hb, language, version), reg._tick + 1)
+                ct.arm(slot, self.digest(hb, language, version), (hb, language, version), reg._tick + 1)
             return result
         finally:
-            self.release(cid)
+            self.pool.c_release(cid)
             reg._request = None
 
-    cdef object _register_consumer(self, cd, slot, tuple req, sgc):
+    cdef object _register_consumer(self, ConsumerData cd, slot, tuple req, sgc):
         """ConsumerManager.register with updateChannel and updateSubscription for a group that exists and a
         channel whose membership, if any, holds the request's client id."""
+        cdef SubscriptionData sd, old
+        cdef set groups
         reg = self.reg
-        ct = self.ct
         group = cd.group
         g = self.cgroups[group]
-        subs = cd.subscriptions
-        topic_groups = self.topic_groups
-        for sd in subs:
-            groups = topic_groups.get(sd.topic)
+        for sd in cd.subscriptions:
+            groups = self.topic_groups.get(sd.topic)
             if groups is None:
-                topic_groups[sd.topic] = {group}
+                self.topic_groups[sd.topic] = {group}
             else:
                 groups.add(group)
         # updateChannel
-        consume_type, message_model, where = cd.consume_type, cd.message_model, cd.consume_from_where
-        if (g.consume_type is not consume_type or g.message_model is not message_model
-                or g.consume_from_where is not where):
-            g.consume_type, g.message_model, g.consume_from_where = consume_type, message_model, where
+        if (g.consume_type is not cd.consume_type or g.message_model is not cd.message_model
+                or g.consume_from_where is not cd.consume_from_where):
+            g.consume_type, g.message_model, g.consume_from_where = (cd.consume_type, cd.message_model,
+                                                                     cd.consume_from_where)
             reg._touch(g)
         key = g.key
         r1 = False
-        if self.mem_pos(slot, key) < 0:
+        if self.ct.mem_pos(slot, key) < 0:
             self._add_member(key, slot, req)
             reg._dirty = True
             if self.logs_at(_INFO):
                 self.consumers.log_new_consumer(g, cd)
             r1 = True
         # updateSubscription
-        table = g.subscriptions
+        cdef dict table = g.subscriptions
         changed = replaced = False
-        for sd in subs:
-            topic = sd.topic
-            old = table.get(topic)
-            if old is None:
-                table[topic] = sd
+        for sd in cd.subscriptions:
+            old_obj = table.get(sd.topic)
+            if old_obj is None:
+                table[sd.topic] = sd
                 changed = True
                 if self.logs_at(_INFO):
                     self.consumers.log_sub_added(g, sd)
-            elif sd.sub_version > old.sub_version:
-                table[topic] = sd
+            elif (sd.sub_version > (<SubscriptionData>old_obj).sub_version if type(old_obj) is SubscriptionData
+                  else sd.sub_version > old_obj.sub_version):  # the twin's, kept from a twin-decoded heartbeat
+                table[sd.topic] = sd
                 replaced = True
                 if g.consume_type is _PASSIVELY and self.logs_at(_INFO):
-                    self.consumers.log_sub_replaced(g, old, sd)
-        topics = {sd.topic for sd in subs}  # the table holds them all now: more is a removal
+                    self.consumers.log_sub_replaced(g, old_obj, sd)
+        topics = {sd.topic for sd in cd.subscriptions}  # the table holds them all now: more is a removal
         if len(table) != len(topics):
             self.consumers.remove_topics(g, topics)
             changed = True
@@ -241,17 +250,18 @@ cdef class HeartbeatRules:
 
     cdef int _add_member(self, key, slot, tuple req) except -1:
         """ClientRegistry._add_member."""
+        cdef ChannelTable ct = self.ct
         reg = self.reg
-        if self.nmem(slot) == 0:
+        if ct.nmem(slot) == 0:
             # the first registration on the channel sets the slot's own client id / language / version
-            old = self.client(slot)[0]
-            self.acquire(req[0])
+            old = ct.client(slot)[0]
+            self.pool.c_acquire(req[0])
             if old >= 0:
-                self.release(old)
-            self.set_client(slot, req[0], req[1], req[2])
-        self.add_member(slot, key)
+                self.pool.c_release(old)
+            ct.set_client(slot, req[0], req[1], req[2])
+        ct.add_member(slot, key)
         reg._nmemberships += 1
-        if req != self.client(slot):
+        if req != ct.client(slot):
             reg._set_member_info(slot, key, req)
         return 0
 
@@ -259,7 +269,7 @@ cdef class HeartbeatRules:
         """ProducerManager.register for a group that exists."""
         g = self.pgroups[group]
         key = g.key
-        if self.mem_pos(slot, key) < 0:
+        if self.ct.mem_pos(slot, key) < 0:
             self._add_member(key, slot, req)
             self.producers.set_client_slot(req[0], slot)
             self.reg._dirty = True

@@ -1,5 +1,6 @@
-"""The native rule path (engine.registry._rules) against its twin, the registry's Python path: two registries, one
-with the native rules and one without, take the same operations and must give the same answers, CHANGE events,
+"""The native rule paths (engine.registry._rules: heartbeat and close) against their twin, the registry's Python
+paths: two registries, one with the native rules and one without, take the same operations (heartbeats, closes,
+unregisters, scans, clock steps, admin updates) and must give the same answers, CHANGE events,
 Java log lines, tables, arming state and string-pool contents; and the native path takes the heartbeats its
 docstring names (a new client of existing groups, subscription and setting changes) and leaves the others alone,
 having changed nothing."""
@@ -66,6 +67,9 @@ class Counting:
         else:
             self.taken += 1
         return result
+
+    def close_channel(self, channel):
+        return self.rules.close_channel(channel)
 
 
 def pair(config=RegistryConfig(), clock=lambda: 0):

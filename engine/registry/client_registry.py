@@ -911,6 +911,8 @@ class ClientRegistry:
         of every consumer group the channel was in unless the group is BROADCASTING (the group's notify flag is
         not consulted here). Returns whether the channel was in any group.
         """
+        if self._rules is not None:
+            return self._rules.close_channel(channel)
         slot = self._find_slot(channel)
         if slot is None:
             return False

@@ -335,6 +335,13 @@ class ConsumerManager:
             jl.log.info("%sClientManageProcessor: registerConsumer info changed, SDK address=%s, consumerData=%s",
                         "heartBeatV2 " if table._request_v2 else "", addr, jl.consumer_data(cd))
 
+    def log_closed(self, slot: int, key: int, g: ConsumerGroup) -> None:
+        """doChannelCloseEvent's line for a membership it removes (the native close, engine.registry._rules, too)."""
+        table = self.table
+        if table.client_log.allow("closed_consumer", logging.WARNING):
+            jl.log.warning("NETTY EVENT: remove not active channel[%s] from ConsumerGroupInfo groupChannelTable, "
+                           "consumer group: %s", table._jinfo(slot, key), jl._text(g.name))
+
     def log_group_removed(self, group: str) -> None:
         if self.table.client_log.allow("consumer_group_removed", logging.INFO):
             jl.log.info("unregister consumer ok, no any connection, and remove consumer group, %s", jl._text(group))
@@ -368,16 +375,13 @@ class ConsumerManager:
         """doChannelCloseEvent: remove the closed channel's consumer memberships (``keys``: all of the slot's);
         CHANGE to the remaining members unless the group is BROADCASTING (4.x: also then)."""
         table = self.table
-        clog = table.client_log
         wants_client = _CLIENT_UNREGISTER in table._wants
         for key in keys:
             if key & 1 != CONSUMER:
                 continue
             g = self.by_gid[key >> 1]
             info = table._client_info(slot, key) if wants_client else None
-            if clog.allow("closed_consumer", logging.WARNING):
-                jl.log.warning("NETTY EVENT: remove not active channel[%s] from ConsumerGroupInfo "
-                               "groupChannelTable, consumer group: %s", table._jinfo(slot, key), jl._text(g.name))
+            self.log_closed(slot, key, g)
             table._remove_member(g, slot)
             if wants_client:  # the topics are built only for a listener that wants them
                 table._emit(_CLIENT_UNREGISTER, g.name, client=info, topics=frozenset(g.subscriptions))

@@ -160,20 +160,27 @@ class ProducerManager:
             if table.client_log.allow("producer_group_removed", logging.INFO):
                 jl.log.info("unregister a producer group[%s] from groupChannelTable", jl._text(group))
 
+    def log_closed(self, slot: int, key: int, g: ProducerGroup, channel) -> None:
+        """doChannelCloseEvent's line for a membership it removes (the native close, engine.registry._rules, too)."""
+        table = self.table
+        if table.client_log.allow("closed_producer", logging.INFO):
+            jl.log.info("NETTY EVENT: remove channel[%s][%s] from ProducerManager groupChannelTable, producer group: "
+                        "%s", table._jinfo(slot, key), table._jaddr(slot, channel), jl._text(g.name))
+
+    def log_group_removed(self, group: str) -> None:
+        if not self.table._rules4 and self.table.client_log.allow("producer_group_removed", logging.INFO):
+            jl.log.info("unregister a producer group[%s] from groupChannelTable", jl._text(group))
+
     def close_channel(self, slot: int, keys, channel) -> None:
         """doChannelCloseEvent: remove the closed channel's producer memberships (``keys``: all of the slot's)."""
         table = self.table
-        clog = table.client_log
         wants_client = _CLIENT_UNREGISTER in table._wants
         for key in keys:
             if key & 1 != PRODUCER:
                 continue
             g = self.by_gid[key >> 1]
             info = table._client_info(slot, key) if wants_client else None
-            if clog.allow("closed_producer", logging.INFO):
-                jl.log.info("NETTY EVENT: remove channel[%s][%s] from ProducerManager groupChannelTable, "
-                            "producer group: %s", table._jinfo(slot, key), table._jaddr(slot, channel),
-                            jl._text(g.name))
+            self.log_closed(slot, key, g, channel)
             self.drop_client_slot(self.ct.member_info(slot, key)[0])  # unconditionally, as Java does
             table._remove_member(g, slot)
             if wants_client:
@@ -181,8 +188,7 @@ class ProducerManager:
             if not self.ct.group_size(g.key):
                 self.drop_group(g)  # 4.9 keeps the empty group (and says nothing)
                 table._emit(_GROUP_UNREGISTER, g.name)
-                if not table._rules4 and clog.allow("producer_group_removed", logging.INFO):
-                    jl.log.info("unregister a producer group[%s] from groupChannelTable", jl._text(g.name))
+                self.log_group_removed(g.name)
 
     def scan_expired(self, candidates, expired) -> None:
         """scanNotActiveChannel: remove the expired producer memberships (``expired[i]``: the keys of

@@ -357,7 +357,7 @@ cdef class ChannelTable:
     def channel(self, slot):
         return self._channels[self._slot(slot)]
 
-    def close(self, slot):
+    cpdef close(self, slot):
         """Free the slot of a channel whose memberships are all removed; its channel is forgotten."""
         cdef Py_ssize_t s = self._slot(slot)
         if self._nmem[s]:
@@ -398,7 +398,7 @@ cdef class ChannelTable:
         self._lang[s] = language
         self._ver[s] = version
 
-    def addr(self, slot):
+    cpdef addr(self, slot):
         return self._addr[self._slot(slot)]
 
     def set_addr(self, slot, addr):
@@ -417,7 +417,7 @@ cdef class ChannelTable:
     cpdef nmem(self, slot):
         return self._nmem[self._slot(slot)]
 
-    def kinds(self, slot):
+    cpdef kinds(self, slot):
         """Bit 0: the slot has a consumer membership, bit 1: a producer one."""
         return self._kinds[self._slot(slot)]
 
@@ -470,7 +470,7 @@ cdef class ChannelTable:
         cdef Py_ssize_t s = self._slot(slot)
         return self._find(s, self._key(key))
 
-    def mem_keys(self, slot):
+    cpdef mem_keys(self, slot):
         """The slot's membership keys: the inline ones in order, then the overflow ones."""
         return self._keys(self._slot(slot))
 
@@ -543,7 +543,7 @@ cdef class ChannelTable:
                 return
         (<dict>self._overflow[slot])[key] = pos
 
-    def remove_member(self, slot, key):
+    cpdef remove_member(self, slot, key):
         """Remove ``slot`` from ``key``; -2 when it was not a member, else the client id of the membership's own
         client info that went with it (-1: none). See the twin."""
         cdef Py_ssize_t s = self._slot(slot)
@@ -738,7 +738,7 @@ cdef class ChannelTable:
         return list(self._lag.get(self._slot(slot), {}).items())
 
     # ------------------------------------------------------------------------------------------------ groups
-    def group_size(self, key):
+    cpdef group_size(self, key):
         cdef int32_t k = self._key(key)
         return self._msize[k] if k < self._nkeys else 0
 

@@ -1,7 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-"""Native rule path of :meth:`ClientRegistry.heartbeat` (twin: the Python path, ``ClientRegistry._heartbeat`` with
-``ConsumerManager.register`` and ``ProducerManager.register`` in engine/registry/, which is the specification:
-the same state, answers, events and log lines).
+"""Native rule paths of :meth:`ClientRegistry.heartbeat` and :meth:`ClientRegistry.close_channel` (twin: the
+Python paths, ``ClientRegistry._heartbeat`` with ``ConsumerManager.register`` and ``ProducerManager.register``, and
+``ClientRegistry.close_channel`` with the managers' ``close_channel``, in engine/registry/, which are the
+specification: the same state, answers, events and log lines).
+
+A close it takes whole: the registry builds the rules only when its listener wants no event but CHANGE, the one
+event a close may emit here.
 
 It takes the heartbeats that change no more than the channel's memberships, its groups' subscriptions and consume
 settings, and the times: RocketMQ 5.x rules, every consumer group named exists with its subscription-group config,
@@ -33,6 +37,7 @@ cdef object _BROADCASTING = MessageModel.BROADCASTING
 cdef str _RETRY = "%RETRY%"
 cdef int _NO_LANGUAGE = 255
 cdef int _INFO = logging.INFO
+cdef int _WARNING = logging.WARNING
 
 
 cdef class HeartbeatRules:
@@ -41,7 +46,8 @@ cdef class HeartbeatRules:
     cdef object reg, consumers, producers, store, digest, clock, logs_at
     cdef ChannelTable ct
     cdef StringPool pool
-    cdef dict cgroups, pgroups, fingerprints, topic_groups
+    cdef dict cgroups, pgroups, fingerprints, topic_groups, stale
+    cdef list cby_gid, pby_gid
     #: whether ClientRegistry._change would do anything (the notify switch and the wanted events are fixed)
     cdef bint want_change
     cdef object result_v1, result_same, result_changed
@@ -65,6 +71,9 @@ cdef class HeartbeatRules:
         self.pgroups = reg.producers.group_table
         self.fingerprints = reg._fingerprints
         self.topic_groups = reg.consumers.topic_groups
+        self.cby_gid = reg.consumers.by_gid
+        self.pby_gid = reg.producers.by_gid
+        self.stale = reg.producers.stale
         self.store = reg.store
         self.digest = digest
         self.clock = reg._clock
@@ -276,3 +285,83 @@ cdef class HeartbeatRules:
             if self.logs_at(_INFO):
                 self.producers.log_new_producer(group)
         return key
+
+    # ------------------------------------------------------------------------------------------------ close
+    def close_channel(self, channel):
+        """ClientRegistry.close_channel (doChannelCloseEvent of both managers, producers first), for a registry
+        whose listener wants no event but CHANGE: whether the channel was in any group."""
+        cdef ChannelTable ct = self.ct
+        slot = ct.find(channel)
+        if slot is None:
+            return False
+        keys = ct.mem_keys(slot)
+        kinds = ct.kinds(slot)
+        if kinds & 2:
+            self._close_producers(slot, keys, channel)
+        if kinds & 1:
+            self._close_consumers(slot, keys)
+        self._free_slot(slot)
+        return bool(keys)
+
+    cdef int _close_producers(self, slot, list keys, channel) except -1:
+        """ProducerManager.close_channel."""
+        cdef ChannelTable ct = self.ct
+        producers = self.producers
+        for key in keys:
+            if not key & 1:
+                continue
+            g = self.pby_gid[key >> 1]
+            if self.logs_at(_INFO):
+                producers.log_closed(slot, key, g, channel)
+            producers.drop_client_slot(ct.member_info(slot, key)[0])  # unconditionally, as Java does
+            self._remove_member(slot, key)
+            if not ct.group_size(key):
+                producers.drop_group(g)
+                if self.logs_at(_INFO):
+                    producers.log_group_removed(g.name)
+        return 0
+
+    cdef int _close_consumers(self, slot, list keys) except -1:
+        """ConsumerManager.close_channel."""
+        cdef ChannelTable ct = self.ct
+        consumers = self.consumers
+        for key in keys:
+            if key & 1:
+                continue
+            g = self.cby_gid[key >> 1]
+            if self.logs_at(_WARNING):
+                consumers.log_closed(slot, key, g)
+            self._remove_member(slot, key)
+            if not ct.group_size(key):
+                consumers.drop_group(g)
+                consumers.clear_topic_groups(g)
+                if self.logs_at(_INFO):
+                    consumers.log_group_removed(g.name)
+            if self.want_change and g.message_model is not _BROADCASTING:
+                self.reg._change(g.name)
+        return 0
+
+    cdef int _remove_member(self, slot, key) except -1:
+        """ClientRegistry._remove_member of a membership the slot holds."""
+        released = self.ct.remove_member(slot, key)
+        if released != -2:
+            self.reg._nmemberships -= 1
+            if released >= 0:
+                self.pool.c_release(released)  # the membership's own client id
+        return 0
+
+    cdef int _free_slot(self, slot) except -1:
+        """ClientRegistry._free_slot."""
+        cdef ChannelTable ct = self.ct
+        if self.stale:
+            stale = self.stale.pop(slot, None)
+            if stale:
+                self.producers.free_slot(slot, stale)
+        cid = ct.client(slot)[0]
+        if cid >= 0:
+            self.pool.c_release(cid)
+        addr = ct.addr(slot)
+        if addr < 0:
+            self.pool.c_release(-addr - 1)
+        ct.close(slot)
+        return 0

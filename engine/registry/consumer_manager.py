@@ -125,7 +125,7 @@ class ConsumerGroup:
     table, the consume settings and the epoch of its last change a repeated heartbeat would observe."""
 
     __slots__ = ("name", "gid", "key", "members", "subscriptions", "consume_type", "message_model",
-                 "consume_from_where", "epoch")
+                 "consume_from_where", "epoch", "retry_topic")
 
     def __init__(self, name, gid, channel_table, consume_type, message_model, consume_from_where):
         self.name = name
@@ -137,6 +137,7 @@ class ConsumerGroup:
         self.message_model = message_model
         self.consume_from_where = consume_from_where
         self.epoch = 0  # registry tick of the last change a repeated heartbeat would observe
+        self.retry_topic = "%RETRY%" + name  # MixAll.getRetryTopic, built once (its hash is then cached too)
 
 
 class ConsumerManager:

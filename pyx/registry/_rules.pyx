@@ -34,7 +34,6 @@ __all__ = ["HeartbeatRules"]
 cdef object _ACTIVELY = ConsumeType.CONSUME_ACTIVELY
 cdef object _PASSIVELY = ConsumeType.CONSUME_PASSIVELY
 cdef object _BROADCASTING = MessageModel.BROADCASTING
-cdef str _RETRY = "%RETRY%"
 cdef int _NO_LANGUAGE = 255
 cdef int _INFO = logging.INFO
 cdef int _WARNING = logging.WARNING
@@ -43,13 +42,18 @@ cdef int _WARNING = logging.WARNING
 cdef class HeartbeatRules:
     """The native rule path of one registry (built by it; see the module docstring)."""
 
-    cdef object reg, consumers, producers, store, digest, clock, logs_at
+    cdef object reg, consumers, producers, topic_configs, group_configs, digest, clock, logs_at
     cdef ChannelTable ct
     cdef StringPool pool
     cdef dict cgroups, pgroups, fingerprints, topic_groups, stale
     cdef list cby_gid, pby_gid
     #: whether ClientRegistry._change would do anything (the notify switch and the wanted events are fixed)
     cdef bint want_change
+    #: the request's ClientRegistry._dirty (this path's own: the registry's is the Python path's scratch flag)
+    cdef bint dirty
+    #: the request as ClientRegistry._request holds it, published there only for a log line that prints it
+    cdef object request
+    cdef bint request_v2, published
     cdef object result_v1, result_same, result_changed
     cdef bint reject_pull
     cdef Py_ssize_t max_per_channel, max_groups
@@ -74,7 +78,8 @@ cdef class HeartbeatRules:
         self.cby_gid = reg.consumers.by_gid
         self.pby_gid = reg.producers.by_gid
         self.stale = reg.producers.stale
-        self.store = reg.store
+        self.topic_configs = reg.store.topics  # TopicConfigManager: its table is replaced by a load
+        self.group_configs = reg.store.groups
         self.digest = digest
         self.clock = reg._clock
         self.logs_at = clientlog.log.isEnabledFor  # the level may change at any time: asked per line
@@ -127,8 +132,8 @@ cdef class HeartbeatRules:
             return None
 
         # plan: every condition of the module docstring, before any change
-        cdef dict topics = self.store.topics.table
-        cdef dict configs = self.store.groups.table
+        cdef dict topics = self.topic_configs.table
+        cdef dict configs = self.group_configs.table
         for o in hb.consumers:
             if type(o) is not ConsumerData:  # a model built by hand may hold the twin's objects
                 return None
@@ -154,7 +159,7 @@ cdef class HeartbeatRules:
                 if tc is not None and tc.order:
                     has_order = True
                     break
-            tc = topics.get(_RETRY + group)
+            tc = topics.get(g.retry_topic)
             if tc is None or bool(tc.order) != has_order:
                 return None
             if slot is not None and ct.mem_pos(slot, g.key) >= 0:
@@ -173,12 +178,12 @@ cdef class HeartbeatRules:
         now = self.clock()
         if slot is None:
             slot = reg._slot_for(channel)
-        reg._dirty = False
-        reg._request = (channel, client_id, language, version, now, slot)
+        self.dirty = False
+        self.request = (channel, client_id, language, version, now, slot)
+        self.request_v2 = v2
         cid = self.pool.c_intern(client_id)
         try:
             req = (cid, code, version)
-            reg._request_v2 = v2
             refreshed = []
             for cd in hb.consumers:
                 if self.reject_pull and cd.consume_type is _ACTIVELY:
@@ -190,15 +195,34 @@ cdef class HeartbeatRules:
             if refreshed:
                 rc = ct.refresh(slot, refreshed, now)
                 if rc != 1:
-                    reg._dirty = True  # own times dropped (2) or kept (0)
+                    self.dirty = True  # own times dropped (2) or kept (0)
                 covered_all = rc != 0
             result = self.result_same if v2 else self.result_v1
-            if covered_all and not reg._dirty:
+            if covered_all and not self.dirty:
                 ct.arm(slot, self.digest(hb, language, version), (hb, language, version), reg._tick + 1)
             return result
         finally:
             self.pool.c_release(cid)
-            reg._request = None
+            self.request = None  # the request's channel is not kept past it
+            if self.published:
+                self.published = False
+                reg._request = None
+
+    cdef int _publish(self) except -1:
+        """ClientRegistry._request and _request_v2 for the log lines that print the request."""
+        if not self.published:
+            self.reg._request = self.request
+            self.reg._request_v2 = self.request_v2
+            self.published = True
+        return 0
+
+    cdef int _touch(self, g) except -1:
+        """ClientRegistry._touch."""
+        tick = self.reg._tick + 1
+        self.reg._tick = tick
+        g.epoch = tick
+        self.dirty = True
+        return 0
 
     cdef object _register_consumer(self, ConsumerData cd, slot, tuple req, sgc):
         """ConsumerManager.register with updateChannel and updateSubscription for a group that exists and a
@@ -219,13 +243,14 @@ cdef class HeartbeatRules:
                 or g.consume_from_where is not cd.consume_from_where):
             g.consume_type, g.message_model, g.consume_from_where = (cd.consume_type, cd.message_model,
                                                                      cd.consume_from_where)
-            reg._touch(g)
+            self._touch(g)
         key = g.key
         r1 = False
         if self.ct.mem_pos(slot, key) < 0:
             self._add_member(key, slot, req)
-            reg._dirty = True
+            self.dirty = True
             if self.logs_at(_INFO):
+                self._publish()
                 self.consumers.log_new_consumer(g, cd)
             r1 = True
         # updateSubscription
@@ -249,11 +274,12 @@ cdef class HeartbeatRules:
             self.consumers.remove_topics(g, topics)
             changed = True
         if changed or replaced:
-            reg._touch(g)
+            self._touch(g)
         if (r1 or changed) and self.want_change and sgc.notify_consumer_ids_changed_enable \
                 and g.message_model is not _BROADCASTING:
             reg._change(group)
         if (r1 or changed) and self.logs_at(_INFO):
+            self._publish()
             self.consumers.log_consumer_data(slot, cd)
         return key
 
@@ -281,8 +307,9 @@ cdef class HeartbeatRules:
         if self.ct.mem_pos(slot, key) < 0:
             self._add_member(key, slot, req)
             self.producers.set_client_slot(req[0], slot)
-            self.reg._dirty = True
+            self.dirty = True
             if self.logs_at(_INFO):
+                self._publish()
                 self.producers.log_new_producer(group)
         return key
 

@@ -54,6 +54,8 @@ cdef class HeartbeatRules:
     #: the request as ClientRegistry._request holds it, published there only for a log line that prints it
     cdef object request
     cdef bint request_v2, published
+    #: whether the logger writes INFO / WARNING lines, asked once a request (-1: not asked yet)
+    cdef int info_on, warning_on
     cdef object result_v1, result_same, result_changed
     cdef bint reject_pull
     cdef Py_ssize_t max_per_channel, max_groups
@@ -82,7 +84,7 @@ cdef class HeartbeatRules:
         self.group_configs = reg.store.groups
         self.digest = digest
         self.clock = reg._clock
-        self.logs_at = clientlog.log.isEnabledFor  # the level may change at any time: asked per line
+        self.logs_at = clientlog.log.isEnabledFor  # the level may change at any time: asked per request
         self.want_change = (cfg.notify_consumer_ids_changed_enable
                             and ConsumerGroupEvent.CHANGE in reg._wants)
         self.result_v1, self.result_same, self.result_changed = result_v1, result_same, result_changed
@@ -179,6 +181,7 @@ cdef class HeartbeatRules:
         if slot is None:
             slot = reg._slot_for(channel)
         self.dirty = False
+        self.info_on = self.warning_on = -1
         self.request = (channel, client_id, language, version, now, slot)
         self.request_v2 = v2
         cid = self.pool.c_intern(client_id)
@@ -216,6 +219,16 @@ cdef class HeartbeatRules:
             self.published = True
         return 0
 
+    cdef bint _info(self) except -1:
+        if self.info_on < 0:
+            self.info_on = bool(self.logs_at(_INFO))
+        return self.info_on
+
+    cdef bint _warning(self) except -1:
+        if self.warning_on < 0:
+            self.warning_on = bool(self.logs_at(_WARNING))
+        return self.warning_on
+
     cdef int _touch(self, g) except -1:
         """ClientRegistry._touch."""
         tick = self.reg._tick + 1
@@ -249,7 +262,7 @@ cdef class HeartbeatRules:
         if self.ct.mem_pos(slot, key) < 0:
             self._add_member(key, slot, req)
             self.dirty = True
-            if self.logs_at(_INFO):
+            if self._info():
                 self._publish()
                 self.consumers.log_new_consumer(g, cd)
             r1 = True
@@ -261,13 +274,13 @@ cdef class HeartbeatRules:
             if old_obj is None:
                 table[sd.topic] = sd
                 changed = True
-                if self.logs_at(_INFO):
+                if self._info():
                     self.consumers.log_sub_added(g, sd)
             elif (sd.sub_version > (<SubscriptionData>old_obj).sub_version if type(old_obj) is SubscriptionData
                   else sd.sub_version > old_obj.sub_version):  # the twin's, kept from a twin-decoded heartbeat
                 table[sd.topic] = sd
                 replaced = True
-                if g.consume_type is _PASSIVELY and self.logs_at(_INFO):
+                if g.consume_type is _PASSIVELY and self._info():
                     self.consumers.log_sub_replaced(g, old_obj, sd)
         topics = {sd.topic for sd in cd.subscriptions}  # the table holds them all now: more is a removal
         if len(table) != len(topics):
@@ -278,7 +291,7 @@ cdef class HeartbeatRules:
         if (r1 or changed) and self.want_change and sgc.notify_consumer_ids_changed_enable \
                 and g.message_model is not _BROADCASTING:
             reg._change(group)
-        if (r1 or changed) and self.logs_at(_INFO):
+        if (r1 or changed) and self._info():
             self._publish()
             self.consumers.log_consumer_data(slot, cd)
         return key
@@ -308,7 +321,7 @@ cdef class HeartbeatRules:
             self._add_member(key, slot, req)
             self.producers.set_client_slot(req[0], slot)
             self.dirty = True
-            if self.logs_at(_INFO):
+            if self._info():
                 self._publish()
                 self.producers.log_new_producer(group)
         return key
@@ -323,6 +336,7 @@ cdef class HeartbeatRules:
             return False
         keys = ct.mem_keys(slot)
         kinds = ct.kinds(slot)
+        self.info_on = self.warning_on = -1
         if kinds & 2:
             self._close_producers(slot, keys, channel)
         if kinds & 1:
@@ -338,13 +352,13 @@ cdef class HeartbeatRules:
             if not key & 1:
                 continue
             g = self.pby_gid[key >> 1]
-            if self.logs_at(_INFO):
+            if self._info():
                 producers.log_closed(slot, key, g, channel)
             producers.drop_client_slot(ct.member_info(slot, key)[0])  # unconditionally, as Java does
             self._remove_member(slot, key)
             if not ct.group_size(key):
                 producers.drop_group(g)
-                if self.logs_at(_INFO):
+                if self._info():
                     producers.log_group_removed(g.name)
         return 0
 
@@ -356,13 +370,13 @@ cdef class HeartbeatRules:
             if key & 1:
                 continue
             g = self.cby_gid[key >> 1]
-            if self.logs_at(_WARNING):
+            if self._warning():
                 consumers.log_closed(slot, key, g)
             self._remove_member(slot, key)
             if not ct.group_size(key):
                 consumers.drop_group(g)
                 consumers.clear_topic_groups(g)
-                if self.logs_at(_INFO):
+                if self._info():
                     consumers.log_group_removed(g.name)
             if self.want_change and g.message_model is not _BROADCASTING:
                 self.reg._change(g.name)

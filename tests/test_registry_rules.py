@@ -53,25 +53,6 @@ def lines():
     log.setLevel(old)
 
 
-class Counting:
-    """The native rules behind a counter of the heartbeats they took."""
-
-    def __init__(self, rules):
-        self.rules = rules
-        self.taken = self.declined = 0
-
-    def heartbeat(self, *args):
-        result = self.rules.heartbeat(*args)
-        if result is None:
-            self.declined += 1
-        else:
-            self.taken += 1
-        return result
-
-    def close_channel(self, channel):
-        return self.rules.close_channel(channel)
-
-
 def pair(config=RegistryConfig(), clock=lambda: 0):
     """(native, twin): the same registry with and without the native rules, CHANGE events only. Both are built
     here over the native channel table and string pool, which the rules need, so that a twin run
@@ -90,9 +71,9 @@ def pair(config=RegistryConfig(), clock=lambda: 0):
             reg = ClientRegistry(config, clock=clock, listener=events.append, events=CHANGE)
         finally:
             registry_module._ChannelTable, registry_module.StringPool = saved
-        reg._rules = Counting(HeartbeatRules(reg, registry_module._heartbeat_digest, registry_module._RESULT_V1,
-                                             registry_module._RESULT_V2_SAME,
-                                             registry_module._RESULT_V2_CHANGED)) if native else None
+        reg._use_rules(HeartbeatRules(reg, registry_module._heartbeat_digest, registry_module._RESULT_V1,
+                                      registry_module._RESULT_V2_SAME, registry_module._RESULT_V2_CHANGED,
+                                      registry_module._pack_ipv4, ClientRegistry.heartbeat) if native else None)
         reg.client_log.clock = lambda: clock() / 1000  # both budgets count the same minutes
         out.append((reg, events))
     return out
@@ -271,7 +252,7 @@ def test_the_native_path_takes_the_common_heartbeats(lines):
 def test_a_declined_heartbeat_changed_nothing():
     (native, _), _ = pair()
     native.heartbeat(1, hb("c1", [("G1", ["T1"])], ["P1"]), LanguageCode.JAVA, 479)
-    rules = native._rules.rules
+    rules = native._rules
     before = state(native)
     for declined in (hb("c1", [("G2", ["T1"])]), hb("c1", producers=["P2"]), hb(None, [("G1", ["T1"])]),
                      hb("c2", [("G1", ["T1"])]), hb("c1", [("G1", ["T1"])], fingerprint=3)):

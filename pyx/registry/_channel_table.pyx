@@ -307,7 +307,7 @@ cdef class ChannelTable:
         return <int32_t>k
 
     # ------------------------------------------------------------------------------------------------ channels
-    def open(self, channel, addr=0):
+    cpdef open(self, channel, addr=0):
         """A slot for a new channel (``addr``: the address column's value); the columns start empty."""
         cdef int64_t a = _int64("addr", addr)
         cdef Py_ssize_t slot
@@ -401,7 +401,7 @@ cdef class ChannelTable:
     cpdef addr(self, slot):
         return self._addr[self._slot(slot)]
 
-    def set_addr(self, slot, addr):
+    cpdef set_addr(self, slot, addr):
         cdef Py_ssize_t s = self._slot(slot)
         self._addr[s] = _int64("addr", addr)
 
@@ -421,7 +421,7 @@ cdef class ChannelTable:
         """Bit 0: the slot has a consumer membership, bit 1: a producer one."""
         return self._kinds[self._slot(slot)]
 
-    def touch(self, slot, now):
+    cpdef touch(self, slot, now):
         """Every membership of the slot refreshed at ``now`` (the fast path): own older times kept by
         :meth:`refresh` go, as in the twin (the registry never arms a slot that keeps any: refresh disarms)."""
         cdef Py_ssize_t s = self._slot(slot)
@@ -432,13 +432,13 @@ cdef class ChannelTable:
         self._oldest[s] = _sat_add(t, self._fresh[self._kinds[s] & 3])
 
     # ------------------------------------------------------------------------------------------------ fast path
-    def armed(self, slot):
+    cpdef armed(self, slot):
         return self._armed[self._slot(slot)]
 
-    def fkey(self, slot):
+    cpdef fkey(self, slot):
         return self._fkey[self._slot(slot)]
 
-    def armed_by(self, slot):
+    cpdef armed_by(self, slot):
         return self._armed_by[self._slot(slot)]
 
     cpdef arm(self, slot, fkey, by, armed):

@@ -21,7 +21,7 @@ directly (their .pxd files): a registry builds it when its table and pool are th
 """
 import logging
 
-from engine.codec.enums import ConsumeType, MessageModel
+from engine.codec.enums import ConsumeType, LanguageCode, MessageModel
 from engine.registry import clientlog
 from engine.registry.consumer_manager import ConsumerGroupEvent
 
@@ -37,12 +37,16 @@ cdef object _BROADCASTING = MessageModel.BROADCASTING
 cdef int _NO_LANGUAGE = 255
 cdef int _INFO = logging.INFO
 cdef int _WARNING = logging.WARNING
+cdef object _JAVA = LanguageCode.JAVA
 
 
 cdef class HeartbeatRules:
     """The native rule path of one registry (built by it; see the module docstring)."""
 
-    cdef object reg, consumers, producers, topic_configs, group_configs, digest, clock, logs_at
+    cdef object reg, consumers, producers, topic_configs, group_configs, digest, clock, logs_at, pack_ipv4
+    cdef object python_heartbeat
+    #: heartbeats these rules took and declined (handle, heartbeat)
+    cdef readonly unsigned long long taken, declined
     cdef ChannelTable ct
     cdef StringPool pool
     cdef dict cgroups, pgroups, fingerprints, topic_groups, stale
@@ -66,8 +70,10 @@ cdef class HeartbeatRules:
         """Whether the rules can work over this channel table and string pool (the native ones)."""
         return type(table) is ChannelTable and type(pool) is StringPool
 
-    def __init__(self, reg, digest, result_v1, result_same, result_changed):
+    def __init__(self, reg, digest, result_v1, result_same, result_changed, pack_ipv4, python_heartbeat):
         cfg = reg.config
+        self.pack_ipv4 = pack_ipv4
+        self.python_heartbeat = python_heartbeat  # the unbound ClientRegistry.heartbeat
         self.reg = reg
         self.ct = reg.channel_table
         self.pool = reg._pool
@@ -93,22 +99,98 @@ cdef class HeartbeatRules:
         self.max_groups = cfg.max_groups
         self.max_memberships = cfg.max_memberships
 
-    def heartbeat(self, channel, slot, hb_obj, language, version):
-        """The answer to ``hb_obj`` on ``channel`` (``slot``: its slot, None when not open), or None when the
-        request is not one this path takes; then nothing was changed."""
+    # ------------------------------------------------------------------------------------------- the entries
+    def handle(self, channel, hb, language=_JAVA, version=0):
+        """ClientRegistry.heartbeat: the fast path of an armed slot, then these rules, then the Python path
+        (``ClientRegistry._heartbeat``) for what they decline. A heartbeat of the twin decoder's model goes to
+        the registry's Python method whole."""
+        cdef ChannelTable ct = self.ct
+        cdef HeartbeatData h
+        cdef ConsumerData cd
+        if type(hb) is not HeartbeatData:
+            return self.python_heartbeat(self.reg, channel, hb, language, version)
+        h = <HeartbeatData>hb
+        slot = ct.find(channel)
+        if slot is not None:
+            armed = ct.armed(slot)
+            if armed and self.reg._config_epoch < armed:
+                by = ct.armed_by(slot)
+                if ((by is not None and by[0] is hb and by[1] == language and by[2] == version)
+                        or self.digest(hb, language, version) == ct.fkey(slot)):
+                    for o in h.consumers:
+                        if type(o) is ConsumerData:
+                            cd = <ConsumerData>o
+                            consume_type, group = cd.consume_type, cd.group
+                        else:  # a native HeartbeatData built by hand may hold the twin's ConsumerData
+                            consume_type, group = o.consume_type, o.group
+                        if self.reject_pull and consume_type is _ACTIVELY:
+                            continue
+                        g = self.cgroups.get(group)
+                        if g is None or g.epoch >= armed:
+                            break
+                    else:
+                        ct.touch(slot, self.clock())
+                        return self.result_v1 if h.fingerprint == 0 else self.result_same
+        result = self._take(channel, slot, h, language, version)
+        if result is not None:
+            self.taken += 1
+            return result
+        self.declined += 1
+        return self.reg._heartbeat(channel, slot, hb, language, version)
+
+    def heartbeat(self, channel, slot, hb, language, version):
+        """The answer to ``hb`` on ``channel`` (``slot``: its slot, None when not open) by these rules, or None when
+        the request is not one they take; then nothing was changed."""
+        if type(hb) is not HeartbeatData:
+            self.declined += 1
+            return None
+        result = self._take(channel, slot, <HeartbeatData>hb, language, version)
+        if result is None:
+            self.declined += 1
+        else:
+            self.taken += 1
+        return result
+
+    def open_channel(self, channel, remote_addr=""):
+        """ClientRegistry.open_channel."""
+        cdef ChannelTable ct = self.ct
+        slot = ct.find(channel)
+        if slot is None:
+            self._new_slot(channel, remote_addr)
+        elif remote_addr:
+            old = ct.addr(slot)
+            ct.set_addr(slot, self._encode_addr(remote_addr))
+            if old < 0:
+                self.pool.c_release(-old - 1)
+
+    cdef object _encode_addr(self, addr):
+        """ClientRegistry._encode_addr."""
+        if not addr or not isinstance(addr, str):
+            return 0
+        packed = self.pack_ipv4(addr)
+        return packed if packed else -(self.pool.c_intern(addr) + 1)
+
+    cdef object _new_slot(self, channel, remote_addr):
+        """ClientRegistry._new_slot."""
+        addr = self._encode_addr(remote_addr)
+        try:
+            return self.ct.open(channel, addr)
+        except BaseException:
+            if addr < 0:
+                self.pool.c_release(-addr - 1)
+            raise
+
+    # ------------------------------------------------------------------------------------------- heartbeat
+    cdef object _take(self, channel, slot, HeartbeatData hb, language, version):
         cdef Py_ssize_t nmem, named
         cdef long long ver
         cdef int code
         cdef bint v2, has_order
-        cdef HeartbeatData hb
         cdef ConsumerData cd
         cdef SubscriptionData sd
         cdef ProducerData pd
         cdef ChannelTable ct = self.ct
         cdef Py_ssize_t cid_now = -2  # the pool id of the client id, looked up once when a membership's is compared
-        if type(hb_obj) is not HeartbeatData:
-            return None
-        hb = <HeartbeatData>hb_obj
         reg = self.reg
         client_id = hb.client_id
         if type(client_id) is not str:
@@ -178,8 +260,9 @@ cdef class HeartbeatRules:
 
         # apply, in the Python path's order
         now = self.clock()
-        if slot is None:
-            slot = reg._slot_for(channel)
+        if slot is None:  # ClientRegistry._slot_for
+            addr = getattr(channel, "remote_addr", None)
+            slot = self._new_slot(channel, addr if isinstance(addr, str) else "")
         self.dirty = False
         self.info_on = self.warning_on = -1
         self.request = (channel, client_id, language, version, now, slot)

@@ -71,7 +71,7 @@ def pair(config=RegistryConfig(), clock=lambda: 0):
             reg = ClientRegistry(config, clock=clock, listener=events.append, events=CHANGE)
         finally:
             registry_module._ChannelTable, registry_module.StringPool = saved
-        reg._use_rules(HeartbeatRules(reg, registry_module._heartbeat_digest, registry_module._RESULT_V1,
+        reg._use_rules(HeartbeatRules(reg, registry_module._heartbeat_digest, reg._result_v1,
                                       registry_module._RESULT_V2_SAME, registry_module._RESULT_V2_CHANGED,
                                       registry_module._pack_ipv4, ClientRegistry.heartbeat) if native else None)
         reg.client_log.clock = lambda: clock() / 1000  # both budgets count the same minutes
@@ -207,6 +207,9 @@ TestRulesRejectPullNoAutoCreate = machine("RulesRejectPullNoAutoCreate", reject_
                                           auto_create_subscription_group=False)
 TestRulesCoalesced = machine("RulesCoalesced", notify_coalesce_window_ms=1000, v2_restart_safe=False)
 TestRulesNotifyOff = machine("RulesNotifyOff", notify_consumer_ids_changed_enable=False)
+TestRules4x = machine("Rules4x", client_management_rules=4)  # the broker's default (clientManagementRules=4)
+TestRules4xNoAutoCreate = machine("Rules4xNoAutoCreate", client_management_rules=4,
+                                  auto_create_subscription_group=False)
 TestRulesTightBudgets = machine("RulesTightBudgets", max_groups_per_channel=3, max_groups=4, max_memberships=6)
 
 
@@ -276,4 +279,31 @@ def test_events_other_than_change_keep_the_python_path():
     assert (ClientRegistry()._rules is not None) == built
     assert (ClientRegistry(listener=lambda e: None, events=CHANGE)._rules is not None) == built
     assert ClientRegistry(listener=lambda e: None)._rules is None
-    assert ClientRegistry(RegistryConfig(client_management_rules=4))._rules is None
+    assert (ClientRegistry(RegistryConfig(client_management_rules=4))._rules is not None) == built
+
+
+def test_the_native_path_takes_the_common_heartbeats_under_4x_rules(lines):
+    """The broker's default rules (clientManagementRules=4): no fingerprints, BROADCASTING groups notified too."""
+    t = [0]
+    (native, native_events), (twin, twin_events) = pair(RegistryConfig(client_management_rules=4), lambda: t[0])
+    rules = native._rules
+    steps = [
+        (1, hb("c1", [("G1", ["T1"])], ["P1"])),  # new groups: declined
+        (2, hb("c2", [("G1", ["T1"])], ["P1"], fingerprint=7)),  # a new client (fingerprints ignored): taken
+        (2, hb("c2", [consumer("G1", ["T1", "T2"], model=MessageModel.BROADCASTING)], ["P1"])),  # taken
+        (3, hb("c3", [consumer("G1", ["T2"], model=MessageModel.BROADCASTING)])),  # taken: CHANGE for BROADCASTING
+    ]
+    taken = []
+    for channel, heartbeat in steps:
+        heartbeat = native_model(heartbeat)
+        before = rules.taken
+        t[0] += 1000
+        assert native.heartbeat(channel, heartbeat, LanguageCode.JAVA, 479) == \
+            twin.heartbeat(channel, heartbeat, LanguageCode.JAVA, 479)
+        taken.append(rules.taken - before)
+        assert state(native) == state(twin)
+        assert [registry_event_key(e) for e in native_events] == [registry_event_key(e) for e in twin_events]
+    assert taken == [0, 1, 1, 1]
+    assert any(registry_event_key(e)[1] == "G1" for e in native_events)  # CHANGE for the BROADCASTING group
+    assert native.close_channel(3) == twin.close_channel(3)
+    assert state(native) == state(twin)

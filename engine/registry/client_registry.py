@@ -398,12 +398,12 @@ class ClientRegistry:
         self._request = None  # (channel, client id, language, version, now, slot) of the heartbeat being handled
         self._nmemberships = 0  # (group, channel) registrations: RegistryConfig.max_memberships
         self._request_v2 = False  # that heartbeat takes the V2 path
-        #: the native rule path (engine.registry._rules) for the heartbeats it takes, 5.x rules without events but
-        #: CHANGE; None: every heartbeat takes the Python path below
+        #: the native rule path (engine.registry._rules) for the heartbeats it takes, when no event but CHANGE is
+        #: wanted; None: every heartbeat takes the Python path below
         self._rules = None
-        if (_HeartbeatRules is not None and not rules4 and self._wants <= {ConsumerGroupEvent.CHANGE}
+        if (_HeartbeatRules is not None and self._wants <= {ConsumerGroupEvent.CHANGE}
                 and _HeartbeatRules.usable(self.channel_table, self._pool)):
-            self._use_rules(_HeartbeatRules(self, _heartbeat_digest, _RESULT_V1, _RESULT_V2_SAME,
+            self._use_rules(_HeartbeatRules(self, _heartbeat_digest, self._result_v1, _RESULT_V2_SAME,
                                             _RESULT_V2_CHANGED, _pack_ipv4, ClientRegistry.heartbeat))
 
     def _use_rules(self, rules) -> None:

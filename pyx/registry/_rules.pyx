@@ -8,9 +8,9 @@ A close it takes whole: the registry builds the rules only when its listener wan
 event a close may emit here.
 
 It takes the heartbeats that change no more than the channel's memberships, its groups' subscriptions and consume
-settings, and the times: RocketMQ 5.x rules, every consumer group named exists with its subscription-group config,
-its retry topic (with the order flag the heartbeat implies) and its V2 fingerprint unchanged; every producer group
-exists; the channel's memberships hold the request's client id; the heartbeat is not a light V2 one and stays
+settings, and the times: every consumer group named exists with its subscription-group config and its retry topic
+(under 5.x rules also with the order flag the heartbeat implies, and its V2 fingerprint unchanged); every producer
+group exists; the channel's memberships hold the request's client id; the heartbeat is not a light V2 one and stays
 within the budgets even if every group it names were new; the listener wants no event but CHANGE. For anything else
 :meth:`HeartbeatRules.heartbeat` returns None having changed nothing, and the Python path takes the request. Java's
 log lines and CHANGE go through the managers' and the registry's own methods.
@@ -61,7 +61,7 @@ cdef class HeartbeatRules:
     #: whether the logger writes INFO / WARNING lines, asked once a request (-1: not asked yet)
     cdef int info_on, warning_on
     cdef object result_v1, result_same, result_changed
-    cdef bint reject_pull
+    cdef bint reject_pull, rules4
     cdef Py_ssize_t max_per_channel, max_groups
     cdef long long max_memberships
 
@@ -95,6 +95,7 @@ cdef class HeartbeatRules:
                             and ConsumerGroupEvent.CHANGE in reg._wants)
         self.result_v1, self.result_same, self.result_changed = result_v1, result_same, result_changed
         self.reject_pull = reg._reject_pull
+        self.rules4 = reg._rules4
         self.max_per_channel = cfg.max_groups_per_channel
         self.max_groups = cfg.max_groups
         self.max_memberships = cfg.max_memberships
@@ -130,7 +131,7 @@ cdef class HeartbeatRules:
                             break
                     else:
                         ct.touch(slot, self.clock())
-                        return self.result_v1 if h.fingerprint == 0 else self.result_same
+                        return self.result_v1 if h.fingerprint == 0 or self.rules4 else self.result_same
         result = self._take(channel, slot, h, language, version)
         if result is not None:
             self.taken += 1
@@ -195,7 +196,7 @@ cdef class HeartbeatRules:
         client_id = hb.client_id
         if type(client_id) is not str:
             return None
-        v2 = hb.fingerprint != 0
+        v2 = hb.fingerprint != 0 and not self.rules4  # a 4.9 broker's HeartbeatData has no fingerprint
         if v2 and hb.without_sub:
             return None
         if type(version) is not int:
@@ -227,10 +228,7 @@ cdef class HeartbeatRules:
                 return None
             if self.reject_pull and cd.consume_type is _ACTIVELY:
                 continue
-            prev = self.fingerprints.get(group)
-            if prev is None or prev != hb.fingerprint:
-                return None
-            if group not in configs:
+            if group not in configs:  # 5.x: not registered; 4.x: registered without a config
                 return None
             g = self.cgroups.get(group)
             if g is None:
@@ -239,13 +237,18 @@ cdef class HeartbeatRules:
             for o in cd.subscriptions:
                 if type(o) is not SubscriptionData:
                     return None
-                tc = topics.get((<SubscriptionData>o).topic)
-                if tc is not None and tc.order:
-                    has_order = True
-                    break
+                if not has_order and not self.rules4:
+                    tc = topics.get((<SubscriptionData>o).topic)
+                    has_order = tc is not None and tc.order
             tc = topics.get(g.retry_topic)
-            if tc is None or bool(tc.order) != has_order:
+            if tc is None:
                 return None
+            if self.rules4:
+                pass  # 4.9's heartBeat: no fingerprint table, and an existing retry topic is left alone
+            else:
+                prev = self.fingerprints.get(group)
+                if prev is None or prev != hb.fingerprint or bool(tc.order) != has_order:
+                    return None
             if slot is not None and ct.mem_pos(slot, g.key) >= 0:
                 if cid_now == -2:
                     cid_now = self.pool.c_lookup(client_id)
@@ -372,7 +375,7 @@ cdef class HeartbeatRules:
         if changed or replaced:
             self._touch(g)
         if (r1 or changed) and self.want_change and sgc.notify_consumer_ids_changed_enable \
-                and g.message_model is not _BROADCASTING:
+                and (self.rules4 or g.message_model is not _BROADCASTING):  # 4.x: BROADCASTING groups too
             reg._change(group)
         if (r1 or changed) and self._info():
             self._publish()
@@ -461,7 +464,7 @@ cdef class HeartbeatRules:
                 consumers.clear_topic_groups(g)
                 if self._info():
                     consumers.log_group_removed(g.name)
-            if self.want_change and g.message_model is not _BROADCASTING:
+            if self.want_change and (self.rules4 or g.message_model is not _BROADCASTING):
                 self.reg._change(g.name)
         return 0
 

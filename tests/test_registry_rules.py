@@ -72,8 +72,8 @@ def pair(config=RegistryConfig(), clock=lambda: 0):
         finally:
             registry_module._ChannelTable, registry_module.StringPool = saved
         reg._use_rules(HeartbeatRules(reg, registry_module._heartbeat_digest, reg._result_v1,
-                                      registry_module._RESULT_V2_SAME, registry_module._RESULT_V2_CHANGED,
-                                      registry_module._pack_ipv4, ClientRegistry.heartbeat) if native else None)
+                                      registry_module._RESULT_V2_SAME, registry_module._pack_ipv4,
+                                      ClientRegistry.heartbeat) if native else None)
         reg.client_log.clock = lambda: clock() / 1000  # both budgets count the same minutes
         out.append((reg, events))
     return out

@@ -403,8 +403,8 @@ class ClientRegistry:
         self._rules = None
         if (_HeartbeatRules is not None and self._wants <= {ConsumerGroupEvent.CHANGE}
                 and _HeartbeatRules.usable(self.channel_table, self._pool)):
-            self._use_rules(_HeartbeatRules(self, _heartbeat_digest, self._result_v1, _RESULT_V2_SAME,
-                                            _RESULT_V2_CHANGED, _pack_ipv4, ClientRegistry.heartbeat))
+            self._use_rules(_HeartbeatRules(self, _heartbeat_digest, self._result_v1, _RESULT_V2_SAME, _pack_ipv4,
+                                            ClientRegistry.heartbeat))
 
     def _use_rules(self, rules) -> None:
         """Take heartbeats, opens and closes through the native rules (None: the Python paths only). Their C

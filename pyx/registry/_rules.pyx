@@ -1,23 +1,19 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
-"""Native rule paths of :meth:`ClientRegistry.heartbeat` and :meth:`ClientRegistry.close_channel` (twin: the
-Python paths, ``ClientRegistry._heartbeat`` with ``ConsumerManager.register`` and ``ProducerManager.register``, and
-``ClientRegistry.close_channel`` with the managers' ``close_channel``, in engine/registry/, which are the
-specification: the same state, answers, events and log lines).
+"""Native rule paths of :class:`ClientRegistry` (twin: its Python paths in engine/registry/, which are the
+specification: the same state, answers, events and log lines): ``heartbeat`` (``ClientRegistry.heartbeat`` and
+``_heartbeat`` with ``ConsumerManager.register`` and ``ProducerManager.register``), ``open_channel`` and
+``close_channel`` (with the managers' ``close_channel``). A registry builds them when its listener wants no event
+but CHANGE and its channel table and string pool are the native ones (:meth:`HeartbeatRules.usable`); their
+methods then stand in for the registry's (``ClientRegistry._use_rules``).
 
-A close it takes whole: the registry builds the rules only when its listener wants no event but CHANGE, the one
-event a close may emit here.
-
-It takes the heartbeats that change no more than the channel's memberships, its groups' subscriptions and consume
-settings, and the times: every consumer group named exists with its subscription-group config and its retry topic
-(under 5.x rules also with the order flag the heartbeat implies, and its V2 fingerprint unchanged); every producer
-group exists; the channel's memberships hold the request's client id; the heartbeat is not a light V2 one and stays
-within the budgets even if every group it names were new; the listener wants no event but CHANGE. For anything else
-:meth:`HeartbeatRules.heartbeat` returns None having changed nothing, and the Python path takes the request. Java's
-log lines and CHANGE go through the managers' and the registry's own methods.
-
-It works on the native heartbeat model, channel table and string pool, whose fields and methods it reaches
-directly (their .pxd files): a registry builds it when its table and pool are the native ones
-(:meth:`HeartbeatRules.usable`), and it declines a heartbeat decoded by the twin decoder.
+A heartbeat they take when it changes no more than the channel's memberships, its groups' subscriptions and
+consume settings, and the times: every consumer group named exists with its subscription-group config and its
+retry topic (under 5.x rules also with the order flag the heartbeat implies, and its V2 fingerprint unchanged);
+every producer group exists; the channel's memberships hold the request's client id; it is not a light V2 one and
+stays within the budgets even if every group it names were new; it is the native decoder's model (whose fields,
+like the table's and the pool's, they reach directly through the .pxd files). Any other heartbeat they decline
+having changed nothing, and the Python path takes it. Opens and closes they take whole. Java's log lines and
+CHANGE go through the managers' and the registry's own methods.
 """
 import logging
 
@@ -60,7 +56,7 @@ cdef class HeartbeatRules:
     cdef bint request_v2, published
     #: whether the logger writes INFO / WARNING lines, asked once a request (-1: not asked yet)
     cdef int info_on, warning_on
-    cdef object result_v1, result_same, result_changed
+    cdef object result_v1, result_same
     cdef bint reject_pull, rules4
     cdef Py_ssize_t max_per_channel, max_groups
     cdef long long max_memberships
@@ -70,7 +66,7 @@ cdef class HeartbeatRules:
         """Whether the rules can work over this channel table and string pool (the native ones)."""
         return type(table) is ChannelTable and type(pool) is StringPool
 
-    def __init__(self, reg, digest, result_v1, result_same, result_changed, pack_ipv4, python_heartbeat):
+    def __init__(self, reg, digest, result_v1, result_same, pack_ipv4, python_heartbeat):
         cfg = reg.config
         self.pack_ipv4 = pack_ipv4
         self.python_heartbeat = python_heartbeat  # the unbound ClientRegistry.heartbeat
@@ -93,7 +89,7 @@ cdef class HeartbeatRules:
         self.logs_at = clientlog.log.isEnabledFor  # the level may change at any time: asked per request
         self.want_change = (cfg.notify_consumer_ids_changed_enable
                             and ConsumerGroupEvent.CHANGE in reg._wants)
-        self.result_v1, self.result_same, self.result_changed = result_v1, result_same, result_changed
+        self.result_v1, self.result_same = result_v1, result_same  # the answers of a heartbeat they take
         self.reject_pull = reg._reject_pull
         self.rules4 = reg._rules4
         self.max_per_channel = cfg.max_groups_per_channel

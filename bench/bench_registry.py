@@ -151,22 +151,28 @@ def test_steady_register_only(benchmark, use, impl):
 def test_changed_heartbeat(benchmark, use, impl):
     use(impl)
     reg = ClientRegistry(clock=lambda: 0)
-    hbs = []
-    for v in range(BATCH):  # a client that bumps subVersion every heartbeat (no CHANGE, but not a repeat)
-        hb = java_heartbeat(0)
-        cd = hb.consumers[0]
-        subs = tuple(engine.SubscriptionData(s.topic, s.sub_string, s.tags, s.codes, s.sub_version + v)
-                     for s in cd.subscriptions)
-        hbs.append(engine.HeartbeatData(hb.client_id, hb.producers, (engine.ConsumerData(
-            cd.group, cd.consume_type, cd.message_model, cd.consume_from_where, cd.unit_mode, subs),)))
-    state = {"base": 0}
+    base = java_heartbeat(0)
+    cd = base.consumers[0]
+    state = {"version": 0}
 
-    def batch():
-        state["base"] += BATCH  # keep versions growing across rounds
+    def setup():
+        # a client that bumps subVersion every heartbeat (no CHANGE, but not a repeat); the versions keep growing
+        # across rounds, so every heartbeat of every round replaces the subscriptions
+        hbs = []
+        for _ in range(BATCH):
+            state["version"] += 1
+            subs = tuple(engine.SubscriptionData(s.topic, s.sub_string, s.tags, s.codes, s.sub_version + state["version"])
+                         for s in cd.subscriptions)
+            hbs.append(engine.HeartbeatData(base.client_id, base.producers, (engine.ConsumerData(
+                cd.group, cd.consume_type, cd.message_model, cd.consume_from_where, cd.unit_mode, subs),)))
+        gc.collect()  # the batch is not charged with a collection of the objects built here
+        return (hbs,), {}
+
+    def batch(hbs):
         for hb in hbs:
             reg.heartbeat(1, hb, LanguageCode.JAVA, 479)
 
-    benchmark(batch)
+    benchmark.pedantic(batch, setup=setup, rounds=50)
     per_heartbeat(benchmark)
 
 

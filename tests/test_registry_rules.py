@@ -221,10 +221,26 @@ def consumer(group, topics, version=1, model=MessageModel.CLUSTERING, ctype=Cons
                                subscriptions=tuple(engine.SubscriptionData(t, sub_version=version) for t in topics))
 
 
-def test_the_native_path_takes_the_common_heartbeats(lines):
+def run_steps(config, steps):
+    """Each (channel, heartbeat) on a pair of registries, one second apart, compared after each step; returns
+    whether the native rules took each one, and the native registry with its events."""
     t = [0]
-    (native, native_events), (twin, twin_events) = pair(clock=lambda: t[0])
+    (native, native_events), (twin, twin_events) = pair(config, lambda: t[0])
     rules = native._rules
+    taken = []
+    for channel, heartbeat in steps:
+        heartbeat = native_model(heartbeat)
+        before = rules.taken
+        t[0] += 1000
+        assert native.heartbeat(channel, heartbeat, LanguageCode.JAVA, 479) == \
+            twin.heartbeat(channel, heartbeat, LanguageCode.JAVA, 479)
+        taken.append(rules.taken - before)
+        assert state(native) == state(twin)
+        assert [registry_event_key(e) for e in native_events] == [registry_event_key(e) for e in twin_events]
+    return taken, native, twin, native_events
+
+
+def test_the_native_path_takes_the_common_heartbeats(lines):
     steps = [
         (1, hb("c1", [("G1", ["T1"])], ["P1"])),  # new groups: declined (created by the Python path)
         (2, hb("c2", [("G1", ["T1"])], ["P1"])),  # a new client of existing groups: taken
@@ -238,16 +254,7 @@ def test_the_native_path_takes_the_common_heartbeats(lines):
         (2, hb("c9", [consumer("G1", ["T2"])], fingerprint=5, without_sub=True)),  # light V2: declined
         (4, hb("c4", [("G1", ["T1"])], ["P1"], fingerprint=5)),  # a new client, V2, the group's fingerprint: taken
     ]
-    taken = []
-    for channel, heartbeat in steps:
-        heartbeat = native_model(heartbeat)
-        before = rules.taken
-        t[0] += 1000
-        assert native.heartbeat(channel, heartbeat, LanguageCode.JAVA, 479) == \
-            twin.heartbeat(channel, heartbeat, LanguageCode.JAVA, 479)
-        taken.append(rules.taken - before)
-        assert state(native) == state(twin)
-        assert [registry_event_key(e) for e in native_events] == [registry_event_key(e) for e in twin_events]
+    taken, _, _, _ = run_steps(RegistryConfig(), steps)
     assert taken == [0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1]
     assert any("new consumer connected" in line for line in lines.lines)
 
@@ -284,25 +291,13 @@ def test_events_other_than_change_keep_the_python_path():
 
 def test_the_native_path_takes_the_common_heartbeats_under_4x_rules(lines):
     """The broker's default rules (clientManagementRules=4): no fingerprints, BROADCASTING groups notified too."""
-    t = [0]
-    (native, native_events), (twin, twin_events) = pair(RegistryConfig(client_management_rules=4), lambda: t[0])
-    rules = native._rules
     steps = [
         (1, hb("c1", [("G1", ["T1"])], ["P1"])),  # new groups: declined
         (2, hb("c2", [("G1", ["T1"])], ["P1"], fingerprint=7)),  # a new client (fingerprints ignored): taken
         (2, hb("c2", [consumer("G1", ["T1", "T2"], model=MessageModel.BROADCASTING)], ["P1"])),  # taken
         (3, hb("c3", [consumer("G1", ["T2"], model=MessageModel.BROADCASTING)])),  # taken: CHANGE for BROADCASTING
     ]
-    taken = []
-    for channel, heartbeat in steps:
-        heartbeat = native_model(heartbeat)
-        before = rules.taken
-        t[0] += 1000
-        assert native.heartbeat(channel, heartbeat, LanguageCode.JAVA, 479) == \
-            twin.heartbeat(channel, heartbeat, LanguageCode.JAVA, 479)
-        taken.append(rules.taken - before)
-        assert state(native) == state(twin)
-        assert [registry_event_key(e) for e in native_events] == [registry_event_key(e) for e in twin_events]
+    taken, native, twin, native_events = run_steps(RegistryConfig(client_management_rules=4), steps)
     assert taken == [0, 1, 1, 1]
     assert any(registry_event_key(e)[1] == "G1" for e in native_events)  # CHANGE for the BROADCASTING group
     assert native.close_channel(3) == twin.close_channel(3)

@@ -8,6 +8,16 @@ import os
 
 from setuptools import setup
 
+#: modules whose C layout (their .pxd) another module compiles against: built together, so that a partial
+#: developer build (ENGINE_BUILD_ONLY) never leaves engine.registry._rules reading a stale layout
+LAYOUT_GROUP = {"_heartbeat", "_channel_table", "_intern", "_rules"}
+
+
+def _build_only(names: str) -> set:
+    only = set(names.split(","))
+    return only | LAYOUT_GROUP if only & LAYOUT_GROUP else only
+
+
 ext_modules = []
 if not os.environ.get("ENGINE_NO_EXTENSIONS"):
     import numpy
@@ -28,9 +38,10 @@ if not os.environ.get("ENGINE_NO_EXTENSIONS"):
                 extra_link_args=ldflags,
             )
             for path in sorted(glob.glob("pyx/*/*.pyx"))
-            # ENGINE_BUILD_ONLY=_frame,_heartbeat limits an in-place developer build to those modules
+            # ENGINE_BUILD_ONLY=_frame,_heartbeat limits an in-place developer build to those modules (and the rest
+            # of LAYOUT_GROUP when it names one of it)
             if not os.environ.get("ENGINE_BUILD_ONLY")
-            or os.path.splitext(os.path.basename(path))[0] in os.environ["ENGINE_BUILD_ONLY"].split(",")
+            or os.path.splitext(os.path.basename(path))[0] in _build_only(os.environ["ENGINE_BUILD_ONLY"])
         ],
         compiler_directives={"language_level": "3", "embedsignature": True},
         # the .pxd files are named by full module name beside their .pyx (pyx/codec/engine.codec._heartbeat.pxd):

@@ -57,8 +57,17 @@ def outcome(fn, *args):
         return (type(exc).__name__, str(exc))
 
 
+class Name(str):
+    """A str subclass whose own hash would split one string into two ids: pooled as a str."""
+
+    def __hash__(self):
+        return 7
+
+
+ids_ = st.one_of(st.integers(-3, 40), st.sampled_from([1 << 70, -(1 << 70), 1 << 63, True, 1.0, "1", None]))
 op = st.one_of(st.tuples(st.just("intern"), names), st.tuples(st.just("lookup"), names),
-               st.tuples(st.sampled_from(["acquire", "release", "get", "refs"]), st.integers(-3, 40)))
+               st.tuples(st.sampled_from(["intern", "lookup"]), names.map(Name)),
+               st.tuples(st.sampled_from(["acquire", "release", "get", "refs"]), ids_))
 
 
 @settings(max_examples=300, deadline=None)
@@ -111,6 +120,13 @@ def test_lone_surrogates_do_not_break_interning(StringPool):
     e = pool.intern("a\ud800b")
     assert pool.get(e) == "a\ud800b" and pool.lookup("a\ud800b") == e
     assert pool.lookup("a\ud801b") == -1
+
+
+def test_a_str_subclass_is_pooled_as_a_str(StringPool):
+    pool = StringPool()
+    e = pool.intern("host-a:1")
+    assert pool.intern(Name("host-a:1")) == e and pool.lookup(Name("host-a:1")) == e and pool.refs(e) == 2
+    assert type(pool.get(e)) is str
 
 
 @pytest.mark.parametrize("bad", [None, b"x", 1])

@@ -16,7 +16,7 @@ from test_registry_model import heartbeats, registry_event_key, registry_snapsho
 
 import engine
 from conftest import require_native
-from engine.codec.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
+from engine.codec.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel, ResponseCode
 from engine.registry import client_registry as registry_module
 from engine.registry import clientlog
 from engine.registry.client_registry import ClientRegistry, ConsumerGroupEvent, RegistryConfig
@@ -79,12 +79,12 @@ def pair(config=RegistryConfig(), clock=lambda: 0):
     return out
 
 
-def native_model(h):
+def native_model(h, client_id_type=str):
     """The heartbeat as the native decoder's model (the rules decline the twin's)."""
     from engine.codec import _heartbeat as nh
 
     return nh.HeartbeatData(
-        h.client_id, tuple(nh.ProducerData(p.group) for p in h.producers),
+        h.client_id if h.client_id is None else client_id_type(h.client_id), tuple(nh.ProducerData(p.group) for p in h.producers),
         tuple(nh.ConsumerData(c.group, c.consume_type, c.message_model, c.consume_from_where, c.unit_mode,
                               tuple(nh.SubscriptionData(s.topic, s.sub_string, s.tags, s.codes, s.sub_version,
                                                         s.expression_type, s.class_filter_mode)
@@ -110,11 +110,36 @@ def state(reg):
             dict(reg._pending), strings, reg.client_log.left_out)
 
 
+class Chan:
+    """A connection: the registry reads its remote address when its first heartbeat opens its slot."""
+
+    __slots__ = ("n", "remote_addr")
+
+    def __init__(self, n, remote_addr):
+        self.n, self.remote_addr = n, remote_addr
+
+    def __lt__(self, other):
+        return self.n < other.n
+
+    def __repr__(self):
+        return f"Chan({self.n})"
+
+
+class Name(str):
+    """A client id of a str subclass (an API caller's): the Python path takes it, with the same pool ids."""
+
+
+ADDRESSES = ["10.0.0.9:4000", "[::1]:5000", "host-b:2", ""]
+
+
 class RulesMachine(RuleBasedStateMachine):
     config = RegistryConfig(client_log_lines_per_minute=3)
 
     def __init__(self):
         super().__init__()
+        # IPv4, IPv6, host name and no address, as the first heartbeat finds them (open_channel may set another)
+        self.chans = [Chan(0, "10.0.0.1:4000"), Chan(1, "[::1]:5000"), Chan(2, "host-a:1"), Chan(3, None),
+                      Chan(4, "10.0.0.2:4001")]
         self.now = 1_000_000
         (self.native, self.native_events), (self.twin, self.twin_events) = pair(self.config, lambda: self.now)
         self.lines = Lines()
@@ -136,16 +161,19 @@ class RulesMachine(RuleBasedStateMachine):
         self.native_events.clear()
         self.twin_events.clear()
 
-    @rule(channel=st.integers(0, 4), data=heartbeats, language=st.sampled_from(LANGUAGES),
-          version=st.sampled_from(VERSIONS), repeat=st.booleans())
-    def heartbeat(self, channel, data, language, version, repeat):
-        data = native_model(data)
+    @rule(channel=st.integers(0, 4), data=heartbeats, language=st.sampled_from(LANGUAGES + [7, 300, -1]),
+          version=st.sampled_from(VERSIONS + [1 << 63, -(1 << 64), True]), repeat=st.booleans(),
+          subclass=st.booleans())
+    def heartbeat(self, channel, data, language, version, repeat, subclass):
+        channel = self.chans[channel]
+        data = native_model(data, Name if subclass else str)
         for _ in range(2 if repeat else 1):
             self.both(lambda reg: reg.heartbeat(channel, data, language, version))
 
     @rule(channel=st.integers(0, 4), data=st.data())
     def changed_heartbeat(self, channel, data):
         """A member's heartbeat again with a subscription changed (a subVersion bump, a topic added or dropped)."""
+        channel = self.chans[channel]
         info = self.twin.channel_info(channel)
         cds = []
         for cd in data.draw(heartbeats).consumers:
@@ -163,11 +191,23 @@ class RulesMachine(RuleBasedStateMachine):
           producer_group=st.sampled_from(PRODUCER_GROUPS + [None]),
           consumer_group=st.sampled_from(CONSUMER_GROUPS + [None]))
     def unregister(self, channel, client_id, producer_group, consumer_group):
+        channel = self.chans[channel]
         self.both(lambda reg: reg.unregister(channel, client_id, producer_group, consumer_group))
 
     @rule(channel=st.integers(0, 4))
     def close(self, channel):
+        channel = self.chans[channel]
         self.both(lambda reg: reg.close_channel(channel))
+
+    @rule(channel=st.integers(0, 4), addr=st.sampled_from(ADDRESSES))
+    def open_channel(self, channel, addr):
+        channel = self.chans[channel]
+        self.both(lambda reg: reg.open_channel(channel, addr))
+
+    @rule(level=st.sampled_from([logging.INFO, logging.WARNING, logging.ERROR]))
+    def log_level(self, level):
+        """An operator changes the log level: the native rules ask it once a request."""
+        clientlog.log.setLevel(level)
 
     @rule(ms=st.sampled_from([0, 1, 30_000, 60_001, 120_001]))
     def advance(self, ms):
@@ -302,3 +342,22 @@ def test_the_native_path_takes_the_common_heartbeats_under_4x_rules(lines):
     assert any(registry_event_key(e)[1] == "G1" for e in native_events)  # CHANGE for the BROADCASTING group
     assert native.close_channel(3) == twin.close_channel(3)
     assert state(native) == state(twin)
+
+
+@pytest.mark.parametrize("language, version, answer", [
+    (LanguageCode.JAVA, 1 << 63, (ResponseCode.SYSTEM_ERROR, "version must fit in int32")),
+    (LanguageCode.JAVA, -(1 << 64), (ResponseCode.SYSTEM_ERROR, "version must fit in int32")),
+    ("JAVA", 479, (ResponseCode.SYSTEM_ERROR, "bad language or version")),
+    (1 << 70, 479, (ResponseCode.SUCCESS, None)),  # not a language code: registered without one
+])
+def test_a_header_the_digest_cannot_take_is_answered_not_raised(language, version, answer):
+    """An API caller's language or version outside int64 (the frame codec reads int32s) on an armed slot: the
+    fast path's digest check once raised; the answer is the Python path's, in both registries."""
+    for reg, _ in pair():
+        data = native_model(hb("c1", [("G1", ["T1"])], ["P1"]))
+        for _ in range(3):  # register, arm, repeat
+            assert reg.heartbeat(1, data, LanguageCode.JAVA, 479).code == 0
+        assert reg.channel_table.armed(reg._find_slot(1))
+        result = reg.heartbeat(1, data, language, version)
+        assert (result.code, result.remark) == answer
+        reg.check_invariants()

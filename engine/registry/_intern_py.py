@@ -12,6 +12,8 @@ known string costs one probe plus one comparison.
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 __all__ = ["StringPool"]
@@ -117,23 +119,32 @@ class StringPool:
     def _encode(s: str) -> bytes:
         if not isinstance(s, str):
             raise TypeError(f"a string pool holds str, not {type(s).__name__}")
-        # lone surrogates cannot come from a valid UTF-8 body, but must never make interning fail
-        return s.encode("utf-8", "surrogatepass")
+        # lone surrogates cannot come from a valid UTF-8 body, but must never make interning fail; a str subclass is
+        # encoded (and hashed, _str_hash) as a str
+        return str.encode(s, "utf-8", "surrogatepass")
+
+    @staticmethod
+    def _str_hash(s: str) -> int:
+        return hash(s) if type(s) is str else str.__hash__(s)
 
     def lookup(self, s: str) -> int:
         """The id of ``s``, or -1 if it is not interned (no reference taken)."""
-        return self._find(s, self._encode(s), hash(s))[0]
+        return self._find(s, self._encode(s), self._str_hash(s))[0]
 
     def intern(self, s: str) -> int:
         """The id of ``s``, interning it if needed; takes one reference."""
         data = self._encode(s)
-        h = hash(s)
+        h = self._str_hash(s)
         e, j = self._find(s, data, h)
         if e >= 0:
             self._mv_refs[e] += 1
             return e
         if len(data) > 0x7FFFFFFF:  # a length is an int32
             raise MemoryError("string too long for the string pool (2 GiB)")
+        if len(self._arena) + len(data) >= 1 << 32:  # before an id is taken: a refusal leaves no trace
+            self._compact_arena()
+            if len(self._arena) + len(data) >= 1 << 32:
+                raise MemoryError("string pool arena is full (4 GiB)")
         if self._free:
             e = self._free.pop()
         else:
@@ -141,10 +152,6 @@ class StringPool:
                 self._alloc_ids(len(self._off) * 2)
             e = self._top
             self._top += 1
-        if len(self._arena) + len(data) >= 1 << 32:
-            self._compact_arena()
-            if len(self._arena) + len(data) >= 1 << 32:
-                raise MemoryError("string pool arena is full (4 GiB)")
         self._mv_off[e] = len(self._arena)
         self._arena += data
         self._mv_len[e] = len(data)
@@ -160,18 +167,21 @@ class StringPool:
         return e
 
     def _live_id(self, e: int) -> int:
+        e = operator.index(e)
         if not 0 <= e < self._top or self._mv_refs[e] <= 0:
             raise KeyError(f"string id {e} is not live")
         return e
 
     def acquire(self, e: int) -> int:
         """Take one more reference on a live id; returns it."""
-        self._mv_refs[self._live_id(e)] += 1
+        e = self._live_id(e)
+        self._mv_refs[e] += 1
         return e
 
     def release(self, e: int) -> None:
         """Drop one reference; the string is freed when none is left."""
-        refs = self._mv_refs[self._live_id(e)] - 1
+        e = self._live_id(e)
+        refs = self._mv_refs[e] - 1
         self._mv_refs[e] = refs
         if refs:
             return
@@ -191,11 +201,13 @@ class StringPool:
 
     def get(self, e: int) -> str:
         """The string of a live id."""
-        n = self._mv_len[self._live_id(e)]
+        e = self._live_id(e)
+        n = self._mv_len[e]
         start = self._mv_off[e]
         return self._arena[start:start + n].decode("utf-8", "surrogatepass")
 
     def refs(self, e: int) -> int:
+        e = operator.index(e)
         return self._mv_refs[e] if 0 <= e < self._top else 0
 
     # -------------------------------------------------------------------------------------------------- stats

@@ -315,6 +315,16 @@ _RESULT_V2_SAME = HeartbeatResult(is_sub_change=False)
 _RESULT_V2_CHANGED = HeartbeatResult(is_sub_change=True)
 
 
+def _digest_or_none(hb, language, version):
+    """The fast path's digest of a request, or None when its header does not digest (a language or version that is
+    not an int64, from an API caller: the frame codec reads int32s). Such a request neither takes nor arms the fast
+    path; before, it raised out of the fast path's check, or out of the arming after the heartbeat was applied."""
+    try:
+        return _heartbeat_digest(hb, language, version)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def _language_code(language) -> int:
     if language is None:
         return _NO_LANGUAGE
@@ -638,7 +648,7 @@ class ClientRegistry:
             armed = ct.armed(slot)
             if armed and self._config_epoch < armed and (
                     ((by := ct.armed_by(slot))[0] is hb and by[1] == language and by[2] == version)
-                    or _heartbeat_digest(hb, language, version) == ct.fkey(slot)):
+                    or _digest_or_none(hb, language, version) == ct.fkey(slot)):
                 consumers = self._consumers
                 reject = self._reject_pull
                 for cd in hb.consumers:
@@ -821,8 +831,9 @@ class ClientRegistry:
             result = self._result_v1 if not v2 else (_RESULT_V2_CHANGED if sub_change else _RESULT_V2_SAME)
             if covered_all and not self._dirty:
                 # this run changed nothing: the same heartbeat may be answered by the fast path until a change
-                self.channel_table.arm(slot, _heartbeat_digest(hb, language, version), (hb, language, version),
-                                       self._tick + 1)
+                digest = _digest_or_none(hb, language, version)
+                if digest is not None:
+                    self.channel_table.arm(slot, digest, (hb, language, version), self._tick + 1)
             return result
         finally:
             pool.release(cid)

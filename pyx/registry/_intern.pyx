@@ -27,9 +27,10 @@ cdef Py_ssize_t MAX_LEN = 0x7FFFFFFF  # a length is an int32
 cdef uint32_t FREE_END = 0xFFFFFFFF  # the free list's end (ids stay below 2^31)
 
 
-cdef inline int32_t _h32(str s) except? -1:
-    # the low 32 bits of the str hash, as a signed int32 (the twin's _h32); a str caches its hash
-    cdef Py_hash_t h = hash(s)
+cdef inline int32_t _h32(object s) except? -1:
+    # the low 32 bits of the str hash, as a signed int32 (the twin's _h32); a str caches its hash. A str subclass
+    # is hashed as a str: its own __hash__ must not split one string into two ids
+    cdef Py_hash_t h = hash(s) if type(s) is str else str.__hash__(s)
     return <int32_t><uint32_t>h
 
 
@@ -169,33 +170,38 @@ cdef class StringPool:
                 return e
             j = (j + 1) & mask
 
-    cdef object _utf8(self, str s, const char** data, Py_ssize_t* n):
-        """UTF-8 of ``s``: an ASCII str's own buffer (nothing returned), else a new bytes object (returned, to be
-        kept alive while ``data`` is used); lone surrogates pass (the twin's encode)."""
-        if PyUnicode_IS_ASCII(s):
+    cdef object _utf8(self, object s, const char** data, Py_ssize_t* n):
+        """UTF-8 of the str ``s``: an ASCII str's own buffer (nothing returned), else a new bytes object (returned,
+        to be kept alive while ``data`` is used); lone surrogates pass; a subclass is encoded as a str (the twin's
+        encode)."""
+        if type(s) is str and PyUnicode_IS_ASCII(s):
             data[0] = <const char*>PyUnicode_DATA(s)
             n[0] = PyUnicode_GET_LENGTH(s)
             return None
-        b = s.encode("utf-8", "surrogatepass")
+        b = str.encode(s, "utf-8", "surrogatepass")
         data[0] = PyBytes_AS_STRING(b)
         n[0] = PyBytes_GET_SIZE(b)
         return b
 
-    def lookup(self, str s not None) -> int:
+    def lookup(self, s) -> int:
         """The id of ``s``, or -1 if it is not interned (no reference taken)."""
+        if not isinstance(s, str):
+            raise TypeError(f"a string pool holds str, not {type(s).__name__}")
         return self.c_lookup(s)
 
-    cdef Py_ssize_t c_lookup(self, str s) except -2:
+    cdef Py_ssize_t c_lookup(self, object s) except -2:
         cdef const char* data
         cdef Py_ssize_t n, j
         keep = self._utf8(s, &data, &n)
         return self._find(data, n, _h32(s), &j)
 
-    def intern(self, str s not None) -> int:
+    def intern(self, s) -> int:
         """The id of ``s``, interning it if needed; takes one reference."""
+        if not isinstance(s, str):
+            raise TypeError(f"a string pool holds str, not {type(s).__name__}")
         return self.c_intern(s)
 
-    cdef int32_t c_intern(self, str s) except -1:
+    cdef int32_t c_intern(self, object s) except -1:
         cdef const char* data
         cdef Py_ssize_t n, j, e
         cdef int32_t h = _h32(s)
@@ -236,9 +242,13 @@ cdef class StringPool:
         return <int32_t>e
 
     cdef inline Py_ssize_t _live_id(self, object e) except -1:
-        cdef Py_ssize_t i = e
+        cdef Py_ssize_t i
+        try:
+            i = e  # an int (operator.index), as the twin's
+        except OverflowError:
+            raise KeyError(f"string id {e.__index__()} is not live") from None
         if i < 0 or i >= self._top or self._refs[i] <= 0:
-            raise KeyError(f"string id {e} is not live")
+            raise KeyError(f"string id {i} is not live")
         return i
 
     def acquire(self, e) -> int:
@@ -282,7 +292,11 @@ cdef class StringPool:
         return PyUnicode_DecodeUTF8(self._arena + self._off[i], self._len[i], "surrogatepass")
 
     def refs(self, e) -> int:
-        cdef Py_ssize_t i = e
+        cdef Py_ssize_t i
+        try:
+            i = e
+        except OverflowError:
+            return 0
         return self._refs[i] if 0 <= i < self._top else 0
 
     # ---------------------------------------------------------------------------------------------- stats

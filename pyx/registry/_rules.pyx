@@ -113,7 +113,7 @@ cdef class HeartbeatRules:
             if armed and self.reg._config_epoch < armed:
                 by = ct.armed_by(slot)
                 if ((by is not None and by[0] is hb and by[1] == language and by[2] == version)
-                        or self.digest(hb, language, version) == ct.fkey(slot)):
+                        or self._digest_or_none(hb, language, version) == ct.fkey(slot)):
                     for o in h.consumers:
                         if type(o) is ConsumerData:
                             cd = <ConsumerData>o
@@ -180,7 +180,6 @@ cdef class HeartbeatRules:
     # ------------------------------------------------------------------------------------------- heartbeat
     cdef object _take(self, channel, slot, HeartbeatData hb, language, version):
         cdef Py_ssize_t nmem, named
-        cdef long long ver
         cdef int code
         cdef bint v2, has_order
         cdef ConsumerData cd
@@ -195,11 +194,8 @@ cdef class HeartbeatRules:
         v2 = hb.fingerprint != 0 and not self.rules4  # a 4.9 broker's HeartbeatData has no fingerprint
         if v2 and hb.without_sub:
             return None
-        if type(version) is not int:
-            return None
-        ver = version
-        if not -(1 << 31) <= ver < (1 << 31):
-            return None
+        if type(version) is not int or not -(1 << 31) <= version < (1 << 31):
+            return None  # compared as a Python int: any size declines, none raises
         if language is None:
             code = _NO_LANGUAGE
         elif isinstance(language, int) and not isinstance(language, bool):
@@ -284,7 +280,9 @@ cdef class HeartbeatRules:
                 covered_all = rc != 0
             result = self.result_same if v2 else self.result_v1
             if covered_all and not self.dirty:
-                ct.arm(slot, self.digest(hb, language, version), (hb, language, version), reg._tick + 1)
+                digest = self._digest_or_none(hb, language, version)
+                if digest is not None:
+                    ct.arm(slot, digest, (hb, language, version), reg._tick + 1)
             return result
         finally:
             self.pool.c_release(cid)
@@ -292,6 +290,13 @@ cdef class HeartbeatRules:
             if self.published:
                 self.published = False
                 reg._request = None
+
+    cdef object _digest_or_none(self, hb, language, version):
+        """client_registry._digest_or_none."""
+        try:
+            return self.digest(hb, language, version)
+        except (TypeError, ValueError, OverflowError):
+            return None
 
     cdef int _publish(self) except -1:
         """ClientRegistry._request and _request_v2 for the log lines that print the request."""

@@ -25,9 +25,9 @@ cdef class StringPool:
     cdef int _reserve_arena(self, int64_t need) except -1
     cdef void _compact_arena(self) noexcept
     cdef Py_ssize_t _find(self, const char* data, Py_ssize_t n, int32_t h, Py_ssize_t* where) noexcept
-    cdef object _utf8(self, str s, const char** data, Py_ssize_t* n)
-    cdef Py_ssize_t c_lookup(self, str s) except -2
-    cdef int32_t c_intern(self, str s) except -1
+    cdef object _utf8(self, object s, const char** data, Py_ssize_t* n)
+    cdef Py_ssize_t c_lookup(self, object s) except -2
+    cdef int32_t c_intern(self, object s) except -1
     cdef Py_ssize_t _live_id(self, object e) except -1
     cdef Py_ssize_t c_acquire(self, object e) except -1
     cdef int c_release(self, object id) except -1

@@ -13,6 +13,8 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport INT64_MIN, INT64_MAX, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
+from engine.registry._arrays cimport grow_array as _grow_array
+
 import numpy as np
 
 from engine.registry._channel_table_py import INLINE as _PY_INLINE
@@ -76,13 +78,6 @@ cdef inline int64_t _sat_add(int64_t a, int64_t b) noexcept:
     return a + b
 
 
-cdef void* _grow_array(void* p, Py_ssize_t old_n, Py_ssize_t new_n, size_t item, int fill) except NULL:
-    cdef void* q = PyMem_Realloc(p, new_n * item if new_n else 1)
-    if q == NULL:
-        raise MemoryError()
-    if new_n > old_n:
-        memset(<char*>q + old_n * item, fill, (new_n - old_n) * item)
-    return q
 
 
 def pack_ipv4(addr):

@@ -11,6 +11,8 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.string cimport memcmp, memcpy
 
+from engine.registry._arrays cimport grow_array
+
 __all__ = ["StringPool"]
 
 cdef extern from "Python.h":
@@ -63,31 +65,12 @@ cdef class StringPool:
 
     # ---------------------------------------------------------------------------------------------- storage
     cdef int _alloc_ids(self, Py_ssize_t cap) except -1:
-        cdef void* p
-        cdef Py_ssize_t i
         if cap > (1 << 31) - 1:
             raise MemoryError("string pool is full (2^31 ids)")
-        p = PyMem_Realloc(self._off, cap * sizeof(uint32_t))
-        if p == NULL:
-            raise MemoryError()
-        self._off = <uint32_t*>p
-        p = PyMem_Realloc(self._len, cap * sizeof(int32_t))
-        if p == NULL:
-            raise MemoryError()
-        self._len = <int32_t*>p
-        p = PyMem_Realloc(self._hash, cap * sizeof(int32_t))
-        if p == NULL:
-            raise MemoryError()
-        self._hash = <int32_t*>p
-        p = PyMem_Realloc(self._refs, cap * sizeof(int32_t))
-        if p == NULL:
-            raise MemoryError()
-        self._refs = <int32_t*>p
-        for i in range(self._cap, cap):
-            self._off[i] = 0
-            self._len[i] = -1
-            self._hash[i] = 0
-            self._refs[i] = 0
+        self._off = <uint32_t*>grow_array(self._off, self._cap, cap, sizeof(uint32_t), 0)
+        self._len = <int32_t*>grow_array(self._len, self._cap, cap, sizeof(int32_t), 0xFF)  # -1: not live
+        self._hash = <int32_t*>grow_array(self._hash, self._cap, cap, sizeof(int32_t), 0)
+        self._refs = <int32_t*>grow_array(self._refs, self._cap, cap, sizeof(int32_t), 0)
         self._cap = cap
         return 0
 

@@ -669,10 +669,6 @@ class ClientRegistry:
                                            subscriptions=cd.subscriptions)
                         self._request = None
                     return self._result_v1 if v1 else _RESULT_V2_SAME
-        if self._rules is not None:
-            result = self._rules.heartbeat(channel, slot, hb, language, version)
-            if result is not None:
-                return result
         return self._heartbeat(channel, slot, hb, language, version)
 
     def repeat_token(self, channel, hb, language=LanguageCode.JAVA, version: int = 0):
@@ -732,7 +728,7 @@ class ClientRegistry:
                                  self._decode_addr(self.channel_table.addr(slot)))
 
     def _heartbeat(self, channel, slot, hb, language, version) -> HeartbeatResult:
-        """The Python rule path: every heartbeat the native rules (self._rules) do not take."""
+        """The Python rule path: the twin of the native rules, and the path of every heartbeat they decline."""
         client_id = hb.client_id
         if not isinstance(client_id, str):
             return HeartbeatResult(ResponseCode.SYSTEM_ERROR, "HeartbeatData.clientID is null", False)
@@ -933,8 +929,6 @@ class ClientRegistry:
         of every consumer group the channel was in unless the group is BROADCASTING (the group's notify flag is
         not consulted here). Returns whether the channel was in any group.
         """
-        if self._rules is not None:
-            return self._rules.close_channel(channel)
         slot = self._find_slot(channel)
         if slot is None:
             return False

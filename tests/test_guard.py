@@ -211,7 +211,7 @@ def test_handler_failures_become_short_answers_logged_once(broker, caplog):
     queue = server.executor("consumer_manage")
     broker.call(server.register_processor, 7001, buggy, queue)
     broker.call(server.register_processor, 7002, huge, queue)
-    broker.call(server.register_processor, 7003, unencodable, server.executor("heartbeat"))
+    broker.call(server.register_processor, 7003, unencodable, server.executor("inline"))
     c = Client(broker.ports["main"])
     try:
         for _ in range(20):

@@ -156,7 +156,11 @@ def test_pull_queue_has_its_own_limit(broker_factory):  # noqa: F811
     ex = b.server.executors
     assert ex["pull"].max_wait == 1.234 and ex["admin"].max_wait == 0.777
     assert ex["consumer_manage"].max_wait == 0.777 and ex["client_manage"].max_wait == 0.777
-    assert not hasattr(ex["heartbeat"], "queue")  # heartbeats run in the read callback: nothing to wait in
+    # heartbeats, unregisters and consumer lists run in the read callback: nothing to wait in
+    assert not hasattr(ex["inline"], "queue")
+    table = b.server.table
+    assert {code for code, (_, executor) in table.items() if executor is ex["inline"]} == {
+        RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP}
 
 
 def test_wait_limits_are_validated():

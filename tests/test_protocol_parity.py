@@ -149,9 +149,11 @@ def state(broker, conns):
     }
 
 
-def run(tmp_path, name, cls, rules, streams, cuts, repeats):
+def run(tmp_path, name, cls, rules, streams, cuts, repeats, flush=None):
     b = make_broker(tmp_path, name, cls, rules)
     b.server.repeats = repeats
+    if flush is not None:
+        b.server.out_flush_bytes = flush
     try:
         conns = [connect(b, 40001 + i) for i in range(len(streams))]
         assert all(type(c) is cls for c in conns)
@@ -176,8 +178,12 @@ def run(tmp_path, name, cls, rules, streams, cuts, repeats):
 @given(steps=st.lists(st.one_of(st.lists(STEP, min_size=1, max_size=14), REPEATING_STEPS), min_size=1,
                      max_size=3),
        cuts=st.lists(st.lists(st.integers(0, 1 << 16), max_size=8), min_size=3, max_size=3),
-       rules=st.sampled_from([4, 5]), repeats=st.booleans(), garbage=st.booleans())
-def test_native_and_twin_protocols_agree_on_any_split(tmp_path_factory, steps, cuts, rules, repeats, garbage):
+       rules=st.sampled_from([4, 5]), repeats=st.booleans(), garbage=st.booleans(),
+       flush=st.sampled_from([None, 1, 300]))
+def test_native_and_twin_protocols_agree_on_any_split(tmp_path_factory, steps, cuts, rules, repeats, garbage,
+                                                      flush):
+    """``flush``: RemotingServer.out_flush_bytes (None: the default), small enough for the consumer lists' and
+    unregisters' answers to flush a read's write early."""
     native = native_class()
     streams = []
     for n, conn_steps in enumerate(steps):
@@ -186,8 +192,8 @@ def test_native_and_twin_protocols_agree_on_any_split(tmp_path_factory, steps, c
             data += b"\x00\x00\x00\x08\x07\x00\x00\x00junk"  # a header word naming an unknown serialize type
         streams.append(data)
     tmp = tmp_path_factory.mktemp("parity")
-    got = run(tmp, "native", native, rules, streams, cuts, repeats)
-    want = run(tmp, "twin", server_mod.PyConnection, rules, streams, cuts, repeats)
+    got = run(tmp, "native", native, rules, streams, cuts, repeats, flush)
+    want = run(tmp, "twin", server_mod.PyConnection, rules, streams, cuts, repeats, flush)
     assert got == want
     # a oneway request is never answered (a property of both, which their agreement alone does not show)
     for n, (conn_steps, chunks) in enumerate(zip(steps, got["writes"])):

@@ -123,8 +123,8 @@ def test_a_drained_queue_does_not_resume_reading_while_writes_are_paused(tmp_pat
     try:
         conn = b.server.new_connection("main")
         conn.connection_made(FlowTransport())
-        ask = engine.RemotingCommand(RequestCode.GET_CONSUMER_LIST_BY_GROUP, opaque=7,
-                                     ext_fields={"consumerGroup": "g"}).encode()
+        ask = engine.RemotingCommand(RequestCode.QUERY_CONSUMER_OFFSET, opaque=7,
+                                     ext_fields={"consumerGroup": "g", "topic": "t", "queueId": "0"}).encode()
         conn.data_received(ask)  # queued on the consumer-manage executor
         assert conn.inflight == 1
         conn.pause_writing()  # the transport's buffer passed its high-water mark

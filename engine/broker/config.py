@@ -110,9 +110,9 @@ class BrokerConfig:
     #: ms between writes of `consumerOffset.json`
     flush_consumer_offset_interval: int = 5_000
     # -- executor queues (BrokerConfig *ThreadPoolQueueCapacity) --
-    #: queue of UNREGISTER_CLIENT / CHECK_CLIENT_CONFIG
+    #: queue of CHECK_CLIENT_CONFIG (UNREGISTER_CLIENT is served inline, as heartbeats)
     client_manager_thread_pool_queue_capacity: int = 1_000_000
-    #: queue of consumer list and offset requests
+    #: queue of offset requests (GET_CONSUMER_LIST_BY_GROUP is served inline, as heartbeats)
     consumer_manager_thread_pool_queue_capacity: int = 1_000_000
     #: queue of admin requests (connection lists, locks, route queries)
     admin_broker_thread_pool_queue_capacity: int = 10_000
@@ -125,7 +125,8 @@ class BrokerConfig:
     #: longest wait of a pull in its queue (ms)
     wait_time_mills_in_pull_queue: int = 5_000
     #: engine: the limit of the client-manage, consumer-manage and admin queues (Java has none; its clients give
-    #: up after their 3 s invoke timeout, so a later answer is wasted). Heartbeats never queue.
+    #: up after their 3 s invoke timeout, so a later answer is wasted). Heartbeats, unregisters and consumer
+    #: lists never queue.
     wait_time_mills_in_queue: int = 3_000
     # -- long polling --
     #: hold pulls that ask for it (PullSysFlag suspend) instead of answering at once

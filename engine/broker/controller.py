@@ -51,7 +51,7 @@ EXIT_FAILURE = 255
 #: Executors and their queue capacities (BrokerConfig *ThreadPoolQueueCapacity); None = inline.
 def _executor_capacities(cfg: BrokerConfig) -> dict:
     return {
-        "heartbeat": None,
+        "inline": None,
         "client_manage": cfg.client_manager_thread_pool_queue_capacity,
         "consumer_manage": cfg.consumer_manager_thread_pool_queue_capacity,
         "pull": cfg.pull_thread_pool_queue_capacity,

@@ -441,11 +441,18 @@ class Processors:
 
 #: (request code, handler name, executor) as BrokerController.registerProcessor wires them; every code is
 #: registered on the main and the fast port (one table serves both here).
+#:
+#: Java runs HEART_BEAT, UNREGISTER_CLIENT and GET_CONSUMER_LIST_BY_GROUP on thread pools of their own; here they
+#: run inline, in the read that decoded them (the native protocol dispatches them in Cython): each is bounded work
+#: on the registry (a client's memberships are budgeted; a consumer list is one pass over the group), a queue would
+#: only add its hop, and inline a connection's heartbeats, unregisters and consumer lists are served in the order
+#: sent (Java's separate pools do not promise that either). A read's answers are one write, flushed early past
+#: RemotingServer.out_flush_bytes.
 PROCESSOR_TABLE = (
-    (RequestCode.HEART_BEAT, "heart_beat", "heartbeat"),
-    (RequestCode.UNREGISTER_CLIENT, "unregister_client", "client_manage"),
+    (RequestCode.HEART_BEAT, "heart_beat", "inline"),
+    (RequestCode.UNREGISTER_CLIENT, "unregister_client", "inline"),
     (RequestCode.CHECK_CLIENT_CONFIG, "check_client_config", "client_manage"),
-    (RequestCode.GET_CONSUMER_LIST_BY_GROUP, "get_consumer_list_by_group", "consumer_manage"),
+    (RequestCode.GET_CONSUMER_LIST_BY_GROUP, "get_consumer_list_by_group", "inline"),
     (RequestCode.UPDATE_CONSUMER_OFFSET, "update_consumer_offset", "consumer_manage"),
     (RequestCode.QUERY_CONSUMER_OFFSET, "query_consumer_offset", "consumer_manage"),
     (RequestCode.PULL_MESSAGE, "pull_message", "pull"),

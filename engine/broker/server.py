@@ -105,6 +105,7 @@ class ConnectionMethods(asyncio.Protocol):
             bad, commands = e, getattr(e, "commands", None)
         if commands:  # dispatched here, not in a helper: one call less per heartbeat read
             self._out = out = []
+            self._out_bytes = 0
             route = self.route
             replayed = full = False
             try:
@@ -225,6 +226,15 @@ class ConnectionMethods(asyncio.Protocol):
     def send_command(self, cmd) -> None:
         self.send(cmd.encode())
 
+    def _flush_out(self) -> None:
+        """Write the read's batch now (its answers passed RemotingServer.out_flush_bytes); the read goes on
+        batching."""
+        out = self._out
+        data = b"".join(out)
+        out.clear()
+        self._out_bytes = 0
+        self._write(data)
+
     def _write(self, data: bytes) -> None:
         t = self.transport
         t.write(data)
@@ -277,7 +287,7 @@ class PyConnection(ConnectionMethods):
     __slots__ = ("server", "port_name", "id", "transport", "decoder", "remote_ip", "remote_port", "remote_addr",
                  "local_ip", "local_port", "closing", "close_reason", "rejected", "partial_since", "buffered",
                  "last_io", "inflight", "reading_paused", "write_paused_since", "serialize_type", "held_pulls",
-                 "route", "_out", "_soon", "__weakref__")
+                 "route", "_out", "_out_bytes", "_soon", "__weakref__")
 
     def __init__(self, server: "RemotingServer", port_name: str):
         self.server = server
@@ -307,6 +317,7 @@ class PyConnection(ConnectionMethods):
         if server.repeats and server.hb_cache.limit:  # maxHeartbeatCacheBytesTotal 0: no route
             self.decoder.watch_code = RequestCode.HEART_BEAT
         self._out: list | None = None  # responses batched during one data_received
+        self._out_bytes = 0  # of them, the bytes of the processors' answers (out_flush_bytes)
         self._soon: list | None = None  # frames from send_soon, written once this loop iteration's reads are done
 
 
@@ -357,7 +368,8 @@ def _reason_kind(reason: str) -> str:
 
 
 class InlineExecutor:
-    """Runs the handler at once, inside the read callback (the heartbeat path)."""
+    """Runs the handler at once, inside the read callback, its answer in the read's one write: HEART_BEAT,
+    UNREGISTER_CLIENT and GET_CONSUMER_LIST_BY_GROUP (processors.PROCESSOR_TABLE says why)."""
 
     def __init__(self, server: "RemotingServer", name: str):
         self.server, self.name = server, name
@@ -457,6 +469,11 @@ class RemotingServer:
     connection_class = Connection
     #: the inline executor's class, for the native protocol's check of the heartbeat entry
     _inline_type = InlineExecutor
+    #: the answers made during one read go out in one write; the processors' answers are counted (a consumer list
+    #: is ~40 B per member of the group; the repeat route's templated heartbeat answers, smaller than their
+    #: requests, are not), and past this many bytes the batch is written at once, so one read of small requests
+    #: cannot build an unbounded write (the write-buffer limit then closes a client that does not read them)
+    out_flush_bytes = 64 * 1024
 
     def __init__(self, config, metrics, *, on_close=None, acl=None, acl_exempt=frozenset()):
         self.config = config
@@ -738,7 +755,7 @@ class RemotingServer:
                     conn.send_command(cmd.response(ResponseCode.NO_PERMISSION, remark=remark))
                 return
         handler, executor = entry
-        if type(executor) is InlineExecutor:  # the heartbeat path: one call less per request
+        if type(executor) is InlineExecutor:  # heartbeat, unregister, consumer list: one call less per request
             self.run(conn, cmd, handler)
         else:
             executor.submit(conn, cmd, handler)
@@ -761,6 +778,9 @@ class RemotingServer:
         out = conn._out
         if out is not None and not conn.closing:
             out.append(response)  # Connection.send during a read, inlined (pipelined heartbeats)
+            conn._out_bytes += len(response)
+            if conn._out_bytes > self.out_flush_bytes:
+                conn._flush_out()
         else:
             conn.send(response)
 

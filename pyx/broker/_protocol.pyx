@@ -4,13 +4,13 @@
 :class:`ProtocolCore` holds a connection's state as C fields and implements ``data_received``: the streaming decode
 (the connection's :class:`engine.FrameDecoder`), the repeat route (a repeated heartbeat answered from its armed
 template without decoding it), HEART_BEAT requests served straight from the registry (decode, ``ClientRegistry
-.heartbeat``, the answer template, the repeat route's next arming), and the answers of one read batched into one
-``transport.write``. Every other request, and every heartbeat the short form does not cover (a response flag, a
-refused connection, ACL, the recorder, a handler other than the broker's own), goes to ``RemotingServer.dispatch``
-and the Python processors, exactly as the twin does it. UNREGISTER_CLIENT and GET_CONSUMER_LIST_BY_GROUP are among
-those: they run on the client-manage / consumer-manage queue executors (their capacity, BrokerFastFailure's wait
-limit, the in-flight bound per connection, answers after the read's inline ones), which serving them here would
-bypass. The rest of a connection
+.heartbeat``, the answer template, the repeat route's next arming), the other requests the processor table serves inline
+(UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP: ``RemotingServer.dispatch`` and ``run`` done here, the processor's
+handler called directly), and the answers of one read batched into one ``transport.write`` (flushed early once the
+processors' answers pass ``RemotingServer.out_flush_bytes``; the repeat route's are not counted). Every other request, and every request the short forms
+do not cover (a response flag, a refused connection, ACL, the recorder, for heartbeats a handler other than the
+broker's own), goes to ``RemotingServer.dispatch`` and its executors, exactly as the twin does it. The rest of a
+connection
 (connection_made / lost, close, send, the partial-frame budget, flow control) is the twin's Python code, shared
 through ``engine.broker.server.ConnectionMethods``: ``engine.broker.server.NativeConnection`` is
 ``ProtocolCore`` + those methods.
@@ -67,6 +67,7 @@ cdef class ProtocolCore:
     cdef public object held_pulls
     cdef public object route
     cdef public object _out
+    cdef public Py_ssize_t _out_bytes
     cdef public object _soon
     cdef object __weakref__
 
@@ -96,6 +97,7 @@ cdef class ProtocolCore:
         if server.repeats and server.hb_cache.limit:  # maxHeartbeatCacheBytesTotal 0: no route
             self.decoder.watch_code = _HEART_BEAT
         self._out = None
+        self._out_bytes = 0
         self._soon = None
 
     def data_received(self, data):
@@ -126,6 +128,7 @@ cdef class ProtocolCore:
         cdef object route = self.route
         cdef object procs = _heartbeat_processors(server)
         self._out = out
+        self._out_bytes = 0
         try:
             for cmd in commands:
                 if self.closing:
@@ -143,6 +146,8 @@ cdef class ProtocolCore:
                 full = True
                 if procs is not None and cmd.code == _HEART_BEAT and self._heart_beat(server, procs, cmd, out):
                     continue
+                if self._inline(server, cmd, out):
+                    continue
                 server.dispatch(self, cmd)
         except Exception:
             # a failure outside the handlers' own guard: answers already made go out, the connection closes, one
@@ -158,6 +163,47 @@ cdef class ProtocolCore:
                 self.decoder.drop_watched()
             if PyList_GET_SIZE(out) and not self.closing:
                 self._write(b"".join(out) if PyList_GET_SIZE(out) > 1 else out[0])
+
+    cdef bint _inline(self, server, cmd, list out) except -1:
+        """RemotingServer.dispatch + run for a request whose code the processor table serves inline (the
+        broker's UNREGISTER_CLIENT and GET_CONSUMER_LIST_BY_GROUP; a heartbeat _heart_beat did not take), in the
+        same steps; False (nothing done) where dispatch must take it: a response, a refused connection, a code
+        without an inline entry, an ACL check."""
+        cdef int flag = cmd.flag
+        if flag & _FLAG_RESPONSE or self.rejected is not None:
+            return False
+        code = cmd.code
+        entry = server.table.get(code)
+        if entry is None:
+            return False
+        handler, executor = entry
+        if type(executor) is not server._inline_type:
+            return False
+        if server.acl is not None and code not in server.acl_exempt:
+            return False
+        # RemotingServer.dispatch
+        self.serialize_type = cmd.serialize_type
+        server.metrics.requests[code] += 1
+        # RemotingServer.run
+        try:
+            response = handler(self, cmd)
+        except Exception as e:
+            response = server._handler_failed(self, cmd, e)
+        if response is None or flag & _FLAG_ONEWAY:
+            return True
+        if type(response) is not bytes:
+            response = server._encode_answer(self, cmd, response)
+        if not self.closing:
+            self._batch(server, out, response)
+        return True
+
+    cdef inline int _batch(self, server, list out, bytes response) except -1:
+        """RemotingServer.run's append of an answer to the read's batch, flushed past out_flush_bytes."""
+        PyList_Append(out, response)
+        self._out_bytes += PyBytes_GET_SIZE(response)
+        if self._out_bytes > server.out_flush_bytes:
+            (<object>self)._flush_out()
+        return 0
 
     cdef object _repeat_answer(self, armed, opaque):
         """HeartbeatRepeat.answer, inlined for the broker's own class."""
@@ -195,7 +241,7 @@ cdef class ProtocolCore:
         if type(response) is not bytes:
             response = server._encode_answer(self, cmd, response)
         if not self.closing:
-            PyList_Append(out, response)
+            self._batch(server, out, response)
         return True
 
     cdef object _heart_beat_answer(self, procs, cmd):

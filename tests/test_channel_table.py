@@ -213,6 +213,37 @@ def test_overflow_memberships_keep_order(ct):
     t.check()
 
 
+def test_membership_count_and_client_slot_column(ct):
+    """The table counts every slot's memberships (the registry's max_memberships budget) and holds ProducerManager's
+    clientChannelTable (pool id -> slot, -1 none), grown past its first 64 entries; an entry outlives its slot's
+    close (the registry drops it first)."""
+    t = ct.ChannelTable(capacity=4)
+    a, b = t.open("a"), t.open("b")
+    for k in range(6):  # overflow memberships count too
+        t.add_member(a, k)
+    t.add_member(b, 1)
+    assert t.memberships == 7
+    t.remove_member(a, 5)
+    assert t.remove_member(a, 5) == -2 and t.memberships == 6
+    assert t.client_slots_capacity() == 64 and t.client_slots_nbytes() == 256
+    assert t.client_slot(3) == -1 and t.set_client_slot(3, a) == -1 and t.set_client_slot(3, b) == a
+    assert t.set_client_slot(1000, a) == -1 and t.client_slots_capacity() == 1001
+    assert t.client_slot_items() == [(3, b), (1000, a)]
+    assert not t.drop_client_slot(3, only_slot=a) and t.drop_client_slot(3, only_slot=b)
+    assert not t.drop_client_slot(3) and not t.drop_client_slot(-1) and not t.drop_client_slot(1 << 40)
+    assert t.client_slot(3) == -1 and t.client_slot(1 << 70) == -1
+    with pytest.raises(ChannelTableError, match="client id must be in"):
+        t.set_client_slot(1 << 31, a)
+    with pytest.raises(ChannelTableError, match="is not in use"):
+        t.set_client_slot(1, 3)
+    for k in range(5):
+        t.remove_member(a, k)
+    t.close(a)
+    assert t.client_slot(1000) == a  # the table does not clear it
+    assert t.memberships == 1
+    t.check()
+
+
 def test_scan_key_and_refresh(ct):
     t = ct.ChannelTable(capacity=1, producer_shift=SHIFT)
     s = t.open("ch")
@@ -364,6 +395,11 @@ OPS = st.one_of(
     st.tuples(st.just("channel"), SLOTS),
     st.tuples(st.just("in_use"), st.integers(-2, 12)),
     st.tuples(st.just("find"), st.integers(0, 11)),
+    # the clientChannelTable column: pool ids past its first 64 entries grow it
+    *[st.tuples(st.just("set_client_slot"), st.one_of(st.integers(-1, 3), st.sampled_from([63, 64, 200])), SLOTS)] * 2,
+    st.tuples(st.just("drop_client_slot"), st.one_of(st.integers(-1, 3), st.sampled_from([64, 200, 2 ** 40])),
+              st.one_of(st.integers(-2, 9), st.just(2 ** 40))),
+    st.tuples(st.just("client_slot"), st.one_of(st.integers(-1, 3), st.sampled_from([64, 200, 2 ** 70]))),
 )
 
 
@@ -382,7 +418,9 @@ def apply(table, op):
 
 
 def snapshot(table):
-    out = {"len": len(table), "top": table.top, "registered": table.registered_count()}
+    out = {"len": len(table), "top": table.top, "registered": table.registered_count(),
+           "memberships": table.memberships, "client_slots": table.client_slot_items(),
+           "client_slots_capacity": table.client_slots_capacity()}
     slots = {}
     assert table.items() == sorted(table.items(), key=lambda item: item[1])
     for channel, slot in sorted(table.items()):
@@ -428,6 +466,8 @@ ARG_CALLS = [  # (method, how the odd value is placed among otherwise valid argu
     ("scan", lambda v: (v, 0)), ("scan", lambda v: (0, v)),
     ("expired_keys", lambda v: (0, v, 0, 0)), ("expired_keys", lambda v: (0, 0, 0, v)),
     ("open", lambda v: ("new", v)),
+    ("set_client_slot", lambda v: (v, 0)), ("set_client_slot", lambda v: (1, v)),
+    ("drop_client_slot", lambda v: (v, -1)), ("drop_client_slot", lambda v: (1, v)), ("client_slot", lambda v: (v,)),
 ]
 
 

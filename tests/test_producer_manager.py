@@ -183,7 +183,8 @@ def test_the_scan_keeps_a_client_entry_that_moved_to_another_channel(t):
 def test_the_client_table_grows_past_its_initial_size(t):
     for i in range(200):
         t.reg.heartbeat(i, hb(f"10.1.{i}.1@1", producers=[f"P{i % 3}"]))
-    assert len(t.pm.client_slots) >= 200 and t.pm.nbytes() == t.pm.client_slots.nbytes
+    ct = t.reg.channel_table  # the client table is its client slot column
+    assert ct.client_slots_capacity() >= 200 and t.pm.nbytes() == ct.client_slots_nbytes() == 4 * ct.client_slots_capacity()
     assert all(t.pm.find_channel(f"10.1.{i}.1@1") == i for i in range(200))
     assert sorted(t.pm.groups()) == ["P0", "P1", "P2"]
     for i in range(0, 200, 2):

@@ -127,6 +127,10 @@ class ChannelTable:
         self._info: dict = {}  # slot -> {key: (cid, language, version)} when != the slot's own
         self._members: list = []  # key -> int32 array of member slots (None: never used)
         self._msize: list = []  # key -> member count
+        self._memberships = 0  # memberships held by all slots
+        #: ProducerManager's clientChannelTable: pool id -> slot, -1 when none (native: a C int32 column)
+        self._cslot = np.full(64, -1, np.int32)
+        self._mv_cslot = memoryview(self._cslot)
         self._grow(min(capacity, max_slots))
 
     # ------------------------------------------------------------------------------------------------ storage
@@ -386,6 +390,7 @@ class ChannelTable:
         self._mv_live[slot] = 1
         self._mv_kinds[slot] |= 1 << (key & 1)
         self._mv_armed[slot] = 0
+        self._memberships += 1
         return pos
 
     def _set_pos(self, slot: int, key: int, pos: int) -> None:
@@ -441,6 +446,7 @@ class ChannelTable:
                 del self._overflow[slot]
         n -= 1
         self._mv_nmem[slot] = n
+        self._memberships -= 1
         self._mv_armed[slot] = 0
         kinds = 0
         for k in self._keys(slot):
@@ -584,6 +590,59 @@ class ChannelTable:
         channels = self._channels
         return tuple([channels[s] for s in self.group_slots(key)])
 
+    # ------------------------------------------------------------------------------------------------ client slots
+    # ProducerManager's clientChannelTable: client id (pool id) -> the slot last registered for it, -1 when none. An
+    # int32 column indexed by pool id, grown by doubling and never shrunk; the table keeps no pool reference and does
+    # not clear an entry when its slot closes (the registry's rules do both)
+    @property
+    def memberships(self) -> int:
+        """Memberships held by all slots (the registry's max_memberships budget)."""
+        return self._memberships
+
+    def client_slot(self, cid) -> int:
+        """The clientChannelTable entry of pool id ``cid`` (any int): its slot, -1 when none."""
+        cid = _as_int("client id", cid)
+        return self._mv_cslot[cid] if 0 <= cid < len(self._cslot) else -1
+
+    def set_client_slot(self, cid, slot) -> int:
+        """Point the entry of pool id ``cid`` at ``slot`` (in use); returns the entry it replaced (-1: none, the
+        caller then takes a pool reference for it)."""
+        slot = self._slot(slot)
+        cid = _as_int("client id", cid)
+        if not 0 <= cid < 1 << 31:
+            raise ChannelTableError(f"client id must be in [0, 2**31), not {cid}")
+        if cid >= len(self._cslot):
+            grown = np.full(max(cid + 1, 2 * len(self._cslot)), -1, np.int32)
+            grown[:len(self._cslot)] = self._cslot
+            self._cslot = grown
+            self._mv_cslot = memoryview(grown)
+        old = self._mv_cslot[cid]
+        self._mv_cslot[cid] = slot
+        return old
+
+    def drop_client_slot(self, cid, only_slot=-1) -> bool:
+        """Clear the entry of pool id ``cid`` (any int) when it has one and, with ``only_slot`` >= 0, it points at
+        that slot; whether it was cleared (the caller then drops the entry's pool reference)."""
+        cid, only_slot = _as_int("client id", cid), _as_int("slot", only_slot)
+        if not 0 <= cid < len(self._cslot):
+            return False
+        cur = self._mv_cslot[cid]
+        if cur >= 0 and (only_slot < 0 or cur == only_slot):
+            self._mv_cslot[cid] = -1
+            return True
+        return False
+
+    def client_slot_items(self) -> list:
+        """``(pool id, slot)`` of every clientChannelTable entry, by pool id."""
+        return [(int(i), int(self._cslot[i])) for i in np.flatnonzero(self._cslot >= 0)]
+
+    def client_slots_nbytes(self) -> int:
+        """Bytes of the clientChannelTable column (at its capacity; not in :meth:`nbytes`)."""
+        return self._cslot.nbytes
+
+    def client_slots_capacity(self) -> int:
+        return len(self._cslot)
+
     # ------------------------------------------------------------------------------------------------ expiry
     def scan(self, now: int, timeout: int) -> list:
         """Live slots whose scan key is more than ``timeout`` ms before ``now`` (exact for any int64), ascending.
@@ -667,3 +726,4 @@ class ChannelTable:
                 assert k in keys
             assert len(self._overflow.get(slot, ())) == max(0, len(keys) - INLINE)
         assert count == self._msize, "member arrays and memberships disagree"
+        assert self._memberships == sum(self._msize), "membership count"

@@ -406,7 +406,6 @@ class ClientRegistry:
         self._config_epoch = 0
         self._dirty = False
         self._request = None  # (channel, client id, language, version, now, slot) of the heartbeat being handled
-        self._nmemberships = 0  # (group, channel) registrations: RegistryConfig.max_memberships
         self._request_v2 = False  # that heartbeat takes the V2 path
         #: the native rule path (engine.registry._rules) for the heartbeats it takes, when no event but CHANGE is
         #: wanted; None: every heartbeat takes the Python path below
@@ -415,6 +414,11 @@ class ClientRegistry:
                 and _HeartbeatRules.usable(self.channel_table, self._pool)):
             self._use_rules(_HeartbeatRules(self, _heartbeat_digest, self._result_v1, _RESULT_V2_SAME, _pack_ipv4,
                                             ClientRegistry.heartbeat))
+
+    @property
+    def _nmemberships(self) -> int:
+        """(group, channel) registrations (RegistryConfig.max_memberships): the channel table counts them."""
+        return self.channel_table.memberships
 
     def _use_rules(self, rules) -> None:
         """Take heartbeats, opens and closes through the native rules (None: the Python paths only). Their C
@@ -521,8 +525,7 @@ class ClientRegistry:
             if old >= 0:
                 self._pool.release(old)
             ct.set_client(slot, req[0], req[1], req[2])
-        ct.add_member(slot, group.key)
-        self._nmemberships += 1
+        ct.add_member(slot, group.key)  # the table counts it (_nmemberships)
         if req != ct.client(slot):
             self._set_member_info(slot, group.key, req)
 
@@ -530,7 +533,6 @@ class ClientRegistry:
         released = self.channel_table.remove_member(slot, group.key)
         if released == -2:
             return False
-        self._nmemberships -= 1
         if released >= 0:
             self._pool.release(released)  # the membership's own client id
         return True

@@ -7,8 +7,10 @@ RocketMQ's ProducerManager holds two tables: ``groupChannelTable`` (producer gro
   table (:class:`engine.registry._channel_table.ChannelTable`, the registry's ``channel_table``: one slot per
   channel, memberships keyed ``gid * 2 + PRODUCER`` with a member array per key; group ids interned by the
   registry and shared with consumer groups of the same name);
-* the client channel table is an int32 array indexed by the client id's pool id (the table's
-  :class:`engine.registry._intern_py.StringPool`), holding the slot, -1 when none; an entry holds one reference on its pool id.
+* the client channel table is the channel table's client slot column (``client_slot`` / ``set_client_slot`` /
+  ``drop_client_slot``): an int32 column indexed by the client id's pool id (the registry's
+  :class:`engine.registry._intern_py.StringPool`), holding the slot, -1 when none; an entry holds one reference on
+  its pool id, taken and dropped here (the native rules, engine.registry._rules, do the same in C).
 
 The manager does what Java's does on a heartbeat (registerProducer), an UNREGISTER_CLIENT naming a producer group
 (unregisterProducer), a closed channel (doChannelCloseEvent), the expiry scan (scanNotActiveChannel) and the admin
@@ -24,8 +26,6 @@ from __future__ import annotations
 import enum
 import logging
 import time
-
-import numpy as np
 
 from engine.registry import clientlog as jl
 from engine.registry.client_channel import PRODUCER, Connection, Members
@@ -92,7 +92,7 @@ class ProducerManager:
       UNREGISTER_CLIENT with another client id), dropped when the slot is freed.
     """
 
-    __slots__ = ("table", "ct", "group_table", "by_gid", "client_slots", "_mv_client_slots", "stale")
+    __slots__ = ("table", "ct", "group_table", "by_gid", "stale")
 
     def __init__(self, table):
         self.table = table
@@ -102,9 +102,6 @@ class ProducerManager:
         self.group_table: dict[str, ProducerGroup] = {}
         #: group id -> ProducerGroup or None (the table's group-id allocator grows it with every new id)
         self.by_gid: list = []
-        #: clientChannelTable: client id (pool id) -> slot, -1 when none
-        self.client_slots = np.full(64, -1, np.int32)
-        self._mv_client_slots = memoryview(self.client_slots)
         #: slot -> client ids whose table entry may outlive its producers
         self.stale: dict[int, set] = {}
 
@@ -149,8 +146,7 @@ class ProducerManager:
         cid = table._pool.lookup(client_id)
         if cid >= 0:
             self.drop_client_slot(cid)  # the request's client id, unconditionally, as Java does
-        if removed and member_cid != cid and 0 <= member_cid < len(self.client_slots) \
-                and self._mv_client_slots[member_cid] == slot:
+        if removed and member_cid != cid and self.ct.client_slot(member_cid) == slot:
             self.stale.setdefault(slot, set()).add(member_cid)
         if removed:
             table._emit(_CLIENT_UNREGISTER, group, client=request_info())
@@ -233,31 +229,18 @@ class ProducerManager:
 
     # ------------------------------------------------------------------------------------ clientChannelTable
     def set_client_slot(self, cid: int, slot: int) -> None:
-        if cid >= len(self.client_slots):
-            grown = np.full(max(cid + 1, len(self.client_slots) * 2), -1, np.int32)
-            grown[:len(self.client_slots)] = self.client_slots
-            self.client_slots = grown
-            self._mv_client_slots = memoryview(grown)
-        if self._mv_client_slots[cid] < 0:
-            self.table._pool.acquire(cid)
-        self._mv_client_slots[cid] = slot
+        if self.ct.set_client_slot(cid, slot) < 0:
+            self.table._pool.acquire(cid)  # a new entry holds a reference on its client id
 
     def drop_client_slot(self, cid: int, only_slot: int = -1) -> None:
-        if 0 <= cid < len(self.client_slots):
-            cur = self._mv_client_slots[cid]
-            if cur >= 0 and (only_slot < 0 or cur == only_slot):
-                self._mv_client_slots[cid] = -1
-                self.table._pool.release(cid)
+        if self.ct.drop_client_slot(cid, only_slot):
+            self.table._pool.release(cid)
 
     def find_channel(self, client_id: str):
         """findChannel: the channel last registered for a producer client id, or None."""
         table = self.table
-        cid = table._pool.lookup(client_id)
-        if 0 <= cid < len(self.client_slots):
-            slot = self._mv_client_slots[cid]
-            if slot >= 0:
-                return self.ct.channel(slot)
-        return None
+        slot = self.ct.client_slot(table._pool.lookup(client_id))
+        return self.ct.channel(slot) if slot >= 0 else None
 
     # ---------------------------------------------------------------------------------------------- queries
     def connection(self, group: str) -> ProducerConnection | None:
@@ -281,15 +264,12 @@ class ProducerManager:
         return list(self.group_table)
 
     def nbytes(self) -> int:
-        """Bytes of the client channel table."""
-        return self.client_slots.nbytes
+        """Bytes of the client channel table (the channel table's client slot column)."""
+        return self.ct.client_slots_nbytes()
 
     def client_table_items(self):
         """(pool id, slot) of every client channel table entry."""
-        mv = self._mv_client_slots
-        for cid in range(len(self.client_slots)):
-            if mv[cid] >= 0:
-                yield cid, mv[cid]
+        yield from self.ct.client_slot_items()
 
     def check_invariants(self) -> None:
         """The manager's own invariants (the table checks the memberships and the pool references)."""

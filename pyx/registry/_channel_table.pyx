@@ -59,6 +59,7 @@ cdef int64_t I64_MAX = INT64_MAX
 cdef int64_t I64_MIN = INT64_MIN
 cdef int MAX_MEMBERSHIPS = 65535
 DEF SCAN_BLOCK = 2048
+DEF CSLOT_START = 64
 
 
 cdef int64_t _int64(str name, object value) except? -1:
@@ -86,6 +87,11 @@ def pack_ipv4(addr):
     leading zero, at most 5 digits a field (so no overflow), each field <= 255 and the port <= 65535."""
     if not isinstance(addr, str):
         raise ChannelTableError(f"addr must be a str, not {type(addr).__name__}")
+    return c_pack_ipv4(addr)
+
+
+cdef int64_t c_pack_ipv4(object addr) except -1:
+    """pack_ipv4 of a str (or str subclass: its characters, as the twin's); for engine.registry._rules."""
     cdef str text = <str>addr
     cdef Py_UCS4 c
     cdef int field = 0
@@ -130,6 +136,9 @@ cdef class ChannelTable:
         self._members = NULL
         self._msize = self._mcap = NULL
         self._nkeys = self._top = self._cap = self._nfree = 0
+        self._memberships = 0
+        self._cslot = NULL
+        self._ncslot = 0
 
     def __dealloc__(self):
         cdef Py_ssize_t k
@@ -137,7 +146,7 @@ cdef class ChannelTable:
         PyMem_Free(self._armed); PyMem_Free(self._cid); PyMem_Free(self._ver); PyMem_Free(self._mkey)
         PyMem_Free(self._mpos); PyMem_Free(self._lang); PyMem_Free(self._live); PyMem_Free(self._used)
         PyMem_Free(self._kinds); PyMem_Free(self._nmem); PyMem_Free(self._free)
-        PyMem_Free(self._hash); PyMem_Free(self._index)
+        PyMem_Free(self._hash); PyMem_Free(self._index); PyMem_Free(self._cslot)
         if self._members != NULL:
             for k in range(self._nkeys):
                 PyMem_Free(self._members[k])
@@ -166,6 +175,8 @@ cdef class ChannelTable:
         self._lag = {}
         self._info = {}
         self._grow(min(capacity, max_slots))
+        self._cslot = <int32_t*>_grow_array(self._cslot, 0, CSLOT_START, 4, 0xFF)  # -1
+        self._ncslot = CSLOT_START
 
     # ------------------------------------------------------------------------------------------------ storage
     cdef int _grow(self, Py_ssize_t cap) except -1:
@@ -526,6 +537,7 @@ cdef class ChannelTable:
         self._live[s] = 1
         self._kinds[s] |= 1 << (k & 1)
         self._armed[s] = 0
+        self._memberships += 1
         return pos
 
     cdef void _set_pos(self, Py_ssize_t slot, int32_t key, int32_t pos) except *:
@@ -586,6 +598,7 @@ cdef class ChannelTable:
                 del self._overflow[s]
         n -= 1
         self._nmem[s] = n
+        self._memberships -= 1
         self._armed[s] = 0
         kinds = 0
         for i in range(n if n < C_INLINE else C_INLINE):
@@ -756,6 +769,118 @@ cdef class ChannelTable:
         cdef list channels = self._channels
         return tuple([channels[arr[i]] for i in range(self._msize[k])])
 
+    # ------------------------------------------------------------------------------------------------ client slots
+    # ProducerManager's clientChannelTable: client id (pool id) -> the slot last registered for it, -1 when none. A
+    # C int32 column indexed by pool id (below 2**31), grown by doubling and never shrunk; the table keeps no pool
+    # reference and does not clear an entry when its slot closes (the registry's rules do both)
+    @property
+    def memberships(self):
+        """Memberships held by all slots (the registry's max_memberships budget)."""
+        return self._memberships
+
+    def client_slot(self, cid):
+        """The clientChannelTable entry of pool id ``cid`` (any int): its slot, -1 when none."""
+        cid = _as_int("client id", cid)
+        if 0 <= cid < self._ncslot:
+            return self._cslot[<Py_ssize_t>cid]
+        return -1
+
+    def set_client_slot(self, cid, slot):
+        """Point the entry of pool id ``cid`` at ``slot`` (in use); returns the entry it replaced (-1: none, the
+        caller then takes a pool reference for it)."""
+        cdef Py_ssize_t s = self._slot(slot)
+        cid = _as_int("client id", cid)
+        if not 0 <= cid < 1 << 31:
+            raise ChannelTableError(f"client id must be in [0, 2**31), not {cid}")
+        return self.c_set_client_slot(<int32_t>cid, s)
+
+    cdef int32_t c_set_client_slot(self, int32_t cid, Py_ssize_t s) except -2:
+        # cid in [0, 2**31) and s a slot in use: the callers' checks
+        cdef int32_t old
+        cdef Py_ssize_t n
+        if cid >= self._ncslot:
+            n = max(<Py_ssize_t>cid + 1, 2 * self._ncslot)
+            self._cslot = <int32_t*>_grow_array(self._cslot, self._ncslot, n, 4, 0xFF)  # -1
+            self._ncslot = n
+        old = self._cslot[cid]
+        self._cslot[cid] = <int32_t>s
+        return old
+
+    def drop_client_slot(self, cid, only_slot=-1):
+        """Clear the entry of pool id ``cid`` (any int) when it has one and, with ``only_slot`` >= 0, it points at
+        that slot; whether it was cleared (the caller then drops the entry's pool reference)."""
+        cid, only_slot = _as_int("client id", cid), _as_int("slot", only_slot)
+        if not 0 <= cid < self._ncslot:
+            return False
+        if only_slot >= 1 << 31:
+            only_slot = 1 << 31  # no entry points there (slots are below MAX_SLOTS)
+        elif only_slot < 0:
+            only_slot = -1
+        return self.c_drop_client_slot(<Py_ssize_t>cid, <int64_t>only_slot)
+
+    cdef bint c_drop_client_slot(self, Py_ssize_t cid, int64_t only_slot) noexcept:
+        cdef int32_t cur
+        if cid < 0 or cid >= self._ncslot:
+            return False
+        cur = self._cslot[cid]
+        if cur >= 0 and (only_slot < 0 or cur == only_slot):
+            self._cslot[cid] = -1
+            return True
+        return False
+
+    def client_slot_items(self):
+        """``(pool id, slot)`` of every clientChannelTable entry, by pool id."""
+        cdef Py_ssize_t i
+        return [(i, self._cslot[i]) for i in range(self._ncslot) if self._cslot[i] >= 0]
+
+    def client_slots_nbytes(self):
+        """Bytes of the clientChannelTable column (at its capacity; not in :meth:`nbytes`)."""
+        return self._ncslot * 4
+
+    def client_slots_capacity(self):
+        return self._ncslot
+
+    # ------------------------------------------------------------------------------------------------ rules' access
+    # C entries for engine.registry._rules: slots that the table itself handed out (``c_find``, ``open``) and that
+    # the caller re-checks with ``c_in_use`` after any Python code ran
+    cdef Py_ssize_t c_find(self, object channel) except -2:
+        """The channel's slot, -1 when it is not open."""
+        return self._find_channel(channel, self._hash_of(channel))
+
+    cdef bint c_in_use(self, Py_ssize_t s) noexcept:
+        return 0 <= s < self._top and self._used[s] != 0
+
+    cdef int c_set_client(self, Py_ssize_t s, int32_t cid, uint8_t language, int32_t version) except -1:
+        if not self.c_in_use(s):
+            raise ChannelTableError(f"slot {s} is not in use")
+        self._cid[s] = cid
+        self._lang[s] = language
+        self._ver[s] = version
+        return 0
+
+    cdef int c_refresh_all(self, Py_ssize_t s, object now) except -1:
+        """``refresh(s, keys, now)`` of keys that are every membership of the slot (the caller knows): 1, or 2 when
+        own older times went."""
+        if not self.c_in_use(s):
+            raise ChannelTableError(f"slot {s} is not in use")
+        cdef int64_t t = _int64("now", now)
+        self._last[s] = t
+        self._oldest[s] = _sat_add(t, self._fresh[self._kinds[s] & 3])
+        if self._lag and s in self._lag:
+            del self._lag[s]
+            return 2
+        return 1
+
+    cdef int64_t c_member_cid(self, Py_ssize_t s, int32_t k) except? -3:
+        """The client id of the membership's info (its own when set, else the slot's); s in use."""
+        if self._info:
+            info = self._info.get(s)
+            if info is not None:
+                t = (<dict>info).get(k)
+                if t is not None:
+                    return (<tuple>t)[0]
+        return self._cid[s]
+
     # ------------------------------------------------------------------------------------------------ expiry
     def scan(self, now, timeout):
         """Live slots whose scan key is more than ``timeout`` ms before ``now`` (exact for any int64), ascending.
@@ -887,3 +1012,4 @@ cdef class ChannelTable:
                 assert k in keys
             assert len(self._overflow.get(slot, ())) == max(0, len(keys) - C_INLINE)
         assert count == [self._msize[i] for i in range(self._nkeys)], "member arrays and memberships disagree"
+        assert self._memberships == sum(count), "membership count"

@@ -243,12 +243,25 @@ cdef class StringPool:
         self._refs[i] += 1
         return i
 
+    cdef int c_acquire_id(self, Py_ssize_t e) except -1:
+        """c_acquire of a C id."""
+        if e < 0 or e >= self._top or self._refs[e] <= 0:
+            raise KeyError(f"string id {e} is not live")
+        self._refs[e] += 1
+        return 0
+
     def release(self, id) -> None:
         """Drop one reference; the string is freed when none is left."""
         self.c_release(id)
 
     cdef int c_release(self, object id) except -1:
-        cdef Py_ssize_t j, mask, e = self._live_id(id)
+        return self.c_release_id(self._live_id(id))
+
+    cdef int c_release_id(self, Py_ssize_t e) except -1:
+        """c_release of a C id."""
+        cdef Py_ssize_t j, mask
+        if e < 0 or e >= self._top or self._refs[e] <= 0:
+            raise KeyError(f"string id {e} is not live")
         self._refs[e] -= 1
         if self._refs[e]:
             return 0

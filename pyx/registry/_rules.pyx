@@ -22,7 +22,11 @@ from engine.registry import clientlog
 from engine.registry.consumer_manager import ConsumerGroupEvent
 
 from engine.codec._heartbeat cimport ConsumerData, HeartbeatData, ProducerData, SubscriptionData
-from engine.registry._channel_table cimport ChannelTable
+from libc.stdint cimport int32_t, int64_t, uint8_t
+
+from engine.registry._channel_table cimport ChannelTable, c_pack_ipv4
+from engine.registry._channel_table import ChannelTableError
+from engine.registry._channel_table import pack_ipv4 as _native_pack_ipv4
 from engine.registry._intern cimport StringPool
 
 __all__ = ["HeartbeatRules"]
@@ -34,12 +38,16 @@ cdef int _NO_LANGUAGE = 255
 cdef int _INFO = logging.INFO
 cdef int _WARNING = logging.WARNING
 cdef object _JAVA = LanguageCode.JAVA
+DEF FEW_KEYS = 8  # refreshed keys a request dedupes in C (more: the table's refresh)
 
 
 cdef class HeartbeatRules:
     """The native rule path of one registry (built by it; see the module docstring)."""
 
     cdef object reg, consumers, producers, topic_configs, group_configs, digest, clock, logs_at, pack_ipv4
+    #: the logger's level cache (logging.Logger._cache, cleared in place by setLevel), None: ask logs_at
+    cdef object log, log_cache
+    cdef bint c_pack
     cdef object python_heartbeat
     #: heartbeats these rules took and declined (handle, heartbeat)
     cdef readonly unsigned long long taken, declined
@@ -51,8 +59,14 @@ cdef class HeartbeatRules:
     cdef bint want_change
     #: the request's ClientRegistry._dirty (this path's own: the registry's is the Python path's scratch flag)
     cdef bint dirty
-    #: the request as ClientRegistry._request holds it, published there only for a log line that prints it
-    cdef object request
+    #: the request as ClientRegistry._request holds it ((channel, client id, language, version, now, slot)),
+    #: published there (built from these fields) only for a log line that prints it
+    cdef object req_channel, req_client_id, req_language, req_version, req_now
+    cdef Py_ssize_t req_slot
+    #: the request's client info as the table stores it: pool id (a reference held for the request), language
+    #: code, version
+    cdef int32_t req_cid, req_ver
+    cdef uint8_t req_code
     cdef bint request_v2, published
     #: whether the logger writes INFO / WARNING lines, asked once a request (-1: not asked yet)
     cdef int info_on, warning_on
@@ -69,6 +83,7 @@ cdef class HeartbeatRules:
     def __init__(self, reg, digest, result_v1, result_same, pack_ipv4, python_heartbeat):
         cfg = reg.config
         self.pack_ipv4 = pack_ipv4
+        self.c_pack = pack_ipv4 is _native_pack_ipv4  # the same function, called in C
         self.python_heartbeat = python_heartbeat  # the unbound ClientRegistry.heartbeat
         self.reg = reg
         self.ct = reg.channel_table
@@ -86,7 +101,13 @@ cdef class HeartbeatRules:
         self.group_configs = reg.store.groups
         self.digest = digest
         self.clock = reg._clock
-        self.logs_at = clientlog.log.isEnabledFor  # the level may change at any time: asked per request
+        self.log = clientlog.log
+        self.logs_at = self.log.isEnabledFor  # the level may change at any time: asked per request
+        # Logger.isEnabledFor answers from the logger's _cache dict while it holds the level (setLevel and
+        # logging.disable clear it in place); read here without a Python call, asked through logs_at on a miss
+        cache = getattr(self.log, "_cache", None)
+        self.log_cache = (cache if type(self.log) is logging.Logger and type(cache) is dict
+                          and type(self.log).isEnabledFor is logging.Logger.isEnabledFor else None)
         self.want_change = (cfg.notify_consumer_ids_changed_enable
                             and ConsumerGroupEvent.CHANGE in reg._wants)
         self.result_v1, self.result_same = result_v1, result_same  # the answers of a heartbeat they take
@@ -104,16 +125,18 @@ cdef class HeartbeatRules:
         cdef ChannelTable ct = self.ct
         cdef HeartbeatData h
         cdef ConsumerData cd
+        cdef int64_t armed
+        cdef Py_ssize_t s
         if type(hb) is not HeartbeatData:
             return self.python_heartbeat(self.reg, channel, hb, language, version)
         h = <HeartbeatData>hb
-        slot = ct.find(channel)
-        if slot is not None:
-            armed = ct.armed(slot)
+        s = ct.c_find(channel)
+        if s >= 0:
+            armed = ct._armed[s]  # s: the table's own answer, below its top (the columns' and lists' length)
             if armed and self.reg._config_epoch < armed:
-                by = ct.armed_by(slot)
+                by = ct._armed_by[s]
                 if ((by is not None and by[0] is hb and by[1] == language and by[2] == version)
-                        or self._digest_or_none(hb, language, version) == ct.fkey(slot)):
+                        or self._digest_or_none(hb, language, version) == ct._fkey[s]):
                     for o in h.consumers:
                         if type(o) is ConsumerData:
                             cd = <ConsumerData>o
@@ -126,22 +149,23 @@ cdef class HeartbeatRules:
                         if g is None or g.epoch >= armed:
                             break
                     else:
-                        ct.touch(slot, self.clock())
+                        ct.touch(s, self.clock())
                         return self.result_v1 if h.fingerprint == 0 or self.rules4 else self.result_same
-        result = self._take(channel, slot, h, language, version)
+        result = self._take(channel, s, h, language, version)
         if result is not None:
             self.taken += 1
             return result
         self.declined += 1
-        return self.reg._heartbeat(channel, slot, hb, language, version)
+        return self.reg._heartbeat(channel, None if s < 0 else s, hb, language, version)
 
     def heartbeat(self, channel, slot, hb, language, version):
-        """The answer to ``hb`` on ``channel`` (``slot``: its slot, None when not open) by these rules, or None when
-        the request is not one they take; then nothing was changed."""
+        """The answer to ``hb`` on ``channel`` (``slot``: its slot, None when not open; ChannelTableError when not
+        in use) by these rules, or None when the request is not one they take; then nothing was changed."""
+        cdef Py_ssize_t s = -1 if slot is None else self.ct._slot(slot)
         if type(hb) is not HeartbeatData:
             self.declined += 1
             return None
-        result = self._take(channel, slot, <HeartbeatData>hb, language, version)
+        result = self._take(channel, s, <HeartbeatData>hb, language, version)
         if result is None:
             self.declined += 1
         else:
@@ -151,23 +175,24 @@ cdef class HeartbeatRules:
     def open_channel(self, channel, remote_addr=""):
         """ClientRegistry.open_channel."""
         cdef ChannelTable ct = self.ct
-        slot = ct.find(channel)
-        if slot is None:
+        cdef Py_ssize_t s = ct.c_find(channel)
+        cdef int64_t old
+        if s < 0:
             self._new_slot(channel, remote_addr)
         elif remote_addr:
-            old = ct.addr(slot)
-            ct.set_addr(slot, self._encode_addr(remote_addr))
+            old = ct._addr[s]
+            ct.set_addr(s, self._encode_addr(remote_addr))
             if old < 0:
-                self.pool.c_release(-old - 1)
+                self.pool.c_release_id(-(old + 1))
 
     cdef object _encode_addr(self, addr):
         """ClientRegistry._encode_addr."""
         if not addr or not isinstance(addr, str):
             return 0
-        packed = self.pack_ipv4(addr)
+        packed = c_pack_ipv4(addr) if self.c_pack else self.pack_ipv4(addr)
         return packed if packed else -(self.pool.c_intern(addr) + 1)
 
-    cdef object _new_slot(self, channel, remote_addr):
+    cdef Py_ssize_t _new_slot(self, channel, remote_addr) except -1:
         """ClientRegistry._new_slot."""
         addr = self._encode_addr(remote_addr)
         try:
@@ -178,15 +203,17 @@ cdef class HeartbeatRules:
             raise
 
     # ------------------------------------------------------------------------------------------- heartbeat
-    cdef object _take(self, channel, slot, HeartbeatData hb, language, version):
-        cdef Py_ssize_t nmem, named
-        cdef int code
-        cdef bint v2, has_order
+    cdef object _take(self, channel, Py_ssize_t s, HeartbeatData hb, language, version):
+        """The rules on slot ``s`` (-1: the channel is not open)."""
+        cdef Py_ssize_t nmem, named, nkeys, ndistinct, i, j
+        cdef int code, rc
+        cdef int32_t cid, k
+        cdef int32_t keys[FEW_KEYS]
+        cdef bint v2, has_order, covered_all
         cdef ConsumerData cd
-        cdef SubscriptionData sd
         cdef ProducerData pd
         cdef ChannelTable ct = self.ct
-        cdef Py_ssize_t cid_now = -2  # the pool id of the client id, looked up once when a membership's is compared
+        cdef int64_t cid_now = -2  # the pool id of the client id, looked up once when a membership's is compared
         reg = self.reg
         client_id = hb.client_id
         if type(client_id) is not str:
@@ -202,9 +229,9 @@ cdef class HeartbeatRules:
             code = language if 0 <= language < _NO_LANGUAGE else _NO_LANGUAGE
         else:
             return None
-        nmem = 0 if slot is None else ct.nmem(slot)
+        nmem = 0 if s < 0 else ct._nmem[s]
         named = len(hb.consumers) + len(hb.producers)
-        if (nmem + named > self.max_per_channel or reg._nmemberships + named > self.max_memberships
+        if (nmem + named > self.max_per_channel or ct._memberships + named > self.max_memberships
                 or len(self.cgroups) + len(self.pgroups) + named > self.max_groups):
             return None
 
@@ -241,11 +268,14 @@ cdef class HeartbeatRules:
                 prev = self.fingerprints.get(group)
                 if prev is None or prev != hb.fingerprint or bool(tc.order) != has_order:
                     return None
-            if slot is not None and ct.mem_pos(slot, g.key) >= 0:
-                if cid_now == -2:
-                    cid_now = self.pool.c_lookup(client_id)
-                if ct.member_info(slot, g.key)[0] != cid_now:
-                    return None
+            if s >= 0:
+                _live(ct, s)
+                k = ct._key(g.key)
+                if ct._find(s, k) >= 0:
+                    if cid_now == -2:
+                        cid_now = self.pool.c_lookup(client_id)
+                    if ct.c_member_cid(s, k) != cid_now:
+                        return None
         for o in hb.producers:
             if type(o) is not ProducerData:
                 return None
@@ -255,26 +285,61 @@ cdef class HeartbeatRules:
 
         # apply, in the Python path's order
         now = self.clock()
-        if slot is None:  # ClientRegistry._slot_for
+        if s < 0:  # ClientRegistry._slot_for
             addr = getattr(channel, "remote_addr", None)
-            slot = self._new_slot(channel, addr if isinstance(addr, str) else "")
+            s = self._new_slot(channel, addr if isinstance(addr, str) else "")
         self.dirty = False
         self.info_on = self.warning_on = -1
-        self.request = (channel, client_id, language, version, now, slot)
+        self.req_channel, self.req_client_id, self.req_language, self.req_version = channel, client_id, language, version
+        self.req_now = now
+        self.req_slot = s
         self.request_v2 = v2
         cid = self.pool.c_intern(client_id)
+        self.req_cid, self.req_code, self.req_ver = cid, <uint8_t>code, <int32_t>version
+        refreshed = None  # the keys past the first FEW_KEYS
         try:
-            req = (cid, code, version)
-            refreshed = []
+            nkeys = 0
             for cd in hb.consumers:
                 if self.reject_pull and cd.consume_type is _ACTIVELY:
                     continue
-                refreshed.append(self._register_consumer(cd, slot, req, configs[cd.group]))
+                k = self._register_consumer(cd, s, configs[cd.group])
+                if nkeys < FEW_KEYS:
+                    keys[nkeys] = k
+                else:
+                    if refreshed is None:
+                        refreshed = [keys[i] for i in range(FEW_KEYS)]
+                    refreshed.append(k)
+                nkeys += 1
             for pd in hb.producers:
-                refreshed.append(self._register_producer(pd.group, slot, req))
+                k = self._register_producer(pd.group, s)
+                if nkeys < FEW_KEYS:
+                    keys[nkeys] = k
+                else:
+                    if refreshed is None:
+                        refreshed = [keys[i] for i in range(FEW_KEYS)]
+                    refreshed.append(k)
+                nkeys += 1
             covered_all = False
-            if refreshed:
-                rc = ct.refresh(slot, refreshed, now)
+            if nkeys:
+                rc = -1
+                if nkeys <= FEW_KEYS:
+                    # the table's refresh, whose keys are every membership of the slot: without its set
+                    ndistinct = 0
+                    for i in range(nkeys):
+                        for j in range(i):
+                            if keys[j] == keys[i]:
+                                break
+                        else:
+                            if ct._find(_live(ct, s), keys[i]) < 0:
+                                break  # no longer a member (Python code ran): the table's refresh says so
+                            ndistinct += 1
+                    else:
+                        if ndistinct == ct._nmem[s]:
+                            rc = ct.c_refresh_all(s, now)
+                    if rc < 0:
+                        refreshed = [keys[i] for i in range(nkeys)]
+                if rc < 0:
+                    rc = ct.refresh(s, refreshed, now)
                 if rc != 1:
                     self.dirty = True  # own times dropped (2) or kept (0)
                 covered_all = rc != 0
@@ -282,11 +347,12 @@ cdef class HeartbeatRules:
             if covered_all and not self.dirty:
                 digest = self._digest_or_none(hb, language, version)
                 if digest is not None:
-                    ct.arm(slot, digest, (hb, language, version), reg._tick + 1)
+                    ct.arm(s, digest, (hb, language, version), reg._tick + 1)
             return result
         finally:
-            self.pool.c_release(cid)
-            self.request = None  # the request's channel is not kept past it
+            self.pool.c_release_id(cid)
+            # the request's objects are not kept past it
+            self.req_channel = self.req_client_id = self.req_language = self.req_version = self.req_now = None
             if self.published:
                 self.published = False
                 reg._request = None
@@ -301,19 +367,29 @@ cdef class HeartbeatRules:
     cdef int _publish(self) except -1:
         """ClientRegistry._request and _request_v2 for the log lines that print the request."""
         if not self.published:
-            self.reg._request = self.request
+            self.reg._request = (self.req_channel, self.req_client_id, self.req_language, self.req_version,
+                                 self.req_now, self.req_slot)
             self.reg._request_v2 = self.request_v2
             self.published = True
         return 0
 
+    cdef bint _enabled(self, int level) except -1:
+        """clientlog.log.isEnabledFor(level): from the logger's level cache when it holds the level."""
+        cache = self.log_cache
+        if cache is not None and not self.log.disabled:
+            answer = (<dict>cache).get(level)
+            if answer is not None:
+                return bool(answer)
+        return bool(self.logs_at(level))
+
     cdef bint _info(self) except -1:
         if self.info_on < 0:
-            self.info_on = bool(self.logs_at(_INFO))
+            self.info_on = self._enabled(_INFO)
         return self.info_on
 
     cdef bint _warning(self) except -1:
         if self.warning_on < 0:
-            self.warning_on = bool(self.logs_at(_WARNING))
+            self.warning_on = self._enabled(_WARNING)
         return self.warning_on
 
     cdef int _touch(self, g) except -1:
@@ -324,11 +400,13 @@ cdef class HeartbeatRules:
         self.dirty = True
         return 0
 
-    cdef object _register_consumer(self, ConsumerData cd, slot, tuple req, sgc):
+    cdef int32_t _register_consumer(self, ConsumerData cd, Py_ssize_t s, sgc) except -1:
         """ConsumerManager.register with updateChannel and updateSubscription for a group that exists and a
-        channel whose membership, if any, holds the request's client id."""
+        channel whose membership, if any, holds the request's client id; returns the membership key."""
         cdef SubscriptionData sd, old
         cdef set groups
+        cdef ChannelTable ct = self.ct
+        cdef int32_t k
         reg = self.reg
         group = cd.group
         g = self.cgroups[group]
@@ -344,10 +422,11 @@ cdef class HeartbeatRules:
             g.consume_type, g.message_model, g.consume_from_where = (cd.consume_type, cd.message_model,
                                                                      cd.consume_from_where)
             self._touch(g)
-        key = g.key
+        _live(ct, s)
+        k = ct._key(g.key)
         r1 = False
-        if self.ct.mem_pos(slot, key) < 0:
-            self._add_member(key, slot, req)
+        if ct._find(s, k) < 0:
+            self._add_member(k, s)
             self.dirty = True
             if self._info():
                 self._publish()
@@ -380,87 +459,99 @@ cdef class HeartbeatRules:
             reg._change(group)
         if (r1 or changed) and self._info():
             self._publish()
-            self.consumers.log_consumer_data(slot, cd)
-        return key
+            self.consumers.log_consumer_data(s, cd)
+        return k
 
-    cdef int _add_member(self, key, slot, tuple req) except -1:
-        """ClientRegistry._add_member."""
+    cdef int _add_member(self, int32_t k, Py_ssize_t s) except -1:
+        """ClientRegistry._add_member with the request's client info (the table counts the membership)."""
         cdef ChannelTable ct = self.ct
-        reg = self.reg
-        if ct.nmem(slot) == 0:
+        cdef int32_t old
+        if ct._nmem[_live(ct, s)] == 0:
             # the first registration on the channel sets the slot's own client id / language / version
-            old = ct.client(slot)[0]
-            self.pool.c_acquire(req[0])
+            old = ct._cid[s]
+            self.pool.c_acquire_id(self.req_cid)
             if old >= 0:
-                self.pool.c_release(old)
-            ct.set_client(slot, req[0], req[1], req[2])
-        ct.add_member(slot, key)
-        reg._nmemberships += 1
-        if req != ct.client(slot):
-            reg._set_member_info(slot, key, req)
+                self.pool.c_release_id(old)
+            ct.c_set_client(s, self.req_cid, self.req_code, self.req_ver)
+        ct._add(s, k)
+        if ct._cid[s] != self.req_cid or ct._lang[s] != self.req_code or ct._ver[s] != self.req_ver:
+            self.reg._set_member_info(s, k, (self.req_cid, self.req_code, self.req_ver))
         return 0
 
-    cdef object _register_producer(self, group, slot, tuple req):
-        """ProducerManager.register for a group that exists."""
+    cdef int32_t _register_producer(self, group, Py_ssize_t s) except -1:
+        """ProducerManager.register for a group that exists; returns the membership key."""
+        cdef ChannelTable ct = self.ct
+        cdef int32_t k
         g = self.pgroups[group]
-        key = g.key
-        if self.ct.mem_pos(slot, key) < 0:
-            self._add_member(key, slot, req)
-            self.producers.set_client_slot(req[0], slot)
+        _live(ct, s)
+        k = ct._key(g.key)
+        if ct._find(s, k) < 0:
+            self._add_member(k, s)
+            # ProducerManager.set_client_slot: a new clientChannelTable entry holds a reference on its client id
+            if ct.c_set_client_slot(self.req_cid, _live(ct, s)) < 0:
+                self.pool.c_acquire_id(self.req_cid)
             self.dirty = True
             if self._info():
                 self._publish()
                 self.producers.log_new_producer(group)
-        return key
+        return k
 
     # ------------------------------------------------------------------------------------------------ close
     def close_channel(self, channel):
         """ClientRegistry.close_channel (doChannelCloseEvent of both managers, producers first), for a registry
         whose listener wants no event but CHANGE: whether the channel was in any group."""
         cdef ChannelTable ct = self.ct
-        slot = ct.find(channel)
-        if slot is None:
+        cdef Py_ssize_t s = ct.c_find(channel)
+        if s < 0:
             return False
-        keys = ct.mem_keys(slot)
-        kinds = ct.kinds(slot)
+        keys = ct._keys(s)
+        kinds = ct._kinds[s]
         self.info_on = self.warning_on = -1
         if kinds & 2:
-            self._close_producers(slot, keys, channel)
+            self._close_producers(s, keys, channel)
         if kinds & 1:
-            self._close_consumers(slot, keys)
-        self._free_slot(slot)
+            self._close_consumers(s, keys)
+        self._free_slot(s)
         return bool(keys)
 
-    cdef int _close_producers(self, slot, list keys, channel) except -1:
+    cdef int _close_producers(self, Py_ssize_t s, list keys, channel) except -1:
         """ProducerManager.close_channel."""
         cdef ChannelTable ct = self.ct
+        cdef int32_t k
+        cdef int64_t cid
         producers = self.producers
         for key in keys:
-            if not key & 1:
+            k = key
+            if not k & 1:
                 continue
-            g = self.pby_gid[key >> 1]
+            g = self.pby_gid[key >> 1]  # a Python index: checked
             if self._info():
-                producers.log_closed(slot, key, g, channel)
-            producers.drop_client_slot(ct.member_info(slot, key)[0])  # unconditionally, as Java does
-            self._remove_member(slot, key)
-            if not ct.group_size(key):
+                producers.log_closed(s, key, g, channel)
+            # ProducerManager.drop_client_slot of the membership's client id, unconditionally, as Java does
+            cid = ct.c_member_cid(_live(ct, s), k)
+            if ct.c_drop_client_slot(cid, -1):
+                self.pool.c_release_id(cid)
+            self._remove_member(s, k)
+            if not _group_size(ct, k):
                 producers.drop_group(g)
                 if self._info():
                     producers.log_group_removed(g.name)
         return 0
 
-    cdef int _close_consumers(self, slot, list keys) except -1:
+    cdef int _close_consumers(self, Py_ssize_t s, list keys) except -1:
         """ConsumerManager.close_channel."""
         cdef ChannelTable ct = self.ct
+        cdef int32_t k
         consumers = self.consumers
         for key in keys:
-            if key & 1:
+            k = key
+            if k & 1:
                 continue
-            g = self.cby_gid[key >> 1]
+            g = self.cby_gid[key >> 1]  # a Python index: checked
             if self._warning():
-                consumers.log_closed(slot, key, g)
-            self._remove_member(slot, key)
-            if not ct.group_size(key):
+                consumers.log_closed(s, key, g)
+            self._remove_member(s, k)
+            if not _group_size(ct, k):
                 consumers.drop_group(g)
                 consumers.clear_topic_groups(g)
                 if self._info():
@@ -469,27 +560,38 @@ cdef class HeartbeatRules:
                 self.reg._change(g.name)
         return 0
 
-    cdef int _remove_member(self, slot, key) except -1:
-        """ClientRegistry._remove_member of a membership the slot holds."""
-        released = self.ct.remove_member(slot, key)
-        if released != -2:
-            self.reg._nmemberships -= 1
-            if released >= 0:
-                self.pool.c_release(released)  # the membership's own client id
+    cdef int _remove_member(self, Py_ssize_t s, int32_t k) except -1:
+        """ClientRegistry._remove_member of a membership the slot holds (the table counts it)."""
+        cdef int64_t released = self.ct._remove(_live(self.ct, s), k)
+        if released >= 0:
+            self.pool.c_release_id(released)  # the membership's own client id
         return 0
 
-    cdef int _free_slot(self, slot) except -1:
+    cdef int _free_slot(self, Py_ssize_t s) except -1:
         """ClientRegistry._free_slot."""
         cdef ChannelTable ct = self.ct
+        cdef int64_t cid, addr
         if self.stale:
-            stale = self.stale.pop(slot, None)
+            stale = self.stale.pop(s, None)
             if stale:
-                self.producers.free_slot(slot, stale)
-        cid = ct.client(slot)[0]
+                self.producers.free_slot(s, stale)
+        cid = ct._cid[_live(ct, s)]
         if cid >= 0:
-            self.pool.c_release(cid)
-        addr = ct.addr(slot)
+            self.pool.c_release_id(cid)
+        addr = ct._addr[s]
         if addr < 0:
-            self.pool.c_release(-addr - 1)
-        ct.close(slot)
+            self.pool.c_release_id(-(addr + 1))
+        ct.close(s)
         return 0
+
+
+cdef inline Py_ssize_t _live(ChannelTable ct, Py_ssize_t s) except -1:
+    """``s`` when it is a slot in use (the table's cpdef methods' check, for a slot held across Python code)."""
+    if not ct.c_in_use(s):
+        raise ChannelTableError(f"slot {s} is not in use")
+    return s
+
+
+cdef inline Py_ssize_t _group_size(ChannelTable ct, int32_t k) noexcept:
+    """ChannelTable.group_size of a key >= 0."""
+    return ct._msize[k] if 0 <= k < ct._nkeys else 0

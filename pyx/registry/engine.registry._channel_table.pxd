@@ -4,6 +4,9 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 
+cdef int64_t c_pack_ipv4(object addr) except -1
+
+
 cdef class ChannelTable:
     cdef int64_t* _last
     cdef int64_t* _oldest
@@ -39,6 +42,9 @@ cdef class ChannelTable:
     cdef dict _overflow
     cdef dict _lag
     cdef dict _info
+    cdef Py_ssize_t _memberships
+    cdef int32_t* _cslot
+    cdef Py_ssize_t _ncslot
 
     cdef int _grow(self, Py_ssize_t cap) except -1
     cdef int _rehash(self, Py_ssize_t isize) except -1
@@ -56,6 +62,13 @@ cdef class ChannelTable:
     cdef int64_t _remove(self, Py_ssize_t s, int32_t k) except? -3
     cdef int64_t _time(self, Py_ssize_t slot, int32_t key) except? -1
     cdef int _recompute_oldest(self, Py_ssize_t s) except -1
+    cdef int32_t c_set_client_slot(self, int32_t cid, Py_ssize_t s) except -2
+    cdef bint c_drop_client_slot(self, Py_ssize_t cid, int64_t only_slot) noexcept
+    cdef Py_ssize_t c_find(self, object channel) except -2
+    cdef bint c_in_use(self, Py_ssize_t s) noexcept
+    cdef int c_set_client(self, Py_ssize_t s, int32_t cid, uint8_t language, int32_t version) except -1
+    cdef int64_t c_member_cid(self, Py_ssize_t s, int32_t k) except? -3
+    cdef int c_refresh_all(self, Py_ssize_t s, object now) except -1
 
     cpdef find(self, channel)
     cpdef client(self, slot)

@@ -31,3 +31,5 @@ cdef class StringPool:
     cdef Py_ssize_t _live_id(self, object e) except -1
     cdef Py_ssize_t c_acquire(self, object e) except -1
     cdef int c_release(self, object id) except -1
+    cdef int c_acquire_id(self, Py_ssize_t e) except -1
+    cdef int c_release_id(self, Py_ssize_t e) except -1

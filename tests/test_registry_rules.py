@@ -142,6 +142,7 @@ class RulesMachine(RuleBasedStateMachine):
                       Chan(4, "10.0.0.2:4001")]
         self.now = 1_000_000
         (self.native, self.native_events), (self.twin, self.twin_events) = pair(self.config, lambda: self.now)
+        self.tokens = {}  # channel -> (native registry's token, twin's) of its last armed heartbeat
         self.lines = Lines()
         clientlog.log.addHandler(self.lines)
         self.level = clientlog.log.level
@@ -166,10 +167,39 @@ class RulesMachine(RuleBasedStateMachine):
           version=st.sampled_from(VERSIONS + [1 << 63, -(1 << 64), True]), repeat=st.booleans(),
           subclass=st.booleans())
     def heartbeat(self, channel, data, language, version, repeat, subclass):
-        channel = self.chans[channel]
+        chan = self.chans[channel]
         data = native_model(data, Name if subclass else str)
         for _ in range(2 if repeat else 1):
-            self.both(lambda reg: reg.heartbeat(channel, data, language, version))
+            self.both(lambda reg: reg.heartbeat(chan, data, language, version))
+        # the repeat route's token for this request (None where the fast path did not arm), kept across later
+        # steps (a close, another client's change, a config change) as a connection keeps it while armed
+        tokens = (self.native.repeat_token(chan, data, language, version),
+                  self.twin.repeat_token(chan, data, language, version))
+        assert (tokens[0] is None) == (tokens[1] is None)
+        if tokens[0] is not None:
+            assert len(tokens[0]) == len(tokens[1]) and tokens[0][-1] == tokens[1][-1]
+            self.tokens[channel] = tokens
+            if repeat:  # the client repeats it at once (the route answers from the next read on)
+                self.repeat(channel)
+
+    @rule(channel=st.integers(0, 4))
+    def repeat(self, channel):
+        """A repeat of the channel's armed heartbeat (ClientRegistry.heartbeat_repeat on its token): the native
+        rules' check against the Python method's, the same answer (None once the arming, the config or a group
+        changed) and the same state after (the slot touched)."""
+        if channel not in self.tokens:
+            return
+        native, twin = self.tokens[channel]
+        self.now += 7  # the touch is seen in the slot's times
+        ours, theirs = self.native.heartbeat_repeat(native), self.twin.heartbeat_repeat(twin)
+        assert ours == theirs
+        assert self.native.heartbeat_repeat.__self__ is self.native._rules  # the C method answered
+
+    @rule()
+    def repeat_all(self):
+        """Every held token repeats: most are stale by now (closed, re-armed, a group or the config changed)."""
+        for channel in sorted(self.tokens):
+            self.repeat(channel)
 
     @rule(channel=st.integers(0, 4), data=st.data())
     def changed_heartbeat(self, channel, data):
@@ -368,3 +398,45 @@ def test_a_header_the_digest_cannot_take_is_answered_not_raised(language, versio
         result = reg.heartbeat(1, data, language, version)
         assert (result.code, result.remark) == answer
         reg.check_invariants()
+
+
+@pytest.mark.parametrize("rules", [4, 5])
+def test_a_repeat_is_answered_on_its_token_until_the_arming_changes(rules):
+    """The repeat route's check (heartbeat_repeat) in C: a token answers, the slot touched, in both registries;
+    after a config change, a group change, a re-arming or a close the same token is refused, nothing done. The
+    machine above compares the two on tokens held across random steps."""
+    now = [1_000]
+    (native, _), (twin, _) = pair(RegistryConfig(client_management_rules=rules), lambda: now[0])
+    assert native.heartbeat_repeat.__self__ is native._rules and twin._rules is None
+    data = native_model(hb("c1", [("G1", ["T1"])], ["P1"]))
+    other = native_model(hb("c2", [consumer("G1", ["T1", "T2"])]))
+
+    def tokens():
+        for reg in (native, twin):
+            for _ in range(2):  # register, then arm
+                assert reg.heartbeat(1, data, LanguageCode.JAVA, 479).code == 0
+        out = [reg.repeat_token(1, data, LanguageCode.JAVA, 479) for reg in (native, twin)]
+        assert None not in out
+        return out
+
+    def repeat(toks):
+        now[0] += 5
+        got = [reg.heartbeat_repeat(t) for reg, t in zip((native, twin), toks)]
+        assert got[0] == got[1]
+        assert state(native) == state(twin)
+        return got[0]
+
+    toks = tokens()
+    assert repeat(toks) is not None and repeat(toks) is not None
+    slot = native._find_slot(1)
+    assert native.channel_table.member_time(slot, native.channel_table.mem_keys(slot)[0]) == now[0]  # touched
+    for change in (lambda reg: reg.update_topic_config(TopicConfig("T9")),  # the config epoch moves
+                   lambda reg: reg.heartbeat(2, other, LanguageCode.JAVA, 479),  # the group's subscriptions change
+                   lambda reg: reg.heartbeat(1, data, LanguageCode.JAVA, 480),  # another header re-arms the slot
+                   lambda reg: reg.close_channel(1)):  # the slot is freed
+        for reg in (native, twin):
+            change(reg)
+        assert repeat(toks) is None
+        toks = tokens()
+    for bogus in ((10**30, None, None), (-1, None, None)):  # a slot the table does not have: refused, as the twin
+        assert native.heartbeat_repeat(bogus) is None and twin.heartbeat_repeat(bogus) is None

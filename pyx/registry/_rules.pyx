@@ -1,8 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
 """Native rule paths of :class:`ClientRegistry` (twin: its Python paths in engine/registry/, which are the
 specification: the same state, answers, events and log lines): ``heartbeat`` (``ClientRegistry.heartbeat`` and
-``_heartbeat`` with ``ConsumerManager.register`` and ``ProducerManager.register``), ``open_channel`` and
-``close_channel`` (with the managers' ``close_channel``). A registry builds them when its listener wants no event
+``_heartbeat`` with ``ConsumerManager.register`` and ``ProducerManager.register``), ``heartbeat_repeat`` (the
+repeat route's check of its token), ``open_channel`` and ``close_channel`` (with the managers' ``close_channel``). A registry builds them when its listener wants no event
 but CHANGE and its channel table and string pool are the native ones (:meth:`HeartbeatRules.usable`); their
 methods then stand in for the registry's (``ClientRegistry._use_rules``).
 
@@ -48,7 +48,7 @@ cdef class HeartbeatRules:
     #: the logger's level cache (logging.Logger._cache, cleared in place by setLevel), None: ask logs_at
     cdef object log, log_cache
     cdef bint c_pack
-    cdef object python_heartbeat
+    cdef object python_heartbeat, python_repeat
     #: heartbeats these rules took and declined (handle, heartbeat)
     cdef readonly unsigned long long taken, declined
     cdef ChannelTable ct
@@ -85,6 +85,7 @@ cdef class HeartbeatRules:
         self.pack_ipv4 = pack_ipv4
         self.c_pack = pack_ipv4 is _native_pack_ipv4  # the same function, called in C
         self.python_heartbeat = python_heartbeat  # the unbound ClientRegistry.heartbeat
+        self.python_repeat = type(reg).heartbeat_repeat
         self.reg = reg
         self.ct = reg.channel_table
         self.pool = reg._pool
@@ -157,6 +158,35 @@ cdef class HeartbeatRules:
             return result
         self.declined += 1
         return self.reg._heartbeat(channel, None if s < 0 else s, hb, language, version)
+
+    def heartbeat_repeat(self, token):
+        """ClientRegistry.heartbeat_repeat (its twin): the token's answer once more, the slot touched, while the
+        slot's arming, the config and every group of the token hold; else None, nothing done. A token the registry
+        did not make (not a tuple with an int slot) goes to the Python method."""
+        cdef ChannelTable ct = self.ct
+        cdef tuple t
+        cdef Py_ssize_t s, i, n
+        cdef int64_t armed
+        if type(token) is not tuple or len(<tuple>token) < 3 or type((<tuple>token)[0]) is not int:
+            return self.python_repeat(self.reg, token)
+        t = <tuple>token
+        slot = t[0]
+        if not 0 <= slot < ct._top:
+            return None  # as a slot the table refuses (ChannelTableError) in the twin
+        s = slot
+        # the same arming (a new one is another object; a freed slot has none) and not disarmed since (zero tick)
+        if not ct.c_in_use(s) or ct._armed_by[s] is not t[1]:
+            return None
+        armed = ct._armed[s]
+        if self.reg._config_epoch >= armed:
+            return None
+        n = len(t)
+        for i in range(2, n - 1, 2):
+            g = self.cgroups.get(t[i])
+            if g is not t[i + 1] or g.epoch >= armed:
+                return None
+        ct.touch(s, self.clock())
+        return t[n - 1]
 
     def heartbeat(self, channel, slot, hb, language, version):
         """The answer to ``hb`` on ``channel`` (``slot``: its slot, None when not open; ChannelTableError when not

@@ -4,16 +4,16 @@
 :class:`ProtocolCore` holds a connection's state as C fields and implements ``data_received``: the streaming decode
 (the connection's :class:`engine.FrameDecoder`), the repeat route (a repeated heartbeat answered from its armed
 template without decoding it), HEART_BEAT requests served straight from the registry (decode, ``ClientRegistry
-.heartbeat``, the answer template, the repeat route's next arming), the other requests the processor table serves inline
-(UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP: ``RemotingServer.dispatch`` and ``run`` done here, the processor's
-handler called directly), and the answers of one read batched into one ``transport.write`` (flushed early once the
-processors' answers pass ``RemotingServer.out_flush_bytes``; the repeat route's are not counted). Every other request, and every request the short forms
-do not cover (a response flag, a refused connection, ACL, the recorder, for heartbeats a handler other than the
-broker's own), goes to ``RemotingServer.dispatch`` and its executors, exactly as the twin does it. The rest of a
-connection
-(connection_made / lost, close, send, the partial-frame budget, flow control) is the twin's Python code, shared
-through ``engine.broker.server.ConnectionMethods``: ``engine.broker.server.NativeConnection`` is
-``ProtocolCore`` + those methods.
+.heartbeat``, the answer template, the repeat route's next arming), the other requests the processor table serves
+inline (UNREGISTER_CLIENT, GET_CONSUMER_LIST_BY_GROUP: ``RemotingServer.dispatch`` and ``run`` done here, the
+processor's handler called directly), and the answers of one read batched into one ``transport.write`` (flushed
+early once the processors' answers pass ``RemotingServer.out_flush_bytes``; the repeat route's are not counted).
+Every other request, and every request the short forms do not cover (a response flag, a refused connection, ACL,
+the recorder, for heartbeats a handler other than the broker's own), goes to ``RemotingServer.dispatch`` and its
+executors, exactly as the twin does it. The rest of a connection (connection_made / lost, close, send, the
+partial-frame budget, flow control) is the twin's Python code, shared through
+``engine.broker.server.ConnectionMethods``: ``engine.broker.server.NativeConnection`` is ``ProtocolCore`` + those
+methods.
 
 What the tests hold both implementations to: the same answers, in the same order and the same writes, the same
 registry state, the same metrics, the same closes (one logged reason), for any split of the same byte stream

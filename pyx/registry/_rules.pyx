@@ -2,9 +2,10 @@
 """Native rule paths of :class:`ClientRegistry` (twin: its Python paths in engine/registry/, which are the
 specification: the same state, answers, events and log lines): ``heartbeat`` (``ClientRegistry.heartbeat`` and
 ``_heartbeat`` with ``ConsumerManager.register`` and ``ProducerManager.register``), ``heartbeat_repeat`` (the
-repeat route's check of its token), ``open_channel`` and ``close_channel`` (with the managers' ``close_channel``). A registry builds them when its listener wants no event
-but CHANGE and its channel table and string pool are the native ones (:meth:`HeartbeatRules.usable`); their
-methods then stand in for the registry's (``ClientRegistry._use_rules``).
+repeat route's check of its token), ``open_channel`` and ``close_channel`` (with the managers' ``close_channel``).
+A registry builds them when its listener wants no event but CHANGE and its channel table and string pool are the
+native ones (:meth:`HeartbeatRules.usable`); their methods then stand in for the registry's
+(``ClientRegistry._use_rules``).
 
 A heartbeat they take when it changes no more than the channel's memberships, its groups' subscriptions and
 consume settings, and the times: every consumer group named exists with its subscription-group config and its

@@ -119,3 +119,83 @@ def test_a_client_that_does_not_read_its_large_answers_is_closed_within_the_writ
         assert b.metrics.requests[RequestCode.GET_CONSUMER_LIST_BY_GROUP] < 100
     finally:
         b.loop.close()
+
+
+def join(b, n, group="g_fast", first=0):
+    conns = []
+    for i in range(first, first + n):
+        c = connect(b)
+        c.data_received(heartbeat(i, client=f"10.0.{i // 250}.{i % 250}@1#1", group=group))
+        conns.append(c)
+    return conns
+
+
+def test_large_consumer_lists_are_kept_encoded_while_the_group_is_the_same(tmp_path, conn_class):
+    """A group of 70 members: the second ask gets the kept encoding (the same bytes object), a member leaving or
+    joining is seen at once (the list is compared, not trusted), and every answer equals the one of a broker that
+    keeps nothing (consumerListCacheBytes=0)."""
+    b = make_broker(tmp_path / "a", conn_class)
+    plain = make_broker(tmp_path / "b", conn_class, consumer_list_cache_bytes=0)
+    try:
+        members = {id(x): join(x, 70) for x in (b, plain)}
+        asker = {id(x): connect(x) for x in (b, plain)}
+
+        def ask(x, opaque):
+            c = asker[id(x)]
+            c.transport.chunks.clear()
+            c.data_received(consumer_list(opaque))
+            (a,) = answers(c)
+            return a
+
+        def both(opaque):
+            got, want = ask(b, opaque), ask(plain, opaque)
+            assert got.body == want.body and got.code == want.code == ResponseCode.SUCCESS
+            return ids(got)
+
+        first = both(1)
+        assert len(first) == 70
+        kept = b.processors._consumer_lists["g_fast"][1]
+        both(2)
+        assert b.processors._consumer_lists["g_fast"][1] is kept  # reused, not encoded again
+        assert not plain.processors._consumer_lists
+        for x in (b, plain):
+            members[id(x)][5].connection_lost(None)  # a member leaves
+        assert len(both(3)) == 69
+        for x in (b, plain):
+            join(x, 1, first=500)
+        after = both(4)
+        assert len(after) == 70 and "10.0.2.0@1#1" in after
+    finally:
+        b.loop.close()
+        plain.loop.close()
+
+
+def test_the_kept_consumer_lists_stay_within_their_budget(tmp_path, conn_class):
+    """Four groups of 64-80 members with room for about two of their lists: the oldest kept lists make room,
+    the budget is never passed, and every answer is right (from the registry, kept or not)."""
+    probe = _json_list_size(70)
+    b = make_broker(tmp_path, conn_class, consumer_list_cache_bytes=2 * 2 * probe + 100)
+    try:
+        groups = {f"g{k}": 64 + 5 * k for k in range(4)}
+        first = 0
+        for g, n in groups.items():
+            join(b, n, group=g, first=first)
+            first += n
+        asker = connect(b)
+        for round_ in range(3):
+            for g, n in groups.items():
+                asker.transport.chunks.clear()
+                asker.data_received(consumer_list(round_ * 10 + len(g), group=g))
+                (a,) = answers(asker)
+                assert len(ids(a)) == n
+                p = b.processors
+                assert p._consumer_lists_bytes == sum(2 * len(body) for _, body in p._consumer_lists.values())
+                assert p._consumer_lists_bytes <= b.config.consumer_list_cache_bytes
+                assert list(p._consumer_lists)[-1] == g  # the newest kept
+        assert 1 <= len(b.processors._consumer_lists) <= 2
+    finally:
+        b.loop.close()
+
+
+def _json_list_size(n):
+    return len(json.dumps({"consumerIdList": [f"10.0.0.{i}@1#1" for i in range(n)]}, separators=(",", ":")))

@@ -107,7 +107,8 @@ def state(reg):
     strings = {pool.get(i): pool.refs(i) for i in range(pool.high_water) if pool.refs(i)}
     return (registry_snapshot(reg), slots, groups, sorted(reg._producers), dict(reg._fingerprints),
             {t: set(g) for t, g in reg._topic_groups.items()}, reg._tick, reg._config_epoch, reg._nmemberships,
-            dict(reg._pending), strings, reg.client_log.left_out, list(reg.producers.client_table_items()))
+            dict(reg._pending), strings, reg.client_log.left_out, list(reg.producers.client_table_items()),
+            {g: reg.consumer_ids(g) for g in CONSUMER_GROUPS + ["not_a_group"]})  # the native list in member order
 
 
 class Chan:
@@ -440,3 +441,21 @@ def test_a_repeat_is_answered_on_its_token_until_the_arming_changes(rules):
         toks = tokens()
     for bogus in ((10**30, None, None), (-1, None, None)):  # a slot the table does not have: refused, as the twin
         assert native.heartbeat_repeat(bogus) is None and twin.heartbeat_repeat(bogus) is None
+
+
+def test_the_consumer_list_is_read_in_c_in_member_order():
+    """GET_CONSUMER_LIST_BY_GROUP's list (consumer_ids) from the native rules: the members' client ids in the
+    member array's order (a close moves the last member into the freed place), "" and non-ASCII ids as the pool
+    holds them, [] for a group that is not live; the same as the Python method's (the machine compares them at
+    every step)."""
+    (native, _), (twin, _) = pair(RegistryConfig(client_management_rules=4))
+    assert native.consumer_ids.__self__ is native._rules and twin._rules is None
+    ids = ["c0", "", "c\u00e9\U0001f600", "c3"]
+    for reg in (native, twin):
+        for n, cid in enumerate(ids):
+            assert reg.heartbeat(n, native_model(hb(cid, [("G1", ["T1"])])), LanguageCode.JAVA, 479).code == 0
+    assert native.consumer_ids("G1") == twin.consumer_ids("G1") == ids
+    for reg in (native, twin):
+        reg.close_channel(1)
+    assert native.consumer_ids("G1") == twin.consumer_ids("G1") == ["c0", "c3", "c\u00e9\U0001f600"]
+    assert native.consumer_ids("G2") == twin.consumer_ids("G2") == []

@@ -164,6 +164,11 @@ class BrokerConfig:
     #: arming does not fit keeps nothing (decoded again next time, no repeat route): same answer, only slower.
     #: 0 = nothing kept, no repeat route
     max_heartbeat_cache_bytes_total: int = 256 * 1024 * 1024
+    #: engine: consumer lists (GET_CONSUMER_LIST_BY_GROUP) of groups of 64 or more members kept encoded for the
+    #: next ask, all groups together, each counted as twice its encoded size (the ids kept to compare with): after
+    #: a change every member of a group asks for the same list; the oldest kept lists make room, a list larger
+    #: than the budget is not kept: same answer, only slower. 0 = none kept
+    consumer_list_cache_bytes: int = 16 * 1024 * 1024
     #: a partial frame that is not complete after this long closes the connection (slowloris)
     incomplete_frame_timeout_ms: int = 30_000
     #: responses queued for a client that does not read them; over this the connection is closed
@@ -323,7 +328,8 @@ class BrokerConfig:
             if getattr(self, PROPERTIES[name].attr) <= 0:
                 raise ConfigError(f"{name} must be > 0")
         for name in ("maxConnectionsPerIp", "notifyCoalesceWindowMs", "clientManageLogLinesPerMinute", "waitTimeMillsInPullQueue",
-                     "waitTimeMillsInQueue", "ioWorkers", "ioCoreConnections", "maxHeartbeatCacheBytesTotal"):
+                     "waitTimeMillsInQueue", "ioWorkers", "ioCoreConnections", "maxHeartbeatCacheBytesTotal",
+                     "consumerListCacheBytes"):
             if getattr(self, PROPERTIES[name].attr) < 0:
                 raise ConfigError(f"{name} must be >= 0")
         from engine.registry.client_registry import (MAX_CHANNEL_EXPIRED_TIMEOUT_MS, MAX_GROUPS_PER_CHANNEL,

@@ -421,16 +421,16 @@ class ClientRegistry:
         return self.channel_table.memberships
 
     def _use_rules(self, rules) -> None:
-        """Take heartbeats, repeats, opens and closes through the native rules (None: the Python paths only). Their
-        C methods stand in for :meth:`heartbeat`, :meth:`heartbeat_repeat`, :meth:`open_channel` and
-        :meth:`close_channel` on this instance: the same semantics (they are these methods' native twins), without
-        a Python frame per call."""
+        """Take heartbeats, repeats, consumer lists, opens and closes through the native rules (None: the Python
+        paths only). Their C methods stand in for :meth:`heartbeat`, :meth:`heartbeat_repeat`,
+        :meth:`consumer_ids`, :meth:`open_channel` and :meth:`close_channel` on this instance: the same semantics
+        (they are these methods' native twins), without a Python frame per call."""
         self._rules = rules
-        for name in ("heartbeat", "heartbeat_repeat", "open_channel", "close_channel"):
+        for name in ("heartbeat", "heartbeat_repeat", "consumer_ids", "open_channel", "close_channel"):
             self.__dict__.pop(name, None)
         if rules is not None:
             self.heartbeat, self.open_channel, self.close_channel = rules.handle, rules.open_channel, rules.close_channel
-            self.heartbeat_repeat = rules.heartbeat_repeat
+            self.heartbeat_repeat, self.consumer_ids = rules.heartbeat_repeat, rules.consumer_ids
 
     # =========================================================================================== slot storage
     def _new_slot(self, channel, remote_addr) -> int:

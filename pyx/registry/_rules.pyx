@@ -2,7 +2,8 @@
 """Native rule paths of :class:`ClientRegistry` (twin: its Python paths in engine/registry/, which are the
 specification: the same state, answers, events and log lines): ``heartbeat`` (``ClientRegistry.heartbeat`` and
 ``_heartbeat`` with ``ConsumerManager.register`` and ``ProducerManager.register``), ``heartbeat_repeat`` (the
-repeat route's check of its token), ``open_channel`` and ``close_channel`` (with the managers' ``close_channel``).
+repeat route's check of its token), ``consumer_ids`` (the consumer list), ``open_channel`` and ``close_channel``
+(with the managers' ``close_channel``).
 A registry builds them when its listener wants no event but CHANGE and its channel table and string pool are the
 native ones (:meth:`HeartbeatRules.usable`); their methods then stand in for the registry's
 (``ClientRegistry._use_rules``).
@@ -24,6 +25,9 @@ from engine.registry.consumer_manager import ConsumerGroupEvent
 
 from engine.codec._heartbeat cimport ConsumerData, HeartbeatData, ProducerData, SubscriptionData
 from libc.stdint cimport int32_t, int64_t, uint8_t
+
+cdef extern from "Python.h":
+    object PyUnicode_DecodeUTF8(const char* s, Py_ssize_t size, const char* errors)
 
 from engine.registry._channel_table cimport ChannelTable, c_pack_ipv4
 from engine.registry._channel_table import ChannelTableError
@@ -188,6 +192,36 @@ cdef class HeartbeatRules:
                 return None
         ct.touch(s, self.clock())
         return t[n - 1]
+
+    def consumer_ids(self, group):
+        """ConsumerManager.consumer_ids (its twin): the client ids of the group's members in member-array order
+        (GET_CONSUMER_LIST_BY_GROUP), [] for a group that is not live. In C: a group of 10k members is read in a
+        fraction of the Python loop's time, and every member of a group asks for it after each change."""
+        cdef ChannelTable ct = self.ct
+        cdef StringPool pool = self.pool
+        cdef int32_t k, i, n
+        cdef int32_t* members
+        cdef int64_t cid
+        cdef list out = []
+        g = self.cgroups.get(group)
+        if g is None:
+            return out
+        k = g.key
+        if not 0 <= k < ct._nkeys:
+            return out
+        n = ct._msize[k]
+        members = ct._members[k]
+        for i in range(n):  # the member array's first msize entries are live slots (the table's invariant)
+            cid = ct.c_member_cid(members[i], k)
+            if cid < 0:
+                out.append(None)
+            elif cid >= pool._top:  # a table holds only ids of its pool (never reached): refused, not read
+                raise ChannelTableError(f"client id {cid} of slot {members[i]} is not in the string pool")
+            elif pool._len[cid] == 0:
+                out.append("")  # the arena may not exist yet
+            else:
+                out.append(PyUnicode_DecodeUTF8(pool._arena + pool._off[cid], pool._len[cid], "surrogatepass"))
+        return out
 
     def heartbeat(self, channel, slot, hb, language, version):
         """The answer to ``hb`` on ``channel`` (``slot``: its slot, None when not open; ChannelTableError when not

@@ -167,3 +167,39 @@ def test_armed_connection_bytes(benchmark, cls):
                                 armed_overhead=round(on - off))
     print(f"\n{cls.__name__}: {on:.0f} B armed, {off:.0f} B without the route: {on - off:.0f} B overhead")
     assert on - off <= 512
+
+
+# ------------------------------------------------------------------------------------------------ consumer lists
+
+
+@pytest.mark.parametrize("members", [1_000, 10_000], ids=["1k", "10k"])
+@pytest.mark.parametrize("cls", _implementations())
+def test_consumer_list_ask(benchmark, cls, members):
+    """GET_CONSUMER_LIST_BY_GROUP of a group of ``members`` consumers, through a connection's ``data_received``
+    (inline dispatch, the processor, the answer's encoding and write): after a change in a group every member asks
+    for this list, so a change costs the broker ``members`` of these. The figure is one ask."""
+    import engine
+    from engine.codec.enums import RequestCode
+
+    benchmark.group = f"consumer list of a group of {members}"
+    loop = asyncio.new_event_loop()
+    b = Broker(BrokerConfig(listen_port=0, store_path_root_dir=tempfile.mkdtemp(prefix="bench-protocol-")))
+    b.loop = b.server.loop = loop
+    b.server.connection_class = cls
+    reg = b.registry
+    sub = (engine.SubscriptionData("T_list"),)
+    for i in range(members):
+        hb = engine.HeartbeatData(f"10.1.{i // 250}.{i % 250}@{i}#9876543210", (), (engine.ConsumerData(
+            "G_list", engine.ConsumeType.CONSUME_PASSIVELY, engine.MessageModel.CLUSTERING,
+            engine.ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, False, sub),))
+        reg.heartbeat(("member", i), hb, engine.LanguageCode.JAVA, 479)
+    conn = b.server.new_connection("main")
+    conn.connection_made(_Transport(0))
+    ask = engine.RemotingCommand(RequestCode.GET_CONSUMER_LIST_BY_GROUP, opaque=7,
+                                 ext_fields={"consumerGroup": "G_list"}).encode()
+    try:
+        benchmark.pedantic(conn.data_received, args=(ask,), rounds=30, warmup_rounds=1)
+    finally:
+        loop.close()
+    assert b.metrics.requests[RequestCode.GET_CONSUMER_LIST_BY_GROUP] == 31 and not b.metrics.request_errors
+    assert len(reg.consumer_ids("G_list")) == members

@@ -14,6 +14,7 @@ from libc.stdint cimport INT64_MIN, INT64_MAX, int32_t, int64_t, uint8_t, uint16
 from libc.string cimport memcpy, memset
 
 from engine.registry._arrays cimport grow_array as _grow_array
+from engine.registry._arrays cimport reg_hint_huge
 
 import numpy as np
 
@@ -54,6 +55,16 @@ cdef extern from *:
     }
     """
     int ct_any_below(const int64_t* oldest, const uint8_t* live, Py_ssize_t n, int64_t thr) nogil
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define REG_PREFETCH(p) __builtin_prefetch(p)
+    #else
+    #define REG_PREFETCH(p) ((void)(p))
+    #endif
+    """
+    void REG_PREFETCH(const void* p) nogil  # a hint: never faults, reads nothing
 
 cdef int64_t I64_MAX = INT64_MAX
 cdef int64_t I64_MIN = INT64_MIN
@@ -217,6 +228,7 @@ cdef class ChannelTable:
         cdef Py_ssize_t i, j, s, mask = isize - 1
         if index == NULL:
             raise MemoryError()
+        reg_hint_huge(index, isize * sizeof(int32_t))  # probed at random: before its first write
         memset(index, 0xFF, isize * sizeof(int32_t))
         if self._index != NULL:
             for i in range(self._isize):
@@ -241,6 +253,15 @@ cdef class ChannelTable:
         # -1 when absent. A channel's __eq__ may run Python code that changes the table: the probe restarts then
         cdef Py_ssize_t i, s, mask
         cdef uint64_t mutations
+        cdef int n
+        mask = self._isize - 1
+        i = h & mask
+        for n in range(8):  # the run's hash entries requested together (see StringPool._find), then compared
+            s = self._index[i]
+            if s < 0:
+                break
+            REG_PREFETCH(&self._hash[s])
+            i = (i + 1) & mask
         while True:
             mask = self._isize - 1
             i = h & mask

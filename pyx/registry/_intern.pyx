@@ -11,7 +11,7 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.string cimport memcmp, memcpy
 
-from engine.registry._arrays cimport grow_array
+from engine.registry._arrays cimport grow_array, reg_hint_huge
 
 __all__ = ["StringPool"]
 
@@ -21,6 +21,16 @@ cdef extern from "Python.h":
     Py_ssize_t PyUnicode_GET_LENGTH(object)
     char* PyBytes_AS_STRING(object)
     Py_ssize_t PyBytes_GET_SIZE(object)
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define REG_PREFETCH(p) __builtin_prefetch(p)
+    #else
+    #define REG_PREFETCH(p) ((void)(p))
+    #endif
+    """
+    void REG_PREFETCH(const void* p) nogil  # a hint: never faults, reads nothing
 
 DEF EMPTY = -1
 DEF TOMBSTONE = -2
@@ -79,6 +89,7 @@ cdef class StringPool:
         cdef Py_ssize_t i, j, mask = size - 1
         if index == NULL:
             raise MemoryError()
+        reg_hint_huge(index, size * sizeof(int32_t))  # probed at random: before its first write
         for i in range(size):
             index[i] = EMPTY
         for i in range(self._top):
@@ -138,7 +149,18 @@ cdef class StringPool:
         cdef Py_ssize_t mask = self._isize - 1
         cdef Py_ssize_t j = <uint32_t>h & mask
         cdef Py_ssize_t insert_at = -1
+        cdef Py_ssize_t p = j
         cdef int32_t e
+        cdef int i
+        # the hash entries of the run's first ids are requested together (in a large pool each is a cache miss:
+        # overlapped instead of one after another), then compared
+        for i in range(8):
+            e = self._index[p]
+            if e == EMPTY:
+                break
+            if e >= 0:
+                REG_PREFETCH(&self._hash[e])
+            p = (p + 1) & mask
         while True:
             e = self._index[j]
             if e == EMPTY:
@@ -177,6 +199,13 @@ cdef class StringPool:
         cdef Py_ssize_t n, j
         keep = self._utf8(s, &data, &n)
         return self._find(data, n, _h32(s), &j)
+
+    cdef int c_prefetch(self, object s) except -1:
+        """Request the index entries where the str ``s`` is probed (its hash is computed now, and cached by the str),
+        for a caller that interns it after other work: in a large pool the line then comes in meanwhile."""
+        if type(s) is str:
+            REG_PREFETCH(&self._index[<uint32_t>_h32(s) & (self._isize - 1)])
+        return 0
 
     def intern(self, s) -> int:
         """The id of ``s``, interning it if needed; takes one reference."""

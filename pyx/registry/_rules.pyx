@@ -283,6 +283,7 @@ cdef class HeartbeatRules:
         client_id = hb.client_id
         if type(client_id) is not str:
             return None
+        self.pool.c_prefetch(client_id)  # interned after the plan: its index line comes in meanwhile
         v2 = hb.fingerprint != 0 and not self.rules4  # a 4.9 broker's HeartbeatData has no fingerprint
         if v2 and hb.without_sub:
             return None
@@ -513,10 +514,13 @@ cdef class HeartbeatRules:
                 replaced = True
                 if g.consume_type is _PASSIVELY and self._info():
                     self.consumers.log_sub_replaced(g, old_obj, sd)
-        topics = {sd.topic for sd in cd.subscriptions}  # the table holds them all now: more is a removal
-        if len(table) != len(topics):
-            self.consumers.remove_topics(g, topics)
-            changed = True
+        # the table holds every topic of the request now: more is a removal. The count of distinct topics without
+        # a set when they are a few exact str (pairwise ==, which is the set's equality for them)
+        if _distinct_topics(cd.subscriptions) != len(table):
+            topics = {sd.topic for sd in cd.subscriptions}
+            if len(table) != len(topics):
+                self.consumers.remove_topics(g, topics)
+                changed = True
         if changed or replaced:
             self._touch(g)
         if (r1 or changed) and self.want_change and sgc.notify_consumer_ids_changed_enable \
@@ -655,6 +659,22 @@ cdef inline Py_ssize_t _live(ChannelTable ct, Py_ssize_t s) except -1:
     if not ct.c_in_use(s):
         raise ChannelTableError(f"slot {s} is not in use")
     return s
+
+
+cdef Py_ssize_t _distinct_topics(tuple subscriptions) except -2:
+    """How many distinct topics the subscriptions name, when they are at most FEW_KEYS exact str; else -1."""
+    cdef Py_ssize_t n = len(subscriptions)
+    cdef Py_ssize_t i, j
+    if n > FEW_KEYS:
+        return -1
+    for i in range(n):
+        t = (<SubscriptionData>subscriptions[i]).topic
+        if type(t) is not str:
+            return -1
+        for j in range(i):
+            if <str>t == <str>(<SubscriptionData>subscriptions[j]).topic:
+                return -1  # a repeated topic: the set counts
+    return n
 
 
 cdef inline Py_ssize_t _group_size(ChannelTable ct, int32_t k) noexcept:

@@ -33,3 +33,4 @@ cdef class StringPool:
     cdef int c_release(self, object id) except -1
     cdef int c_acquire_id(self, Py_ssize_t e) except -1
     cdef int c_release_id(self, Py_ssize_t e) except -1
+    cdef int c_prefetch(self, object s) except -1

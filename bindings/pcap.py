@@ -34,7 +34,7 @@ from typing import Iterator, List, Optional, Sequence
 import numpy as np
 
 from engine.recording import _pcap_py as twin
-from engine.recording._pcap_py import STAT_NAMES, CaptureError
+from engine.recording._pcap_py import STAT_NAMES, CaptureError, conn_hash
 from engine.recording.scan_py import FINDING_KEYS, ScanParams, deviating_members, separate_data_loss
 
 try:
@@ -128,6 +128,8 @@ class Capture:
     files: List[str] = field(default_factory=list)
     #: (n, i): this reader takes the connections whose 4-tuple hashes to i modulo n (see CaptureDecoder)
     shard: tuple = (1, 0)
+    #: the capture's place among the inputs (its connection ids' salt, see capture_salt)
+    index: int = 0
 
 
 #: statistics every shard of a capture counts alike (each reads every packet): merged from one shard only
@@ -162,7 +164,8 @@ def plan_captures(paths, shards: int = 1) -> List[Capture]:
     if len(set(files)) != len(files):  # a file given alone and inside a directory given: read (and counted) twice
         raise CaptureError("a capture file is given twice (alone and in a directory given): "
                            + ", ".join(sorted({str(f) for f in files if files.count(f) > 1})))
-    return [Capture(name, c.files, (shards, i)) for c, name in zip(out, names) for i in range(shards)]
+    return [Capture(name, c.files, (shards, i), k) for k, (c, name) in enumerate(zip(out, names))
+            for i in range(shards)]
 
 
 def unique_names(paths: Sequence[Path]) -> List[str]:
@@ -216,6 +219,11 @@ class CaptureResult:
     losses: list
     damaged: list  # files whose structure broke: {"file", "offset"/"reason"}
     shard: tuple = (1, 0)
+    #: the first and last time (ms) the capture shows (its heartbeats and connection events); None: it shows none
+    first_ms: Optional[int] = None
+    last_ms: Optional[int] = None
+    #: {conn_id: [client address, first ms, last ms]} of the connections it shows (continued_connections)
+    conns: dict = field(default_factory=dict)
 
 
 def merge_shards(results: Sequence[CaptureResult]) -> List[CaptureResult]:
@@ -232,23 +240,67 @@ def merge_shards(results: Sequence[CaptureResult]) -> List[CaptureResult]:
         stats = merge_stats([r.stats for r in parts])
         for k in PACKET_STATS:
             stats[k] = parts[0].stats.get(k, 0)
+        firsts = [r.first_ms for r in parts if r.first_ms is not None]
+        lasts = [r.last_ms for r in parts if r.last_ms is not None]
         out.append(CaptureResult(name, parts[0].files, stats,
                                  sorted((e for r in parts for e in r.events), key=lambda e: (e[0], e[1], e[2])),
                                  sorted((lo for r in parts for lo in r.losses), key=lambda lo: (lo[3], lo[0])),
-                                 parts[0].damaged, (1, 0)))
+                                 parts[0].damaged, (1, 0), min(firsts, default=None), max(lasts, default=None),
+                                 {c: v for r in parts for c, v in r.conns.items()}))
     return out
+
+def capture_salt(index: int) -> int:
+    """What the connection ids of the ``index``-th capture among the inputs are XORed with: 0 for the first (a
+    capture read alone keeps the decoder's ids), a 63-bit hash of the index for the others. The decoder's id is the
+    4-tuple's hash and its generation within the capture, so the same 4-tuple in two captures (a client port used
+    again in a later capture of the same broker) got the same id, and the scan took two connections for one (their
+    opens and closes merged). XOR keeps a capture's ids distinct and its shards' ids equal; two captures' ids meet
+    only by a 63-bit collision."""
+    return conn_hash(b"capture" + index.to_bytes(8, "little"), 0) if index else 0
+
 
 def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None, batch_records: int = BATCH_RECORDS,
                  chunk_bytes: int = CHUNK_BYTES, **decoder_options) -> Iterator:
     """Yields the capture's records (dicts of columns, see CaptureDecoder.take) as they come, then its
-    CaptureResult. A file whose structure breaks is reported in ``damaged`` and the next file is read."""
+    CaptureResult. A file whose structure breaks is reported in ``damaged`` and the next file is read. Connection
+    ids are the capture's own (:func:`capture_salt`)."""
     dec = decoder_class(native)(ports=ports, shard=capture.shard, **decoder_options)
     events, losses, damaged = [], [], []
+    salt = capture_salt(capture.index)
+    span = []  # the times the capture shows so far: [first, last]
+    conns: dict = {}  # conn_id -> [client address, first ms, last ms]
+
+    def seen(conn, addr, first, last):
+        info = conns.get(conn)
+        if info is None:
+            conns[conn] = [addr, first, last]
+        else:
+            info[0] = info[0] or addr
+            info[1], info[2] = min(info[1], first), max(info[2], last)
 
     def drain():
         rec, ev, lo = dec.take()
+        conn = rec["conn_id"] = rec["conn_id"] ^ np.int64(salt)
+        ev = [(e[0], e[1] ^ salt) + tuple(e[2:]) for e in ev]
         events.extend(ev)
-        losses.extend(lo)
+        losses.extend((x[0] ^ salt,) + tuple(x[1:]) for x in lo)
+        if len(conn):
+            uniq, first, inverse = np.unique(conn, return_index=True, return_inverse=True)
+            recv = rec["recv_ms"]
+            lo_ms = np.full(len(uniq), np.iinfo(np.int64).max, np.int64)
+            hi_ms = np.full(len(uniq), np.iinfo(np.int64).min, np.int64)
+            np.minimum.at(lo_ms, inverse.reshape(-1), recv)
+            np.maximum.at(hi_ms, inverse.reshape(-1), recv)
+            ao, ad = rec["addr_offsets"], rec["addr_data"]
+            for c, i, a, b in zip(uniq.tolist(), first.tolist(), lo_ms.tolist(), hi_ms.tolist()):
+                seen(c, ad[ao[i]:ao[i + 1]].decode("utf-8", "replace"), a, b)
+        for e in ev:
+            seen(e[1], e[3] or "", e[0], e[0])
+        times = [e[0] for e in ev]
+        if len(conn):
+            times += [int(rec["recv_ms"].min()), int(rec["recv_ms"].max())]
+        if times:
+            span[:] = [min(times + span[:1]), max(times + span[1:])]
         return rec
 
     for path in capture.files:
@@ -281,7 +333,8 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
     rec = drain()
     if len(rec["recv_ms"]):
         yield rec
-    yield CaptureResult(capture.name, list(capture.files), dec.stats, events, losses, damaged, capture.shard)
+    yield CaptureResult(capture.name, list(capture.files), dec.stats, events, losses, damaged, capture.shard,
+                        *(span or (None, None)), conns)
 
 
 def read_local(paths, *, native: Optional[bool] = None, ports=None, shards: int = 1, **options):
@@ -369,7 +422,8 @@ def capture_summary(results: Sequence[CaptureResult]) -> dict:
                            "consumer_group": e[7]} for e in events if e[2] == "unregister"),
                          key=lambda r: (r["ms"], r["client_id"] or ""))
     return {
-        "captures": [{"name": r.name, "files": r.files} for r in results],
+        "captures": [{"name": r.name, "files": r.files, "first_ms": r.first_ms, "last_ms": r.last_ms}
+                     for r in results],
         "stats": stats,
         "connections_opened": sum(1 for e in events if e[2] == "open"),
         "connection_ends": {f"{kind}_by_{by}": n for (kind, by), n in sorted(ends.items())},
@@ -381,7 +435,19 @@ def capture_summary(results: Sequence[CaptureResult]) -> dict:
                     "bytes": n} for c, cid, addr, d, a, b, n in losses[:MAX_LISTED]],
         "loss_count": len(losses),
         "damaged_files": [d for r in results for d in r.damaged],
+        "continued": continued_captures(results),
     }
+
+
+def continued_captures(results: Sequence[CaptureResult]) -> List[dict]:
+    """The captures whose connections seem to continue an earlier capture's (continued_connections), with how
+    many: rotated files of one capture given one by one instead of as their directory."""
+    mapping = continued_connections(results)
+    if not mapping:
+        return []
+    owner = {c: r.name for r in results for c in r.conns}
+    pairs = Counter((owner[c], owner.get(root, "?")) for c, root in mapping.items())
+    return [{"capture": a, "continues": b, "connections": n} for (a, b), n in sorted(pairs.items())]
 
 
 def connection_events(results: Sequence[CaptureResult]) -> dict:
@@ -422,6 +488,102 @@ def loss_damage(summary: dict) -> List[dict]:
     out += [{"segment": Path(d["file"]).name, "kind": "capture_file", "offset": 0, "bytes": 0, "first_ms": None,
              "last_ms": None, "records_lost": None, "reason": d["reason"]} for d in summary["damaged_files"]]
     return out
+
+
+def continued_connections(results: Sequence[CaptureResult]) -> dict:
+    """{conn_id: the id of the earlier capture's connection it seems to continue} (captures in time order): a
+    capture's first connection from a client address, seen without its SYN, where that address's connection was
+    open (no FIN or RST) when the earlier captures ended. That is what rotated files given one by one look like:
+    each file is its own capture, so its connections are read as new ones and a client seems to reconnect at every
+    file (flapping). The scan does not join them (a client address alone does not prove it is the same
+    connection); it names such captures (``capture.continued``) and the report says to give their directory."""
+    out: dict = {}
+    open_at_end: dict = {}  # client address -> the id of its connection open at the end of the captures so far
+    for r in sorted((r for r in results if r.first_ms is not None), key=lambda r: (r.first_ms, r.name)):
+        opened = {e[1] for e in r.events if e[2] == "open"}
+        ended = {e[1] for e in r.events if e[2] in ("fin", "rst")}
+        by_addr = defaultdict(list)
+        for conn, (addr, first, last) in r.conns.items():
+            if addr:
+                by_addr[addr].append((first, last, conn))
+        for addr, cs in by_addr.items():
+            cs.sort()
+            head, tail = cs[0][2], cs[-1][2]
+            if head not in opened and addr in open_at_end:
+                out[head] = open_at_end[addr]
+            if tail in ended:
+                open_at_end.pop(addr, None)
+            else:
+                open_at_end[addr] = tail
+    return out
+
+
+def capture_holes(summary: dict) -> List[dict]:
+    """The times between the captures that none of them shows (the first and last heartbeat or connection event
+    of each capture bound what it saw): what clients did then is unknown, not silence."""
+    spans = sorted((c["first_ms"], c["last_ms"], c["name"]) for c in summary["captures"]
+                   if c.get("first_ms") is not None)
+    holes: List[dict] = []
+    if not spans:
+        return holes
+    _, hi, name_hi = spans[0]
+    for first, last, name in spans[1:]:
+        if first > hi + 1:
+            seconds = (first - hi - 1) / 1000
+            holes.append({"first_ms": hi + 1, "last_ms": first - 1, "after": name_hi, "before": name,
+                          "reason": f"no capture shows the {seconds:.3f} s between {name_hi} and {name}"})
+        if last > hi:
+            hi, name_hi = last, name
+    return holes
+
+
+def _longest_seen(start: int, end: int, holes: List[dict]) -> int:
+    """The longest part of [start, end] no hole covers (ms)."""
+    best, at = 0, start
+    for h in holes:  # in time order, not overlapping
+        if h["last_ms"] < at or h["first_ms"] > end:
+            continue
+        best = max(best, h["first_ms"] - at)
+        at = h["last_ms"] + 1
+    return max(best, end - at)
+
+
+def separate_not_captured(findings: dict, holes: List[dict], params: ScanParams) -> None:
+    """Time no capture shows is not client silence (engine.recording.scan_py.separate_data_loss does this for
+    damage): a heartbeat gap stays a finding only where a part of it the captures show is itself longer than the
+    gap threshold (the silence is proven there; ``not_captured_s`` says how much of it no capture shows), else it
+    moves to ``gaps_over_data_loss``; an expiry whose wait overlaps such a time moves to
+    ``expired_over_data_loss``; group size changes within a hole and an expiry after it are marked. The holes are
+    listed under ``scan.not_captured``."""
+    findings.setdefault("scan", {})["not_captured"] = holes
+    if not holes:
+        return
+    kept, over = [], findings.setdefault("gaps_over_data_loss", [])
+    for gap in findings.get("heartbeat_gaps", []):
+        hidden = sum(max(0, min(gap["end_ms"], h["last_ms"]) - max(gap["start_ms"], h["first_ms"]) + 1) for h in holes)
+        if not hidden:
+            kept.append(gap)
+        elif _longest_seen(gap["start_ms"], gap["end_ms"], holes) > params.gap_ms:
+            kept.append(dict(gap, not_captured_s=hidden / 1000))
+        else:
+            over.append(gap)
+    findings["heartbeat_gaps"] = kept
+    if "expired_clients" in findings:
+        exp_kept, exp_over = [], findings.setdefault("expired_over_data_loss", [])
+        for row in findings["expired_clients"]:
+            hit = any(row["last_heartbeat_ms"] <= h["last_ms"] and row["expired_ms"] >= h["first_ms"] for h in holes)
+            (exp_over if hit else exp_kept).append(row)
+        findings["expired_clients"] = exp_kept
+    for series in findings.get("group_sizes", []):
+        n = sum(1 for t, _ in series["series"]
+                if any(h["first_ms"] <= t <= h["last_ms"] + params.expiry_ms for h in holes))
+        if n:
+            series["changes_over_data_loss"] = series.get("changes_over_data_loss", 0) + n
+    summary = findings.get("summary")
+    if summary is not None:
+        for key in ("heartbeat_gaps", "gaps_over_data_loss", "expired_clients", "expired_over_data_loss"):
+            if key in findings:
+                summary[key] = len(findings[key])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -537,7 +699,9 @@ def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = 
                             params, cuts=member_cuts, conn_cuts=conn_cuts)
     payload = json.dumps({"name": result.name, "files": result.files, "stats": result.stats,
                           "events": result.events, "losses": result.losses, "damaged": result.damaged,
-                          "shard": list(result.shard), "addrs": [[c, a] for c, a in addrs.items()],
+                          "shard": list(result.shard), "first_ms": result.first_ms, "last_ms": result.last_ms,
+                          "conns": [[c] + v for c, v in result.conns.items()],
+                          "addrs": [[c, a] for c, a in addrs.items()],
                           "clients": sorted({c for b in out for r, c in zip(b.column(0).to_pylist(),
                                                                            b.column(2).to_pylist())
                                              if r == "client"})})
@@ -652,7 +816,8 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
             addrs.update((int(c), a) for c, a in p["addrs"])
             task_conns[index[(p["name"], tuple(p["shard"]))]] = {int(c) for c, _ in p["addrs"]}
             results.append(CaptureResult(p["name"], p["files"], p["stats"], [tuple(e) for e in p["events"]],
-                                         [tuple(x) for x in p["losses"]], p["damaged"], tuple(p["shard"])))
+                                         [tuple(x) for x in p["losses"]], p["damaged"], tuple(p["shard"]),
+                                         p["first_ms"], p["last_ms"], {int(c): v for c, *v in p["conns"]}))
             task_clients[(p["name"], tuple(p["shard"]))] = set(p["clients"])
         unseen = unseen_unregisters(results, task_clients)
         results = merge_shards(results)
@@ -711,6 +876,7 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
                         "reader": "native" if decoder_class(native) is _NativeDecoder else "twin",
                         "torn_tails": [], "corrupt": damage}
     separate_data_loss(findings, [], damage)
+    separate_not_captured(findings, capture_holes(summary), params)
     return findings
 
 
@@ -735,6 +901,7 @@ def scan_local(paths, params: ScanParams = ScanParams(), *, native: Optional[boo
     damage = loss_damage(summary)
     findings["scan"] = {"torn_tails": [], "corrupt": damage}
     separate_data_loss(findings, [], damage)
+    separate_not_captured(findings, capture_holes(summary), params)
     return findings
 
 

@@ -640,14 +640,17 @@ def _banner(findings: dict) -> str:
                if st.get(k)}
         if bad:
             warn.append("capture: " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in bad.items()))
+    coverage = coverage_lines(findings)
     line = damage_line(findings)
-    if line is None and not warn:
+    if line is None and not warn and not coverage:
         return ""
     parts = [f"<div id=banner class='banner {'damaged' if line else 'partial'}' role=alert>"]
     if line:
         parts.append(f"<p><b>{e(line)}</b></p>")
     if warn:
         parts.append("<p><b>PARTLY UNREADABLE INPUT:</b> " + e("; ".join(warn)) + ".</p>")
+    if coverage:
+        parts.append("<p><b>CAPTURE COVERAGE:</b> " + e("; ".join(coverage)) + ".</p>")
     scan = findings.get("scan") or {}
     rows = [[d.get("broker", "") + (" " if d.get("broker") else "") + str(d["kind"]), d["segment"], d["offset"],
              d["bytes"], utc(d["first_ms"]) if d.get("first_ms") else "?",
@@ -1028,6 +1031,27 @@ def _capture_section(findings: dict) -> List[str]:
              for n in cap["notifications"]])))
     parts.append("</section>")
     return parts
+def coverage_lines(findings: dict) -> List[str]:
+    """What several captures of a scan do not show (bindings.pcap): the times between them (heartbeat gaps and
+    expiries over those are reported apart), and captures that seem to continue another's connections (rotated
+    files given one by one: their clients seem to reconnect at every file)."""
+    out = []
+    holes = (findings.get("scan") or {}).get("not_captured") or []
+    if holes:
+        first = holes[0]
+        out.append(f"{len(holes)} time range(s) between the captures not captured (the first: "
+                   f"{utc(first['first_ms'])} to {utc(first['last_ms'])}, {first['reason']}); heartbeat gaps and "
+                   "expiries over them are reported apart, not as client silence")
+    continued = (findings.get("capture") or {}).get("continued") or []
+    if continued:
+        c = continued[0]
+        out.append(f"{len(continued)} capture(s) seem to continue another's connections (the first: {c['capture']} "
+                   f"continues {c['connections']} of {c['continues']}): rotated files given one by one are read "
+                   "as separate captures, their clients seeming to reconnect at every file; give their directory "
+                   "to read them as one capture")
+    return out
+
+
 def damage_line(findings: dict) -> Optional[str]:
     """One line saying what of the input could not be read, or None when it was read whole."""
     scan = findings.get("scan") or {}
@@ -1352,6 +1376,8 @@ def print_summary(findings: dict, file) -> None:
     line = damage_line(findings)
     if line:
         print(line, file=file)
+    for note in coverage_lines(findings):
+        print(f"CAPTURE COVERAGE: {note}", file=file)
     for r in findings["inconsistent_subscriptions"][:5]:
         print(f"  inconsistent subscriptions: {_label(r, r['group'])} for {r['duration_s']:.0f} s from {utc(r['start_ms'])}, "
               f"{len(r['variants'])} variants", file=file)

@@ -6,6 +6,7 @@ import gzip
 import importlib.util
 import json
 import os
+import struct
 import sys
 from collections import Counter
 from pathlib import Path
@@ -1022,3 +1023,100 @@ def test_review_plan_captures_generator_and_file_inside_given_directory(tmp_path
     assert [c.name for c in pcap.plan_captures(p for p in [d / "a.pcap"])] == ["a.pcap"]
     with pytest.raises(pcap.CaptureError, match="given twice"):
         pcap.plan_captures([d, d / "a.pcap"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# several captures: the same 4-tuple in two of them, and the time between them
+
+
+def shifted_copy(src: Path, dst: Path, seconds: int) -> Path:
+    """``src`` (a little-endian microsecond pcap) with every packet ``seconds`` later: the same connections, the
+    same 4-tuples, another run of them."""
+    raw = src.read_bytes()
+    out, pos = bytearray(raw[:24]), 24
+    while pos + 16 <= len(raw):
+        ts, us, incl, orig = struct.unpack("<IIII", raw[pos:pos + 16])
+        out += struct.pack("<IIII", ts + seconds, us, incl, orig) + raw[pos + 16:pos + 16 + incl]
+        pos += 16 + incl
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_bytes(bytes(out))
+    return dst
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_the_same_four_tuple_in_two_captures_is_two_connections(tmp_path, shards):
+    """A later capture of the same clients on the same client ports (here: the first capture 600 s later): each
+    capture's connections keep their own ids (the first capture's as read alone), so their opens and ends are not
+    merged into one connection's (before, the second capture's connections took the first's ids and lost their
+    opens and closes)."""
+    a = CAPTURES["lo-eth-ipv4"]
+    b = shifted_copy(a, tmp_path / "later" / a.name, 600)
+    alone, alone_res = pcap.read_local([a])
+    both, results = pcap.read_local([a, b], shards=shards)
+    n = len(alone["conn_id"])
+    ids_a, ids_b = set(both["conn_id"][:n].tolist()), set(both["conn_id"][n:].tolist())
+    assert ids_a == set(alone["conn_id"].tolist()) and len(ids_b) == len(ids_a) and not ids_a & ids_b
+    events = pcap.connection_events(results)
+    assert len(events) == 2 * len(pcap.connection_events(alone_res))
+    assert sorted(e.get("open", 0) - 600_000 for c, e in events.items() if c in ids_b) == sorted(
+        e.get("open", 0) for e in pcap.connection_events(alone_res).values())
+
+
+def test_time_no_capture_shows_is_not_client_silence(tmp_path):
+    """Two captures of the same clients 600 s apart: the clients' heartbeats resume after the hole between the
+    captures, which no capture shows; those 600 s gaps are reported over data loss, not as heartbeat gaps, the
+    hole is named (scan.not_captured, the report's banner), and the two captures' other findings are each one's."""
+    a = CAPTURES["lo-eth-ipv4"]
+    b = shifted_copy(a, tmp_path / "later" / a.name, 600)
+    one, two = pcap.scan_local([a]), pcap.scan_local([a, b])
+    assert one["heartbeat_gaps"] == [] and one["scan"]["not_captured"] == []
+    assert two["heartbeat_gaps"] == [] and len(two["gaps_over_data_loss"]) == 7
+    assert two["summary"]["heartbeat_gaps"] == 0 and two["summary"]["gaps_over_data_loss"] == 7
+    (hole,) = two["scan"]["not_captured"]
+    cap_a, cap_b = two["capture"]["captures"]  # in the order given
+    assert hole["first_ms"] == cap_a["last_ms"] + 1 and hole["last_ms"] == cap_b["first_ms"] - 1
+    assert (hole["after"], hole["before"]) == (cap_a["name"], cap_b["name"])
+    spans = two["inconsistent_subscriptions"]
+    assert [(s["start_ms"], s["end_ms"]) for s in spans] == [
+        (s["start_ms"] + d, s["end_ms"] + d) for d in (0, 600_000) for s in one["inconsistent_subscriptions"]]
+    from engine.bindings.report import coverage_lines
+    (note,) = coverage_lines(two)
+    assert note.startswith("1 time range(s) between the captures not captured")
+    assert coverage_lines(one) == [] and two["capture"]["continued"] == []  # the first run's connections all closed
+
+
+def test_silence_the_captures_show_stays_a_finding_across_a_hole(tmp_path):
+    """U heartbeats at 0-60 s and is silent while K heartbeats until 300 s (capture 1); both heartbeat again in
+    capture 2 from 900 s. U's silence from 60 s to 300 s, which capture 1 shows, passes the gap threshold alone: the
+    gap stays a finding (``not_captured_s``: the part no capture shows). K's gap lies in the hole: reported apart."""
+    addrs = {"U": "10.0.3.1:43000", "K": "10.0.3.2:44000"}
+    first = [(T0 + s * 1000, addrs["U"], "hb", _body("U@1")) for s in (0, 30, 60)]
+    first += [(T0 + s * 1000, addrs["K"], "hb", _body("K@1")) for s in range(0, 301, 30)]
+    later = [(T0 + s * 1000, addrs[c], "hb", _body(f"{c}@1")) for s in (900, 930) for c in ("U", "K")]
+    tool.write_script(tmp_path / "one.pcap", sorted(first, key=lambda x: x[0]))
+    tool.write_script(tmp_path / "two.pcap", later)
+    f = pcap.scan_local([tmp_path / "one.pcap", tmp_path / "two.pcap"])
+    (hole,) = f["scan"]["not_captured"]
+    assert (hole["first_ms"] - T0, hole["last_ms"] - T0) == (300_001, 899_999)
+    (gap,) = f["heartbeat_gaps"]
+    assert (gap["client_id"], gap["start_ms"] - T0, gap["end_ms"] - T0) == ("U@1", 60_000, 900_000)
+    assert gap["not_captured_s"] == 599.999
+    assert [(g["client_id"], g["start_ms"] - T0) for g in f["gaps_over_data_loss"]] == [("K@1", 300_000)]
+
+
+def test_rotated_files_given_one_by_one_are_named(tmp_path):
+    """tcpdump's rotated files given one by one (a shell glob) instead of as their directory: each file is its own
+    capture, so its connections are read as new and the clients seem to reconnect at every file. The scan names
+    the captures that continue another's connections and the report says to give the directory; given as the
+    directory, the same files read as one capture (no flapping, nothing named)."""
+    rot = tmp_path / "rotated"
+    run_tool("split", CAPTURES["lo-eth-ipv4"], rot, "--packets", "37")
+    files = sorted(rot.iterdir())
+    whole, apart = pcap.scan_local([rot]), pcap.scan_local(files)
+    assert whole["flapping_clients"] == [] and whole["capture"]["continued"] == []
+    assert whole["scan"]["not_captured"] == []
+    continued = apart["capture"]["continued"]
+    assert [c["capture"] for c in continued] == [f.name for f in files[1:]]
+    assert all(c["continues"] == f.name and c["connections"] >= 1 for c, f in zip(continued, files))
+    from engine.bindings.report import coverage_lines
+    assert any("give their directory" in note for note in coverage_lines(apart))

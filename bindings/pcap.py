@@ -219,7 +219,8 @@ class CaptureResult:
     losses: list
     damaged: list  # files whose structure broke: {"file", "offset"/"reason"}
     shard: tuple = (1, 0)
-    #: the first and last time (ms) the capture shows (its heartbeats and connection events); None: it shows none
+    #: the first and last time (ms) the capture shows (its first and last packet, its records and events); None:
+    #: it has no packet
     first_ms: Optional[int] = None
     last_ms: Optional[int] = None
     #: {conn_id: [client address, first ms, last ms]} of the connections it shows (continued_connections)
@@ -333,8 +334,10 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
     rec = drain()
     if len(rec["recv_ms"]):
         yield rec
+    # what the capture shows: from its first packet to its last (in file order), and every record and event
+    times = span + [t for t in (dec.first_packet_ms, dec.last_packet_ms) if t >= 0]
     yield CaptureResult(capture.name, list(capture.files), dec.stats, events, losses, damaged, capture.shard,
-                        *(span or (None, None)), conns)
+                        min(times, default=None), max(times, default=None), conns)
 
 
 def read_local(paths, *, native: Optional[bool] = None, ports=None, shards: int = 1, **options):
@@ -519,8 +522,8 @@ def continued_connections(results: Sequence[CaptureResult]) -> dict:
 
 
 def capture_holes(summary: dict) -> List[dict]:
-    """The times between the captures that none of them shows (the first and last heartbeat or connection event
-    of each capture bound what it saw): what clients did then is unknown, not silence."""
+    """The times between the captures that none of them shows (each capture shows the time from its first packet
+    to its last): what clients did then is unknown, not silence."""
     spans = sorted((c["first_ms"], c["last_ms"], c["name"]) for c in summary["captures"]
                    if c.get("first_ms") is not None)
     holes: List[dict] = []

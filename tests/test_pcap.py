@@ -1086,8 +1086,8 @@ def test_time_no_capture_shows_is_not_client_silence(tmp_path):
 
 
 def test_silence_the_captures_show_stays_a_finding_across_a_hole(tmp_path):
-    """U heartbeats at 0-60 s and is silent while K heartbeats until 300 s (capture 1); both heartbeat again in
-    capture 2 from 900 s. U's silence from 60 s to 300 s, which capture 1 shows, passes the gap threshold alone: the
+    """U heartbeats at 0-60 s and is silent while K heartbeats until 300 s (capture 1, its last packet K's answer's
+    ACK); both heartbeat again in capture 2 from 900 s. U's silence from 60 s to 300 s, which capture 1 shows, passes the gap threshold alone: the
     gap stays a finding (``not_captured_s``: the part no capture shows). K's gap lies in the hole: reported apart."""
     addrs = {"U": "10.0.3.1:43000", "K": "10.0.3.2:44000"}
     first = [(T0 + s * 1000, addrs["U"], "hb", _body("U@1")) for s in (0, 30, 60)]
@@ -1117,6 +1117,7 @@ def test_rotated_files_given_one_by_one_are_named(tmp_path):
     assert whole["scan"]["not_captured"] == []
     continued = apart["capture"]["continued"]
     assert [c["capture"] for c in continued] == [f.name for f in files[1:]]
+    assert apart["scan"]["not_captured"] == []  # each file starts with the packet after the last one's
     assert all(c["continues"] == f.name and c["connections"] >= 1 for c, f in zip(continued, files))
     from engine.bindings.report import coverage_lines
     assert any("give their directory" in note for note in coverage_lines(apart))

@@ -162,6 +162,8 @@ class CaptureDecoder:
         self.stats = dict.fromkeys(STAT_NAMES, 0)
         self._flows = {}
         self._generation = {}
+        #: the capture time (ms) of the first and the last packet read, in file order (-1: none yet)
+        self.first_packet_ms = self.last_packet_ms = -1
         self._file_offset = 0
         self._fmt = 0  # 0: expect a file header, 1: pcap, 2: pcapng
         self._reset_file()
@@ -341,6 +343,9 @@ class CaptureDecoder:
     def _packet(self, link, data, pos, end, orig_len, ms):
         st = self.stats
         st["packets"] += 1
+        if self.first_packet_ms < 0:
+            self.first_packet_ms = ms
+        self.last_packet_ms = ms
         if link == LINKTYPE_ETHERNET:
             if end - pos < 14:
                 st["malformed_packets"] += 1

@@ -382,6 +382,8 @@ cdef class CaptureDecoder:
     cdef Buf o_recv, o_conn, o_ver, o_lang, o_addr_off, o_addr, o_body_off, o_body
     cdef Py_ssize_t o_n
     cdef list _events, _losses
+    #: the capture time (ms) of the first and the last packet read, in file order (-1: none yet)
+    cdef readonly long long first_packet_ms, last_packet_ms
 
     def __init__(self, ports=None, max_frame_size=DEFAULT_MAX_FRAME_SIZE,
                  reorder_window_ms=DEFAULT_REORDER_WINDOW_MS, max_pending_bytes=DEFAULT_MAX_PENDING_BYTES,
@@ -406,6 +408,7 @@ cdef class CaptureDecoder:
         self.max_pending_bytes = int(max_pending_bytes)
         self._flows = {}
         self._generation = {}
+        self.first_packet_ms = self.last_packet_ms = -1
         self._reset_file()
         self._reset_out()
 
@@ -632,6 +635,9 @@ cdef class CaptureDecoder:
         cdef unsigned int sport, dport, flags
         cdef uint32_t seq
         st[S_PACKETS] += 1
+        if self.first_packet_ms < 0:
+            self.first_packet_ms = ms
+        self.last_packet_ms = ms
         if link == 1:
             if end - pos < 14:
                 st[S_MALFORMED] += 1

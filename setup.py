@@ -44,9 +44,9 @@ if not os.environ.get("ENGINE_NO_EXTENSIONS"):
             or os.path.splitext(os.path.basename(path))[0] in _build_only(os.environ["ENGINE_BUILD_ONLY"])
         ],
         compiler_directives={"language_level": "3", "embedsignature": True},
-        # the .pxd files are named by full module name beside their .pyx (pyx/codec/engine.codec._heartbeat.pxd):
-        # every pyx/<layer>/ is searched for them
-        include_path=["pyx"] + sorted(glob.glob("pyx/*/")),
+        # the .pxd files are laid out as the engine package under pyx/engine/ (pyx/engine/codec/_heartbeat.pxd
+        # declares engine.codec._heartbeat): Cython finds them by module name on this include path
+        include_path=["pyx"],
     )
 
 setup(ext_modules=ext_modules)

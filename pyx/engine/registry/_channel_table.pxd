@@ -1,6 +1,5 @@
 # The native channel table's C layout, for the modules that cimport it (engine.registry._rules calls its cpdef
-# methods directly). Defined in _channel_table.pyx; the file name is the module's full name (see
-# pyx/codec/engine.codec._heartbeat.pxd).
+# methods directly). Defined in pyx/registry/_channel_table.pyx (the layout: see pyx/engine/codec/_heartbeat.pxd).
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 

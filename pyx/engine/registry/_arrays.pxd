@@ -1,6 +1,5 @@
 # C arrays grown in place, for the modules that cimport this (the channel table, the string pool). Inline only, so
-# no module of this name exists at run time; the file name is the full module name (see
-# pyx/codec/engine.codec._heartbeat.pxd).
+# no module of this name exists at run time (the layout: see pyx/engine/codec/_heartbeat.pxd).
 from cpython.mem cimport PyMem_Realloc
 from libc.string cimport memset
 

@@ -1,5 +1,5 @@
 # The native string pool's C layout, for the modules that cimport it (engine.registry._rules). Defined in
-# _intern.pyx; the file name is the module's full name (see pyx/codec/engine.codec._heartbeat.pxd).
+# pyx/registry/_intern.pyx (the layout: see pyx/engine/codec/_heartbeat.pxd).
 from libc.stdint cimport int32_t, int64_t, uint32_t
 
 

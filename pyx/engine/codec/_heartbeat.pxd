@@ -1,6 +1,6 @@
 # The heartbeat model's C layout, for the modules that cimport it (engine.registry._rules reads the fields of
-# decoded heartbeats directly). Defined in _heartbeat.pyx. The file name is the module's full name: Cython finds the
-# .pxd of engine.codec._heartbeat under that name beside the .pyx (pyx/ is not laid out as the engine package).
+# decoded heartbeats directly). Defined in pyx/codec/_heartbeat.pyx. The .pxd files live under pyx/engine/, laid out
+# as the engine package (with __init__.pxd markers), where Cython finds them by module name on the include path pyx/.
 from libc.stdint cimport int32_t, int64_t
 
 

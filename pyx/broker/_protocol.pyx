@@ -189,21 +189,23 @@ cdef class ProtocolCore:
             response = handler(self, cmd)
         except Exception as e:
             response = server._handler_failed(self, cmd, e)
+        return self._answer(server, cmd, flag, response, out)
+
+    cdef inline bint _answer(self, server, cmd, int flag, response, list out) except -1:
+        """The end of RemotingServer.run: no answer to a oneway request; the answer, encoded (a RemotingCommand) or
+        not (a template's frame), joins the read's batch, which is written early past out_flush_bytes. True: the
+        request was served."""
         if response is None or flag & _FLAG_ONEWAY:
             return True
         if type(response) is not bytes:
             response = server._encode_answer(self, cmd, response)
-        if not self.closing:
-            self._batch(server, out, response)
-        return True
-
-    cdef inline int _batch(self, server, list out, bytes response) except -1:
-        """RemotingServer.run's append of an answer to the read's batch, flushed past out_flush_bytes."""
+        if self.closing:
+            return True
         PyList_Append(out, response)
         self._out_bytes += PyBytes_GET_SIZE(response)
         if self._out_bytes > server.out_flush_bytes:
             (<object>self)._flush_out()
-        return 0
+        return True
 
     cdef object _repeat_answer(self, armed, opaque):
         """HeartbeatRepeat.answer, inlined for the broker's own class."""
@@ -236,13 +238,7 @@ cdef class ProtocolCore:
             response = self._heart_beat_answer(procs, cmd)
         except Exception as e:
             response = server._handler_failed(self, cmd, e)
-        if flag & _FLAG_ONEWAY:
-            return True
-        if type(response) is not bytes:
-            response = server._encode_answer(self, cmd, response)
-        if not self.closing:
-            self._batch(server, out, response)
-        return True
+        return self._answer(server, cmd, flag, response, out)
 
     cdef object _heart_beat_answer(self, procs, cmd):
         """Processors.heart_beat without the recorder (the caller checked it is off)."""

@@ -368,22 +368,10 @@ cdef class HeartbeatRules:
             for cd in hb.consumers:
                 if self.reject_pull and cd.consume_type is _ACTIVELY:
                     continue
-                k = self._register_consumer(cd, s, configs[cd.group])
-                if nkeys < FEW_KEYS:
-                    keys[nkeys] = k
-                else:
-                    if refreshed is None:
-                        refreshed = [keys[i] for i in range(FEW_KEYS)]
-                    refreshed.append(k)
+                refreshed = _keep_key(keys, nkeys, self._register_consumer(cd, s, configs[cd.group]), refreshed)
                 nkeys += 1
             for pd in hb.producers:
-                k = self._register_producer(pd.group, s)
-                if nkeys < FEW_KEYS:
-                    keys[nkeys] = k
-                else:
-                    if refreshed is None:
-                        refreshed = [keys[i] for i in range(FEW_KEYS)]
-                    refreshed.append(k)
+                refreshed = _keep_key(keys, nkeys, self._register_producer(pd.group, s), refreshed)
                 nkeys += 1
             covered_all = False
             if nkeys:
@@ -659,6 +647,19 @@ cdef inline Py_ssize_t _live(ChannelTable ct, Py_ssize_t s) except -1:
     if not ct.c_in_use(s):
         raise ChannelTableError(f"slot {s} is not in use")
     return s
+
+
+cdef inline object _keep_key(int32_t* keys, Py_ssize_t nkeys, int32_t k, object refreshed):
+    """A request's ``nkeys``-th refreshed key ``k``: the first FEW_KEYS in ``keys`` (deduped in C), every key in
+    the ``refreshed`` list once there are more (returned, made on the first key past them)."""
+    cdef Py_ssize_t i
+    if nkeys < FEW_KEYS:
+        keys[nkeys] = k
+        return refreshed
+    if refreshed is None:
+        refreshed = [keys[i] for i in range(FEW_KEYS)]
+    refreshed.append(k)
+    return refreshed
 
 
 cdef Py_ssize_t _distinct_topics(tuple subscriptions) except -2:

@@ -49,7 +49,7 @@ DEF FEW_KEYS = 8  # refreshed keys a request dedupes in C (more: the table's ref
 cdef class HeartbeatRules:
     """The native rule path of one registry (built by it; see the module docstring)."""
 
-    cdef object reg, consumers, producers, topic_configs, group_configs, digest, clock, logs_at, pack_ipv4
+    cdef object reg, consumers, producers, topic_configs, group_configs, digest, logs_at, pack_ipv4
     #: the logger's level cache (logging.Logger._cache, cleared in place by setLevel), None: ask logs_at
     cdef object log, log_cache
     cdef bint c_pack
@@ -106,7 +106,6 @@ cdef class HeartbeatRules:
         self.topic_configs = reg.store.topics  # TopicConfigManager: its table is replaced by a load
         self.group_configs = reg.store.groups
         self.digest = digest
-        self.clock = reg._clock
         self.log = clientlog.log
         self.logs_at = self.log.isEnabledFor  # the level may change at any time: asked per request
         # Logger.isEnabledFor answers from the logger's _cache dict while it holds the level (setLevel and
@@ -155,7 +154,7 @@ cdef class HeartbeatRules:
                         if g is None or g.epoch >= armed:
                             break
                     else:
-                        ct.touch(s, self.clock())
+                        ct.touch(s, self.reg._clock())
                         return self.result_v1 if h.fingerprint == 0 or self.rules4 else self.result_same
         result = self._take(channel, s, h, language, version)
         if result is not None:
@@ -190,7 +189,7 @@ cdef class HeartbeatRules:
             g = self.cgroups.get(t[i])
             if g is not t[i + 1] or g.epoch >= armed:
                 return None
-        ct.touch(s, self.clock())
+        ct.touch(s, self.reg._clock())
         return t[n - 1]
 
     def consumer_ids(self, group):
@@ -350,7 +349,7 @@ cdef class HeartbeatRules:
                 return None
 
         # apply, in the Python path's order
-        now = self.clock()
+        now = self.reg._clock()  # read at each call, as the twin does (a test or an embedder may replace it)
         if s < 0:  # ClientRegistry._slot_for
             addr = getattr(channel, "remote_addr", None)
             s = self._new_slot(channel, addr if isinstance(addr, str) else "")

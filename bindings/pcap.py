@@ -268,8 +268,7 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
     dec = decoder_class(native)(ports=ports, shard=capture.shard, **decoder_options)
     events, losses, damaged = [], [], []
     salt = capture_salt(capture.index)
-    span = []  # the times the capture shows so far: [first, last]
-    conns: dict = {}  # conn_id -> [client address, first ms, last ms]
+    conns: dict = {}  # conn_id -> [client address, first ms, last ms] of its records and events
 
     def seen(conn, addr, first, last):
         info = conns.get(conn)
@@ -297,11 +296,6 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
                 seen(c, ad[ao[i]:ao[i + 1]].decode("utf-8", "replace"), a, b)
         for e in ev:
             seen(e[1], e[3] or "", e[0], e[0])
-        times = [e[0] for e in ev]
-        if len(conn):
-            times += [int(rec["recv_ms"].min()), int(rec["recv_ms"].max())]
-        if times:
-            span[:] = [min(times + span[:1]), max(times + span[1:])]
         return rec
 
     for path in capture.files:
@@ -335,7 +329,8 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
     if len(rec["recv_ms"]):
         yield rec
     # what the capture shows: from its first packet to its last (in file order), and every record and event
-    times = span + [t for t in (dec.first_packet_ms, dec.last_packet_ms) if t >= 0]
+    times = [t for info in conns.values() for t in info[1:]]
+    times += [t for t in (dec.first_packet_ms, dec.last_packet_ms) if t >= 0]
     yield CaptureResult(capture.name, list(capture.files), dec.stats, events, losses, damaged, capture.shard,
                         min(times, default=None), max(times, default=None), conns)
 

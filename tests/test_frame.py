@@ -730,7 +730,7 @@ def test_to_dict(impl):
 
 
 def test_module_exports(impl):
-    assert set(impl.frame.__all__) == {"RemotingCommand", "FrameDecoder", "decode_frame", "AnswerTemplate"}
+    assert set(impl.frame.__all__) == {"RemotingCommand", "FrameDecoder", "decode_frame", "AnswerTemplate", "body_digest"}
 
 
 # ---------------------------------------------------------------------------------------------------------------

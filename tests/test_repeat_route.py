@@ -87,7 +87,7 @@ def test_a_frame_the_decoder_cannot_arm_is_not_offered_again():
         repeating = False
         watched = b"frame"
 
-        def arm_repeat(self, frame):
+        def arm_repeat(self, frame, sets=False):
             return False
 
     r = RepeatRoute()

@@ -2,7 +2,7 @@
 
 A client sends the same heartbeat every 30 s. The route answers such a repeat without decoding it or running the
 registry's rules: the connection's :class:`engine.FrameDecoder`, once armed on the heartbeat's frame, hands back
-only the opaque of a later frame equal to it but for the opaque; the armed answer
+only the opaque of a later frame equal to it but for the opaque and the order of its body's sets; the armed answer
 (:class:`engine.broker.processors.HeartbeatRepeat`) refreshes the registry slot on its token and encodes the answer from a
 template. Everything else about a heartbeat goes through the full path (``RemotingServer.dispatch`` ->
 ``Processors.heart_beat`` -> ``ClientRegistry.heartbeat``), which is also what offers the route its next arming.
@@ -62,7 +62,9 @@ class RepeatRoute:
 
     1. ``body is None`` if and only if ``hb is None``; when set, ``hb`` is ``decode_heartbeat(body)``.
     2. ``armed is not None`` implies the decoder is repeating, and the decoder's armed frame, decoded with any
-       opaque, is the request the armed answer was made for (with that opaque). The converse does not hold: a
+       opaque, is the request the armed answer was made for (with that opaque). The decoder is armed with
+       ``sets=True``: a frame whose body differs from the armed one only in the order of its sets (a Java client's
+       HashSet order; ``body_digest``) is a repeat too, the same registration, which the rules read the same way. The converse does not hold: a
        decoder left repeating with ``armed`` None hands back opaques that the connection replays through the full
        path (``decoder.repeat_command``).
     3. ``armed`` answers only while the registry's token holds (``ClientRegistry.heartbeat_repeat``); the first
@@ -203,7 +205,7 @@ class RepeatRoute:
             self.disarm(decoder)
             self.budget.full += 1
             return
-        if decoder.arm_repeat(frame):
+        if decoder.arm_repeat(frame, sets=True):
             if _stands_for(decoder, cmd):
                 self.armed = answer
                 self.pattern, self.head = decoder.repeat_body, head

@@ -34,7 +34,7 @@ from engine.codec.enums import (
 )
 from engine.codec.errors import MAX_ECHO, FrameError, echo
 
-__all__ = ["RemotingCommand", "FrameDecoder", "decode_frame", "AnswerTemplate"]
+__all__ = ["RemotingCommand", "FrameDecoder", "decode_frame", "AnswerTemplate", "body_digest"]
 
 _CANONICAL_INT = re.compile(rb"-?(?:0|[1-9][0-9]{0,9})")
 
@@ -831,11 +831,13 @@ def repeat_frame(pattern, opaque) -> bytes:
             + suffix + body)
 
 
-def _repeat_opaque(pattern, frame, word):
+def _repeat_opaque(pattern, frame, word, sets=None):
     """The opaque of ``frame`` (a whole frame, length and header word checked) if it repeats ``pattern``, else None.
 
     Text opaques are taken only in canonical form (no sign on 0, no leading zeros) and within int32: exactly the
-    inputs on which the JSON decoder yields that number, so a repeat decodes to the pattern's command."""
+    inputs on which the JSON decoder yields that number, so a repeat decodes to the pattern's command. ``sets``:
+    the pattern body's :func:`body_digest`, and then a body of the same length with that digest repeats it too
+    (the same heartbeat, its sets in another order)."""
     kind, text, prefix, suffix, body = pattern
     if word >> 24 != kind:
         return None
@@ -846,7 +848,9 @@ def _repeat_opaque(pattern, frame, word):
     nd = hlen - np_ - ns
     if (text and not 1 <= nd <= 11) or (not text and nd != 4):
         return None
-    if frame[8:8 + np_] != prefix or frame[8 + np_ + nd:8 + hlen] != suffix or frame[8 + hlen:] != body:
+    if frame[8:8 + np_] != prefix or frame[8 + np_ + nd:8 + hlen] != suffix:
+        return None
+    if frame[8 + hlen:] != body and (sets is None or body_digest(frame[8 + hlen:]) != sets):
         return None
     slot = frame[8 + np_:8 + np_ + nd]
     if not text:
@@ -857,6 +861,157 @@ def _repeat_opaque(pattern, frame, word):
     return value if _INT32_MIN <= value <= _INT32_MAX else None
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The body digest of a repeat armed with sets=True (a heartbeat's sets in another order)
+
+#: nesting a body may have and still be digested (the top-level value is depth 1); deeper: no digest
+MAX_DIGEST_DEPTH = 32
+#: array elements a digest holds at once (the elements of the arrays open around a point); more: no digest
+MAX_DIGEST_ELEMENTS = 1 << 16
+#: members whose value keys an object within an array (ProducerData / ConsumerData groupName, SubscriptionData topic)
+DIGEST_SET_KEYS = (b"groupName", b"topic")
+_MASK64 = (1 << 64) - 1
+_OFFSET64 = 0xCBF29CE484222325
+_PRIME64 = 0x100000001B3
+_GOLDEN64 = 0x9E3779B97F4A7C15
+_T_STR, _T_ATOM, _T_KEY, _T_OBJ, _T_SET, _T_LIST = 1, 2, 3, 4, 5, 6
+_D_STRING = re.compile(rb'"[^"\\\x00-\x1f]*"')
+_D_ATOM = re.compile(rb"[0-9A-Za-z+\-.]+")
+_D_SPACE = re.compile(rb"[ \t\r\n]*")
+
+
+class _NoDigest(Exception):
+    pass
+
+
+def _fmix64(h: int) -> int:
+    h ^= h >> 30
+    h = (h * 0xBF58476D1CE4E5B9) & _MASK64
+    h ^= h >> 27
+    h = (h * 0x94D049BB133111EB) & _MASK64
+    return h ^ (h >> 31)
+
+
+def _mix64(h: int, w: int) -> int:
+    return ((h ^ w) * _PRIME64) & _MASK64
+
+
+def _leaf(tag: int, raw: bytes) -> int:
+    # hash(bytes) is CPython's keyed SipHash (_Py_HashBytes, which the native module calls): randomized per process
+    return _fmix64((hash(raw) & _MASK64) ^ ((tag * _GOLDEN64) & _MASK64))
+
+
+def _d_skip(b: bytes, i: int) -> int:
+    return _D_SPACE.match(b, i).end()
+
+
+def _d_string(b: bytes, i: int) -> int:
+    m = _D_STRING.match(b, i)
+    if m is None:  # unterminated, or an escape or a control byte inside: not digested
+        raise _NoDigest
+    return m.end()
+
+
+def _d_value(b: bytes, i: int, depth: int, held: list):
+    """(digest, end, key) of the JSON value at b[i] (no space before it); key: what makes it distinct in a set."""
+    if i >= len(b):
+        raise _NoDigest
+    c = b[i]
+    if c == 0x22:
+        j = _d_string(b, i)
+        h = _leaf(_T_STR, b[i + 1:j - 1])
+        return h, j, h
+    if c == 0x7B or c == 0x5B:
+        if depth > MAX_DIGEST_DEPTH:
+            raise _NoDigest
+        return (_d_object if c == 0x7B else _d_array)(b, _d_skip(b, i + 1), depth, held)
+    m = _D_ATOM.match(b, i)
+    if m is None:
+        raise _NoDigest
+    h = _leaf(_T_ATOM, b[i:m.end()])
+    return h, m.end(), h
+
+
+def _d_object(b: bytes, i: int, depth: int, held: list):
+    """Members in order; the key is the value of its one groupName or topic member (two of them: not digested)."""
+    h, n, key, end = _mix64(_OFFSET64, _T_OBJ), 0, None, len(b)
+    if i < end and b[i] == 0x7D:
+        h = _fmix64(_mix64(h, 0))
+        return h, i + 1, h
+    while True:
+        if i >= end or b[i] != 0x22:
+            raise _NoDigest
+        j = _d_string(b, i)
+        name = b[i + 1:j - 1]
+        i = _d_skip(b, j)
+        if i >= end or b[i] != 0x3A:
+            raise _NoDigest
+        vh, i, _ = _d_value(b, _d_skip(b, i + 1), depth + 1, held)
+        if name in DIGEST_SET_KEYS:
+            if key is not None:
+                raise _NoDigest
+            key = vh
+        h = _mix64(_mix64(h, _leaf(_T_KEY, name)), vh)
+        n += 1
+        i = _d_skip(b, i)
+        if i < end and b[i] == 0x2C:
+            i = _d_skip(b, i + 1)
+            continue
+        if i < end and b[i] == 0x7D:
+            h = _fmix64(_mix64(h, n))
+            return h, i + 1, (h if key is None else key)
+        raise _NoDigest
+
+
+def _d_array(b: bytes, i: int, depth: int, held: list):
+    """A set (the wrapping sum of its elements' finalized digests) when its elements' keys are distinct, else a
+    list (its elements in order): a duplicate key's order can decide which element wins."""
+    total, ordered, keys, end = 0, _mix64(_OFFSET64, _T_LIST), [], len(b)
+    if not (i < end and b[i] == 0x5D):
+        while True:
+            eh, i, k = _d_value(b, i, depth + 1, held)
+            total = (total + _fmix64(eh)) & _MASK64
+            ordered = _mix64(ordered, eh)
+            keys.append(k)
+            held[0] += 1  # the native module's key stack
+            if held[0] > MAX_DIGEST_ELEMENTS:
+                raise _NoDigest
+            i = _d_skip(b, i)
+            if i < end and b[i] == 0x2C:
+                i = _d_skip(b, i + 1)
+                continue
+            if i < end and b[i] == 0x5D:
+                break
+            raise _NoDigest
+    n = len(keys)
+    held[0] -= n
+    if len(set(keys)) == n:
+        h = _fmix64(_mix64(_mix64(_mix64(_OFFSET64, _T_SET), n), total))
+    else:
+        h = _fmix64(_mix64(ordered, n))
+    return h, i + 1, h
+
+
+def body_digest(body) -> int | None:
+    """64-bit digest of a JSON body in which every array whose elements have distinct keys is digested as a set
+    (order-free), or None where the body is not digested (not JSON, an escape or a control byte in a string,
+    nesting past MAX_DIGEST_DEPTH, more than MAX_DIGEST_ELEMENTS elements in the arrays open at one point, an
+    object with two key members).
+
+    Java clients write a heartbeat's sets (producers, consumers, subscriptions, tags, codes) in HashSet order, which
+    changes between heartbeats of the same registration; two bodies with the same digest are the same heartbeat
+    but for that order. An element's key is its groupName or topic (an object's), else the element itself, so a
+    set with a duplicate group or topic, whose order could decide which one wins, is digested in order. Strings
+    are compared as their raw bytes (an escape: no digest), so equal digests mean equal decoded values. The
+    digest is keyed per process (CPython's hash of bytes), so a client cannot aim for a collision."""
+    b = bytes(_as_buffer(body))
+    try:
+        h, i, _ = _d_value(b, _d_skip(b, 0), 1, [0])
+    except _NoDigest:
+        return None
+    return h if _d_skip(b, i) == len(b) else None
+
+
 class FrameDecoder:
     """Incremental decoder for one connection: feed() bytes as they arrive, get every complete command back.
 
@@ -865,13 +1020,14 @@ class FrameDecoder:
     feed() raises FrameError (the connection is to be closed). The error raised by feed() carries in
     ``commands`` the commands completed earlier in that same call.
 
-    Repeats: with a pattern armed (:meth:`arm_repeat`), a frame equal to the armed one but for its opaque is
-    returned as that opaque (an int) instead of a command: the caller already knows the command. With
+    Repeats: with a pattern armed (:meth:`arm_repeat`), a frame equal to the armed one but for its opaque (and,
+    armed with ``sets=True``, the order of its body's sets) is returned as that opaque (an int) instead of a
+    command: the caller already knows the command. With
     ``watch_code`` set, :attr:`watched` is the last frame of that code which the latest feed() decoded in full
     (the one to arm from).
     """
 
-    __slots__ = ("_buf", "_max", "_error", "_feeding", "_repeat", "watch_code", "_watched")
+    __slots__ = ("_buf", "_max", "_error", "_feeding", "_repeat", "_sets", "watch_code", "_watched")
 
     def __init__(self, max_frame_size=DEFAULT_MAX_FRAME_SIZE):
         self._max = _max_frame_size(max_frame_size)
@@ -879,6 +1035,7 @@ class FrameDecoder:
         self._error = None
         self._feeding = False
         self._repeat = None
+        self._sets = None
         self.watch_code = None
         self._watched = None
 
@@ -901,16 +1058,20 @@ class FrameDecoder:
         """The armed frame's body (bytes), or None: a caller that keeps the same body can share this object."""
         return None if self._repeat is None else self._repeat[4]
 
-    def arm_repeat(self, frame) -> bool:
-        """Return later frames equal to ``frame`` but for the opaque as their opaque; False if it cannot be."""
+    def arm_repeat(self, frame, sets: bool = False) -> bool:
+        """Return later frames equal to ``frame`` but for the opaque as their opaque; False if it cannot be. With
+        ``sets``, also those whose body differs from ``frame``'s only in the order of its sets (body_digest; a
+        body without a digest: only equal bytes)."""
         self._repeat = repeat_pattern(frame, decode_frame)
+        self._sets = body_digest(self._repeat[4]) if sets and self._repeat is not None else None
         return self._repeat is not None
 
     def disarm_repeat(self) -> None:
         self._repeat = None
 
     def repeat_command(self, opaque):
-        """The command a repeat with ``opaque`` stands for (the armed frame decoded with that opaque)."""
+        """The command a repeat with ``opaque`` stands for (the armed frame decoded with that opaque; a repeat taken
+        on its digest had its sets in another order)."""
         if self._repeat is None:
             raise ValueError("no repeat is armed")
         return decode_frame(repeat_frame(self._repeat, opaque), self._max)
@@ -933,7 +1094,7 @@ class FrameDecoder:
         view = _as_buffer(chunk)
         commands = []
         self._watched = None
-        repeat, watch = self._repeat, self.watch_code
+        repeat, sets, watch = self._repeat, self._sets, self.watch_code
         self._feeding = True
         try:
             buf = self._buf
@@ -951,7 +1112,7 @@ class FrameDecoder:
                 frame = bytes(buf[off : off + total + 4])
                 off += total + 4
                 if repeat is not None:
-                    opaque = _repeat_opaque(repeat, frame, word)
+                    opaque = _repeat_opaque(repeat, frame, word, sets)
                     if opaque is not None:
                         commands.append(opaque)
                         continue

@@ -17,6 +17,7 @@ from cpython.list cimport PyList_Append
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
 from libc.stdint cimport int16_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport qsort
 from libc.string cimport memcmp, memcpy, memmove
 
 from engine.codec import _frame_py as _twin
@@ -31,7 +32,7 @@ from engine.codec.enums import (
 )
 from engine.codec.errors import MAX_ECHO, FrameError, echo
 
-__all__ = ["RemotingCommand", "FrameDecoder", "decode_frame", "AnswerTemplate"]
+__all__ = ["RemotingCommand", "FrameDecoder", "decode_frame", "AnswerTemplate", "body_digest"]
 
 
 cdef extern from "Python.h":
@@ -41,6 +42,7 @@ cdef extern from "Python.h":
     object PyUnicode_FromOrdinal(int ordinal)
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
     long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
+    Py_hash_t _Py_HashBytes(const void* src, Py_ssize_t len) noexcept  # hash(bytes): keyed SipHash
 
 
 MAX_JSON_DEPTH = _twin.MAX_JSON_DEPTH
@@ -1473,6 +1475,251 @@ cdef bytes _repeat_frame(tuple pattern, object opaque):
             + suffix + body)
 
 
+# ---- the body digest of a repeat armed with sets=True (twin and specification: engine.codec._frame_py.body_digest)
+
+cdef int C_MAX_DIGEST_DEPTH = _twin.MAX_DIGEST_DEPTH
+cdef Py_ssize_t C_MAX_DIGEST_ELEMENTS = _twin.MAX_DIGEST_ELEMENTS
+cdef uint64_t _OFFSET64 = 0xCBF29CE484222325ULL
+cdef uint64_t _PRIME64 = 0x100000001B3ULL
+cdef uint64_t _GOLDEN64 = 0x9E3779B97F4A7C15ULL
+cdef enum:
+    _T_STR = 1
+    _T_ATOM = 2
+    _T_KEY = 3
+    _T_OBJ = 4
+    _T_SET = 5
+    _T_LIST = 6
+    _SMALL_SET = 16  # sets up to this size are checked for distinct keys pairwise; larger ones sorted
+
+
+cdef inline uint64_t _fmix64(uint64_t h) noexcept nogil:
+    h ^= h >> 30
+    h *= 0xBF58476D1CE4E5B9ULL
+    h ^= h >> 27
+    h *= 0x94D049BB133111EBULL
+    return h ^ (h >> 31)
+
+
+cdef inline uint64_t _mix64(uint64_t h, uint64_t w) noexcept nogil:
+    return (h ^ w) * _PRIME64
+
+
+cdef inline uint64_t _leaf(int tag, const unsigned char* s, Py_ssize_t n) noexcept:
+    return _fmix64(<uint64_t>_Py_HashBytes(s, n) ^ (<uint64_t>tag * _GOLDEN64))
+
+
+cdef struct _Digest:
+    const unsigned char* b
+    Py_ssize_t n
+    uint64_t* keys      # a stack of the open sets' element keys: an inner set's keys sit above its outer's
+    Py_ssize_t top
+    Py_ssize_t cap
+    uint64_t small[64]
+
+
+cdef inline Py_ssize_t _d_skip(_Digest* d, Py_ssize_t i) noexcept:
+    cdef unsigned char c
+    while i < d.n:
+        c = d.b[i]
+        if c != 32 and c != 9 and c != 10 and c != 13:
+            break
+        i += 1
+    return i
+
+
+cdef inline Py_ssize_t _d_string(_Digest* d, Py_ssize_t i) noexcept:
+    """The end of the string at d.b[i] == '"' (past its closing quote), or -1: unterminated, an escape or a
+    control byte inside."""
+    cdef unsigned char c
+    i += 1
+    while i < d.n:
+        c = d.b[i]
+        if c == 34:
+            return i + 1
+        if c == 92 or c < 32:
+            return -1
+        i += 1
+    return -1
+
+
+cdef inline bint _d_atom_byte(unsigned char c) noexcept:
+    return (48 <= c <= 57) or (65 <= c <= 90) or (97 <= c <= 122) or c == 43 or c == 45 or c == 46
+
+
+cdef int _d_push(_Digest* d, uint64_t key) noexcept:
+    """Push a key on the stack; -1 past C_MAX_DIGEST_ELEMENTS or when memory cannot be had (then: no digest)."""
+    cdef uint64_t* grown
+    cdef Py_ssize_t cap
+    if d.top >= C_MAX_DIGEST_ELEMENTS:
+        return -1
+    if d.top == d.cap:
+        cap = d.cap * 2
+        if d.keys == d.small:
+            grown = <uint64_t*>PyMem_Malloc(cap * sizeof(uint64_t))
+            if grown != NULL:
+                memcpy(grown, d.small, d.top * sizeof(uint64_t))
+        else:
+            grown = <uint64_t*>PyMem_Realloc(d.keys, cap * sizeof(uint64_t))
+        if grown == NULL:
+            return -1
+        d.keys = grown
+        d.cap = cap
+    d.keys[d.top] = key
+    d.top += 1
+    return 0
+
+
+cdef int _cmp_u64(const void* a, const void* b) noexcept nogil:
+    cdef uint64_t x = (<const uint64_t*>a)[0]
+    cdef uint64_t y = (<const uint64_t*>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef bint _d_distinct(uint64_t* k, Py_ssize_t n) noexcept:
+    """Whether k[0:n] holds n distinct values (sorts k in place when n > _SMALL_SET)."""
+    cdef Py_ssize_t i, j
+    if n <= _SMALL_SET:
+        for i in range(1, n):
+            for j in range(i):
+                if k[i] == k[j]:
+                    return False
+        return True
+    qsort(k, n, sizeof(uint64_t), _cmp_u64)
+    for i in range(1, n):
+        if k[i] == k[i - 1]:
+            return False
+    return True
+
+
+cdef Py_ssize_t _d_value(_Digest* d, Py_ssize_t i, int depth, uint64_t* h, uint64_t* key) noexcept:
+    """The digest and key of the JSON value at d.b[i] (no space before it) into h / key; its end, or -1: no
+    digest. Bounds: every read of d.b is at an index checked < d.n first."""
+    cdef unsigned char c
+    cdef Py_ssize_t j
+    if i >= d.n:
+        return -1
+    c = d.b[i]
+    if c == 34:
+        j = _d_string(d, i)
+        if j < 0:
+            return -1
+        h[0] = key[0] = _leaf(_T_STR, d.b + i + 1, j - i - 2)
+        return j
+    if c == 123 or c == 91:
+        if depth > C_MAX_DIGEST_DEPTH:
+            return -1
+        if c == 123:
+            return _d_object(d, _d_skip(d, i + 1), depth, h, key)
+        return _d_array(d, _d_skip(d, i + 1), depth, h, key)
+    j = i
+    while j < d.n and _d_atom_byte(d.b[j]):
+        j += 1
+    if j == i:
+        return -1
+    h[0] = key[0] = _leaf(_T_ATOM, d.b + i, j - i)
+    return j
+
+
+cdef Py_ssize_t _d_object(_Digest* d, Py_ssize_t i, int depth, uint64_t* h, uint64_t* key) noexcept:
+    cdef uint64_t acc = _mix64(_OFFSET64, _T_OBJ)
+    cdef uint64_t vh, vk, k = 0
+    cdef bint keyed = False
+    cdef Py_ssize_t n = 0, j, nlen
+    cdef const unsigned char* name
+    if i < d.n and d.b[i] == 125:
+        h[0] = key[0] = _fmix64(_mix64(acc, 0))
+        return i + 1
+    while True:
+        if i >= d.n or d.b[i] != 34:
+            return -1
+        j = _d_string(d, i)
+        if j < 0:
+            return -1
+        name = d.b + i + 1
+        nlen = j - i - 2
+        i = _d_skip(d, j)
+        if i >= d.n or d.b[i] != 58:
+            return -1
+        i = _d_value(d, _d_skip(d, i + 1), depth + 1, &vh, &vk)
+        if i < 0:
+            return -1
+        if (nlen == 9 and memcmp(name, b"groupName", 9) == 0) or (nlen == 5 and memcmp(name, b"topic", 5) == 0):
+            if keyed:
+                return -1
+            keyed = True
+            k = vh
+        acc = _mix64(_mix64(acc, _leaf(_T_KEY, name, nlen)), vh)
+        n += 1
+        i = _d_skip(d, i)
+        if i < d.n and d.b[i] == 44:
+            i = _d_skip(d, i + 1)
+            continue
+        if i < d.n and d.b[i] == 125:
+            h[0] = _fmix64(_mix64(acc, <uint64_t>n))
+            key[0] = k if keyed else h[0]
+            return i + 1
+        return -1
+
+
+cdef Py_ssize_t _d_array(_Digest* d, Py_ssize_t i, int depth, uint64_t* h, uint64_t* key) noexcept:
+    cdef uint64_t total = 0, ordered = _mix64(_OFFSET64, _T_LIST)
+    cdef uint64_t eh, ek
+    cdef Py_ssize_t base = d.top, n
+    if not (i < d.n and d.b[i] == 93):
+        while True:
+            i = _d_value(d, i, depth + 1, &eh, &ek)
+            if i < 0:
+                return -1
+            total += _fmix64(eh)
+            ordered = _mix64(ordered, eh)
+            if _d_push(d, ek) < 0:
+                return -1
+            i = _d_skip(d, i)
+            if i < d.n and d.b[i] == 44:
+                i = _d_skip(d, i + 1)
+                continue
+            if i < d.n and d.b[i] == 93:
+                break
+            return -1
+    n = d.top - base
+    if _d_distinct(d.keys + base, n):
+        h[0] = _fmix64(_mix64(_mix64(_mix64(_OFFSET64, _T_SET), <uint64_t>n), total))
+    else:
+        h[0] = _fmix64(_mix64(ordered, <uint64_t>n))
+    key[0] = h[0]
+    d.top = base
+    return i + 1
+
+
+cdef bint _body_digest(const unsigned char* b, Py_ssize_t n, uint64_t* out) noexcept:
+    """body_digest of b[0:n] into out; False: no digest."""
+    cdef _Digest d
+    cdef uint64_t key
+    cdef Py_ssize_t i
+    d.b = b
+    d.n = n
+    d.keys = d.small
+    d.top = 0
+    d.cap = 64
+    i = _d_value(&d, _d_skip(&d, 0), 1, out, &key)
+    if d.keys != d.small:
+        PyMem_Free(d.keys)
+    return i >= 0 and _d_skip(&d, i) == n
+
+
+def body_digest(body):
+    """64-bit digest of a JSON body with its sets taken in any order, or None (see engine.codec._frame_py)."""
+    cdef Py_buffer view
+    cdef uint64_t h
+    cdef bint ok
+    _get_buffer(body, &view)
+    try:
+        ok = _body_digest(<const unsigned char*>view.buf, view.len, &h)
+    finally:
+        PyBuffer_Release(&view)
+    return h if ok else None
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Streaming
 
@@ -1503,6 +1750,8 @@ cdef class FrameDecoder:
     cdef bytes _r_prefix
     cdef bytes _r_suffix
     cdef bytes _r_body
+    cdef bint _r_sets         # armed with sets=True and the body has a digest (_r_digest)
+    cdef uint64_t _r_digest
     cdef public object watch_code
     cdef object _watched
 
@@ -1514,6 +1763,7 @@ cdef class FrameDecoder:
         self._error = None
         self._feeding = False
         self._repeat = None
+        self._r_sets = False
         self.watch_code = None
         self._watched = None
 
@@ -1536,20 +1786,27 @@ cdef class FrameDecoder:
         """The armed frame's body (bytes), or None: a caller that keeps the same body can share this object."""
         return None if self._repeat is None else self._r_body
 
-    def arm_repeat(self, frame):
-        """Return later frames equal to ``frame`` but for the opaque as their opaque; False if it cannot be."""
+    def arm_repeat(self, frame, sets=False):
+        """Return later frames equal to ``frame`` but for the opaque as their opaque; False if it cannot be. With
+        ``sets``, also those whose body differs from ``frame``'s only in the order of its sets (body_digest; a
+        body without a digest: only equal bytes)."""
         pattern = _repeat_pattern(frame)
         self._repeat = pattern
+        self._r_sets = False
         if pattern is None:
             return False
         self._r_kind, self._r_text, self._r_prefix, self._r_suffix, self._r_body = pattern
+        if sets:
+            self._r_sets = _body_digest(<const unsigned char*>PyBytes_AS_STRING(self._r_body),
+                                        PyBytes_GET_SIZE(self._r_body), &self._r_digest)
         return True
 
     def disarm_repeat(self):
         self._repeat = None
 
     def repeat_command(self, opaque):
-        """The command a repeat with ``opaque`` stands for (the armed frame decoded with that opaque)."""
+        """The command a repeat with ``opaque`` stands for (the armed frame decoded with that opaque; a repeat taken
+        on its digest had its sets in another order)."""
         if self._repeat is None:
             raise ValueError("no repeat is armed")
         return decode_frame(_repeat_frame(self._repeat, opaque), self._max_obj)
@@ -1558,7 +1815,8 @@ cdef class FrameDecoder:
         """The opaque of frame f[0:size] if it repeats the armed pattern, else None (twin: _repeat_opaque).
 
         Bounds: the caller checked the header word (8 + hlen <= size). The size checks below make prefix, slot,
-        suffix and body partition f[8:size] exactly, so every memcmp and the slot reads stay inside the frame."""
+        suffix and body partition f[8:size] exactly, so every memcmp, the slot reads and the body digest stay
+        inside the frame."""
         cdef Py_ssize_t hlen = word & 0xFFFFFF
         cdef Py_ssize_t np_ = PyBytes_GET_SIZE(self._r_prefix)
         cdef Py_ssize_t ns = PyBytes_GET_SIZE(self._r_suffix)
@@ -1566,6 +1824,7 @@ cdef class FrameDecoder:
         cdef Py_ssize_t nd, i
         cdef const unsigned char* slot
         cdef int64_t v = 0
+        cdef uint64_t digest
         cdef bint neg
         if (word >> 24) != self._r_kind or size - 8 - hlen != nb:
             return None
@@ -1573,8 +1832,10 @@ cdef class FrameDecoder:
         if (self._r_text and (nd < 1 or nd > 11)) or (not self._r_text and nd != 4):
             return None
         if (memcmp(f + 8, PyBytes_AS_STRING(self._r_prefix), np_) != 0
-                or memcmp(f + 8 + np_ + nd, PyBytes_AS_STRING(self._r_suffix), ns) != 0
-                or memcmp(f + 8 + hlen, PyBytes_AS_STRING(self._r_body), nb) != 0):
+                or memcmp(f + 8 + np_ + nd, PyBytes_AS_STRING(self._r_suffix), ns) != 0):
+            return None
+        if memcmp(f + 8 + hlen, PyBytes_AS_STRING(self._r_body), nb) != 0 and not (
+                self._r_sets and _body_digest(f + 8 + hlen, nb, &digest) and digest == self._r_digest):
             return None
         slot = f + 8 + np_
         if not self._r_text:

@@ -8,7 +8,9 @@ Every input goes through both implementations (engine.codec._heartbeat, engine.c
   error's class and message (as in tests/test_heartbeat_parity.py);
 * for a decoded heartbeat: encode_heartbeat() must decode back to an equal heartbeat, and heartbeat_fingerprint()
   must be a Java int (the registry calls both on every heartbeat);
-* for one input in eight: ``decode_heartbeats([data, data[:n]])`` (the batch path) must give the same rows in both.
+* for one input in eight: ``decode_heartbeats([data, data[:n]])`` (the batch path) must give the same rows in both;
+* ``body_digest(data)`` (the repeat route's digest of a heartbeat body, engine.codec._frame / _frame_py): the same
+  value or None in both.
 
 Anything but a result or a typed error raises, and libFuzzer records the input.
 
@@ -24,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fuzzlib  # noqa: E402
 
 NATIVE, TWIN = fuzzlib.load("heartbeat", __name__ == "__main__")
+FRAME_NATIVE, FRAME_TWIN = fuzzlib.implementations("frame")
 
 from engine.codec.heartbeat import encode_heartbeat, heartbeat_fingerprint  # noqa: E402
 
@@ -94,6 +97,8 @@ def test_one_input(data):
     hb = results[0][1]
     if hb is not None:
         check_round_trip(hb)
+    if FRAME_NATIVE is not None and FRAME_NATIVE.body_digest(data) != FRAME_TWIN.body_digest(data):
+        raise fuzzlib.Divergence(f"body_digest differs for {data[:80]!r}")
     if len(IMPLS) == 2 and fuzzlib.zlib.crc32(data) % 8 == 0:
         bodies = [data, data[: len(data) // 2]]
         a, b = (batch_rows(mod, bodies) for mod in IMPLS)

@@ -12,6 +12,8 @@ Every run starts a fresh broker (own process and session, fresh store) from the 
 (keyword arguments of :func:`loadgen.run`) with the broker's pid for CPU accounting, records the broker's RSS, the
 load average and the result as one JSON line, and stops the broker. Trees alternate within each repetition so a
 change in the machine's load hits both alike. Extra broker properties: ``name={...}|--notifyCoalesceWindowMs 100``.
+``--pin`` runs each broker on CPU 0 and the load generator (its worker processes too) on CPU 1, as the figures in
+BENCHMARKS.md that say "pinned".
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import loadgen  # noqa: E402
 
 
-def start_broker(tree: str, extra=()):
+def start_broker(tree: str, extra=(), cpu: int | None = None):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -38,8 +40,9 @@ def start_broker(tree: str, extra=()):
     store = tempfile.mkdtemp(prefix="compare-store-")
     cmd = [sys.executable, "-m", "engine", "serve", "--listenPort", str(port), "--listenHost", "127.0.0.1",
            "--fastPortEnable", "false", "--storePathRootDir", store, "--log-level", "WARNING", *extra]
+    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
     proc = subprocess.Popen(cmd, cwd=tree, env=dict(os.environ, PYTHONPATH=tree), stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=pin)
     line = proc.stdout.readline()
     if "boot success" not in line:
         proc.kill()
@@ -70,13 +73,16 @@ def main(argv=None) -> int:
     p.add_argument("--scenario", action="append", required=True, help='NAME={"scenario": ...}[|--prop value ...]')
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--out", default="-", help="JSON lines file (appended), - for stdout only")
+    p.add_argument("--pin", action="store_true", help="broker on CPU 0, load generator on CPU 1")
     a = p.parse_args(argv)
+    if a.pin:
+        os.sched_setaffinity(0, {1})  # this process runs the load generator; its workers inherit the mask
     trees = [str(Path(t).resolve()) for t in a.trees.split(",")]
     out = open(a.out, "a") if a.out != "-" else None
     for name, spec, extra in map(parse_scenario, a.scenario):
         for rep in range(a.reps):
             for i, tree in enumerate(trees):
-                proc, port, store = start_broker(tree, extra)
+                proc, port, store = start_broker(tree, extra, 0 if a.pin else None)
                 load = open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else ""
                 try:
                     res = loadgen.run(host="127.0.0.1", port=port, server_pid=proc.pid, **spec)

@@ -20,6 +20,7 @@ real clients differ (all documented in tests/test_frame.py):
   surrogate pair held as two code points as the one character it stands for.
 """
 import operator
+import os
 import re
 import struct
 
@@ -874,6 +875,9 @@ _MASK64 = (1 << 64) - 1
 _OFFSET64 = 0xCBF29CE484222325
 _PRIME64 = 0x100000001B3
 _GOLDEN64 = 0x9E3779B97F4A7C15
+_MUL64 = 0x9FB21C651E98DF25
+#: the digest's seed, random per process (the native module takes it from here: both give the same digests)
+DIGEST_SEED = int.from_bytes(os.urandom(8), "little")
 _T_STR, _T_ATOM, _T_KEY, _T_OBJ, _T_SET, _T_LIST = 1, 2, 3, 4, 5, 6
 _D_STRING = re.compile(rb'"[^"\\\x00-\x1f]*"')
 _D_ATOM = re.compile(rb"[0-9A-Za-z+\-.]+")
@@ -897,8 +901,15 @@ def _mix64(h: int, w: int) -> int:
 
 
 def _leaf(tag: int, raw: bytes) -> int:
-    # hash(bytes) is CPython's keyed SipHash (_Py_HashBytes, which the native module calls): randomized per process
-    return _fmix64((hash(raw) & _MASK64) ^ ((tag * _GOLDEN64) & _MASK64))
+    """A string's or an atom's word: its bytes as little-endian 64-bit words (the last one zero-padded), each xored
+    in and mixed (a multiply by an odd constant and an xorshift: both bijective, so two leaves of one length that
+    differ in one word never collide), from the seed, the length and the tag."""
+    n = len(raw)
+    h = DIGEST_SEED ^ ((n * _PRIME64) & _MASK64) ^ ((tag * _GOLDEN64) & _MASK64)
+    for i in range(0, n, 8):
+        h = ((h ^ int.from_bytes(raw[i:i + 8], "little")) * _MUL64) & _MASK64
+        h ^= h >> 29
+    return _fmix64(h)
 
 
 def _d_skip(b: bytes, i: int) -> int:
@@ -1003,7 +1014,9 @@ def body_digest(body) -> int | None:
     but for that order. An element's key is its groupName or topic (an object's), else the element itself, so a
     set with a duplicate group or topic, whose order could decide which one wins, is digested in order. Strings
     are compared as their raw bytes (an escape: no digest), so equal digests mean equal decoded values. The
-    digest is keyed per process (CPython's hash of bytes), so a client cannot aim for a collision."""
+    digest is seeded per process (DIGEST_SEED). It is not a cryptographic hash: a client that found a collision
+    would only have its own changed heartbeat taken as a repeat of its own previous one, which it could as well
+    not have sent."""
     b = bytes(_as_buffer(body))
     try:
         h, i, _ = _d_value(b, _d_skip(b, 0), 1, [0])

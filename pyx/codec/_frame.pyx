@@ -42,7 +42,6 @@ cdef extern from "Python.h":
     object PyUnicode_FromOrdinal(int ordinal)
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
     long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
-    Py_hash_t _Py_HashBytes(const void* src, Py_ssize_t len) noexcept  # hash(bytes): keyed SipHash
 
 
 MAX_JSON_DEPTH = _twin.MAX_JSON_DEPTH
@@ -1504,8 +1503,35 @@ cdef inline uint64_t _mix64(uint64_t h, uint64_t w) noexcept nogil:
     return (h ^ w) * _PRIME64
 
 
+cdef uint64_t _MUL64 = 0x9FB21C651E98DF25ULL
+cdef uint64_t _SEED = _twin.DIGEST_SEED
+
+
+cdef inline uint64_t _le64(const unsigned char* s) noexcept:
+    # the same word on any byte order (gcc makes it one load on a little-endian machine)
+    return (<uint64_t>s[0] | <uint64_t>s[1] << 8 | <uint64_t>s[2] << 16 | <uint64_t>s[3] << 24
+            | <uint64_t>s[4] << 32 | <uint64_t>s[5] << 40 | <uint64_t>s[6] << 48 | <uint64_t>s[7] << 56)
+
+
 cdef inline uint64_t _leaf(int tag, const unsigned char* s, Py_ssize_t n) noexcept:
-    return _fmix64(<uint64_t>_Py_HashBytes(s, n) ^ (<uint64_t>tag * _GOLDEN64))
+    """The twin's _leaf: s[0:n] as little-endian words (the last zero-padded), each xored in and mixed."""
+    cdef uint64_t h = _SEED ^ (<uint64_t>n * _PRIME64) ^ (<uint64_t>tag * _GOLDEN64)
+    cdef uint64_t w
+    cdef Py_ssize_t i = 0, k
+    while n - i >= 8:
+        w = _le64(s + i)
+        h = (h ^ w) * _MUL64
+        h ^= h >> 29
+        i += 8
+    if i < n:
+        w = 0
+        k = n - 1
+        while k >= i:
+            w = (w << 8) | s[k]
+            k -= 1
+        h = (h ^ w) * _MUL64
+        h ^= h >> 29
+    return _fmix64(h)
 
 
 cdef struct _Digest:

@@ -540,7 +540,9 @@ def test_register_broker_at_start_then_every_period_from_10_s(tmp_path):
     cfg = make_config(tmp_path, namesrv_addr=f"127.0.0.1:{ns.port}", broker_name="broker-x", broker_ip1="127.0.0.1")
     b = Broker(cfg, namesrv_timers=(timers.clock, timers.sleep)).start()
     try:
-        assert wait_until(lambda: len(ns.registrations()) == 3, 30)  # at start + the runs at +10 s and +40 s
+        # at start + the runs at +10 s and +40 s; the schedule's third sleep follows the third registration's
+        # answer, which the name server has sent when it counts the registration: wait for that sleep too
+        assert wait_until(lambda: len(ns.registrations()) == 3 and len(timers.delays) >= 3, 30)
         assert timers.delays[:3] == [10.0, 30.0, 30.0]
         assert b.call(lambda: b._namesrv.registrations) == 3
         # with a name server the broker does not answer routes itself

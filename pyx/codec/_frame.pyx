@@ -237,15 +237,19 @@ cdef inline int _parse_int32(const unsigned char* p, Py_ssize_t n, int32_t* out)
 # JSON scanner (twin: _JsonScanner)
 
 
-cdef inline void _ws(Scan* sc) noexcept nogil:
-    cdef Py_ssize_t i = sc.pos
+cdef inline Py_ssize_t _skip_space(const unsigned char* s, Py_ssize_t i, Py_ssize_t end) noexcept nogil:
+    """The first index at or after i (below end) that is not JSON whitespace, else end."""
     cdef unsigned char c
-    while i < sc.end:
-        c = sc.s[i]
+    while i < end:
+        c = s[i]
         if c != 32 and c != 10 and c != 13 and c != 9:
             break
         i += 1
-    sc.pos = i
+    return i
+
+
+cdef inline void _ws(Scan* sc) noexcept nogil:
+    sc.pos = _skip_space(sc.s, sc.pos, sc.end)
 
 
 cdef int _expect(Scan* sc, unsigned char ch, str what) except -1:
@@ -1544,13 +1548,7 @@ cdef struct _Digest:
 
 
 cdef inline Py_ssize_t _d_skip(_Digest* d, Py_ssize_t i) noexcept:
-    cdef unsigned char c
-    while i < d.n:
-        c = d.b[i]
-        if c != 32 and c != 9 and c != 10 and c != 13:
-            break
-        i += 1
-    return i
+    return _skip_space(d.b, i, d.n)
 
 
 cdef inline Py_ssize_t _d_string(_Digest* d, Py_ssize_t i) noexcept:

@@ -62,11 +62,11 @@ class RepeatRoute:
 
     1. ``body is None`` if and only if ``hb is None``; when set, ``hb`` is ``decode_heartbeat(body)``.
     2. ``armed is not None`` implies the decoder is repeating, and the decoder's armed frame, decoded with any
-       opaque, is the request the armed answer was made for (with that opaque). The decoder is armed with
-       ``sets=True``: a frame whose body differs from the armed one only in the order of its sets (a Java client's
-       HashSet order; ``body_digest``) is a repeat too, the same registration, which the rules read the same way. The converse does not hold: a
+       opaque, is the request the armed answer was made for (with that opaque). The converse does not hold: a
        decoder left repeating with ``armed`` None hands back opaques that the connection replays through the full
-       path (``decoder.repeat_command``).
+       path (``decoder.repeat_command``). The decoder is armed with ``sets=True``: a frame whose body differs from
+       the armed one only in the order of its sets (a Java client's HashSet order; ``body_digest``) is a repeat
+       too, the same registration, which the rules read the same way; its replay carries the armed frame's order.
     3. ``armed`` answers only while the registry's token holds (``ClientRegistry.heartbeat_repeat``); the first
        repeat it cannot answer clears ``armed``, and that repeat and the rest of the read take the full path. A
        read that replayed a repeat and ends without a new arming disarms the decoder.

@@ -13,15 +13,19 @@ Needs matplotlib only for the PNG plots (skipped when it is missing).
 from __future__ import annotations
 
 import csv
+import errno
 import html
 import json
 import math
+import os
 import re
+import secrets
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from engine.logutil import EscapedWriter
 from engine.recording.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS
 
 #: At most this many groups in the group-size PNG (small multiples), and clients in the flapping PNG.
@@ -43,13 +47,39 @@ def _subs_text(subs) -> str:
     return "; ".join(f"{t} [{e}] {x}" for t, e, x in subs)
 
 
-def _write_csv(path: Path, header: List[str], rows) -> List[int]:
-    """Write the CSV; returns the line number (1 = the header) of every row."""
+#: A cell starting with one of these is a formula to spreadsheet tools (OWASP "CSV injection"): it gets a "'".
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+#: Control characters (C0, DEL, C1), Unicode line separators and bidirectional overrides: written as \xNN / \uNNNN.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(m) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def escape_control(text: str) -> str:
+    """``text`` with its control characters visibly escaped (a client id's ESC or newline stays one line of text)."""
+    return _CONTROL.sub(_escaped, text)
+
+
+def csv_cell(value):
+    """A CSV cell from client data: a string that a spreadsheet would run as a formula gets a leading "'" (what
+    spreadsheet tools advise), control characters escaped; numbers and None as they are."""
+    if not isinstance(value, str):
+        return value
+    if value.startswith(FORMULA_START):
+        value = "'" + value
+    return escape_control(value)
+
+
+def _write_csv(out: "ReportFiles", name: str, header: List[str], rows) -> List[int]:
+    """Write the CSV (every cell through csv_cell); returns the line number (1 = the header) of every row."""
     rows = list(rows)
-    with open(path, "w", newline="") as f:
+    with out.open(name, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(header)
-        w.writerows(rows)
+        w.writerows([csv_cell(v) for v in r] for r in rows)
     return list(range(2, 2 + len(rows)))
 
 
@@ -159,11 +189,11 @@ def address_of(addrs: dict, broker: str, client: str) -> str:
     return f"{m.group(0)} (from clientId)" if m else ""
 
 
-def write_csvs(findings: dict, out: Path) -> List[str]:
+def write_csvs(findings: dict, out: "ReportFiles") -> List[str]:
     return _write_all_csvs(findings, out)[0]
 
 
-def _write_all_csvs(findings: dict, out: Path) -> Tuple[List[str], Dict[str, list]]:
+def _write_all_csvs(findings: dict, out: "ReportFiles") -> Tuple[List[str], Dict[str, list]]:
     """Every CSV; returns the file names and, per finding list, the CSV lines of each finding (a list per
     finding: the lines its rows are on), for the report's links."""
     names, lines = [], {}
@@ -173,7 +203,7 @@ def _write_all_csvs(findings: dict, out: Path) -> Tuple[List[str], Dict[str, lis
         rows.append([r["group"], r["start_ms"], r["end_ms"], utc(r["start_ms"]), utc(r["end_ms"]), r["duration_s"],
                      len(r["variants"]), variants])
     lines["inconsistent_subscriptions"] = [[n] for n in _write_csv(
-        out / "inconsistent_subscriptions.csv",
+        out, "inconsistent_subscriptions.csv",
         ["group", "start_ms", "end_ms", "start_utc", "end_utc", "duration_s", "n_variants", "variants"], rows)]
     names.append("inconsistent_subscriptions.csv")
     addrs = client_addresses(findings)
@@ -190,20 +220,20 @@ def _write_all_csvs(findings: dict, out: Path) -> Tuple[List[str], Dict[str, lis
                                       "" if d["member"] is None else d["member"], " ".join(d["only_member_tags"]),
                                       " ".join(d["only_majority_tags"]), len(s["majority"]["clients"])])
         diff_of[s["index"]] = list(range(first, len(diff_rows) + 2))
-    _write_csv(out / "subscription_differences.csv",
+    _write_csv(out, "subscription_differences.csv",
                ["broker", "group", "start_utc", "end_utc", "duration_s", "client_id", "address", "topic",
                 "majority_expression", "member_expression", "tags_only_member", "tags_only_majority",
                 "majority_members"], diff_rows)
     lines["subscription_differences"] = diff_of
     names.append("subscription_differences.csv")
     lines["flapping_clients"] = [[n] for n in _write_csv(
-        out / "flapping_clients.csv",
+        out, "flapping_clients.csv",
         ["client_id", "groups", "reconnects", "max_reconnects_per_window", "flapping_windows",
          "first_reconnect_utc", "last_reconnect_utc"],
         [[r["client_id"], ";".join(r["groups"]), r["reconnects"], r["max_reconnects_per_window"],
           len(r["windows"]), utc(r["first_reconnect_ms"]), utc(r["last_reconnect_ms"])]
          for r in findings["flapping_clients"]])]
-    _write_csv(out / "flapping_timeline.csv", ["client_id", "reconnect_ms", "reconnect_utc"],
+    _write_csv(out, "flapping_timeline.csv", ["client_id", "reconnect_ms", "reconnect_utc"],
                [[r["client_id"], t, utc(t)] for r in findings["flapping_clients"] for t in r["reconnect_ms"]])
     if any("connect_ms" in r for r in findings["flapping_clients"]):
         events = []
@@ -211,16 +241,16 @@ def _write_all_csvs(findings: dict, out: Path) -> Tuple[List[str], Dict[str, lis
             marks = [(t, "connect", "") for t in r.get("connect_ms") or []]
             marks += [(t, "close", how) for t, how in r.get("closes") or []]
             events += [[r.get("broker", ""), r["client_id"], kind, how, t, utc(t)] for t, kind, how in sorted(marks)]
-        _write_csv(out / "flapping_connections.csv", ["broker", "client_id", "event", "how", "ms", "utc"], events)
+        _write_csv(out, "flapping_connections.csv", ["broker", "client_id", "event", "how", "ms", "utc"], events)
     lines["heartbeat_gaps"] = [[n] for n in _write_csv(
-        out / "heartbeat_gaps.csv", ["client_id", "groups", "start_ms", "end_ms", "start_utc", "end_utc", "gap_s"],
+        out, "heartbeat_gaps.csv", ["client_id", "groups", "start_ms", "end_ms", "start_utc", "end_utc", "gap_s"],
         [[r["client_id"], ";".join(r["groups"]), r["start_ms"], r["end_ms"], utc(r["start_ms"]),
           utc(r["end_ms"]), r["gap_s"]] for r in findings["heartbeat_gaps"]])]
     size_lines, n = [], 2
     for g in findings["group_sizes"]:
         size_lines.append(list(range(n, n + len(g["series"]))))
         n += len(g["series"])
-    _write_csv(out / "group_sizes.csv", ["group", "role", "ms", "utc", "members"],
+    _write_csv(out, "group_sizes.csv", ["group", "role", "ms", "utc", "members"],
                [[g["group"], g["role"], ms, utc(ms), k] for g in findings["group_sizes"] for ms, k in g["series"]])
     lines["group_sizes"] = size_lines
     names += ["flapping_clients.csv", "flapping_timeline.csv"]
@@ -228,7 +258,7 @@ def _write_all_csvs(findings: dict, out: Path) -> Tuple[List[str], Dict[str, lis
         names.append("flapping_connections.csv")
     names += ["heartbeat_gaps.csv", "group_sizes.csv"]
     lines["expired_clients"] = [[n] for n in _write_csv(
-        out / "expired_clients.csv",
+        out, "expired_clients.csv",
         ["broker", "client_id", "addr", "groups", "connected_utc", "silent_since_before_utc", "expired_utc",
          "returned_utc", "expired_ms"],
         [[r.get("broker", ""), r["client_id"], r["addr"], ";".join(r["groups"]), utc(r["connected_ms"]),
@@ -237,7 +267,7 @@ def _write_all_csvs(findings: dict, out: Path) -> Tuple[List[str], Dict[str, lis
     names.append("expired_clients.csv")
     if "retry_topic_churn" in findings:
         lines["retry_topic_churn"] = [[n] for n in _write_csv(
-            out / "retry_topic_churn.csv",
+            out, "retry_topic_churn.csv",
             ["broker", "group", "retry_topic", "adds", "changes", "removes", "max_per_window", "first_utc",
              "last_utc"],
             [[r["broker"], r["group"], r["retry_topic"], r["adds"], r["changes"], r["removes"],
@@ -245,7 +275,7 @@ def _write_all_csvs(findings: dict, out: Path) -> Tuple[List[str], Dict[str, lis
         names.append("retry_topic_churn.csv")
     log = findings.get("log")
     if log:
-        _write_csv(out / "log_lines.csv", ["kind", "lines", "example"],
+        _write_csv(out, "log_lines.csv", ["kind", "lines", "example"],
                    [[k, v, (log.get("examples") or {}).get(k, "")] for k, v in sorted(log.get("counts", {}).items())])
         names.append("log_lines.csv")
     return names, lines
@@ -324,7 +354,7 @@ def _label(r: dict, name: str) -> str:
 # PNG plots (for tickets and chats; the page draws its own SVG)
 
 
-def write_plots(findings: dict, out: Path) -> List[str]:
+def write_plots(findings: dict, out: "ReportFiles") -> List[str]:
     try:
         import matplotlib
 
@@ -359,7 +389,7 @@ def write_plots(findings: dict, out: Path) -> List[str]:
     fig.suptitle("Live members of the groups that changed size or have findings (*), UTC", fontsize=10)
     fig.autofmt_xdate()
     fig.tight_layout()
-    fig.savefig(out / "group_sizes.png", dpi=100)
+    _savefig(fig, out, "group_sizes.png", 100)
     plt.close(fig)
     names.append("group_sizes.png")
 
@@ -375,7 +405,7 @@ def write_plots(findings: dict, out: Path) -> List[str]:
     ax.set_xlabel("gap (minutes)")
     ax.set_ylabel("gaps")
     fig.tight_layout()
-    fig.savefig(out / "gap_histogram.png", dpi=90)
+    _savefig(fig, out, "gap_histogram.png", 90)
     plt.close(fig)
     names.append("gap_histogram.png")
     return names + _flapping_plot(findings, out, plt, mdates, dt)
@@ -409,10 +439,15 @@ def _flapping_plot(findings, out, plt, mdates, dt) -> List[str]:
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
     fig.autofmt_xdate()
     fig.tight_layout()
-    fig.savefig(out / "flapping_timeline.png", dpi=100)
+    _savefig(fig, out, "flapping_timeline.png", 100)
     plt.close(fig)
     names.append("flapping_timeline.png")
     return names
+
+
+def _savefig(fig, out: "ReportFiles", name: str, dpi: int) -> None:
+    with out.open(name, "wb") as f:
+        fig.savefig(f, format="png", dpi=dpi)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1210,7 +1245,8 @@ window.addEventListener('afterprint',function(){document.querySelectorAll('detai
 """
 
 
-def write_html(findings: dict, out: Path, csvs: List[str], plots: List[str], lines: Optional[dict] = None) -> Path:
+def write_html(findings: dict, out: "ReportFiles", csvs: List[str], plots: List[str],
+               lines: Optional[dict] = None) -> Path:
     s = findings["summary"]
     p = findings["parameters"]
     log = findings.get("log")
@@ -1346,21 +1382,115 @@ def write_html(findings: dict, out: Path, csvs: List[str], plots: List[str], lin
                      + "".join(f"<p><img src='{e(n)}' alt='{e(n)}' loading=lazy></p>" for n in plots) + "</details>")
     parts.append("</section>")
     parts.append(f"<script>{SCRIPT}</script></body></html>")
-    path = out / "index.html"
-    path.write_text("\n".join(parts))
-    return path
+    with out.open("index.html", "w") as f:
+        f.write("\n".join(parts))
+    return out.path / "index.html"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The report directory
+
+
+class ReportOutputError(Exception):
+    """The report directory cannot be written safely (a symbolic link, not a directory, a directory where a report
+    file goes): one line for the operator."""
+
+
+def check_report_dir(out) -> None:
+    """Refuse before a scan what write_report would refuse after it: ``out`` a symbolic link or not a directory."""
+    out = Path(out)
+    if out.is_symlink():
+        raise ReportOutputError(f"{out} is a symbolic link; give the report directory itself (a report is never "
+                                "written through a link)")
+    if out.exists() and not out.is_dir():
+        raise ReportOutputError(f"{out} exists and is not a directory")
+
+
+class ReportFiles:
+    """The report's files while they are written: a fresh private directory (0700, random name) inside the report
+    directory, both held open by descriptor; each file is created there with O_CREAT | O_EXCL | O_NOFOLLOW and, once
+    all are written, renamed into the report directory. A name planted in the report directory (a symbolic or hard
+    link to a file elsewhere) is replaced by the rename, never written through; a report directory that is itself a
+    symbolic link is refused."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.names: List[str] = []
+        check_report_dir(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            pass
+        try:
+            self.dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            check_report_dir(path)  # swapped for a link since: the same line
+            raise ReportOutputError(f"cannot open the report directory {path}: {e.strerror}") from None
+        self.tmp = f".rmqhb-report-{secrets.token_hex(8)}"
+        try:
+            os.mkdir(self.tmp, 0o700, dir_fd=self.dir_fd)
+            self.tmp_fd = os.open(self.tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                  dir_fd=self.dir_fd)
+        except OSError as e:
+            os.close(self.dir_fd)
+            raise ReportOutputError(f"cannot write into the report directory {path}: {e.strerror}") from None
+        st = os.fstat(self.tmp_fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:  # replaced between mkdir and open by the directory's owner
+            os.close(self.tmp_fd)
+            os.close(self.dir_fd)
+            raise ReportOutputError(f"{path}: the private directory {self.tmp} was replaced while it was created")
+
+    def open(self, name: str, mode: str = "w", **kw):
+        """A new file ``name`` in the private directory (never an existing file, never through a link)."""
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                     dir_fd=self.tmp_fd)
+        self.names.append(name)
+        if "b" not in mode:
+            kw.setdefault("encoding", "utf-8")
+        return os.fdopen(fd, mode, **kw)
+
+    def commit(self) -> None:
+        """Rename every file into the report directory, in the order written (index.html last)."""
+        for name in self.names:
+            try:
+                os.rename(name, name, src_dir_fd=self.tmp_fd, dst_dir_fd=self.dir_fd)
+            except OSError as e:
+                why = "a directory is there" if e.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST) else e.strerror
+                raise ReportOutputError(f"cannot replace {self.path / name}: {why}") from None
+
+    def close(self) -> None:
+        """Remove the private directory with whatever was not renamed into place."""
+        for name in os.listdir(self.tmp_fd):
+            try:
+                os.unlink(name, dir_fd=self.tmp_fd)
+            except OSError:
+                pass
+        os.close(self.tmp_fd)
+        try:
+            os.rmdir(self.tmp, dir_fd=self.dir_fd)
+        except OSError:
+            pass
+        os.close(self.dir_fd)
 
 
 def write_report(findings: dict, out, plots: bool = True) -> Path:
-    """Write findings.json, CSVs, plots and index.html into ``out``; returns the index path."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "findings.json").write_text(json.dumps(findings, indent=1))
-    csvs, lines = _write_all_csvs(findings, out)
-    pngs = write_plots(findings, out) if plots else []
-    return write_html(findings, out, csvs, pngs, lines)
+    """Write findings.json, CSVs, plots and index.html into ``out`` (see ReportFiles: never through a symbolic
+    link; ReportOutputError when ``out`` is one); returns the index path."""
+    files = ReportFiles(Path(out))
+    try:
+        with files.open("findings.json", "w") as f:
+            f.write(json.dumps(findings, indent=1))
+        csvs, lines = _write_all_csvs(findings, files)
+        pngs = write_plots(findings, files) if plots else []
+        index = write_html(findings, files, csvs, pngs, lines)
+        files.commit()
+    finally:
+        files.close()
+    return index
 
 def print_summary(findings: dict, file) -> None:
+    file = EscapedWriter(file, lines=True)  # client ids and groups: a newline or an ESC in one is printed escaped
     s = findings["summary"]
     log = findings.get("log")
     what = ("client-management events", "unparseable lines") if log else ("heartbeats", "undecodable")

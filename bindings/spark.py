@@ -26,9 +26,11 @@ exports this checkout on ``PYTHONPATH``). On a cluster the recording directory m
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -77,13 +79,31 @@ logger.parquet.level = error
 # session
 
 
+_private: dict = {}
+
+
+def private_dir() -> str:
+    """This process's private directory (tempfile.mkdtemp: mode 0700, random name), removed at exit: the JVM's
+    log4j2 configuration and, for local masters, Spark's local files. A fixed name in the shared temp directory could
+    be planted by another user (a symbolic link, a configuration of theirs) or swapped after a check."""
+    if _private.get("pid") != os.getpid():
+        _private.update(pid=os.getpid(), dir=tempfile.mkdtemp(prefix="rmqhb-spark-"))
+        atexit.register(_remove_private_dir, os.getpid(), _private["dir"])
+    return _private["dir"]
+
+
+def _remove_private_dir(pid: int, path: str) -> None:
+    if os.getpid() == pid:  # not from a forked child
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _log4j2_file() -> str:
-    path = Path(tempfile.gettempdir()) / f"rmqhb-log4j2-{os.getuid()}.properties"
-    if not path.exists() or path.read_text() != _LOG4J2:
-        tmp = path.with_suffix(f".{os.getpid()}")
-        tmp.write_text(_LOG4J2)
-        os.replace(tmp, path)
-    return str(path)
+    path = os.path.join(private_dir(), "log4j2.properties")
+    if not os.path.exists(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(_LOG4J2)
+    return path
 
 
 def prepare_environment(local: bool = True) -> None:
@@ -121,6 +141,8 @@ def spark_session(master: Optional[str] = None, app_name: str = "rmqhb", *, test
     local = master.startswith("local")
     prepare_environment(local)
     java_opts = f"-Dlog4j2.configurationFile=file:{_log4j2_file()}"
+    if local:  # the JVM's own temporary files (native libraries it unpacks, ...) in the private directory too
+        java_opts += f" -Djava.io.tmpdir={private_dir()}"
     if test:
         java_opts += " -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
     settings = {
@@ -135,6 +157,7 @@ def spark_session(master: Optional[str] = None, app_name: str = "rmqhb", *, test
     if local:
         cores = _local_cores(master)
         settings.update({
+            "spark.local.dir": private_dir(),  # shuffle and block files, PySpark's temporary files: not world-readable
             "spark.sql.shuffle.partitions": str(cores),
             "spark.default.parallelism": str(cores),
             "spark.driver.host": "127.0.0.1",
@@ -940,10 +963,25 @@ def scan_main(argv=None) -> int:
     recording was read; 3 the scan completed over damaged data (corrupt ranges, torn tails, recorder data loss:
     named in findings.json, the report's banner and one stderr line; --allow-damage makes it 0); 2 no recording or
     bad arguments; 4 nothing decodable; 5 --strict stopped on damage; 1 any other failure. Broker logs
-    (``--input broker-log``, ``--log-tz``, ``--broker NAME=PATH`` or log files given): engine.bindings.brokerlog."""
-    from .brokerlog import INPUT_FORMATS, input_format
+    (``--input broker-log``, ``--log-tz``, ``--broker NAME=PATH`` or log files given): engine.bindings.brokerlog.
+    The report directory is never written through a symbolic link (engine.bindings.report.ReportFiles): --out naming
+    one is refused with one line (exit 2), before the scan runs."""
+    from .report import ReportOutputError, check_report_dir
 
     argv = list(sys.argv[2:] if argv is None else argv)
+    try:
+        for i, a in enumerate(argv):  # every input kind's --out, checked before a scan that may take minutes
+            if a == "--out" and i + 1 < len(argv) or a.startswith("--out="):
+                check_report_dir(a[len("--out="):] if a.startswith("--out=") else argv[i + 1])
+        return _scan_main(argv)
+    except ReportOutputError as e:
+        print(f"rmqhb scan: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _scan_main(argv) -> int:
+    from .brokerlog import INPUT_FORMATS, input_format
+
     kind, why = input_format(argv)
     if kind is None:
         print(f"rmqhb scan: the inputs are of different kinds ({why}); scan them separately or give --format",

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from engine.logutil import EscapedWriter
+from engine.logutil import EscapedWriter, escape_text
 from engine.recording.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS
 
 #: At most this many groups in the group-size PNG (small multiples), and clients in the flapping PNG.
@@ -49,28 +49,17 @@ def _subs_text(subs) -> str:
 
 #: A cell starting with one of these is a formula to spreadsheet tools (OWASP "CSV injection"): it gets a "'".
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-#: Control characters (C0, DEL, C1), Unicode line separators and bidirectional overrides: written as \xNN / \uNNNN.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-def _escaped(m) -> str:
-    c = ord(m.group())
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
-
-
-def escape_control(text: str) -> str:
-    """``text`` with its control characters visibly escaped (a client id's ESC or newline stays one line of text)."""
-    return _CONTROL.sub(_escaped, text)
 
 
 def csv_cell(value):
     """A CSV cell from client data: a string that a spreadsheet would run as a formula gets a leading "'" (what
-    spreadsheet tools advise), control characters escaped; numbers and None as they are."""
+    spreadsheet tools advise), control characters escaped (engine.logutil.escape_text: a newline or an ESC in a
+    client id stays visible text); numbers and None as they are."""
     if not isinstance(value, str):
         return value
     if value.startswith(FORMULA_START):
         value = "'" + value
-    return escape_control(value)
+    return escape_text(value)
 
 
 def _write_csv(out: "ReportFiles", name: str, header: List[str], rows) -> List[int]:

@@ -108,6 +108,7 @@ def state(reg):
     return (registry_snapshot(reg), slots, groups, sorted(reg._producers), dict(reg._fingerprints),
             {t: set(g) for t, g in reg._topic_groups.items()}, reg._tick, reg._config_epoch, reg._nmemberships,
             dict(reg._pending), strings, reg.client_log.left_out, list(reg.producers.client_table_items()),
+            list(reg.producers.emptied.items()),  # the emptied producer groups kept under 4.x rules
             {g: reg.consumer_ids(g) for g in CONSUMER_GROUPS + ["not_a_group"]})  # the native list in member order
 
 

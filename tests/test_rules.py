@@ -207,17 +207,22 @@ def test_registry_events_and_topic_index(rules):
 
 
 @pytest.mark.parametrize("rules", [4, 5])
-def test_empty_producer_groups_are_dropped_under_both(rules):
-    """4.9 keeps a producer group whose last channel closed (a leak of every producer group name ever seen); this
-    broker drops it under both settings (README: conformance table)."""
+def test_empty_producer_groups_follow_the_rules(rules):
+    """4.9 keeps a producer group whose last channel closed or expired (GET_PRODUCER_CONNECTION_LIST: SUCCESS with
+    no connection), 5.x removes it. Under both the emptied group leaves the live groups; 4.x rules keep its name,
+    within a budget (README: conformance table; tests/test_conformance_answers.py)."""
     import engine
 
     reg = ClientRegistry(RegistryConfig(client_management_rules=rules), clock=lambda: 1000)
     reg.heartbeat(1, engine.decode_heartbeat(hb_body(client_id="a@1")))
     assert sorted(reg.producer_groups()) == ["CLIENT_INNER_PRODUCER", "demo_producer_group"]
     assert reg.close_channel(1) is True
-    assert reg.producer_groups() == [] and reg.producer_connection("demo_producer_group") is None
-    reg.heartbeat(2, engine.decode_heartbeat(hb_body(client_id="b@1")))
+    kept = {"connectionSet": []} if rules == 4 else None
+    pc = reg.producer_connection("demo_producer_group")
+    assert reg.producer_groups() == [] and (pc if pc is None else pc.to_dict()) == kept
+    reg.heartbeat(2, engine.decode_heartbeat(hb_body(client_id="b@1", producer="expiring_producer_group")))
     assert reg.scan_expired(now=1000 + 130_000) == [2]
     assert reg.producer_groups() == [] and reg.consumer_groups() == []
+    pc = reg.producer_connection("expiring_producer_group")
+    assert (pc if pc is None else pc.to_dict()) == kept
     reg.check_invariants()

@@ -23,6 +23,7 @@ log = logging.getLogger("engine.broker.processors")
 QUERY_NOT_FOUND = 22  # ResponseCode.QUERY_NOT_FOUND
 #: longest client-supplied name a remark echoes (RocketMQ names are at most 255 characters)
 MAX_ECHOED_NAME = 255
+PERM_READ_WRITE = 6
 # an Enum member lookup costs ~0.2 us: too much per heartbeat
 _SUCCESS = int(ResponseCode.SUCCESS)
 _HEART_BEAT = int(RequestCode.HEART_BEAT)
@@ -356,10 +357,17 @@ class Processors:
         offset = self.registry.query_consumer_offset(group, topic, queue_id)
         if offset is not None and offset >= 0:
             return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})
+        # no message store: every queue is empty (min offset 0, offset 0 neither on disk nor in memory). 4.9.8 then
+        # answers offset 0 (minOffset <= 0 && !checkInDiskByConsumeOffset(0)) and has no setZeroIfNotFound; 5.x
+        # answers offset 0 only when offset 0 is in memory (checkInMemByConsumeOffset), so never here. The answer
+        # carries the (empty) QueryConsumerOffsetResponseHeader as Java's does.
+        if self.config.client_management_rules == 4:
+            return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": "0"})
         if (_optional(cmd, "setZeroIfNotFound") or "").lower() == "false":
-            return cmd.response(QUERY_NOT_FOUND, remark="Not found, do not set to zero, maybe this group boot first")
-        # no message store: every queue is empty, so the seed's "checkInMemByConsumeOffset" branch never applies
-        return cmd.response(QUERY_NOT_FOUND, remark="Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
+            return cmd.response(QUERY_NOT_FOUND, remark="Not found, do not set to zero, maybe this group boot first",
+                                ext_fields={})
+        return cmd.response(QUERY_NOT_FOUND, remark="Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first",
+                            ext_fields={})
 
     # ------------------------------------------------------------------ AdminBrokerProcessor (the parts clients use)
     def get_consumer_connection_list(self, conn, cmd):
@@ -432,8 +440,8 @@ class Processors:
     def get_route_info_by_topic(self, conn, cmd):
         # no extFields: the name server finds no route for a null topic (TOPIC_NOT_EXIST, not an error)
         topic = _required(cmd, "topic") if cmd.ext_fields is not None else None
-        tc = self.broker.ensure_topic(topic) if topic else None
-        if tc is None:
+        queue_nums = self.broker.ensure_topic(topic) if topic else None
+        if queue_nums is None:
             return cmd.response(ResponseCode.TOPIC_NOT_EXIST,
                                 remark=f"No topic route info in name server for the topic: {_name(topic or '')}")
         addr = self.broker.advertised_addr(conn)
@@ -446,12 +454,12 @@ class Processors:
                 "enableActingMaster": False,
             }],
             "filterServerTable": {},
-            "queueDatas": [{  # RouteInfoManager.createAndUpdateQueueData: the topic's config as registered
+            "queueDatas": [{
                 "brokerName": name,
-                "perm": tc.perm,
-                "readQueueNums": tc.read_queue_nums,
-                "topicSysFlag": tc.topic_sys_flag,
-                "writeQueueNums": tc.write_queue_nums,
+                "perm": PERM_READ_WRITE,
+                "readQueueNums": queue_nums,
+                "topicSysFlag": 0,
+                "writeQueueNums": queue_nums,
             }],
         }
         return cmd.response(ResponseCode.SUCCESS, body=_json_body(route))

@@ -1138,11 +1138,14 @@ class ClientRegistry:
         return removed
 
     def update_consumer_offset(self, client_host, group, topic, queue_id, offset) -> tuple:
-        """UPDATE_CONSUMER_OFFSET (ConsumerManageProcessor, 5.x checks): ``(code, remark)``."""
-        if not self.store.groups.contains(group):
-            return ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"Group {group} not exist!"
-        if not self.store.topics.contains(topic):
-            return ResponseCode.TOPIC_NOT_EXIST, f"Topic {topic} not exist!"
+        """UPDATE_CONSUMER_OFFSET (ConsumerManageProcessor): ``(code, remark)``. 5.x (5.3+) commits only for a
+        group and a topic that exist; 4.9 commits any (a 4.x consumer of a group without config keeps its
+        offsets), within the table's budget under both."""
+        if not self._rules4:
+            if not self.store.groups.contains(group):
+                return ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"Group {group} not exist!"
+            if not self.store.topics.contains(topic):
+                return ResponseCode.TOPIC_NOT_EXIST, f"Topic {topic} not exist!"
         if queue_id is None:
             return ResponseCode.SYSTEM_ERROR, f"QueueId is null, topic is {topic}"
         if offset is None:

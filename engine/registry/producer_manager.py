@@ -18,23 +18,36 @@ queries (GET_PRODUCER_CONNECTION_LIST 204, findChannel), with Java's log lines a
 events (:class:`ProducerGroupEvent`) through the table's listener. Membership bookkeeping (slot columns,
 timestamps, per-membership client info) is the table's: the manager calls it, it does not copy it.
 
-Rules that differ between RocketMQ 4.9 and 5.x (``table._rules4``): 4.9 keeps an emptied group and logs nothing
-about it, 5.x drops it ("unregister a producer group[...]" / "SCAN: ... all clear"); the expiry line's prefix.
+Rules that differ between RocketMQ 4.9 and 5.x (``table._rules4``): 4.9 keeps a group emptied by a close or the
+expiry scan and logs nothing about it (its GET_PRODUCER_CONNECTION_LIST answers SUCCESS with no connection), 5.x
+drops it ("unregister a producer group[...]" / "SCAN: ... all clear"); the expiry line's prefix. Under 4.x rules
+the emptied group is dropped from the group table all the same and its name kept in :attr:`ProducerManager.emptied`
+(4.9 keeps every such name for ever; here at most ``maxRegisteredGroups`` names and
+:data:`EMPTY_PRODUCER_GROUPS_MAX_BYTES`, the oldest forgotten first).
 """
 from __future__ import annotations
 
 import enum
 import logging
+import sys
 import time
+from collections import OrderedDict
 
 from engine.registry import clientlog as jl
 from engine.registry.client_channel import PRODUCER, Connection, Members
 
-__all__ = ["PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS", "ProducerConnection", "ProducerGroup", "ProducerGroupEvent",
-           "ProducerManager"]
+__all__ = ["EMPTY_PRODUCER_GROUPS_MAX_BYTES", "PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS", "ProducerConnection",
+           "ProducerGroup", "ProducerGroupEvent", "ProducerManager"]
 
 #: ProducerManager.CHANNEL_EXPIRED_TIMEOUT: Java does not make the producer expiry configurable.
 PRODUCER_CHANNEL_EXPIRED_TIMEOUT_MS = 120_000
+
+#: bytes of the emptied producer group names kept under 4.x rules (each name's string plus
+#: :data:`_EMPTIED_ENTRY_BYTES`): a client chooses the names (up to a frame each) and 4.9 keeps them for ever; past
+#: it (or past ``maxRegisteredGroups`` names) the oldest is forgotten, and its query answers as 5.x's ("not exist")
+EMPTY_PRODUCER_GROUPS_MAX_BYTES = 16 << 20
+#: an OrderedDict entry (hash table slot, link node, the cost int) in CPython 3.11, rounded up
+_EMPTIED_ENTRY_BYTES = 160
 
 
 class ProducerGroupEvent(enum.Enum):
@@ -85,14 +98,17 @@ class ProducerManager:
     Invariants (checked by :meth:`check_invariants`):
 
     * every group in :attr:`group_table` has at least one member (an emptied group is dropped, also under 4.x
-      rules: 4.9 keeps it, but an empty group is invisible to every query) and is ``by_gid[group.gid]``;
+      rules: there its name goes to :attr:`emptied`, the only query that sees a 4.9 empty group being
+      GET_PRODUCER_CONNECTION_LIST) and is ``by_gid[group.gid]``;
+    * :attr:`emptied` is empty under 5.x rules, holds no name of :attr:`group_table`, at most the registry's
+      ``max_groups`` names and :data:`EMPTY_PRODUCER_GROUPS_MAX_BYTES` (:attr:`emptied_bytes`, their costs' sum);
     * a group's member slots are distinct live slots of the table, each holding the group's membership key;
     * a client channel table entry points at a slot in use, and holds one pool reference on its client id;
       ``stale[slot]`` lists client ids whose entry may point at ``slot`` after its producers left (an
       UNREGISTER_CLIENT with another client id), dropped when the slot is freed.
     """
 
-    __slots__ = ("table", "ct", "group_table", "by_gid", "stale")
+    __slots__ = ("table", "ct", "group_table", "by_gid", "stale", "emptied", "emptied_bytes")
 
     def __init__(self, table):
         self.table = table
@@ -104,6 +120,10 @@ class ProducerManager:
         self.by_gid: list = []
         #: slot -> client ids whose table entry may outlive its producers
         self.stale: dict[int, set] = {}
+        #: 4.x rules: name -> counted bytes of the groups 4.9 would keep empty (emptied by a close or the scan),
+        #: oldest first (:meth:`keep_emptied`)
+        self.emptied: OrderedDict[str, int] = OrderedDict()
+        self.emptied_bytes = 0
 
     # ------------------------------------------------------------------------------------------ registration
     def register(self, group: str, slot: int, req: tuple) -> int:
@@ -112,6 +132,8 @@ class ProducerManager:
         table = self.table
         g = self.group_table.get(group)
         if g is None:
+            if self.emptied:
+                self.emptied_bytes -= self.emptied.pop(group, 0)  # the kept empty group is live again
             g = ProducerGroup(group, table._acquire_gid(group), self.ct)
             self.group_table[group] = g
             self.by_gid[g.gid] = g
@@ -151,7 +173,7 @@ class ProducerManager:
         if removed:
             table._emit(_CLIENT_UNREGISTER, group, client=request_info())
         if not ct.group_size(g.key):
-            self.drop_group(g)
+            self.drop_group(g, emptied=False)  # 4.9's unregisterProducer removes the group too
             table._emit(_GROUP_UNREGISTER, group)
             if table.client_log.allow("producer_group_removed", logging.INFO):
                 jl.log.info("unregister a producer group[%s] from groupChannelTable", jl._text(group))
@@ -182,7 +204,7 @@ class ProducerManager:
             if wants_client:
                 table._emit(_CLIENT_UNREGISTER, g.name, client=info)
             if not self.ct.group_size(g.key):
-                self.drop_group(g)  # 4.9 keeps the empty group (and says nothing)
+                self.drop_group(g)  # 4.9 keeps the empty group (its name: emptied) and says nothing
                 table._emit(_GROUP_UNREGISTER, g.name)
                 self.log_group_removed(g.name)
 
@@ -209,16 +231,34 @@ class ProducerManager:
                 if wants_client:
                     table._emit(_CLIENT_UNREGISTER, g.name, client=info)
                 if not ct.group_size(g.key):
-                    self.drop_group(g)  # 4.9 keeps the empty group (and says nothing)
+                    self.drop_group(g)  # 4.9 keeps the empty group (its name: emptied) and says nothing
                     table._emit(_GROUP_UNREGISTER, g.name)
                     if not table._rules4 and clog.allow("expired_group_cleared", logging.WARNING):
                         jl.log.warning("SCAN: remove expired channel from ProducerManager groupChannelTable, all "
                                        "clear, group=%s", jl._text(g.name))
 
-    def drop_group(self, g: ProducerGroup) -> None:
+    def drop_group(self, g: ProducerGroup, emptied: bool = True) -> None:
+        """Drop an empty group. ``emptied``: by a close or the expiry scan (the native close calls this too),
+        after which 4.9 keeps the group: under 4.x rules its name is kept (:meth:`keep_emptied`); an
+        UNREGISTER_CLIENT passes False (4.9 removes the group then)."""
         del self.group_table[g.name]
         self.by_gid[g.gid] = None
         self.table._release_gid(g.gid)
+        if emptied and self.table._rules4:
+            self.keep_emptied(g.name)
+
+    def keep_emptied(self, name: str) -> None:
+        """Remember a group 4.9 keeps empty, within the registry's ``max_groups`` names and
+        :data:`EMPTY_PRODUCER_GROUPS_MAX_BYTES`: the oldest names make room (forgotten: answered as 5.x does)."""
+        cost = sys.getsizeof(name) + _EMPTIED_ENTRY_BYTES
+        if cost > EMPTY_PRODUCER_GROUPS_MAX_BYTES:
+            return
+        emptied = self.emptied
+        limit = self.table.config.max_groups
+        while emptied and (len(emptied) >= limit or self.emptied_bytes + cost > EMPTY_PRODUCER_GROUPS_MAX_BYTES):
+            self.emptied_bytes -= emptied.popitem(last=False)[1]
+        emptied[name] = cost
+        self.emptied_bytes += cost
 
     def free_slot(self, slot: int, stale) -> None:
         """The table frees ``slot``: drop the client channel table entries ``stale`` (popped from
@@ -244,10 +284,11 @@ class ProducerManager:
 
     # ---------------------------------------------------------------------------------------------- queries
     def connection(self, group: str) -> ProducerConnection | None:
-        """GET_PRODUCER_CONNECTION_LIST (204) data, or None when the group does not exist."""
+        """GET_PRODUCER_CONNECTION_LIST (204) data, or None when the group does not exist (an emptied group kept
+        under 4.x rules exists, with no connection, as in 4.9's groupChannelTable)."""
         g = self.group_table.get(group)
         if g is None:
-            return None
+            return ProducerConnection([]) if group in self.emptied else None
         client_info = self.table._client_info
         conns = []
         for slot in self.ct.group_slots(g.key):
@@ -264,8 +305,8 @@ class ProducerManager:
         return list(self.group_table)
 
     def nbytes(self) -> int:
-        """Bytes of the client channel table (the channel table's client slot column)."""
-        return self.ct.client_slots_nbytes()
+        """Bytes of the client channel table (the channel table's client slot column) and the kept empty groups."""
+        return self.ct.client_slots_nbytes() + self.emptied_bytes
 
     def client_table_items(self):
         """(pool id, slot) of every client channel table entry."""
@@ -283,6 +324,11 @@ class ProducerManager:
                 assert ct.mem_pos(slot, g.key) == pos
         for gid, g in enumerate(self.by_gid):
             assert g is None or self.group_table.get(g.name) is g, f"group id {gid} of a dropped producer group"
+        emptied = self.emptied
+        assert not emptied or self.table._rules4, "empty producer groups kept under 5.x rules"
+        assert not any(name in self.group_table for name in emptied), "a live producer group listed as emptied"
+        assert len(emptied) <= self.table.config.max_groups
+        assert self.emptied_bytes == sum(emptied.values()) <= EMPTY_PRODUCER_GROUPS_MAX_BYTES
         for cid, slot in self.client_table_items():
             assert ct.in_use(slot), f"client table entry {cid} on a free slot"
         for slot in self.stale:

@@ -46,10 +46,13 @@ The analyses (``analyze_events``) run per broker (``groupBy("broker").applyInArr
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gzip
 import json
 import os
 import re
+import stat
+import zlib
 from collections import defaultdict
 from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
@@ -206,103 +209,258 @@ def _line_ends(native: Optional[bool] = None):
     return twin.line_ends
 
 
-def line_batches(path: str, batch_lines: int = BATCH_LINES, chunk_bytes: int = 8 << 20,
-                 native: Optional[bool] = None):
-    """Arrow binary arrays of up to ``batch_lines`` lines of a log file, cut from large reads (line ends found
-    with memchr, no Python object per line); line ends are kept (the parser drops them), a last line without
-    one is kept. Each read goes into a fresh buffer the arrays point into (no copy of the lines)."""
-    import pyarrow as pa
+#: Longest log line the reader takes, its line end included. A longer line (a file with no line end: a binary,
+#: sparse or zero-filled file or a gzip of one; or a broker line listing millions of tags) is skipped up to its next
+#: line end, counted (``overlong_line``) and named as damage: a file costs at most a read of ``chunk_bytes`` plus
+#: this much memory, whatever it holds (``rmqhb scan --max-line-bytes``).
+MAX_LINE_BYTES = 16 << 20
+#: Wall-clock times a log line may carry (as written, before the zone): from 2000-01-01 to ``TS_AHEAD_MS`` past the
+#: scanning machine's clock. An event line stamped outside is damage (``bad_timestamp``), never an event: one line
+#: stamped in 2106 would otherwise stretch every span and axis of the report over eighty years.
+TS_MIN_MS = 946_684_800_000
+TS_AHEAD_MS = 2 * 86_400_000
+#: What a failed read of a log file raises (the file is named as damage, the other files are read on).
+READ_ERRORS = (OSError, EOFError, zlib.error)
 
-    ends_of = _line_ends(native)
-    if not str(path).endswith(".gz"):
-        yield from _mapped_line_batches(path, batch_lines, chunk_bytes, ends_of)
-        return
-    carry = b""
-    with _open(path) as f:
-        while True:
-            buf = bytearray(len(carry) + chunk_bytes)
-            buf[:len(carry)] = carry
-            view = memoryview(buf)
-            got = f.readinto(view[len(carry):])
-            size = len(carry) + (got or 0)
-            if not got:
-                if size:
-                    yield pa.array([bytes(view[:size])], pa.binary())
+
+def ts_window(now_ms: Optional[int] = None) -> Tuple[int, int]:
+    """(lowest, highest) wall-clock ms a log line may carry (TS_MIN_MS, TS_AHEAD_MS)."""
+    import time
+
+    now = int(time.time() * 1000) if now_ms is None else int(now_ms)
+    return TS_MIN_MS, now + TS_AHEAD_MS
+
+
+def _read_error(exc) -> str:
+    """Why a read failed, without the file's bytes (gzip's BadGzipFile message quotes them)."""
+    if isinstance(exc, gzip.BadGzipFile):
+        return "not a gzip file (bad gzip header)"
+    if isinstance(exc, (EOFError, zlib.error)):
+        return f"gzip stream damaged: {type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError) and exc.errno:
+        return f"{type(exc).__name__}: {os.strerror(exc.errno)}"
+    return type(exc).__name__
+
+
+class LineReader:
+    """The lines of one log file (``.gz`` too) as Arrow binary arrays of up to ``batch_lines`` lines, cut from
+    bounded reads (line ends found with memchr, no Python object per line); line ends are kept (the parser drops
+    them), a last line without one is kept. Each read goes into a fresh buffer the arrays point into.
+
+    Bounded whatever the file says: memory is one read of ``chunk_bytes`` plus the partial line carried over
+    (at most ``max_line_bytes``), time is linear in the bytes. No memory map (a file truncated while mapped, as
+    logrotate's copytruncate does, kills the process with SIGBUS): a plain file is read with read() up to the size
+    it had when the read began (what is appended later is left for the next scan), and a file that shrinks under
+    the reader ends where it now ends, named as damage. ``damage``: [{"kind", "offset", "bytes", "reason"}]
+    (offsets into the file's bytes; a ``.gz``'s decompressed bytes), complete once the iteration ends; kinds
+    ``overlong_line`` (one entry per file: the first such line, the bytes and lines skipped), ``truncated``,
+    ``unreadable``. ``fileobj``: read this binary file object instead of opening ``path`` (fuzzing, tests)."""
+
+    def __init__(self, path, batch_lines: int = BATCH_LINES, chunk_bytes: int = 8 << 20,
+                 native: Optional[bool] = None, max_line_bytes: Optional[int] = None, fileobj=None):
+        if batch_lines < 1 or chunk_bytes < 1:
+            raise ValueError("batch_lines and chunk_bytes must be positive")
+        self.path = str(path)
+        self.batch_lines, self.chunk_bytes = int(batch_lines), int(chunk_bytes)
+        self.max_line = int(MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes)
+        if self.max_line < 1:
+            raise ValueError("max_line_bytes must be positive")
+        self.ends_of = _line_ends(native)
+        self.fileobj = fileobj
+        self.damage: List[dict] = []
+        self.overlong = 0          # lines skipped
+        self._over_first = None    # (offset, bytes) of the first
+        self._over_bytes = 0
+
+    def _skipped(self, offset: int, length: int):
+        self.overlong += 1
+        self._over_bytes += int(length)
+        if self._over_first is None:
+            self._over_first = (int(offset), int(length))
+
+    def _finish(self):
+        if self.overlong:
+            off, n = self._over_first
+            self.damage.append({"kind": "overlong_line", "offset": off, "bytes": self._over_bytes,
+                                "reason": f"{self.overlong:,} line(s) longer than {self.max_line:,} bytes skipped "
+                                          f"({self._over_bytes:,} bytes; the first at byte {off:,}, {n:,} bytes)"})
+
+    def __iter__(self):
+        import pyarrow as pa
+
+        limit = None  # a plain file: the size it had when the read began
+        try:
+            if self.fileobj is None and not stat.S_ISREG(os.stat(self.path).st_mode):
+                # a FIFO or device named like a log: opening it could block or never end
+                self.damage.append({"kind": "unreadable", "offset": 0, "bytes": 0, "reason": "not a regular file"})
                 return
-            ends = ends_of(view[:size])
-            if not len(ends):
-                carry = bytes(view[:size])
-                if len(carry) > (256 << 20):  # no line end in 256 MB: not a log file
-                    raise ValueError(f"{path}: no line end in the first 256 MB of a line")
-                continue
-            carry = bytes(view[int(ends[-1]):size])
-            data = pa.py_buffer(buf)
-            offs = np.concatenate(([0], ends))
-            if ends[-1] < 2**31:
-                offs, typ = offs.astype(np.int32), pa.binary()
+            if self.fileobj is not None:
+                f = contextlib.nullcontext(self.fileobj)
+            elif self.path.endswith(".gz"):
+                f = gzip.open(self.path, "rb")
             else:
-                typ = pa.large_binary()
-            for i in range(0, len(ends), batch_lines):
-                o = offs[i:i + batch_lines + 1]
-                yield pa.Array.from_buffers(typ, len(o) - 1, [None, pa.py_buffer(o - o[0]),
-                                                              data.slice(int(o[0]), int(o[-1] - o[0]))])
+                f = open(self.path, "rb", buffering=0)
+                limit = os.fstat(f.fileno()).st_size
+        except READ_ERRORS as exc:
+            self.damage.append({"kind": "unreadable", "offset": 0, "bytes": 0, "reason": _read_error(exc)})
+            return
+        with f as fh:
+            carry = b""
+            pos = 0        # offset in the file of the buffer's first byte (the carried partial line)
+            skip = None    # offset of the overlong line being skipped, or None
+            while True:
+                n0 = len(carry)
+                want = self.chunk_bytes if limit is None else min(self.chunk_bytes, limit - pos - n0)
+                buf = bytearray(n0 + max(want, 0))
+                buf[:n0] = carry
+                view = memoryview(buf)
+                got, broken = 0, None
+                if want > 0:
+                    try:
+                        got = fh.readinto(view[n0:]) or 0
+                    except READ_ERRORS as exc:
+                        broken = {"kind": "unreadable", "reason": f"read failed at byte {pos + n0:,}: "
+                                                                  f"{_read_error(exc)}"}
+                if not got and broken is None and limit is not None and pos + n0 < limit:
+                    broken = {"kind": "truncated", "reason": f"the file ended at byte {pos + n0:,} of the "
+                                                             f"{limit:,} it had when the read began (truncated while "
+                                                             "read: logrotate's copytruncate?)"}
+                size = n0 + got
+                if not got:
+                    if skip is not None:
+                        self._skipped(skip, pos - skip)
+                    if broken is not None:  # the line being read is cut: part of the damage, not a line
+                        self.damage.append({"kind": broken["kind"], "offset": pos,
+                                            "bytes": (limit - pos) if limit is not None else n0,
+                                            "reason": broken["reason"]})
+                    elif size:
+                        yield pa.array([bytes(view[:size])], pa.binary())  # the last line, without a line end
+                    self._finish()
+                    return
+                start = 0
+                if skip is not None:  # inside an overlong line: drop bytes up to its line end
+                    i = buf.find(b"\n", 0, size)
+                    if i < 0:
+                        pos += size
+                        carry = b""
+                        continue
+                    self._skipped(skip, pos + i + 1 - skip)
+                    skip, start = None, i + 1
+                ends = self.ends_of(view[start:size])
+                if not len(ends):
+                    if size - start > self.max_line:
+                        skip, carry, pos = pos + start, b"", pos + size
+                    else:
+                        carry, pos = bytes(view[start:size]), pos + start
+                    continue
+                offs = np.concatenate(([0], ends)).astype(np.int64) + start
+                tail = int(offs[-1])
+                over = np.diff(offs) > self.max_line
+                for k in np.flatnonzero(over).tolist():
+                    self._skipped(pos + int(offs[k]), int(offs[k + 1] - offs[k]))
+                if size - tail > self.max_line:
+                    skip, carry, nxt = pos + tail, b"", pos + size
+                else:
+                    carry, nxt = bytes(view[tail:size]), pos + tail
+                yield from self._arrays(pa, buf, offs, over)
+                pos = nxt
+
+    def _arrays(self, pa, buf, offs, over):
+        data = pa.py_buffer(buf)
+        typ, ot = (pa.binary(), np.int32) if offs[-1] < 2**31 else (pa.large_binary(), np.int64)
+        n = len(offs) - 1
+        for i in range(0, n, self.batch_lines):
+            o = offs[i:i + self.batch_lines + 1]
+            arr = pa.Array.from_buffers(typ, len(o) - 1, [None, pa.py_buffer((o - o[0]).astype(ot)),
+                                                          data.slice(int(o[0]), int(o[-1] - o[0]))])
+            skip = over[i:i + self.batch_lines]
+            if skip.any():
+                arr = arr.filter(pa.array(~skip))
+            if len(arr):
+                yield arr
 
 
-def _mapped_line_batches(path, batch_lines: int, chunk_bytes: int, ends_of):
-    """line_batches of a plain file through mmap: the arrays point into the mapped page cache (no read copy;
-    the mapping lives as long as an array does)."""
-    import mmap
+def line_batches(path: str, batch_lines: int = BATCH_LINES, chunk_bytes: int = 8 << 20,
+                 native: Optional[bool] = None, max_line_bytes: Optional[int] = None):
+    """The lines of a log file as Arrow binary arrays (``LineReader``, whose ``damage`` this drops)."""
+    yield from LineReader(path, batch_lines, chunk_bytes, native, max_line_bytes)
 
+
+#: line categories that carry no log header: their examples are quoted only from files recognised as broker logs
+_HEADERLESS = ("unknown_format", "continuation")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")  # tabs (stack traces) stay
+
+
+def _escape(text: str) -> str:
+    """An example line with its control characters but tab visible (``\\x1b``): it reaches terminals, CSV and HTML."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _quotable(stats: dict, recognised: bool) -> Tuple[dict, bool]:
+    """(stats, recognised): a file is recognised as a broker log once one of its lines has the log header
+    (``yyyy-MM-dd HH:mm:ss ... - ``); until then its header-less lines are named by count and category, never
+    quoted (a broker.log linked to /etc/passwd must not copy the file into the findings). Examples kept are
+    escaped."""
+    counts = stats.get("counts", {})
+    headed = stats.get("lines", 0) - sum(counts.get(k, 0) for k in _HEADERLESS + ("blank",))
+    recognised = recognised or headed > 0
+    ex = {}
+    for k, v in stats.get("examples", {}).items():
+        if k in _HEADERLESS and not recognised:
+            ex[k] = f"(not quoted: no line of the file so far has a broker-log header; {counts.get(k, 0):,} such lines)"
+        else:
+            ex[k] = _escape(v)
+    return {**stats, "examples": ex}, recognised
+
+
+def _drop_bad_times(batch, stats: dict, window: Tuple[int, int], bad: dict):
+    """(batch, stats) without the events stamped outside ``window``: counted as ``bad_timestamp`` lines, the first
+    one's line number kept in ``bad``."""
     import pyarrow as pa
 
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    try:
-        mm.madvise(mmap.MADV_SEQUENTIAL)
-    except (AttributeError, OSError):
-        pass
-    data = pa.py_buffer(mm)
-    view = memoryview(mm)
-    typ = pa.binary() if size < 2**31 else pa.large_binary()
-    pos = 0
-    try:
-        while pos < size:
-            stop = min(size, pos + chunk_bytes)
-            ends = ends_of(view[pos:stop])
-            if not len(ends):
-                if stop < size:  # a line longer than the window: widen it
-                    chunk_bytes *= 2
-                    continue
-                ends = np.array([stop - pos], np.int64)  # the last line, without a line end
-            offs = np.concatenate(([0], ends)).astype(np.int32 if typ == pa.binary() else np.int64)
-            for i in range(0, len(ends), batch_lines):
-                o = offs[i:i + batch_lines + 1]
-                yield pa.Array.from_buffers(typ, len(o) - 1, [None, pa.py_buffer(o - o[0]),
-                                                              data.slice(pos + int(o[0]), int(o[-1] - o[0]))])
-            pos += int(ends[-1])
-    finally:
-        view.release()
+    ts = batch.column("ts_ms").to_numpy(zero_copy_only=False)
+    ok = (ts >= window[0]) & (ts <= window[1])
+    if ok.all():
+        return batch, stats
+    out = np.flatnonzero(~ok)
+    if "first_line" not in bad:
+        bad["first_line"], bad["first_ms"] = int(batch.column("line")[int(out[0])].as_py()), int(ts[out[0]])
+    bad["n"] = bad.get("n", 0) + len(out)
+    counts = dict(stats["counts"])
+    for kind in batch.column("kind").take(pa.array(out)).to_pylist():
+        counts["event_" + kind] -= 1
+        if not counts["event_" + kind]:
+            del counts["event_" + kind]
+    counts["bad_timestamp"] = counts.get("bad_timestamp", 0) + len(out)
+    stats = {**stats, "events": stats["events"] - len(out), "counts": dict(sorted(counts.items()))}
+    return batch.filter(pa.array(ok)), stats
 
 
 def file_events(broker: str, path: str, rank: int, tz, *, native: Optional[bool] = None,
                 batch_lines: int = BATCH_LINES, chunk_bytes: int = 8 << 20,
-                columns: Optional[Tuple[str, ...]] = None, samples: bool = True):
+                columns: Optional[Tuple[str, ...]] = None, samples: bool = True,
+                max_line_bytes: Optional[int] = None, window: Optional[Tuple[int, int]] = None):
     """(events RecordBatch with broker/file/seq and UTC times, stats, zone samples) per batch of one file (at most
-    ``batch_lines`` lines, cut from reads of ``chunk_bytes``). ``columns``: the event columns of the batches, in
-    that order (default: all of ``events_schema()``; checked by the caller, see ``event_columns``); ``samples``:
-    take the zone samples from the first batch (else none)."""
+    ``batch_lines`` lines, cut from reads of ``chunk_bytes``), then one last (empty batch, stats) with what the
+    reader skipped: ``overlong_line`` lines and, in ``stats["damage"]``, the file's damage as the report's
+    ``scan.corrupt`` entries (overlong lines, a file truncated while read or unreadable, events stamped outside
+    ``window`` (default ``ts_window()``): ``bad_timestamp``). A file that cannot be read is damage, never an
+    exception: the other files' findings stand. ``columns``: the event columns of the batches, in that order
+    (default: all of ``events_schema()``; checked by the caller, see ``event_columns``); ``samples``: take the zone
+    samples from the first batch (else none)."""
     import pyarrow as pa
 
     parse = parser(native)
     names = events_schema().names
     order = list(names if columns is None else columns)
-    base = 0
-    for arr in line_batches(path, batch_lines, chunk_bytes, native=native):
+    window = window or ts_window()
+    reader = LineReader(path, batch_lines, chunk_bytes, native, max_line_bytes)
+    base, first, recognised, bad = 0, True, False, {}
+    for arr in reader:
         batch, stats = parse(arr, base)
         base += len(arr)
+        stats, recognised = _quotable(stats, recognised)
+        batch, stats = _drop_bad_times(batch, stats, window, bad)
         n = batch.num_rows
         ts = to_utc_ms(batch.column("ts_ms").to_numpy(zero_copy_only=False), tz)
         seq = (np.int64(rank) << 40) + batch.column("line").to_numpy(zero_copy_only=False).astype(np.int64)
@@ -312,8 +470,29 @@ def file_events(broker: str, path: str, rank: int, tz, *, native: Optional[bool]
                 out[c] = pa.repeat(pa.scalar(broker if c == "broker" else path, pa.string()), n)
         for i in range(1, batch.num_columns):
             out[batch.schema.names[i]] = batch.column(i)
-        zone = _zone_samples(batch) if samples and base == len(arr) else []  # the first batch of a file is enough
+        zone = _zone_samples(batch) if samples and first else []  # the first batch of a file is enough
+        first = False
         yield pa.RecordBatch.from_arrays([out[c] for c in order], names=order), stats, zone
+    damage = list(reader.damage)
+    if bad:
+        damage.append({"kind": "bad_timestamp", "offset": 0, "bytes": 0,
+                       "reason": f"{bad['n']:,} event line(s) stamped outside {_fmt_ts(window[0], 0)} .. "
+                                 f"{_fmt_ts(window[1], 0)} (as written) left out; the first: line {bad['first_line'] + 1:,}"
+                                 f" ({_fmt_ms(bad['first_ms'])})"})
+    counts = {"overlong_line": reader.overlong} if reader.overlong else {}
+    sch = events_schema()
+    empty = pa.RecordBatch.from_arrays([pa.array([], sch.field(c).type) for c in order], names=order)
+    yield empty, {"lines": reader.overlong, "events": 0, "counts": counts, "examples": {},
+                  "damage": [{"broker": broker, "segment": path, "first_ms": None, "last_ms": None,
+                              "records_lost": None, **d} for d in damage]}, []
+
+
+def _fmt_ms(ms: int) -> str:
+    """A wall-clock ms as written in the line, or the raw number where no calendar date fits."""
+    try:
+        return _fmt_ts(ms, 0)
+    except (OverflowError, ValueError):
+        return f"{ms} ms"
 
 
 def _zone_samples(batch) -> List[Tuple[int, int]]:
@@ -336,15 +515,17 @@ def events_schema():
 
 
 def read_local(paths, *, log_tz: Optional[str] = None, brokers: Optional[Dict[str, str]] = None,
-               native: Optional[bool] = None):
+               native: Optional[bool] = None, max_line_bytes: Optional[int] = None):
     """(events pyarrow Table, log info) of log files read in this process (the reference for the Spark reader)."""
     import pyarrow as pa
 
     tz, label, source = resolve_tz(log_tz)
     plan = plan_files(paths, brokers)
+    window = ts_window()
     batches, stats, samples = [], {}, []
     for broker, path, rank in plan:
-        for b, s, z in file_events(broker, path, rank, tz, native=native):
+        for b, s, z in file_events(broker, path, rank, tz, native=native, max_line_bytes=max_line_bytes,
+                                   window=window):
             batches.append(b)
             stats = twin.merge_stats(stats, s)
             samples += z
@@ -355,11 +536,14 @@ def read_local(paths, *, log_tz: Optional[str] = None, brokers: Optional[Dict[st
 def _log_info(plan, stats, samples, tz, label, source) -> dict:
     counts = stats.get("counts", {})
     bad = {k: v for k, v in counts.items()
-           if k.startswith("malformed_") or k in ("unknown_format", "invalid_utf8", "unknown_client_message")}
+           if k.startswith("malformed_") or k in ("unknown_format", "invalid_utf8", "unknown_client_message",
+                                                  "overlong_line", "bad_timestamp")}
     info = {"files": [f for _, f, _ in plan], "brokers": sorted({b for b, _, _ in plan}),
             "log_tz": label, "log_tz_source": source, "lines": stats.get("lines", 0),
             "events": stats.get("events", 0), "counts": counts, "unparseable": sum(bad.values()),
-            "unparseable_by_kind": bad, "examples": stats.get("examples", {})}
+            "unparseable_by_kind": bad, "examples": stats.get("examples", {}),
+            "damage": sorted(stats.get("damage", []), key=lambda d: (d["broker"], d["segment"], d["offset"],
+                                                                      d["kind"]))}
     if samples:
         # the zone check: the offset the lines' own epoch timestamps imply, against the zone in use
         lut = int(np.median([x for x, _ in samples]))
@@ -642,6 +826,9 @@ def combine(per_broker: List[dict], info: dict, params: ScanParams) -> dict:
         findings["fleet"] = fleet_findings(findings, info["brokers"])
     findings["unsupported"] = dict(UNSUPPORTED)
     findings["log"] = {**info, "unattributed_events": dict(unattributed)}
+    # what could not be read (overlong lines, truncated or unreadable files, impossible times) is damage, named as
+    # a recording's is: the DAMAGED INPUT banner, one stderr line, exit 3
+    findings["scan"] = {"torn_tails": [], "corrupt": list(info.get("damage") or [])}
     return findings
 
 
@@ -659,9 +846,10 @@ def analyze_events(events: Iterable[dict], info: Optional[dict] = None, params: 
     return combine([analyze_broker(per[b], params) for b in sorted(per)], info, params)
 
 
-def scan_local(paths, *, log_tz=None, brokers=None, params: ScanParams = ScanParams(), native=None) -> dict:
+def scan_local(paths, *, log_tz=None, brokers=None, params: ScanParams = ScanParams(), native=None,
+               max_line_bytes: Optional[int] = None) -> dict:
     """Read and analyse logs in this process (no Spark)."""
-    table, info = read_local(paths, log_tz=log_tz, brokers=brokers, native=native)
+    table, info = read_local(paths, log_tz=log_tz, brokers=brokers, native=native, max_line_bytes=max_line_bytes)
     return analyze_events(table.to_pylist(), info, params)
 
 
@@ -1092,7 +1280,7 @@ READER_BATCH_LINES = 65_536
 READER_CHUNK_BYTES = 32 << 20
 
 
-def _read_task(plan, tz_label, native, batches, with_stats=True, columns=None):
+def _read_task(plan, tz_label, native, batches, with_stats=True, columns=None, window=None, max_line_bytes=None):
     tz = resolve_tz(tz_label)[0]
     size = {} if with_stats else {"batch_lines": READER_BATCH_LINES, "chunk_bytes": READER_CHUNK_BYTES}
     sch = _frame_schema(columns) if columns is not None else None
@@ -1101,7 +1289,7 @@ def _read_task(plan, tz_label, native, batches, with_stats=True, columns=None):
             broker, path, rank = plan[i]
             stats, samples = {}, []
             for b, s, z in file_events(broker, path, rank, tz, native=native, columns=columns, samples=with_stats,
-                                       **size):
+                                       window=window, max_line_bytes=max_line_bytes, **size):
                 if with_stats:
                     stats = twin.merge_stats(stats, s)
                     samples += z[: max(0, 64 - len(samples))]
@@ -1111,7 +1299,7 @@ def _read_task(plan, tz_label, native, batches, with_stats=True, columns=None):
 
 
 def _raw_frame(spark, plan, tz_label: str, native: Optional[bool], with_stats: bool = True,
-               columns: Optional[Tuple[str, ...]] = None):
+               columns: Optional[Tuple[str, ...]] = None, max_line_bytes: Optional[int] = None):
     """The tasks' output: event rows (``columns`` of them, default all), plus (``with_stats``) one ``STATS_KIND``
     row per file for the scan (then ``kind`` and ``sub_key`` must be among the columns)."""
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -1121,8 +1309,10 @@ def _raw_frame(spark, plan, tz_label: str, native: Optional[bool], with_stats: b
     cols = event_columns(columns)
     n = len(plan)
     ids = spark.range(0, n, 1, numPartitions=max(1, n))
+    # the time window is the driver's (one clock for every task)
     return ids.mapInArrow(functools.partial(_read_task, plan, tz_label, native, with_stats=with_stats,
-                                            columns=None if cols == tuple(events_schema().names) else cols),
+                                            columns=None if cols == tuple(events_schema().names) else cols,
+                                            window=ts_window(), max_line_bytes=max_line_bytes),
                           from_arrow_schema(_frame_schema(cols)))
 
 
@@ -1154,7 +1344,8 @@ def _analyze_task(params: ScanParams, table):
 
 
 def scan(spark, paths, params: ScanParams = ScanParams(), *, log_tz: Optional[str] = None,
-         brokers: Optional[Dict[str, str]] = None, native: Optional[bool] = None) -> dict:
+         brokers: Optional[Dict[str, str]] = None, native: Optional[bool] = None,
+         max_line_bytes: Optional[int] = None) -> dict:
     """Every analysis over broker logs on Spark: the recording scan's findings format plus ``expired_clients``,
     ``retry_topic_churn``, ``unsupported`` and ``log`` (files, zone, line counts by kind, examples)."""
     import functools
@@ -1168,7 +1359,7 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, log_tz: Optional[st
         paths = [paths]
     tz, label, source = resolve_tz(log_tz)
     plan = plan_files(paths, brokers)
-    raw = _raw_frame(spark, plan, label, native, columns=SCAN_COLUMNS).persist()
+    raw = _raw_frame(spark, plan, label, native, columns=SCAN_COLUMNS, max_line_bytes=max_line_bytes).persist()
     try:
         stats, samples = {}, []
         for r in raw.where(F.col("kind") == STATS_KIND).select("sub_key").collect():
@@ -1185,8 +1376,9 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, log_tz: Optional[st
     info["first_ms"], info["last_ms"] = span["lo"], span["hi"]
     found = [json.loads(r["findings"]) for r in per if r["findings"] != "null"]
     findings = combine(found, info, params)
-    findings["scan"] = {"method": "broker-log", "files": len(plan), "seconds": round(time.perf_counter() - t0, 3),
-                        "parser": "native" if parser(native) is _parse_native else "twin"}
+    findings["scan"].update({"method": "broker-log", "files": len(plan),
+                             "seconds": round(time.perf_counter() - t0, 3),
+                             "parser": "native" if parser(native) is _parse_native else "twin"})
     return findings
 
 
@@ -1290,7 +1482,9 @@ def wants_broker_logs(argv) -> bool:
 
 def scan_main(argv=None) -> int:
     """`rmqhb scan PATH... --out REPORT_DIR [--format broker-log] [--log-tz ZONE] [--broker NAME=PATH]`: the
-    analyses over RocketMQ broker logs on Spark, written as the recording scan's report."""
+    analyses over RocketMQ broker logs on Spark, written as the recording scan's report. Exit 0; 3 when some input
+    could not be read (overlong lines, a file truncated while read or unreadable, impossible times: named in
+    findings.json ``scan.corrupt``, the report's banner and one stderr line; --allow-damage: 0); 2 bad arguments."""
     import argparse
     import sys
 
@@ -1313,7 +1507,15 @@ def scan_main(argv=None) -> int:
     p.add_argument("--twin", action="store_true", help="use the pure-Python line parser")
     p.add_argument("--driver-memory", default="2g")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES,
+                   help="longest log line read (bytes); a longer one is skipped and named as damage "
+                        f"(default {MAX_LINE_BYTES})")
+    p.add_argument("--allow-damage", action="store_true",
+                   help="exit 0 when some input could not be read (default 3)")
     args = p.parse_args(argv)
+    if args.max_line_bytes < 1:
+        print("rmqhb scan: --max-line-bytes must be positive", file=sys.stderr)
+        return 2
     brokers = {}
     for spec in args.broker:
         name, sep, path = spec.partition("=")
@@ -1333,14 +1535,14 @@ def scan_main(argv=None) -> int:
         return 2
     from pyspark.sql import SparkSession
 
-    from .report import print_summary, write_report
+    from .report import damage_line, print_summary, write_report
     from .spark import spark_session
 
     running = SparkSession.getActiveSession()
     spark = running or spark_session(args.master, "rmqhb-scan-logs", driver_memory=args.driver_memory)
     try:
         findings = scan(spark, args.paths, params, log_tz=args.log_tz, brokers=brokers,
-                        native=False if args.twin else None)
+                        native=False if args.twin else None, max_line_bytes=args.max_line_bytes)
     finally:
         if running is None:
             spark.stop()
@@ -1355,4 +1557,8 @@ def scan_main(argv=None) -> int:
         print(f"warning: the lines' own timestamps imply UTC{zc['inferred_utc_offset_min'] / 60:+g}, not the "
               f"--log-tz in use (UTC{zc['log_tz_offset_min'] / 60:+g})", file=sys.stdout)
     print(f"report: {index}")
+    damage = damage_line(findings)
+    if damage:
+        print(f"rmqhb scan: {damage}", file=sys.stderr)
+        return 0 if args.allow_damage else 3
     return 0

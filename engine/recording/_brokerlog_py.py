@@ -562,11 +562,15 @@ def line_ends(data):
 
 
 def merge_stats(a: dict, b: dict) -> dict:
-    """Sum of two stats dicts (examples: the first one seen)."""
+    """Sum of two stats dicts (examples: the first one seen; ``damage``, the readers' damage entries: both)."""
     counts = dict(a.get("counts", {}))
     for k, v in b.get("counts", {}).items():
         counts[k] = counts.get(k, 0) + v
     examples = dict(b.get("examples", {}))
     examples.update(a.get("examples", {}))
-    return {"lines": a.get("lines", 0) + b.get("lines", 0), "events": a.get("events", 0) + b.get("events", 0),
-            "counts": dict(sorted(counts.items())), "examples": dict(sorted(examples.items()))}
+    out = {"lines": a.get("lines", 0) + b.get("lines", 0), "events": a.get("events", 0) + b.get("events", 0),
+           "counts": dict(sorted(counts.items())), "examples": dict(sorted(examples.items()))}
+    damage = list(a.get("damage", [])) + list(b.get("damage", []))
+    if damage:
+        out["damage"] = damage
+    return out

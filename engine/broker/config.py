@@ -100,10 +100,22 @@ class BrokerConfig:
     #: engine: auto-creation of subscription groups (by heartbeats) stops once the table holds this many groups;
     #: a consumer of a group that cannot be created is treated as one whose group has no config (0 = no limit)
     auto_create_max_subscription_groups: int = 10_000
-    #: engine: auto-creation of topics (retry topics, route queries) stops once the table holds this many topics;
+    #: engine: auto-creation of topics (retry topics, route queries) stops once the table holds this many topics
+    #: (the start topics, TBW102 and the other system topics, not counted);
     #: a route query for a topic that cannot be created answers TOPIC_NOT_EXIST (0 = no limit)
     auto_create_max_topics: int = 20_000
     default_topic_queue_nums: int = 4  # RocketMQ defaults to 8; 4 halves the idle long polls of real clients
+    #: register TBW102 (`defaultTopicQueueNums` queues, perm 7) at start: behind a name server the route a producer
+    #: of a topic with no route uses to find this broker; standalone, a route query creates an unknown topic
+    #: (false: TOPIC_NOT_EXIST)
+    auto_create_topic_enable: bool = True
+    #: the cluster-name topic (16 queues) at start is readable and writable (false: perm 1, inherit only)
+    cluster_topic_enable: bool = True
+    #: the broker-name topic (1 queue) at start is readable and writable (false: perm 1, inherit only)
+    broker_topic_enable: bool = True
+    #: register the trace topic `msgTraceTopicName` (1 queue) at start
+    trace_topic_enable: bool = False
+    msg_trace_topic_name: str = "RMQ_SYS_TRACE_TOPIC"  # the trace topic registered with traceTopicEnable
     #: engine: committed consumer offsets held at once (one per group, topic and queue id, which the client
     #: chooses); a commit of a new one past it is answered SYSTEM_ERROR, existing ones still move (0 = no limit)
     max_consumer_offset_entries: int = 1_000_000

@@ -80,6 +80,7 @@ class Broker:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.ports: dict[str, int] = {}
         self.registry = registry if registry is not None else self._build_registry()
+        self._add_system_topics()
         self.acl = None
         if self.config.acl_enable:
             from engine.broker.acl import AclValidator
@@ -148,6 +149,23 @@ class Broker:
         return ClientRegistry(config=rc, listener=self._on_registry_event, store=store,
                               events={ConsumerGroupEvent.CHANGE})
 
+    def _add_system_topics(self) -> None:
+        """TopicConfigManager's constructor: the topics a 4.9.8 broker has from its start (TBW102 with
+        autoCreateTopicEnable, the cluster- and broker-name topics, SELF_TEST_TOPIC, ...); the first REGISTER_BROKER
+        carries them, so a producer of a new topic finds this broker through TBW102's route."""
+        from engine.registry.topic_config_manager import system_topic_configs
+
+        store = getattr(self.registry, "store", None)
+        if store is None:
+            return
+        cfg = self.config
+        store.topics.add_system_topics(system_topic_configs(
+            cluster_name=cfg.broker_cluster_name, broker_name=cfg.broker_name,
+            auto_create_topic_enable=cfg.auto_create_topic_enable,
+            default_topic_queue_nums=cfg.default_topic_queue_nums, cluster_topic_enable=cfg.cluster_topic_enable,
+            broker_topic_enable=cfg.broker_topic_enable, trace_topic_enable=cfg.trace_topic_enable,
+            msg_trace_topic_name=cfg.msg_trace_topic_name))
+
     def _on_registry_event(self, event) -> None:
         """CHANGE -> NOTIFY_CONSUMER_IDS_CHANGED (oneway) to each listed connection (DefaultConsumerIdsChangeListener)."""
         if getattr(event, "kind", None) != "CHANGE" and getattr(getattr(event, "kind", None), "name", None) != "CHANGE":
@@ -186,23 +204,30 @@ class Broker:
             ip = f"[{ip}]"
         return f"{ip}:{self.ports.get('main', self.config.listen_port)}"
 
-    def ensure_topic(self, topic: str) -> int | None:
-        """Queue count of a topic a standalone broker routes; an unknown topic is created as autoCreateTopicEnable
-        would on first use (so offsets can be committed for it). Returns its read queue count, or None for a
-        name TopicValidator refuses (no such topic can exist, so there is no route for it)."""
-        tc = self.registry.topic_config(topic)
-        if tc is None:
-            from engine.registry.store import TopicConfig
+    def ensure_topic(self, topic: str):
+        """The TopicConfig a standalone broker routes ``topic`` with, as a name server would answer from this
+        broker's registrations; None: no route (TOPIC_NOT_EXIST).
 
-            if not valid_topic_name(topic) or not self.registry.store.may_auto_create(self.registry.store.topics,
-                                                                                        topic):
-                return None
-            n = self.config.default_topic_queue_nums
-            # derivable: the next route query creates it again, so its write may be deferred (Store)
-            self.registry.update_topic_config(TopicConfig(topic, read_queue_nums=n, write_queue_nums=n),
-                                              derivable=True)
-            return n
-        return int(tc.read_queue_nums) or self.config.default_topic_queue_nums
+        A retry (``%RETRY%``) or dead-letter (``%DLQ%``) topic is routed only once the broker has created it (a
+        retry topic by its group's first heartbeat: 1 queue, perm 6), with the queues and perm it was created with:
+        a name server knows it only from the REGISTER_BROKER that follows. Another unknown topic is created with
+        ``defaultTopicQueueNums`` queues, perm 6, as a producer's first send creates it from TBW102 when
+        ``autoCreateTopicEnable`` (so offsets can be committed for it); with autoCreateTopicEnable=false, past
+        ``autoCreateMaxTopics`` or for a name TopicValidator refuses there is no route."""
+        tc = self.registry.topic_config(topic)
+        if tc is not None:
+            return tc
+        from engine.registry.store import TopicConfig
+
+        if (topic.startswith(("%RETRY%", "%DLQ%")) or not self.config.auto_create_topic_enable
+                or not valid_topic_name(topic)
+                or not self.registry.store.may_auto_create(self.registry.store.topics, topic)):
+            return None
+        n = self.config.default_topic_queue_nums
+        tc = TopicConfig(topic, read_queue_nums=n, write_queue_nums=n)
+        # derivable: the next route query creates it again, so its write may be deferred (Store)
+        self.registry.update_topic_config(tc, derivable=True)
+        return tc
 
     # ------------------------------------------------------------------ lifecycle (asyncio)
     async def start_async(self) -> "Broker":

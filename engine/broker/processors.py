@@ -23,7 +23,6 @@ log = logging.getLogger("engine.broker.processors")
 QUERY_NOT_FOUND = 22  # ResponseCode.QUERY_NOT_FOUND
 #: longest client-supplied name a remark echoes (RocketMQ names are at most 255 characters)
 MAX_ECHOED_NAME = 255
-PERM_READ_WRITE = 6
 # an Enum member lookup costs ~0.2 us: too much per heartbeat
 _SUCCESS = int(ResponseCode.SUCCESS)
 _HEART_BEAT = int(RequestCode.HEART_BEAT)
@@ -440,8 +439,8 @@ class Processors:
     def get_route_info_by_topic(self, conn, cmd):
         # no extFields: the name server finds no route for a null topic (TOPIC_NOT_EXIST, not an error)
         topic = _required(cmd, "topic") if cmd.ext_fields is not None else None
-        queue_nums = self.broker.ensure_topic(topic) if topic else None
-        if queue_nums is None:
+        tc = self.broker.ensure_topic(topic) if topic else None
+        if tc is None:
             return cmd.response(ResponseCode.TOPIC_NOT_EXIST,
                                 remark=f"No topic route info in name server for the topic: {_name(topic or '')}")
         addr = self.broker.advertised_addr(conn)
@@ -454,12 +453,12 @@ class Processors:
                 "enableActingMaster": False,
             }],
             "filterServerTable": {},
-            "queueDatas": [{
+            "queueDatas": [{  # RouteInfoManager.createAndUpdateQueueData: the topic's config as registered
                 "brokerName": name,
-                "perm": PERM_READ_WRITE,
-                "readQueueNums": queue_nums,
-                "topicSysFlag": 0,
-                "writeQueueNums": queue_nums,
+                "perm": tc.perm,
+                "readQueueNums": tc.read_queue_nums,
+                "topicSysFlag": tc.topic_sys_flag,
+                "writeQueueNums": tc.write_queue_nums,
             }],
         }
         return cmd.response(ResponseCode.SUCCESS, body=_json_body(route))

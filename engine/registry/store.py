@@ -366,7 +366,8 @@ class Store:
         #: a file whose every copy is unusable is moved aside (True) instead of stopping the load (StoreError)
         self.recover_corrupt = recover_corrupt
         #: auto-creation (heartbeats' groups and retry topics, route queries' topics) stops once a table holds this
-        #: many entries (0 = no limit); explicit changes (admin, config files) are not limited
+        #: many entries, the broker's start topics not counted (0 = no limit); explicit changes (admin, config
+        #: files) are not limited
         self.auto_create_max = {"group": auto_create_max_groups, "topic": auto_create_max_topics}
         #: committed offsets (one per group, topic and queue id) held at once; a new one past it is refused, an
         #: existing one still moves (0 = no limit)
@@ -412,7 +413,12 @@ class Store:
     def at_auto_create_limit(self, manager) -> bool:
         """Whether ``manager`` (topics or groups) holds as many entries as auto-creation may reach."""
         limit = self.auto_create_max["group" if manager is self.groups else "topic"]
-        return bool(limit) and len(manager.table) >= limit
+        if not limit:
+            return False
+        held = len(manager.table)
+        if manager is self.topics:
+            held -= manager.start_topic_count()  # the broker's own start topics (TBW102, ...) are not counted
+        return held >= limit
 
     def may_auto_create(self, manager, name: str) -> bool:
         """Whether ``manager`` (topics or groups) may auto-create one more entry; a refusal is counted and logged

@@ -3,8 +3,9 @@
 :class:`TopicConfig` with the Java defaults and keys, the PermName and TopicSysFlag bits, and the manager: explicit
 put/delete (UPDATE_AND_CREATE_TOPIC, DELETE_TOPIC_IN_BROKER; written at once), the retry topics a heartbeat creates
 (createTopicInSendMessageBackMethod; a derivable change, written within a second) within the store's auto-create
-budget (``autoCreateMaxTopics``), and isOrderTopic. Each created topic is reported to the store's
-``on_topic_created`` hook (the broker registers it with the name servers at once).
+budget (``autoCreateMaxTopics``), the system topics a broker registers at start (:meth:`add_system_topics`), and
+isOrderTopic. Each created topic is reported to the store's ``on_topic_created`` hook (the broker registers it with
+the name servers at once).
 """
 from __future__ import annotations
 
@@ -15,13 +16,21 @@ from engine.registry.config_manager import INT32_MAX, INT32_MIN, KeyedConfigMana
 
 log = logging.getLogger("engine.registry.store")
 
-__all__ = ["FLAG_UNIT", "FLAG_UNIT_SUB", "PERM_INHERIT", "PERM_PRIORITY", "PERM_READ", "PERM_WRITE", "TopicConfig",
-           "TopicConfigManager"]
+__all__ = ["AUTO_CREATE_TOPIC_KEY_TOPIC", "FLAG_UNIT", "FLAG_UNIT_SUB", "PERM_INHERIT", "PERM_PRIORITY", "PERM_READ",
+           "PERM_WRITE", "TopicConfig", "TopicConfigManager", "system_topic_configs"]
 
 #: PermName bits (C/constant/PermName.java).
 PERM_PRIORITY, PERM_READ, PERM_WRITE, PERM_INHERIT = 8, 4, 2, 1
 #: TopicSysFlag bits (C/sysflag/TopicSysFlag.java).
 FLAG_UNIT, FLAG_UNIT_SUB = 1, 2
+#: TopicValidator's names of the topics a broker creates at start.
+AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
+RMQ_SYS_SELF_TEST_TOPIC = "SELF_TEST_TOPIC"
+RMQ_SYS_BENCHMARK_TOPIC = "BenchmarkTest"
+RMQ_SYS_OFFSET_MOVED_EVENT = "OFFSET_MOVED_EVENT"
+RMQ_SYS_SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+SCHEDULE_TOPIC_QUEUE_NUM = 18  # TopicConfigManager (4.9.8)
+REPLY_TOPIC_POSTFIX = "REPLY_TOPIC"  # MixAll
 
 
 @dataclass
@@ -69,16 +78,63 @@ class TopicConfig:
 
 
 
+def system_topic_configs(*, cluster_name: str, broker_name: str, auto_create_topic_enable: bool = True,
+                         default_topic_queue_nums: int = 8, cluster_topic_enable: bool = True,
+                         broker_topic_enable: bool = True, trace_topic_enable: bool = False,
+                         msg_trace_topic_name: str = "RMQ_SYS_TRACE_TOPIC") -> list[TopicConfig]:
+    """The topics 4.9.8's TopicConfigManager constructor puts in its table, in its order, with its queue counts and
+    perms (TopicConfig's defaults elsewhere: 16 queues, perm 6, topicSysFlag 0). A producer of a topic with no route
+    asks the name server for TBW102's route to find a broker that may create the topic; the cluster-name and
+    broker-name topics let a client address a cluster or one broker (readable/writable only with their switches)."""
+    inherit_rw = PERM_INHERIT | PERM_READ | PERM_WRITE
+    out = [TopicConfig(RMQ_SYS_SELF_TEST_TOPIC, 1, 1)]
+    if auto_create_topic_enable:
+        out.append(TopicConfig(AUTO_CREATE_TOPIC_KEY_TOPIC, default_topic_queue_nums, default_topic_queue_nums,
+                               perm=inherit_rw))
+    out.append(TopicConfig(RMQ_SYS_BENCHMARK_TOPIC, 1024, 1024))
+    out.append(TopicConfig(cluster_name, perm=inherit_rw if cluster_topic_enable else PERM_INHERIT))
+    out.append(TopicConfig(broker_name, 1, 1, perm=inherit_rw if broker_topic_enable else PERM_INHERIT))
+    out.append(TopicConfig(RMQ_SYS_OFFSET_MOVED_EVENT, 1, 1))
+    out.append(TopicConfig(RMQ_SYS_SCHEDULE_TOPIC, SCHEDULE_TOPIC_QUEUE_NUM, SCHEDULE_TOPIC_QUEUE_NUM))
+    if trace_topic_enable:
+        out.append(TopicConfig(msg_trace_topic_name, 1, 1))
+    out.append(TopicConfig(f"{cluster_name}_{REPLY_TOPIC_POSTFIX}", 1, 1))
+    return out
+
+
 class TopicConfigManager(KeyedConfigManager):
     """The topic table (TopicConfigManager): ``topics.json``."""
 
     FILE_NAME, TABLE_KEY, KEY_ATTR = "topics.json", "topicConfigTable", "topic_name"
+
+    def __init__(self, store):
+        super().__init__(store)
+        #: names of the start topics (add_system_topics): the auto-create budget does not count them
+        self.start_topics: set = set()
+
+    def start_topic_count(self) -> int:
+        """Start topics in the table (an admin may have deleted some)."""
+        return sum(1 for name in self.start_topics if name in self.table)
 
     def put(self, config, derivable: bool = False):
         old = super().put(config, derivable)
         if old is None:
             self._store.topic_created(config.topic_name)
         return old
+
+    def add_system_topics(self, configs) -> list[str]:
+        """Put the broker's start-up topics (:func:`system_topic_configs`) that the loaded table lacks. Java puts
+        them in the table before it loads ``topics.json``, whose entries then replace them: the same outcome. They
+        are not written by themselves (Java writes them with the next change of the table), are not auto-created
+        (the auto-create budget does not apply) and are not reported to ``on_topic_created`` (the broker registers
+        them at start). Returns the names added."""
+        added = []
+        for tc in configs:
+            self.start_topics.add(tc.topic_name)
+            if tc.topic_name and tc.topic_name not in self.table:
+                self.table[tc.topic_name] = tc
+                added.append(tc.topic_name)
+        return added
 
     def _item_from_json(self, key, value, path):
         return TopicConfig.from_dict(value, path)

@@ -31,11 +31,31 @@ loopback), IPv4 / IPv6 (extension headers skipped; fragments counted, not reasse
 
 A capture file that is not pcap / pcapng or whose record structure is broken raises ``CaptureError`` (a
 ``RemotingError`` and ``ValueError``) naming the byte offset; what was read before it stays.
+
+**Budgets** (a capture from elsewhere is untrusted: whatever it says, memory is bounded and the work linear; what
+a budget leaves unread is counted, and ``damage_times`` holds the time range of each kind, so the scan names it):
+
+* a packet stamped outside ``[min_time_ms, max_time_ms]`` (default 2000-01-01 to now + 1 day) is not read
+  (``bad_time_packets``): its time is damage, not an event;
+* a frame of more than ``max_record_bytes`` is not buffered: its header is read (``MAX_HEADER_BYTES`` at most) and
+  its bytes passed; a HEART_BEAT, UNREGISTER_CLIENT or NOTIFY that large is counted (``records_too_large``), not
+  read; a resynchronisation candidate's header is read only up to ``SEARCH_HEADER_BYTES`` (each candidate costs a
+  bounded decode, so a search is linear);
+* at most ``max_pending_segments`` segments wait behind a hole (as ``max_pending_bytes``: past it the hole is
+  lost); the waiting segments are kept in heaps, so reordering costs O(log n) per segment;
+* at most ``max_connections`` connections are kept (closed ones included): past it the one touched least recently
+  is dropped; an open one is closed out as at the end of the input (``connections_evicted``: its later packets
+  start a new, midstream connection);
+* all connections' buffered bytes (partial frames and waiting segments) together at most ``max_buffered_bytes``:
+  past it the directions holding the most are emptied until half of it is left (``buffers_shed``,
+  ``buffer_shed_bytes``; their holes are lost and their cut frames counted, as after a loss).
 """
 from __future__ import annotations
 
+import heapq
 import socket
 import struct
+import time
 
 import numpy as np
 
@@ -43,7 +63,9 @@ from engine.codec.enums import DEFAULT_MAX_FRAME_SIZE, LanguageCode
 from engine.codec.errors import FrameError, RemotingError
 
 __all__ = ["CaptureDecoder", "CaptureError", "STAT_NAMES", "EVENT_KINDS", "conn_hash", "DEFAULT_REORDER_WINDOW_MS",
-           "DEFAULT_MAX_PENDING_BYTES", "MAX_PACKET_BYTES"]
+           "DEFAULT_MAX_PENDING_BYTES", "MAX_PACKET_BYTES", "DEFAULT_MAX_PENDING_SEGMENTS", "DEFAULT_MAX_RECORD_BYTES",
+           "DEFAULT_MAX_CONNECTIONS", "DEFAULT_MAX_BUFFERED_BYTES", "MIN_TIME_MS", "MAX_TIME_AHEAD_MS",
+           "MAX_HEADER_BYTES", "SEARCH_HEADER_BYTES", "DAMAGE_KINDS"]
 
 
 class CaptureError(RemotingError, ValueError):
@@ -56,6 +78,22 @@ DEFAULT_REORDER_WINDOW_MS = 2000
 DEFAULT_MAX_PENDING_BYTES = 4 << 20
 #: a pcap record or pcapng block larger than this is taken for damage
 MAX_PACKET_BYTES = 16 << 20
+#: ... or once this many segments wait behind it
+DEFAULT_MAX_PENDING_SEGMENTS = 4096
+#: a frame larger than this is not buffered (a heartbeat, unregister or notify that large is not read)
+DEFAULT_MAX_RECORD_BYTES = 4 << 20
+#: connections kept at once (closed ones included); past it the least recently touched one is dropped
+DEFAULT_MAX_CONNECTIONS = 100_000
+#: partial frames and waiting segments of all connections together
+DEFAULT_MAX_BUFFERED_BYTES = 256 << 20
+#: packets stamped before this (2000-01-01 UTC) or more than MAX_TIME_AHEAD_MS after the reader's start are damage
+MIN_TIME_MS = 946_684_800_000
+MAX_TIME_AHEAD_MS = 86_400_000
+#: the longest header read of a frame too large to buffer; the longest a resynchronisation candidate may have
+MAX_HEADER_BYTES = 64 << 10
+SEARCH_HEADER_BYTES = 4096
+#: the budgets' damage, each with the time range it covers (CaptureDecoder.damage_times)
+DAMAGE_KINDS = ("records_too_large", "connections_evicted", "buffers_shed")
 
 STAT_NAMES = (
     "files", "packets", "tcp_packets", "non_tcp_packets", "unsupported_link_packets", "ip_fragments",
@@ -63,6 +101,7 @@ STAT_NAMES = (
     "segments_retransmitted", "bytes_retransmitted", "segments_out_of_order", "packets_after_close",
     "holes", "hole_bytes", "frames_cut", "discarded_bytes", "resyncs", "bad_lengths", "frames",
     "frames_bad", "heartbeats", "unregisters", "notifies", "tail_bytes", "truncated_file_tails",
+    "bad_time_packets", "records_too_large", "connections_evicted", "buffers_shed", "buffer_shed_bytes",
 )
 EVENT_KINDS = ("open", "fin", "rst", "unregister", "notify")
 
@@ -101,8 +140,8 @@ def _language_ordinal(language) -> int:
 class _Dir:
     """One direction of a connection: reassembly and framing state."""
 
-    __slots__ = ("init", "nxt", "buf", "sync", "skip_to", "pending", "pending_bytes", "hole_since", "last_ms",
-                 "searching_after_loss")
+    __slots__ = ("init", "nxt", "buf", "sync", "skip_to", "passing", "pending", "keys", "data_keys", "times",
+                 "pending_bytes", "hole_since", "last_ms", "searching_after_loss")
 
     def __init__(self):
         self.init = False
@@ -110,7 +149,10 @@ class _Dir:
         self.buf = bytearray()
         self.sync = False
         self.skip_to = -1
+        self.passing = False  # the bytes up to skip_to are a frame read by its header (not discarded)
         self.pending = {}  # abs seq -> (data, ms)
+        # heaps over pending: its keys, its keys with data, (ms, key) (entries of replaced segments are stale)
+        self.keys, self.data_keys, self.times = [], [], []
         self.pending_bytes = 0
         self.hole_since = -1
         self.last_ms = -1
@@ -118,11 +160,14 @@ class _Dir:
 
 
 class _Flow:
-    __slots__ = ("key", "conn_id", "addr", "dirs", "client", "syn_isn", "closed", "fin", "ended", "data_seen")
+    __slots__ = ("key", "conn_id", "gen", "addr", "dirs", "client", "syn_isn", "closed", "fin", "ended", "data_seen",
+                 "touched", "placed")
 
-    def __init__(self, key, conn_id, addr_a, addr_b):
+    def __init__(self, key, conn_id, gen, addr_a, addr_b, tick):
         self.key = key
         self.conn_id = conn_id
+        self.gen = gen
+        self.touched = self.placed = tick  # the packet count at its last packet, and when it took its dict place
         self.addr = (addr_a, addr_b)
         self.dirs = (_Dir(), _Dir())
         self.client = -1  # side index of the client (0 = A, 1 = B), -1 unknown
@@ -143,9 +188,12 @@ class CaptureDecoder:
 
     def __init__(self, ports=None, max_frame_size=DEFAULT_MAX_FRAME_SIZE,
                  reorder_window_ms=DEFAULT_REORDER_WINDOW_MS, max_pending_bytes=DEFAULT_MAX_PENDING_BYTES,
-                 shard=(1, 0)):
+                 shard=(1, 0), max_pending_segments=DEFAULT_MAX_PENDING_SEGMENTS,
+                 max_record_bytes=DEFAULT_MAX_RECORD_BYTES, max_connections=DEFAULT_MAX_CONNECTIONS,
+                 max_buffered_bytes=DEFAULT_MAX_BUFFERED_BYTES, min_time_ms=MIN_TIME_MS, max_time_ms=None):
         """``shard=(n, i)``: read only the connections whose 4-tuple hashes to i modulo n (n readers of one
-        capture split its connections between them; packet-level statistics are the same in each)."""
+        capture split its connections between them; packet-level statistics are the same in each). The budgets:
+        see the module docstring (``max_time_ms`` None: now + MAX_TIME_AHEAD_MS)."""
         import engine
 
         n, i = (int(x) for x in shard)
@@ -159,9 +207,23 @@ class CaptureDecoder:
         self.max_frame_size = int(max_frame_size)
         self.reorder_window_ms = int(reorder_window_ms)
         self.max_pending_bytes = int(max_pending_bytes)
+        self.max_pending_segments = int(max_pending_segments)
+        self.max_record_bytes = int(max_record_bytes)
+        self.max_connections = int(max_connections)
+        self.max_buffered_bytes = int(max_buffered_bytes)
+        self.min_time_ms = int(min_time_ms)
+        self.max_time_ms = int(time.time() * 1000) + MAX_TIME_AHEAD_MS if max_time_ms is None else int(max_time_ms)
+        if self.max_pending_segments < 1 or self.max_record_bytes < 12 or self.max_connections < 1 \
+                or self.max_buffered_bytes < 0:
+            raise ValueError("max_pending_segments >= 1, max_record_bytes >= 12, max_connections >= 1 and "
+                             "max_buffered_bytes >= 0 required")
         self.stats = dict.fromkeys(STAT_NAMES, 0)
-        self._flows = {}
-        self._generation = {}
+        #: {kind of DAMAGE_KINDS: [first ms, last ms]} of what the budgets left unread
+        self.damage_times = {}
+        self._flows = {}  # key -> _Flow, in the order of their places (see _make_room)
+        self._generation = {}  # key -> generation of its dropped connection (at most max_connections keys)
+        self._tick = 0  # TCP packets read: the connections' clock of use
+        self._held = 0  # buffered bytes of all connections (partial frames, waiting segments)
         #: the capture time (ms) of the first and the last packet read, in file order (-1: none yet)
         self.first_packet_ms = self.last_packet_ms = -1
         self._file_offset = 0
@@ -173,6 +235,7 @@ class CaptureDecoder:
     def _reset_out(self):
         self._recv, self._conn, self._ver, self._lang = [], [], [], []
         self._addrs, self._bodies = [], []
+        self._record_bytes = 0
         self._events = []
         self._losses = []
 
@@ -180,6 +243,11 @@ class CaptureDecoder:
     def pending_records(self) -> int:
         """Records produced and not yet taken."""
         return len(self._recv)
+
+    @property
+    def pending_record_bytes(self) -> int:
+        """Bytes of the records produced and not yet taken (bodies and addresses)."""
+        return self._record_bytes
 
     def take(self):
         """(records, events, losses) produced since the last take. records: dict of columns (recv_ms, conn_id,
@@ -298,9 +366,7 @@ class CaptureDecoder:
                 if iface >= len(self._ifaces) or cap > end - body - 20:
                     raise CaptureError(f"bad pcapng packet block at byte {self._file_offset + pos}")
                 link, res = self._ifaces[iface]
-                ms = _ts_ms((hi << 32) | lo, res)
-                if ms < 0:
-                    raise CaptureError(f"pcapng time stamp out of range at byte {self._file_offset + pos}")
+                ms = _ts_ms((hi << 32) | lo, res)  # -1 (out of range): a bad time stamp, counted by _packet
                 self._packet(link, data, body + 20, body + 20 + cap, orig, ms)
             elif btype == 3:  # simple packet block: no time stamp; counted, not read
                 self.stats["packets"] += 1
@@ -332,17 +398,25 @@ class CaptureDecoder:
         """End of the input: holes still open are lost, partial frames left are counted (tail_bytes)."""
         for flow in self._flows.values():
             for d in (0, 1):
-                st = flow.dirs[d]
-                while st.pending:
-                    self._declare_hole(flow, d, st, st.last_ms)
-                if st.buf:
-                    self.stats["tail_bytes"] += len(st.buf)
-                    st.buf.clear()
+                self._close_dir(flow, d, flow.dirs[d].last_ms)
+
+    def _close_dir(self, flow, d, ms):
+        """A direction's end: waiting segments are lost, a partial frame left is counted (tail_bytes)."""
+        st = flow.dirs[d]
+        while st.pending:
+            self._declare_hole(flow, d, st, ms)
+        if st.buf:
+            self.stats["tail_bytes"] += len(st.buf)
+            self._held -= len(st.buf)
+            st.buf.clear()
 
     # -- packet level --
     def _packet(self, link, data, pos, end, orig_len, ms):
         st = self.stats
         st["packets"] += 1
+        if ms < self.min_time_ms or ms > self.max_time_ms:  # a clock no capture had: damage, not an event
+            st["bad_time_packets"] += 1
+            return
         if self.first_packet_ms < 0:
             self.first_packet_ms = ms
         self.last_packet_ms = ms
@@ -459,7 +533,7 @@ class CaptureDecoder:
                       payload_len, ms)
 
     # -- connection level --
-    def _flow(self, family, src, sport, dst, dport, flags, seq):
+    def _flow(self, family, src, sport, dst, dport, flags, seq, ms):
         a = src + sport.to_bytes(2, "big")
         b = dst + dport.to_bytes(2, "big")
         fam = b"\x04" if family == socket.AF_INET else b"\x06"
@@ -469,24 +543,70 @@ class CaptureDecoder:
             key, side = fam + b + a, 1
         if self.shard[0] > 1 and conn_hash(key, 0) % self.shard[0] != self.shard[1]:
             return None, side  # another reader's connection
-        flow = self._flows.get(key)
+        self._tick += 1
+        old = flow = self._flows.get(key)
         syn_only = (flags & 0x12) == 0x02
         if flow is not None and syn_only and (flow.closed or flow.data_seen or (flow.syn_isn not in (-1, seq))):
             flow = None  # a new connection on the same 4-tuple
         if flow is None:
-            gen = self._generation.get(key, -1) + 1
-            self._generation[key] = gen
+            if old is not None:
+                gen = old.gen + 1
+                self._held -= self._held_by(old)
+                del self._flows[key]
+            else:
+                gen = self._generation.pop(key, -1) + 1
+                if len(self._flows) >= self.max_connections:
+                    self._make_room(ms)
             if side == 0:
                 aa, ab = _addr_text(family, src, sport), _addr_text(family, dst, dport)
             else:
                 aa, ab = _addr_text(family, dst, dport), _addr_text(family, src, sport)
-            flow = _Flow(key, conn_hash(key, gen), aa, ab)
+            flow = _Flow(key, conn_hash(key, gen), gen, aa, ab, self._tick)
             self._flows[key] = flow
             self.stats["connections"] += 1
+        flow.touched = self._tick
         return flow, side
 
+    @staticmethod
+    def _held_by(flow):
+        return sum(len(d.buf) + d.pending_bytes for d in flow.dirs)
+
+    def _make_room(self, ms):
+        """Drop the connection touched least recently (max_connections): the dict keeps the connections in the
+        order they took their place; one touched since it took its place moves to the end (each move follows a
+        packet: amortised O(1)), the first one not touched since goes. An open one is closed out as at the end of
+        the input; its generation is kept (a bounded number of them) so that its 4-tuple's next connection gets a
+        new id."""
+        flows = self._flows
+        while True:
+            key = next(iter(flows))
+            flow = flows.pop(key)
+            if flow.touched > flow.placed:
+                flow.placed = self._tick
+                flows[key] = flow
+                continue
+            break
+        if not flow.closed:
+            self.stats["connections_evicted"] += 1
+            self._damage("connections_evicted", ms)
+            for d in (0, 1):
+                self._close_dir(flow, d, flow.dirs[d].last_ms)
+        self._generation[key] = flow.gen
+        if len(self._generation) > self.max_connections:
+            del self._generation[next(iter(self._generation))]
+
+    def _damage(self, kind, ms):
+        """The time range of what a budget left unread (ms < 0: unknown)."""
+        if ms < 0:
+            return
+        t = self.damage_times.get(kind)
+        if t is None:
+            self.damage_times[kind] = [ms, ms]
+        else:
+            t[0], t[1] = min(t[0], ms), max(t[1], ms)
+
     def _segment(self, family, src, sport, dst, dport, seq, flags, payload, payload_len, ms):
-        flow, side = self._flow(family, src, sport, dst, dport, flags, seq)
+        flow, side = self._flow(family, src, sport, dst, dport, flags, seq, ms)
         if flow is None:
             return
         st = flow.dirs[side]
@@ -531,7 +651,7 @@ class CaptureDecoder:
             # a packet without data whose sequence number is past the next expected byte (a FIN, an ACK): the
             # bytes before it were sent and the capture missed them
             self._pending_put(st, aseq, b"", ms)
-        if st.pending and (st.pending_bytes > self.max_pending_bytes or ms - st.hole_since > self.reorder_window_ms):
+        if st.pending and self._overdue(st, ms):
             self._expire(flow, side, st, ms)
         if flags & 0x04:
             self._end(flow, side, ms, "rst")
@@ -541,6 +661,8 @@ class CaptureDecoder:
                 self._end(flow, side, ms, "fin")
             if flow.fin[0] and flow.fin[1]:
                 self._close(flow, ms)
+        if self._held > self.max_buffered_bytes:
+            self._shed(ms)
 
     def _data(self, flow, side, st, aseq, payload, payload_len, ms):
         stats = self.stats
@@ -563,31 +685,54 @@ class CaptureDecoder:
             stats["segments_out_of_order"] += 1
             self._pending_put(st, aseq, payload, ms)
 
+    def _overdue(self, st, ms):
+        return (st.pending_bytes > self.max_pending_bytes or len(st.pending) > self.max_pending_segments
+                or ms - st.hole_since > self.reorder_window_ms)
+
     def _expire(self, flow, side, st, ms):
         """Holes whose waiting bytes waited too long (or are too many) are lost."""
-        while st.pending and (st.pending_bytes > self.max_pending_bytes or ms - st.hole_since > self.reorder_window_ms):
+        while st.pending and self._overdue(st, ms):
             self._declare_hole(flow, side, st, ms)
 
     def _pending_put(self, st, aseq, data, ms):
         old = st.pending.get(aseq)
         if old is None or len(old[0]) < len(data):
-            st.pending_bytes += len(data) - (len(old[0]) if old is not None else 0)
+            if old is None:
+                heapq.heappush(st.keys, aseq)
+            if data and (old is None or not old[0]):
+                heapq.heappush(st.data_keys, aseq)
+            grow = len(data) - (len(old[0]) if old is not None else 0)
+            st.pending_bytes += grow
+            self._held += grow
             st.pending[aseq] = (data, ms)
+            if len(st.times) > 2 * len(st.pending) + 16:  # stale entries of replaced segments
+                st.times = [(v[1], k) for k, v in st.pending.items()]
+                heapq.heapify(st.times)
+            else:
+                heapq.heappush(st.times, (ms, aseq))
         if st.hole_since < 0:
             st.hole_since = ms
+
+    def _pop_pending(self, st):
+        """The waiting segment with the lowest sequence number: (first, data, ms)."""
+        first = heapq.heappop(st.keys)
+        data, t = st.pending.pop(first)
+        if st.data_keys and st.data_keys[0] == first:
+            heapq.heappop(st.data_keys)
+        st.pending_bytes -= len(data)
+        self._held -= len(data)
+        if not st.pending:
+            st.hole_since = -1
+            st.times.clear()
+        return first, data, t
 
     def _drain(self, flow, side, st, ms):
         """Deliver the waiting segments that now follow on; a frame they complete gets the later of ``ms`` and
         their own packet time (``ms`` < 0: their own time: the bytes after a lost hole)."""
-        for first in sorted(st.pending):  # delivering adds no waiting segment: one sort per drain
-            if first > st.nxt:
-                return
-            data, t = st.pending.pop(first)
+        while st.keys and st.keys[0] <= st.nxt:  # delivering adds no waiting segment
+            first, data, t = self._pop_pending(st)
             if ms > t:
                 t = ms
-            st.pending_bytes -= len(data)
-            if not st.pending:
-                st.hole_since = -1
             end = first + len(data)
             if end > st.nxt:
                 cut = st.nxt - first
@@ -599,20 +744,10 @@ class CaptureDecoder:
                 self.stats["segments_retransmitted"] += 1
                 self.stats["bytes_retransmitted"] += len(data)
 
-    def _declare_hole(self, flow, side, st, ms, missing_end=-1):
-        """The bytes from nxt to the first waiting segment (or missing_end) are lost."""
+    def _cut_buffer(self, st, gap_end):
+        """What a loss before ``gap_end`` does to the bytes buffered: a frame being read is cut (when its length
+        was seen, reading resumes at its end); bytes read while searching are discarded."""
         stats = self.stats
-        if missing_end >= 0:
-            gap_end = missing_end
-        else:  # up to the first waiting data; empty markers (FIN, ACK positions) before it are inside the gap
-            with_data = [k for k, v in st.pending.items() if v[0]]
-            gap_end = min(with_data) if with_data else max(st.pending)
-        first_after = st.pending[gap_end][1] if gap_end in st.pending else max(ms, 0)
-        stats["holes"] += 1
-        stats["hole_bytes"] += gap_end - st.nxt
-        self._losses.append((flow.conn_id, flow.addr[flow.client] if flow.client >= 0 else flow.addr[side],
-                             "?" if flow.client < 0 else ("c2s" if side == flow.client else "s2c"),
-                             st.last_ms if st.last_ms >= 0 else first_after, first_after, gap_end - st.nxt))
         buf = st.buf
         if st.sync:
             if buf:
@@ -622,39 +757,83 @@ class CaptureDecoder:
                     frame_end = st.nxt - len(buf) + 4 + int.from_bytes(buf[:4], "big")
                     if frame_end > gap_end:
                         st.skip_to = frame_end
-                buf.clear()
         else:
             stats["discarded_bytes"] += len(buf)
-            buf.clear()
+        self._held -= len(buf)
+        buf.clear()
+        st.passing = False  # the rest of a frame passed by its header is discarded
         if st.skip_to >= 0 and st.skip_to <= gap_end:
             st.skip_to = -1
         st.sync = False
         st.searching_after_loss = True
+
+    def _declare_hole(self, flow, side, st, ms, missing_end=-1):
+        """The bytes from nxt to the first waiting segment (or missing_end) are lost."""
+        stats = self.stats
+        if missing_end >= 0:
+            gap_end = missing_end
+        else:  # up to the first waiting data; empty markers (FIN, ACK positions) before it are inside the gap
+            gap_end = st.data_keys[0] if st.data_keys else max(st.pending)
+        first_after = st.pending[gap_end][1] if gap_end in st.pending else max(ms, 0)
+        stats["holes"] += 1
+        stats["hole_bytes"] += gap_end - st.nxt
+        self._losses.append((flow.conn_id, flow.addr[flow.client] if flow.client >= 0 else flow.addr[side],
+                             "?" if flow.client < 0 else ("c2s" if side == flow.client else "s2c"),
+                             st.last_ms if st.last_ms >= 0 else first_after, first_after, gap_end - st.nxt))
+        self._cut_buffer(st, gap_end)
         st.nxt = gap_end
         if not st.pending:
             st.hole_since = -1
         self._drain(flow, side, st, -1)
-        if st.pending:
-            st.hole_since = min(v[1] for v in st.pending.values())
+        if st.pending:  # the earliest packet time of what still waits
+            times, pending = st.times, st.pending
+            while times and (times[0][1] not in pending or pending[times[0][1]][1] != times[0][0]):
+                heapq.heappop(times)
+            st.hole_since = times[0][0]
+
+    def _shed(self, ms):
+        """All connections buffer more than max_buffered_bytes: the directions holding the most are emptied
+        (their holes lost, their buffered frames cut) until half of it is left."""
+        stats = self.stats
+        held = sorted(((len(st.buf) + st.pending_bytes, i, side, flow) for i, flow in enumerate(self._flows.values())
+                       for side, st in enumerate(flow.dirs) if st.buf or st.pending_bytes),
+                      key=lambda x: (-x[0], x[1], x[2]))
+        for n, _, side, flow in held:
+            if self._held <= self.max_buffered_bytes // 2:
+                break
+            st = flow.dirs[side]
+            before = self._held
+            while st.pending:
+                self._declare_hole(flow, side, st, ms)
+            if st.buf:
+                self._cut_buffer(st, st.nxt)
+            stats["buffers_shed"] += 1
+            stats["buffer_shed_bytes"] += before - self._held
+            self._damage("buffers_shed", ms)
 
     def _deliver(self, flow, side, st, data, ms):
         n = len(data)
         if st.skip_to >= 0:
             if st.nxt + n <= st.skip_to:
-                self.stats["discarded_bytes"] += n
+                if not st.passing:
+                    self.stats["discarded_bytes"] += n
                 st.nxt += n
                 st.last_ms = ms
                 return
             cut = st.skip_to - st.nxt
-            self.stats["discarded_bytes"] += cut
+            if not st.passing:
+                self.stats["discarded_bytes"] += cut
             data = data[cut:]
             st.nxt += cut
             n -= cut
             st.skip_to = -1
+            st.passing = False
+        before = len(st.buf)
         st.buf += data
         st.nxt += n
         st.last_ms = ms
         self._frames(flow, side, st, ms)
+        self._held += len(st.buf) - before
 
     def _frames(self, flow, side, st, ms):
         buf = st.buf
@@ -684,12 +863,43 @@ class CaptureDecoder:
             if buf[pos + 4] > 1 or hl > total - 4:
                 self._bad_length(st)
                 continue
+            if 4 + total > self.max_record_bytes:  # not buffered: its header says what it is, its bytes pass
+                if hl <= MAX_HEADER_BYTES and n - pos < 8 + hl:
+                    break
+                self._large_frame(buf, pos, hl, ms)
+                if n - pos >= 4 + total:
+                    pos += 4 + total
+                else:
+                    st.skip_to = st.nxt - (n - pos) + 4 + total
+                    st.passing = True
+                    pos = n
+                    break
+                continue
             if n - pos < 4 + total:
                 break
             self._frame(flow, side, bytes(buf[pos:pos + 4 + total]), ms)
             pos += 4 + total
         if pos:
             del buf[:pos]
+
+    def _large_frame(self, buf, pos, hl, ms):
+        """A frame over max_record_bytes: counted; a request of HEART_BEAT / UNREGISTER_CLIENT or a NOTIFY this
+        large is a record the budget leaves unread (damage); one whose header is over MAX_HEADER_BYTES or does not
+        decode is a bad frame."""
+        stats = self.stats
+        stats["frames"] += 1
+        cmd = None
+        if hl <= MAX_HEADER_BYTES:
+            try:
+                cmd = self._decode_frame((4 + hl).to_bytes(4, "big") + bytes(buf[pos + 4:pos + 8 + hl]),
+                                         self.max_frame_size)
+            except FrameError:
+                cmd = None
+        if cmd is None:
+            stats["frames_bad"] += 1
+        elif not cmd.flag & 1 and cmd.code in (34, 35, 40):
+            stats["records_too_large"] += 1
+            self._damage("records_too_large", ms)
 
     def _bad_length(self, st):
         self.stats["bad_lengths"] += 1
@@ -698,7 +908,8 @@ class CaptureDecoder:
 
     def _search(self, buf, pos, n):
         """(offset, status) of the first plausible frame start at or after pos: YES (its header decodes), MORE
-        (it might be one, more bytes needed), or (n, NO)."""
+        (it might be one, more bytes needed), or (n, NO). A candidate's header is read only up to
+        SEARCH_HEADER_BYTES: each costs a bounded decode."""
         limit = self.max_frame_size
         for i in range(pos, n):
             avail = n - i
@@ -717,7 +928,7 @@ class CaptureDecoder:
             if avail < 8:
                 return i, _SEARCH_MORE
             hl = (buf[i + 5] << 16) | (buf[i + 6] << 8) | buf[i + 7]
-            if hl > total - 4 or (stype == 0 and hl < 2) or (stype == 1 and hl < 21):
+            if hl > total - 4 or (stype == 0 and hl < 2) or (stype == 1 and hl < 21) or hl > SEARCH_HEADER_BYTES:
                 continue
             if stype == 0 and avail >= 9 and buf[i + 8] != 0x7B:
                 continue
@@ -750,6 +961,7 @@ class CaptureDecoder:
             self._lang.append(_language_ordinal(cmd.language))
             self._addrs.append(flow.addr[side].encode())
             self._bodies.append(cmd.body)
+            self._record_bytes += len(self._addrs[-1]) + len(cmd.body)
         elif code == 35:
             stats["unregisters"] += 1
             flow.client = side
@@ -785,12 +997,7 @@ class CaptureDecoder:
     def _close(self, flow, ms):
         """Both FINs or a RST: waiting segments are lost, partial frames are counted, later packets ignored."""
         for d in (0, 1):
-            st = flow.dirs[d]
-            while st.pending:
-                self._declare_hole(flow, d, st, ms)
-            if st.buf:
-                self.stats["tail_bytes"] += len(st.buf)
-                st.buf.clear()
+            self._close_dir(flow, d, ms)
         flow.closed = True
 
 

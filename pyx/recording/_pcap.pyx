@@ -20,7 +20,11 @@ import socket
 import numpy as np
 
 from engine.recording._pcap_py import (CaptureError, DEFAULT_MAX_PENDING_BYTES, DEFAULT_REORDER_WINDOW_MS, MAX_PACKET_BYTES,
-                             STAT_NAMES)
+                             STAT_NAMES, DEFAULT_MAX_PENDING_SEGMENTS, DEFAULT_MAX_RECORD_BYTES,
+                             DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_BUFFERED_BYTES, MIN_TIME_MS, MAX_TIME_AHEAD_MS,
+                             MAX_HEADER_BYTES, SEARCH_HEADER_BYTES)
+import heapq
+import time
 from engine.codec.enums import DEFAULT_MAX_FRAME_SIZE
 from engine.codec.errors import FrameError
 
@@ -29,7 +33,8 @@ cdef enum:
     S_FILES, S_PACKETS, S_TCP, S_NON_TCP, S_UNSUPPORTED_LINK, S_FRAGMENTS, S_TRUNCATED, S_MALFORMED, S_FILTERED,
     S_CONNECTIONS, S_MIDSTREAM, S_RETRANS, S_RETRANS_BYTES, S_OOO, S_AFTER_CLOSE, S_HOLES, S_HOLE_BYTES,
     S_FRAMES_CUT, S_DISCARDED, S_RESYNCS, S_BAD_LENGTHS, S_FRAMES, S_FRAMES_BAD, S_HEARTBEATS, S_UNREGISTERS,
-    S_NOTIFIES, S_TAIL_BYTES, S_TRUNCATED_TAILS, N_STATS
+    S_NOTIFIES, S_TAIL_BYTES, S_TRUNCATED_TAILS, S_BAD_TIME, S_RECORDS_TOO_LARGE, S_EVICTED, S_SHED, S_SHED_BYTES,
+    N_STATS
 
 assert N_STATS == len(STAT_NAMES)
 
@@ -40,6 +45,8 @@ cdef enum:
 
 cdef uint64_t FNV_OFFSET = 0xCBF29CE484222325ULL
 cdef uint64_t FNV_PRIME = 0x100000001B3ULL
+cdef long long C_MAX_HEADER_BYTES = MAX_HEADER_BYTES
+cdef long long C_SEARCH_HEADER_BYTES = SEARCH_HEADER_BYTES
 
 
 
@@ -325,16 +332,20 @@ cdef int lang_of(const unsigned char* h, Py_ssize_t a, Py_ssize_t b) noexcept no
 
 @cython.final
 cdef class _Dir:
-    cdef bint init, sync, searching_after_loss
+    cdef bint init, sync, searching_after_loss, passing
     cdef long long nxt, skip_to, hole_since, last_ms, pending_bytes
     cdef Buf buf
     cdef dict pending
+    cdef list keys, data_keys, times  # heaps over pending (see the twin)
 
     def __cinit__(self):
         self.skip_to = -1
         self.hole_since = -1
         self.last_ms = -1
         self.pending = {}
+        self.keys = []
+        self.data_keys = []
+        self.times = []
 
     def __dealloc__(self):
         free(self.buf.p)
@@ -348,8 +359,12 @@ cdef class _Flow:
     cdef bytes addr0, addr1
     cdef _Dir d0, d1
     cdef int client
-    cdef long long syn_isn
+    cdef long long syn_isn, gen, touched, placed
     cdef bint closed, fin0, fin1, ended, data_seen
+
+
+cdef long long held_by(_Flow flow):
+    return flow.d0.buf.n + flow.d0.pending_bytes + flow.d1.buf.n + flow.d1.pending_bytes
 
 
 cdef str addr_text(int family, bytes ip, int port):
@@ -363,7 +378,10 @@ cdef class CaptureDecoder:
     cdef readonly object ports
     cdef bint _has_ports
     cdef unsigned char _port_set[8192]
-    cdef readonly long long max_frame_size, reorder_window_ms, max_pending_bytes
+    cdef readonly long long max_frame_size, reorder_window_ms, max_pending_bytes, max_pending_segments
+    cdef readonly long long max_record_bytes, max_connections, max_buffered_bytes, min_time_ms, max_time_ms
+    cdef readonly dict damage_times
+    cdef long long _tick, _held
     cdef uint64_t _shard_n, _shard_i
     cdef long long st[N_STATS]
     cdef dict _flows, _generation
@@ -387,7 +405,9 @@ cdef class CaptureDecoder:
 
     def __init__(self, ports=None, max_frame_size=DEFAULT_MAX_FRAME_SIZE,
                  reorder_window_ms=DEFAULT_REORDER_WINDOW_MS, max_pending_bytes=DEFAULT_MAX_PENDING_BYTES,
-                 shard=(1, 0)):
+                 shard=(1, 0), max_pending_segments=DEFAULT_MAX_PENDING_SEGMENTS,
+                 max_record_bytes=DEFAULT_MAX_RECORD_BYTES, max_connections=DEFAULT_MAX_CONNECTIONS,
+                 max_buffered_bytes=DEFAULT_MAX_BUFFERED_BYTES, min_time_ms=MIN_TIME_MS, max_time_ms=None):
         import engine
 
         n, i = (int(x) for x in shard)
@@ -406,6 +426,17 @@ cdef class CaptureDecoder:
         self.max_frame_size = int(max_frame_size)
         self.reorder_window_ms = int(reorder_window_ms)
         self.max_pending_bytes = int(max_pending_bytes)
+        self.max_pending_segments = int(max_pending_segments)
+        self.max_record_bytes = int(max_record_bytes)
+        self.max_connections = int(max_connections)
+        self.max_buffered_bytes = int(max_buffered_bytes)
+        self.min_time_ms = int(min_time_ms)
+        self.max_time_ms = int(time.time() * 1000) + MAX_TIME_AHEAD_MS if max_time_ms is None else int(max_time_ms)
+        if self.max_pending_segments < 1 or self.max_record_bytes < 12 or self.max_connections < 1 \
+                or self.max_buffered_bytes < 0:
+            raise ValueError("max_pending_segments >= 1, max_record_bytes >= 12, max_connections >= 1 and "
+                             "max_buffered_bytes >= 0 required")
+        self.damage_times = {}
         self._flows = {}
         self._generation = {}
         self.first_packet_ms = self.last_packet_ms = -1
@@ -464,6 +495,11 @@ cdef class CaptureDecoder:
     def pending_records(self):
         """Records produced and not yet taken."""
         return self.o_n
+
+    @property
+    def pending_record_bytes(self):
+        """Bytes of the records produced and not yet taken (bodies and addresses)."""
+        return self.o_body.n + self.o_addr.n
 
     # -- file level --
     cdef _reset_file(self):
@@ -582,9 +618,7 @@ cdef class CaptureDecoder:
                 if iface >= <uint32_t>len(self._ifaces) or cap > end - body - 20:
                     raise CaptureError(f"bad pcapng packet block at byte {self._file_offset + pos}")
                 link, res = self._ifaces[iface]
-                ms = ts_ms((<uint64_t>hi << 32) | lo, res)
-                if ms < 0:
-                    raise CaptureError(f"pcapng time stamp out of range at byte {self._file_offset + pos}")
+                ms = ts_ms((<uint64_t>hi << 32) | lo, res)  # -1 (out of range): a bad time stamp (_packet)
                 self._packet(link, p, body + 20, body + 20 + cap, orig, ms)
             elif btype == 3:
                 self.st[S_PACKETS] += 1
@@ -617,13 +651,8 @@ cdef class CaptureDecoder:
         cdef _Flow flow
         cdef _Dir d
         for flow in self._flows.values():
-            for side in (0, 1):
-                d = flow.d0 if side == 0 else flow.d1
-                while d.pending:
-                    self._declare_hole(flow, side, d, d.last_ms, -1)
-                if d.buf.n:
-                    self.st[S_TAIL_BYTES] += d.buf.n
-                    d.buf.n = 0
+            self._close_dir(flow, 0, flow.d0.last_ms)
+            self._close_dir(flow, 1, flow.d1.last_ms)
 
     # -- packet level --
     cdef int _packet(self, int link, const unsigned char* data, Py_ssize_t pos, Py_ssize_t end, uint32_t orig_len,
@@ -635,6 +664,9 @@ cdef class CaptureDecoder:
         cdef unsigned int sport, dport, flags
         cdef uint32_t seq
         st[S_PACKETS] += 1
+        if ms < self.min_time_ms or ms > self.max_time_ms:
+            st[S_BAD_TIME] += 1
+            return 0
         if self.first_packet_ms < 0:
             self.first_packet_ms = ms
         self.last_packet_ms = ms
@@ -760,7 +792,7 @@ cdef class CaptureDecoder:
 
     # -- connection level --
     cdef _Flow _flow(self, int family, const unsigned char* src, unsigned int sport, const unsigned char* dst,
-                     unsigned int dport, int alen, unsigned int flags, uint32_t seq, int* side_out):
+                     unsigned int dport, int alen, unsigned int flags, uint32_t seq, long long ms, int* side_out):
         cdef unsigned char a[18]
         cdef unsigned char b[18]
         cdef unsigned char key[37]
@@ -789,10 +821,12 @@ cdef class CaptureDecoder:
         cdef int klen = 1 + 2 * (alen + 2)
         if self._shard_n > 1 and conn_hash_c(key, klen, 0) % self._shard_n != self._shard_i:
             return None
+        self._tick += 1
         if klen == self._last_klen and memcmp(key, self._last_key, klen) == 0:
             flow = <_Flow>self._last_flow
             if not ((flags & 0x12) == 0x02 and (flow.closed or flow.data_seen
                                                 or (flow.syn_isn != -1 and flow.syn_isn != seq))):
+                flow.touched = self._tick
                 return flow
         kb = PyBytes_FromStringAndSize(<char*>key, klen)
         found = self._flows.get(kb)
@@ -803,9 +837,15 @@ cdef class CaptureDecoder:
                 memcpy(self._last_key, key, klen)
                 self._last_klen = klen
                 self._last_flow = flow
+                flow.touched = self._tick
                 return flow
-        gen = self._generation.get(kb, -1) + 1
-        self._generation[kb] = gen
+            gen = flow.gen + 1
+            self._held -= held_by(flow)
+            del self._flows[kb]
+        else:
+            gen = self._generation.pop(kb, -1) + 1
+            if len(self._flows) >= self.max_connections:
+                self._make_room(ms)
         fam = socket.AF_INET if family == 4 else socket.AF_INET6
         flow = _Flow.__new__(_Flow)
         flow.key = kb
@@ -823,6 +863,8 @@ cdef class CaptureDecoder:
         flow.d1 = _Dir()
         flow.client = -1
         flow.syn_isn = -1
+        flow.gen = gen
+        flow.touched = flow.placed = self._tick
         self._flows[kb] = flow
         self.st[S_CONNECTIONS] += 1
         memcpy(self._last_key, key, klen)
@@ -830,11 +872,44 @@ cdef class CaptureDecoder:
         self._last_flow = flow
         return flow
 
+    cdef _make_room(self, long long ms):
+        """Drop the connection touched least recently (see the twin)."""
+        cdef _Flow flow
+        flows = self._flows
+        while True:
+            key = next(iter(flows))
+            flow = <_Flow>flows.pop(key)
+            if flow.touched > flow.placed:
+                flow.placed = self._tick
+                flows[key] = flow
+                continue
+            break
+        if flow is self._last_flow:
+            self._last_flow = None
+            self._last_klen = 0
+        if not flow.closed:
+            self.st[S_EVICTED] += 1
+            self._damage("connections_evicted", ms)
+            self._close_dir(flow, 0, flow.d0.last_ms)
+            self._close_dir(flow, 1, flow.d1.last_ms)
+        self._generation[key] = flow.gen
+        if len(self._generation) > self.max_connections:
+            del self._generation[next(iter(self._generation))]
+
+    cdef _damage(self, str kind, long long ms):
+        if ms < 0:
+            return
+        t = self.damage_times.get(kind)
+        if t is None:
+            self.damage_times[kind] = [ms, ms]
+        else:
+            t[0], t[1] = min(t[0], ms), max(t[1], ms)
+
     cdef int _segment(self, int family, const unsigned char* src, unsigned int sport, const unsigned char* dst,
                       unsigned int dport, int alen, uint32_t seq32, unsigned int flags, const unsigned char* payload,
                       Py_ssize_t have, Py_ssize_t payload_len, long long ms) except -1:
         cdef int side
-        cdef _Flow flow = self._flow(family, src, sport, dst, dport, alen, flags, seq32, &side)
+        cdef _Flow flow = self._flow(family, src, sport, dst, dport, alen, flags, seq32, ms, &side)
         if flow is None:
             return 0
         cdef _Dir d = flow.d0 if side == 0 else flow.d1
@@ -878,7 +953,7 @@ cdef class CaptureDecoder:
             self._data(flow, side, d, aseq, payload, have, payload_len, ms)
         elif d.nxt < aseq < d.nxt + 0x40000000:
             self._pending_put(d, aseq, b"", ms)
-        if d.pending and (d.pending_bytes > self.max_pending_bytes or ms - d.hole_since > self.reorder_window_ms):
+        if d.pending and self._overdue(d, ms):
             self._expire(flow, side, d, ms)
         if flags & 0x04:
             self._end(flow, side, ms, "rst")
@@ -891,6 +966,8 @@ cdef class CaptureDecoder:
                 self._end(flow, side, ms, "fin")
             if flow.fin0 and flow.fin1:
                 self._close(flow, ms)
+        if self._held > self.max_buffered_bytes:
+            self._shed(ms)
         return 0
 
     cdef int _data(self, _Flow flow, int side, _Dir d, long long aseq, const unsigned char* payload, Py_ssize_t have,
@@ -916,31 +993,49 @@ cdef class CaptureDecoder:
             self._pending_put(d, aseq, PyBytes_FromStringAndSize(<const char*>payload, have), ms)
         return 0
 
+    cdef bint _overdue(self, _Dir d, long long ms):
+        return (d.pending_bytes > self.max_pending_bytes or len(d.pending) > self.max_pending_segments
+                or ms - d.hole_since > self.reorder_window_ms)
+
     cdef _expire(self, _Flow flow, int side, _Dir d, long long ms):
-        while d.pending and (d.pending_bytes > self.max_pending_bytes or ms - d.hole_since > self.reorder_window_ms):
+        while d.pending and self._overdue(d, ms):
             self._declare_hole(flow, side, d, ms, -1)
 
     cdef _pending_put(self, _Dir d, long long aseq, bytes data, long long ms):
+        cdef Py_ssize_t grow
         old = d.pending.get(aseq)
         if old is None or len(old[0]) < len(data):
-            d.pending_bytes += len(data) - (len(old[0]) if old is not None else 0)
+            if old is None:
+                heapq.heappush(d.keys, aseq)
+            if len(data) and (old is None or not len(old[0])):
+                heapq.heappush(d.data_keys, aseq)
+            grow = len(data) - (len(old[0]) if old is not None else 0)
+            d.pending_bytes += grow
+            self._held += grow
             d.pending[aseq] = (data, ms)
+            if len(d.times) > 2 * len(d.pending) + 16:
+                d.times = [(v[1], k) for k, v in d.pending.items()]
+                heapq.heapify(d.times)
+            else:
+                heapq.heappush(d.times, (ms, aseq))
         if d.hole_since < 0:
             d.hole_since = ms
 
     cdef int _drain(self, _Flow flow, int side, _Dir d, long long ms) except -1:
         cdef long long first, t, end, cut
         cdef bytes data
-        for key in sorted(d.pending):
-            first = key
-            if first > d.nxt:
-                return 0
-            data, t = d.pending.pop(key)
-            if ms > t:
-                t = ms
+        while d.keys and <long long>d.keys[0] <= d.nxt:
+            first = heapq.heappop(d.keys)
+            data, t = d.pending.pop(first)
+            if d.data_keys and <long long>d.data_keys[0] == first:
+                heapq.heappop(d.data_keys)
             d.pending_bytes -= len(data)
+            self._held -= len(data)
             if not d.pending:
                 d.hole_since = -1
+                d.times.clear()
+            if ms > t:
+                t = ms
             end = first + len(data)
             if end > d.nxt:
                 cut = d.nxt - first
@@ -953,22 +1048,8 @@ cdef class CaptureDecoder:
                 self.st[S_RETRANS_BYTES] += len(data)
         return 0
 
-    cdef int _declare_hole(self, _Flow flow, int side, _Dir d, long long ms, long long missing_end) except -1:
-        cdef long long gap_end
-        cdef long long first_after
+    cdef _cut_buffer(self, _Dir d, long long gap_end):
         cdef long long frame_end
-        if missing_end >= 0:
-            gap_end = missing_end
-        else:
-            with_data = [k for k, v in d.pending.items() if len(v[0])]
-            gap_end = min(with_data) if with_data else max(d.pending)
-        entry = d.pending.get(gap_end)
-        first_after = entry[1] if entry is not None else (ms if ms > 0 else 0)
-        self.st[S_HOLES] += 1
-        self.st[S_HOLE_BYTES] += gap_end - d.nxt
-        self._losses.append((flow.conn_id, flow.addr[flow.client] if flow.client >= 0 else flow.addr[side],
-                             "?" if flow.client < 0 else ("c2s" if side == flow.client else "s2c"),
-                             d.last_ms if d.last_ms >= 0 else first_after, first_after, gap_end - d.nxt))
         if d.sync:
             if d.buf.n:
                 self.st[S_FRAMES_CUT] += 1
@@ -977,45 +1058,106 @@ cdef class CaptureDecoder:
                     frame_end = d.nxt - d.buf.n + 4 + be32(<const unsigned char*>d.buf.p)
                     if frame_end > gap_end:
                         d.skip_to = frame_end
-                d.buf.n = 0
         else:
             self.st[S_DISCARDED] += d.buf.n
-            d.buf.n = 0
+        self._held -= d.buf.n
+        d.buf.n = 0
+        d.passing = False
         if d.skip_to >= 0 and d.skip_to <= gap_end:
             d.skip_to = -1
         d.sync = False
         d.searching_after_loss = True
+
+    cdef int _declare_hole(self, _Flow flow, int side, _Dir d, long long ms, long long missing_end) except -1:
+        cdef long long gap_end
+        cdef long long first_after
+        if missing_end >= 0:
+            gap_end = missing_end
+        else:
+            gap_end = d.data_keys[0] if d.data_keys else max(d.pending)
+        entry = d.pending.get(gap_end)
+        first_after = entry[1] if entry is not None else (ms if ms > 0 else 0)
+        self.st[S_HOLES] += 1
+        self.st[S_HOLE_BYTES] += gap_end - d.nxt
+        self._losses.append((flow.conn_id, flow.addr[flow.client] if flow.client >= 0 else flow.addr[side],
+                             "?" if flow.client < 0 else ("c2s" if side == flow.client else "s2c"),
+                             d.last_ms if d.last_ms >= 0 else first_after, first_after, gap_end - d.nxt))
+        self._cut_buffer(d, gap_end)
         d.nxt = gap_end
         if not d.pending:
             d.hole_since = -1
         self._drain(flow, side, d, -1)
         if d.pending:
-            d.hole_since = min(v[1] for v in d.pending.values())
+            times = d.times
+            pending = d.pending
+            while times and (times[0][1] not in pending or pending[times[0][1]][1] != times[0][0]):
+                heapq.heappop(times)
+            d.hole_since = times[0][0]
         return 0
+
+    cdef _shed(self, long long ms):
+        cdef _Flow flow
+        cdef _Dir d
+        cdef long long before
+        held = []
+        for i, f in enumerate(self._flows.values()):
+            flow = <_Flow>f
+            if flow.d0.buf.n or flow.d0.pending_bytes:
+                held.append((flow.d0.buf.n + flow.d0.pending_bytes, i, 0, flow))
+            if flow.d1.buf.n or flow.d1.pending_bytes:
+                held.append((flow.d1.buf.n + flow.d1.pending_bytes, i, 1, flow))
+        held.sort(key=lambda x: (-x[0], x[1], x[2]))
+        for _, _, side, f in held:
+            if self._held <= self.max_buffered_bytes // 2:
+                break
+            flow = <_Flow>f
+            d = flow.d0 if side == 0 else flow.d1
+            before = self._held
+            while d.pending:
+                self._declare_hole(flow, side, d, ms, -1)
+            if d.buf.n:
+                self._cut_buffer(d, d.nxt)
+            self.st[S_SHED] += 1
+            self.st[S_SHED_BYTES] += before - self._held
+            self._damage("buffers_shed", ms)
+
+    cdef _close_dir(self, _Flow flow, int side, long long ms):
+        cdef _Dir d = flow.d0 if side == 0 else flow.d1
+        while d.pending:
+            self._declare_hole(flow, side, d, ms, -1)
+        if d.buf.n:
+            self.st[S_TAIL_BYTES] += d.buf.n
+            self._held -= d.buf.n
+            d.buf.n = 0
 
     cdef int _deliver(self, _Flow flow, int side, _Dir d, const unsigned char* data, Py_ssize_t n,
                       long long ms) except -1:
         cdef long long cut
-        cdef Py_ssize_t used
+        cdef Py_ssize_t used, before
         if d.skip_to >= 0:
             if d.nxt + n <= d.skip_to:
-                self.st[S_DISCARDED] += n
+                if not d.passing:
+                    self.st[S_DISCARDED] += n
                 d.nxt += n
                 d.last_ms = ms
                 return 0
             cut = d.skip_to - d.nxt
-            self.st[S_DISCARDED] += cut
+            if not d.passing:
+                self.st[S_DISCARDED] += cut
             data += cut
             d.nxt += cut
             n -= cut
             d.skip_to = -1
+            d.passing = False
         d.nxt += n
         d.last_ms = ms
+        before = d.buf.n
         if d.buf.n == 0 and d.sync:
             # the common case: whole frames straight from the packet, only a partial tail is buffered
             used = self._frames(flow, side, d, data, n, ms)
             if used < n:
                 buf_put(&d.buf, data + used, n - used)
+            self._held += d.buf.n - before
             return 0
         buf_put(&d.buf, data, n)
         used = self._frames(flow, side, d, <const unsigned char*>d.buf.p, d.buf.n, ms)
@@ -1023,6 +1165,7 @@ cdef class CaptureDecoder:
             if used < d.buf.n:
                 memmove(d.buf.p, d.buf.p + used, d.buf.n - used)
             d.buf.n -= used
+        self._held += d.buf.n - before
         return 0
 
     cdef Py_ssize_t _frames(self, _Flow flow, int side, _Dir d, const unsigned char* buf, Py_ssize_t n,
@@ -1058,11 +1201,50 @@ cdef class CaptureDecoder:
                 d.sync = False
                 d.searching_after_loss = True
                 continue
+            if 4 + total > self.max_record_bytes:  # not buffered: its header says what it is, its bytes pass
+                if hl <= C_MAX_HEADER_BYTES and n - pos < 8 + hl:
+                    break
+                self._large_frame(buf + pos, hl, ms)
+                if n - pos >= 4 + total:
+                    pos += 4 + total
+                else:
+                    d.skip_to = d.nxt - (n - pos) + 4 + total
+                    d.passing = True
+                    pos = n
+                    break
+                continue
             if n - pos < 4 + total:
                 break
             self._frame(flow, side, buf + pos, 4 + total, ms)
             pos += 4 + total
         return pos
+
+    cdef int _large_frame(self, const unsigned char* f, long long hl, long long ms) except -1:
+        cdef int code = 0, flag = 0, lang = 0, version = 0
+        cdef bint ok = False
+        self.st[S_FRAMES] += 1
+        if hl <= C_MAX_HEADER_BYTES:
+            if f[4] == 0 and fast_json(f + 8, hl, &code, &flag, &lang, &version):
+                ok = True
+            elif f[4] == 1 and hl == 21 and be32(f + 21) == 0 and be32(f + 25) == 0:
+                ok = True
+                code = <short>((f[8] << 8) | f[9])
+                flag = <int32_t>be32(f + 17)
+            else:
+                head = (4 + hl).to_bytes(4, "big") + PyBytes_FromStringAndSize(<const char*>f + 4, 4 + hl)
+                try:
+                    cmd = self._decode_frame(head, self.max_frame_size)
+                    code = cmd.code
+                    flag = cmd.flag
+                    ok = True
+                except FrameError:
+                    pass
+        if not ok:
+            self.st[S_FRAMES_BAD] += 1
+        elif not flag & 1 and (code == 34 or code == 35 or code == 40):
+            self.st[S_RECORDS_TOO_LARGE] += 1
+            self._damage("records_too_large", ms)
+        return 0
 
     cdef int _search(self, const unsigned char* buf, Py_ssize_t pos, Py_ssize_t n, Py_ssize_t* at) except -1:
         cdef long long limit = self.max_frame_size
@@ -1089,7 +1271,7 @@ cdef class CaptureDecoder:
                 at[0] = i
                 return SEARCH_MORE
             hl = (buf[i + 5] << 16) | (buf[i + 6] << 8) | buf[i + 7]
-            if hl > total - 4 or (stype == 0 and hl < 2) or (stype == 1 and hl < 21):
+            if hl > total - 4 or (stype == 0 and hl < 2) or (stype == 1 and hl < 21) or hl > C_SEARCH_HEADER_BYTES:
                 continue
             if stype == 0 and avail >= 9 and buf[i + 8] != 0x7B:
                 continue
@@ -1218,12 +1400,8 @@ cdef class CaptureDecoder:
     cdef _close(self, _Flow flow, long long ms):
         cdef _Dir d
         for side in (0, 1):
+            self._close_dir(flow, side, ms)
             d = flow.d0 if side == 0 else flow.d1
-            while d.pending:
-                self._declare_hole(flow, side, d, ms, -1)
-            if d.buf.n:
-                self.st[S_TAIL_BYTES] += d.buf.n
-                d.buf.n = 0
             free(d.buf.p)  # a closed connection keeps only its identity (late packets are ignored)
             d.buf.p = NULL
             d.buf.cap = 0

@@ -294,3 +294,21 @@ def test_spark_session_uses_the_private_directory(spark):
     df = spark.range(10)
     assert df.groupBy((df.id % 3).alias("k")).count().count() == 3  # a shuffle works
     assert stat.S_IMODE(os.stat(private).st_mode) == 0o700
+
+
+@pytest.mark.slow
+def test_rmqhb_scan_into_a_directory_of_planted_symlinks_writes_safely(spark, tmp_path, capsys):
+    from engine.bindings.spark import scan_main
+
+    generate(tmp_path / "rec", FleetConfig(clients=20, groups=4, days=0.1, seed=3))
+    victim = _victim(tmp_path)
+    out = tmp_path / "report"
+    out.mkdir()
+    for name in REPORT_FILES:
+        (out / name).symlink_to(victim)
+    assert scan_main([str(tmp_path / "rec"), "--out", str(out), "--master", "local[2]"]) in (0, 3)
+    assert victim.read_text() == "precious\n"
+    assert f"report: {out / 'index.html'}" in capsys.readouterr().out
+    for name in ("findings.json", "index.html", "expired_clients.csv", "heartbeat_gaps.csv", "group_sizes.png"):
+        assert stat.S_ISREG(os.lstat(out / name).st_mode), name
+    _no_private_dir_left(out)

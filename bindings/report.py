@@ -528,9 +528,13 @@ class _Axis:
     def ticks(self, n: int = 5) -> List[Tuple[float, str]]:
         span_s = (self.t1 - self.t0) / 1000
         step = next((s for s in self.STEPS if span_s / s <= n), self.STEPS[-1]) * 1000
+        if span_s * 1000 / step > n:  # a span of years: whole weeks, still at most n ticks
+            step = math.ceil(span_s / n / self.STEPS[-1]) * self.STEPS[-1] * 1000
         fmt = "%H:%M:%S" if step < 60_000 else ("%m-%d" if step >= 86_400_000 else "%H:%M")
         if fmt == "%H:%M" and span_s > 86400:
             fmt = "%m-%d %H:%M"
+        if span_s > 366 * 86400:
+            fmt = "%Y-%m-%d"
         out = []
         t = math.ceil(self.t0 / step) * step
         while t <= self.t1:

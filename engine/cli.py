@@ -74,7 +74,15 @@ def scan_main(argv) -> int:
         print(f"rmqhb scan needs the spark extra (missing: {', '.join(missing)}): "
               f"pip install 'rocketmq-heartbeat-engine[spark]'", file=sys.stderr)
         return 2
-    return _lazy("engine.bindings.spark", "scan_main")(argv)
+    # what the scan prints comes from files and clients: no ESC or other control character reaches the terminal
+    from engine.logutil import EscapedWriter
+
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = EscapedWriter(out), EscapedWriter(err)
+    try:
+        return _lazy("engine.bindings.spark", "scan_main")(argv)
+    finally:
+        sys.stdout, sys.stderr = out, err
 
 
 def segments_main(argv) -> int:

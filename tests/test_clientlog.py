@@ -157,7 +157,7 @@ def test_client_log_lines_have_a_budget(caplog):
     reg.heartbeat(99, hb)
     lines = [r.getMessage() for r in caplog.records]
     assert "client-management log budget: 47 'new_consumer' lines left out in the last 60 s " \
-           "(clientManageLogLinesPerMinute=3)" in lines
+           "(clientManageLogLinesPerMinute=3, clientManageLogBytesPerMinute=33554432)" in lines
     assert any(m.startswith("new consumer connected") for m in lines)
 
 

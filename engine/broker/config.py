@@ -95,6 +95,9 @@ class BrokerConfig:
     #: NETTY EVENT, SCAN...) written per minute at most; past it they are counted and one line says how many were
     #: left out (0 = none of these lines)
     client_manage_log_lines_per_minute: int = 6000
+    #: engine: bytes of Java's client-management lines (all kinds together, and the gRPC session-close lines)
+    #: written per minute at most; past it they are counted as left out, as past the line budget (0 = none)
+    client_manage_log_bytes_per_minute: int = 32 << 20
     #: engine: coalesce CHANGE notifications of one group within this window (0 = RocketMQ's real-time notify)
     notify_coalesce_window_ms: int = 0
     #: engine: auto-creation of subscription groups (by heartbeats) stops once the table holds this many groups;
@@ -339,7 +342,8 @@ class BrokerConfig:
         for name in positive:
             if getattr(self, PROPERTIES[name].attr) <= 0:
                 raise ConfigError(f"{name} must be > 0")
-        for name in ("maxConnectionsPerIp", "notifyCoalesceWindowMs", "clientManageLogLinesPerMinute", "waitTimeMillsInPullQueue",
+        for name in ("maxConnectionsPerIp", "notifyCoalesceWindowMs", "clientManageLogLinesPerMinute", "clientManageLogBytesPerMinute",
+                     "waitTimeMillsInPullQueue",
                      "waitTimeMillsInQueue", "ioWorkers", "ioCoreConnections", "maxHeartbeatCacheBytesTotal",
                      "consumerListCacheBytes"):
             if getattr(self, PROPERTIES[name].attr) < 0:

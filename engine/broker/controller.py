@@ -135,6 +135,7 @@ class Broker:
             notify_coalesce_window_ms=cfg.notify_coalesce_window_ms,
             client_management_rules=cfg.client_management_rules,
             client_log_lines_per_minute=cfg.client_manage_log_lines_per_minute,
+            client_log_bytes_per_minute=cfg.client_manage_log_bytes_per_minute,
             max_groups_per_channel=cfg.max_groups_per_channel,
             max_groups=cfg.max_registered_groups,
             max_memberships=cfg.max_registered_memberships,

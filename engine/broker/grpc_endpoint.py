@@ -398,7 +398,9 @@ class GrpcEndpoint:
         stream, session.stream = session.stream, None
         if stream is not None and end_stream:
             stream.done.set()  # its Telemetry handler ends the stream
-        log.log(level, "gRPC client %s (%s) removed: %s", session.client_id, session.remote_addr, reason)
+        # clients decide how often a session closes: the client-management log's budget, texts escaped
+        self.broker.registry.client_log.log(log, level, "grpc_session_removed", "gRPC client %s (%s) removed: %s",
+                                            session.client_id, session.remote_addr, reason)
 
     def _metadata(self, context) -> tuple[str, object, str]:
         md = {}

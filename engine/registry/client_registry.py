@@ -252,10 +252,12 @@ class RegistryConfig:
     client_management_rules: int = 5
     #: lines of each kind of the Java client-management log (engine.registry.clientlog) written per minute at most
     client_log_lines_per_minute: int = 6000
+    #: bytes of those lines (all kinds together) written per minute at most
+    client_log_bytes_per_minute: int = 32 << 20
 
     def __post_init__(self):
         for name in ("channel_expired_timeout_ms", "notify_coalesce_window_ms", "initial_capacity",
-                     "client_log_lines_per_minute"):
+                     "client_log_lines_per_minute", "client_log_bytes_per_minute"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"RegistryConfig.{name} must be a non-negative int, not {value!r}")
@@ -373,7 +375,8 @@ class ClientRegistry:
         self._reject_pull = cfg.reject_pull_consumer_enable and not rules4  # 4.x has no rejectPullConsumerEnable
         self._result_v1 = _RESULT_4 if rules4 else _RESULT_V1
         #: Java's client-management log lines, within their budget (engine.registry.clientlog)
-        self.client_log = jl.ClientEventLog(cfg.client_log_lines_per_minute)
+        self.client_log = jl.ClientEventLog(cfg.client_log_lines_per_minute,
+                                             bytes_per_minute=cfg.client_log_bytes_per_minute)
         # 4.x has no CLIENT_REGISTER / CLIENT_UNREGISTER events
         if rules4:
             self._wants -= {ConsumerGroupEvent.CLIENT_REGISTER, ConsumerGroupEvent.CLIENT_UNREGISTER,

@@ -10,16 +10,21 @@ SubscriptionGroupConfig), to a logger of the same name. The wording is 4.9.x's, 
 (``clientManagementRules=5``). ``rmqhb serve`` formats lines as logback's broker pattern (``%d %p %t - %m``, with
 the logger's name where Java has the thread), so one parser reads both brokers' logs.
 
-A client decides how often these lines come (connect, subscribe, close, in a loop), so they have a budget: at most
-``clientManageLogLinesPerMinute`` lines of each kind a minute; past it the lines are counted, and the next line of
-the kind is preceded by one line saying how many were left out. Client-supplied texts are clipped.
+A client decides how often these lines come (connect, subscribe, close, in a loop) and how long they are (a
+heartbeat of a million tags), so they have a budget: at most ``clientManageLogLinesPerMinute`` lines of each kind
+and ``clientManageLogBytesPerMinute`` bytes of all kinds together a minute; past it the lines are counted, and the
+next line of the kind is preceded by one line saying how many were left out. Client-supplied texts are clipped
+(each to :data:`MAX_FIELD` characters, a printed set to its first :data:`MAX_SET_ELEMENTS` elements and
+``... (N more)``) and their control characters escaped (:func:`engine.logutil.escape_text`): a client id holding
+a newline cannot write a line of its own into ``broker.log``, nor an ESC reach the terminal of whoever reads it.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
-from engine.codec.errors import clip
+from engine.logutil import EscapingFormatter, escape_args, escape_text
 
 #: LoggerName.BROKER_LOGGER_NAME
 LOGGER_NAME = "RocketmqBroker"
@@ -29,42 +34,115 @@ log = logging.getLogger(LOGGER_NAME)
 MAX_FIELD = 512
 #: most subscriptions a ConsumerData text lists (the broker-log parser's own limit)
 MAX_SUBS = 256
+#: most elements a printed set (tagsSet, codeSet) shows; the rest are counted: ``[a, b, ... (N more)]``
+MAX_SET_ELEMENTS = 16
+#: default of clientManageLogBytesPerMinute
+BYTES_PER_MINUTE = 32 << 20
 
 
 class ClientEventLog:
-    """The budget: ``allow(kind, level)`` says whether a line of ``kind`` may be written now."""
+    """The budget: ``allow(kind, level)`` says whether a line of ``kind`` may be written now; the line the caller
+    then writes to :data:`log` is charged to the byte budget (and escaped) by the logger's filter. ``log()`` writes
+    a line of another logger within the same budget."""
 
-    def __init__(self, per_minute: int = 6000, clock=time.monotonic, interval_s: float = 60.0):
+    def __init__(self, per_minute: int = 6000, clock=time.monotonic, interval_s: float = 60.0,
+                 bytes_per_minute: int = BYTES_PER_MINUTE):
         self.per_minute = per_minute
+        self.bytes_per_minute = bytes_per_minute
         self.clock = clock
         self.interval_s = interval_s
         self._windows: dict = {}  # kind -> [window start, lines written, lines left out]
+        self._bytes = [0.0, 0]  # [window start, bytes written in it], all kinds together
         self.left_out = 0  # every line left out so far
+        self.bytes_written = 0  # every byte of the lines written so far
 
-    def allow(self, kind: str, level: int) -> bool:
-        if not log.isEnabledFor(level):
+    def allow(self, kind: str, level: int, logger: logging.Logger = None) -> bool:
+        if not (log if logger is None else logger).isEnabledFor(level):
             return False
         now = self.clock()
         w = self._windows.get(kind)
         if w is None or now - w[0] >= self.interval_s:
             if w is not None and w[2]:
                 log.warning("client-management log budget: %d '%s' lines left out in the last %.0f s "
-                            "(clientManageLogLinesPerMinute=%d)", w[2], kind, self.interval_s, self.per_minute)
+                            "(clientManageLogLinesPerMinute=%d, clientManageLogBytesPerMinute=%d)", w[2], kind,
+                            self.interval_s, self.per_minute, self.bytes_per_minute)
             w = self._windows[kind] = [now, 0, 0]
-        if w[1] >= self.per_minute:
+        b = self._bytes
+        if now - b[0] >= self.interval_s:
+            b[0], b[1] = now, 0
+        if w[1] >= self.per_minute or b[1] >= self.bytes_per_minute:
             w[2] += 1
             self.left_out += 1
             return False
         w[1] += 1
+        if logger is None:
+            _pending.charge = (self, kind)  # the filter charges the line the caller writes next
+        return True
+
+    def charge(self, kind: str, text: str) -> bool:
+        """Count a line's bytes; False (the line is left out and counted) when they do not fit the minute's."""
+        n = len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
+        b = self._bytes
+        if b[1] + n > self.bytes_per_minute:
+            w = self._windows.get(kind)
+            if w is not None:
+                w[1] -= 1
+                w[2] += 1
+            self.left_out += 1
+            return False
+        b[1] += n
+        self.bytes_written += n
+        return True
+
+    def log(self, logger: logging.Logger, level: int, kind: str, msg: str, *args) -> bool:
+        """One line of ``logger`` (not this module's) within this budget, its arguments clipped and escaped as
+        client texts; True when it was written."""
+        if not self.allow(kind, level, logger):
+            return False
+        text = escape_text(msg % tuple(_clip(a) for a in escape_args(tuple(_clip(a) for a in args))))
+        if not self.charge(kind, text):
+            return False
+        logger.log(level, "%s", text)
         return True
 
 
+class _ChargeFilter(logging.Filter):
+    """On :data:`log`: every line has its control characters escaped, and the line an ``allow()`` let through is
+    charged to that budget's bytes (refused when they do not fit)."""
+
+    def filter(self, record) -> bool:
+        pending, _pending.charge = getattr(_pending, "charge", None), None
+        text = escape_text(record.getMessage())
+        record.msg, record.args = text, None
+        return pending is None or pending[0].charge(pending[1], text)
+
+
+_pending = threading.local()
+log.addFilter(_ChargeFilter())
+
+
+def _clip(value):
+    if isinstance(value, str) and len(value) > MAX_FIELD:
+        return value[: MAX_FIELD - 3] + "..."
+    return value
+
+
 def _text(value) -> str:
-    return "null" if value is None else clip(str(value), MAX_FIELD)
+    """A client's text in a line: control characters escaped, clipped to MAX_FIELD characters."""
+    return "null" if value is None else _clip(escape_text(_clip(value if isinstance(value, str) else str(value))))
 
 
 def _enum(value) -> str:
-    return "null" if value is None else getattr(value, "name", str(value))
+    return "null" if value is None else _text(getattr(value, "name", value))
+
+
+def _java_set(values) -> str:
+    """A Set as Java prints it, ``[a, b]``, with its first MAX_SET_ELEMENTS elements and ``... (N more)``."""
+    values = list(values) if not isinstance(values, (list, tuple)) else values
+    shown = ", ".join(_text(v) for v in values[:MAX_SET_ELEMENTS])
+    if len(values) > MAX_SET_ELEMENTS:
+        shown += f", ... ({len(values) - MAX_SET_ELEMENTS} more)"
+    return f"[{shown}]"
 
 
 def _bool(value) -> str:
@@ -90,19 +168,17 @@ def client_channel_info(channel, client_id, language, version, last_update_ms: i
 
 
 def subscription_data(sd) -> str:
-    """SubscriptionData.toString() (tagsSet and codeSet as Java prints a Set)."""
-    tags = ", ".join(_text(t) for t in sd.tags)
-    codes = ", ".join(str(c) for c in sd.codes)
+    """SubscriptionData.toString() (tagsSet and codeSet as Java prints a Set, clipped: :func:`_java_set`)."""
     return (f"SubscriptionData [classFilterMode={_bool(sd.class_filter_mode)}, topic={_text(sd.topic)}, "
-            f"subString={_text(sd.sub_string)}, tagsSet=[{tags}], codeSet=[{codes}], subVersion={sd.sub_version}, "
-            f"expressionType={_text(sd.expression_type)}]")
+            f"subString={_text(sd.sub_string)}, tagsSet={_java_set(sd.tags)}, codeSet={_java_set(sd.codes)}, "
+            f"subVersion={_text(sd.sub_version)}, expressionType={_text(sd.expression_type)}]")
 
 
 def consumer_data(cd) -> str:
     """ConsumerData.toString()."""
     subs = ", ".join(subscription_data(sd) for sd in list(cd.subscriptions)[:MAX_SUBS])
     if len(cd.subscriptions) > MAX_SUBS:
-        subs += ", ..."
+        subs += f", ... ({len(cd.subscriptions) - MAX_SUBS} more)"
     return (f"ConsumerData [groupName={_text(cd.group)}, consumeType={_enum(cd.consume_type)}, "
             f"messageModel={_enum(cd.message_model)}, consumeFromWhere={_enum(cd.consume_from_where)}, "
             f"unitMode={_bool(cd.unit_mode)}, subscriptionDataSet=[{subs}]]")
@@ -118,9 +194,9 @@ def subscription_group_config(sgc) -> str:
             f"notifyConsumerIdsChangedEnable={_bool(sgc.notify_consumer_ids_changed_enable)}]")
 
 
-class JavaLogFormatter(logging.Formatter):
+class JavaLogFormatter(EscapingFormatter):
     """logback's broker pattern ``yyyy-MM-dd HH:mm:ss,SSS LEVEL NAME - message`` (Java's level names: WARN; the
-    logger's name where Java has the thread's)."""
+    logger's name where Java has the thread's); every message's control characters escaped: one record, one line."""
 
     _LEVELS = {"WARNING": "WARN", "CRITICAL": "ERROR"}
 

@@ -28,12 +28,16 @@ FUZZ = ROOT / "fuzz"
 REGRESSIONS = Path(__file__).resolve().parent / "regressions"
 sys.path.insert(0, str(FUZZ))
 
+import fuzz_brokerlog  # noqa: E402
 import fuzz_frame  # noqa: E402  (imported as modules: no atheris instrumentation, native vs twin as built)
 import fuzz_heartbeat  # noqa: E402
 
-HARNESSES = {"frame": fuzz_frame, "heartbeat": fuzz_heartbeat}
+HARNESSES = {"frame": fuzz_frame, "heartbeat": fuzz_heartbeat, "brokerlog": fuzz_brokerlog}
 #: Executions per harness in the CI run: a few seconds each at the instrumented rate.
-CI_RUNS = {"frame": 8000, "heartbeat": 12000}
+CI_RUNS = {"frame": 8000, "heartbeat": 12000, "brokerlog": 3000}
+#: The twin each harness' Python coverage must include.
+TWINS = {"frame": "engine.codec._frame_py", "heartbeat": "engine.codec._heartbeat_py",
+         "brokerlog": "engine.recording._brokerlog_py"}
 
 
 
@@ -68,7 +72,7 @@ def test_atheris_short_run(name, tmp_path):
     assert proc.returncode == 0 and not artifacts, f"fuzz finding {artifacts}:\n{out[-4000:]}"
     assert f"fuzz_{name}: native " in out, out[:2000]  # the differential ran against the built native module
     # the twin's branches guide mutation too: atheris instrumented its module
-    assert f"INFO: Instrumenting engine.codec._{name}_py" in out, out[:2000]
+    assert f"INFO: Instrumenting {TWINS[name]}" in out, out[:2000]
     assert "Done " in out, out[-2000:]
     print(f"fuzz_{name}: {runs} runs in {elapsed:.1f} s")
 

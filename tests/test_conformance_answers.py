@@ -193,3 +193,77 @@ def test_native_and_twin_close_keep_the_same_empty_groups(rules):
     assert native.close_channel.__self__ is native._rules  # the C close ran
     assert list(native.producers.emptied.items()) == list(twin.producers.emptied.items())
     assert list(twin.producers.emptied) == (["own1", "own0", "shared"] if rules == 4 else [])
+
+
+def _lock_body(group="lock_group", client_id="10.0.0.1@lock"):
+    return json.dumps({"consumerGroup": group, "clientId": client_id,
+                       "mqSet": [{"topic": "LockTopic", "brokerName": "b", "queueId": 0}]}).encode()
+
+
+#: (request code, ext fields, body, answer's code, remark, ext fields) as 4.9.8's and 5.x's processors give them
+#: for these requests: a processor whose answer is createResponseCommand(XxxResponseHeader.class) carries an
+#: extFields map (empty when the header has no value), createResponseCommand(null) none at all
+ANSWERS = [
+    (RequestCode.UNREGISTER_CLIENT, {"clientID": "10.0.0.1@gone", "producerGroup": "p", "consumerGroup": "c"}, b"",
+     ResponseCode.SUCCESS, None, {}),
+    (RequestCode.CHECK_CLIENT_CONFIG, {}, b"", ResponseCode.SUCCESS, None, None),
+    (RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "nobody"}, b"",
+     ResponseCode.SYSTEM_ERROR, "no consumer for this group, nobody", {}),
+    (RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": "nobody"}, b"",
+     ResponseCode.CONSUMER_NOT_ONLINE, "the consumer group[nobody] not online", None),
+    (RequestCode.GET_PRODUCER_CONNECTION_LIST, {"producerGroup": "nobody"}, b"",
+     ResponseCode.SYSTEM_ERROR, "the producer group[nobody] not exist", None),
+    (RequestCode.GET_MAX_OFFSET, {"topic": "T", "queueId": "0"}, b"", ResponseCode.SUCCESS, None, {"offset": "0"}),
+    (RequestCode.GET_MIN_OFFSET, {"topic": "T", "queueId": "0"}, b"", ResponseCode.SUCCESS, None, {"offset": "0"}),
+    (RequestCode.LOCK_BATCH_MQ, {}, _lock_body(), ResponseCode.SUCCESS, None, None),
+    (RequestCode.UNLOCK_BATCH_MQ, {}, _lock_body(), ResponseCode.SUCCESS, None, None),
+]
+
+
+@pytest.mark.parametrize("rules", RULES)
+def test_answers_carry_javas_response_headers(broker_factory, rules):
+    """Code, remark and extFields of each admin and client-management answer (JSON, where an empty extFields map
+    and none differ on the wire), the same under both rules for these requests."""
+    broker = broker_factory(client_management_rules=rules)
+    c = Client(broker.ports["main"])
+    try:
+        for code, ext, body, want_code, want_remark, want_ext in ANSWERS:
+            r = c.call(code, ext, body)
+            assert (r.code, r.remark, r.ext_fields) == (want_code, want_remark, want_ext), code
+        r = c.call(RequestCode.LOCK_BATCH_MQ, {}, _lock_body())
+        assert json.loads(r.body) == {"lockOKMQSet": [{"brokerName": "b", "queueId": 0, "topic": "LockTopic"}]}
+        assert c.heartbeat(client_id="10.0.0.1@member").code == 0
+        r = c.call(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "demo_consumer_group"})
+        assert (r.code, r.remark, r.ext_fields) == (ResponseCode.SUCCESS, None, {})
+        assert json.loads(r.body) == {"consumerIdList": ["10.0.0.1@member"]}
+        # an offset commit for a group and topic the broker does not know: 4.9.8 commits it; 5.3+ refuses it
+        r = c.call(RequestCode.UPDATE_CONSUMER_OFFSET, {"consumerGroup": "unknown_group", "topic": "UnknownTopic",
+                                                        "queueId": "0", "commitOffset": "7"})
+        if rules == 4:
+            assert (r.code, r.remark, r.ext_fields) == (ResponseCode.SUCCESS, None, {})
+            r = c.call(RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": "unknown_group", "topic": "UnknownTopic",
+                                                           "queueId": "0"})
+            assert (r.code, r.ext_fields) == (ResponseCode.SUCCESS, {"offset": "7"})
+        else:
+            assert (r.code, r.remark, r.ext_fields) == (ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                                                        "Group unknown_group not exist!", {})
+    finally:
+        c.close()
+
+
+def test_offset_commits_of_unknown_groups_stay_within_the_offset_budget(broker_factory):
+    """Under 4.x rules any group's and topic's offset is committed (4.9.8): the offset table's budget
+    (maxConsumerOffsetEntries) bounds what clients can add that way."""
+    broker = broker_factory(client_management_rules=4, max_consumer_offset_entries=3)
+    c = Client(broker.ports["main"])
+    try:
+        answers = [c.call(RequestCode.UPDATE_CONSUMER_OFFSET, {"consumerGroup": f"g{i}", "topic": "T", "queueId": "0",
+                                                              "commitOffset": "1"}) for i in range(5)]
+        assert [r.code for r in answers] == [0, 0, 0, ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_ERROR]
+        assert answers[3].remark == "the consumer offset table is full (maxConsumerOffsetEntries=3)"
+        r = c.call(RequestCode.UPDATE_CONSUMER_OFFSET, {"consumerGroup": "g0", "topic": "T", "queueId": "0",
+                                                        "commitOffset": "9"})
+        assert r.code == 0  # a committed one still moves
+        assert broker.call(lambda: broker.registry.store.offsets.entries) == 3
+    finally:
+        c.close()

@@ -316,7 +316,9 @@ class Processors:
         if ids:
             return cmd.response(ResponseCode.SUCCESS, ext_fields={}, body=self._consumer_list_body(group, ids))
         log.debug("getConsumerGroupInfo failed, %s %s", group, conn.remote_addr)
-        return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"no consumer for this group, {_name(group)}")
+        # the error answer carries the (empty) GetConsumerListByGroupResponseHeader too, as Java's does
+        return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"no consumer for this group, {_name(group)}",
+                            ext_fields={})
 
     def _consumer_list_body(self, group: str, ids: list) -> bytes:
         """The ConsumerListBody of ``ids``; for a group of CONSUMER_LIST_CACHE_MIN or more members the encoding

@@ -1482,6 +1482,7 @@ def write_report(findings: dict, out, plots: bool = True) -> Path:
         files.close()
     return index
 
+
 def print_summary(findings: dict, file) -> None:
     file = EscapedWriter(file, lines=True)  # client ids and groups: a newline or an ESC in one is printed escaped
     s = findings["summary"]

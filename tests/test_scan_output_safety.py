@@ -173,7 +173,8 @@ def test_planted_symlinks_in_the_report_directory_are_replaced_not_followed(tmp_
     assert victim.read_text() == "precious\n"
     assert index == out / "index.html" and "Heartbeat scan report" in index.read_text()
     written = [n for n in REPORT_FILES if os.path.lexists(out / n) and not (out / n).is_symlink()]
-    assert {"findings.json", "index.html", "heartbeat_gaps.csv", "expired_clients.csv", "group_sizes.png"} <= set(written)
+    assert {"findings.json", "index.html", "heartbeat_gaps.csv", "expired_clients.csv", "group_sizes.png"} \
+        <= set(written)
     for n in written:
         st = os.lstat(out / n)
         assert stat.S_ISREG(st.st_mode) and st.st_nlink == 1

@@ -117,6 +117,7 @@ def plan_splits(directory, target_records: int = DEFAULT_SPLIT_RECORDS) -> Plan:
     for k, path in enumerate(segments):
         plan.segments += 1
         scan = scan_segment(path)
+        scan.corrupt = [_unquoted(d) for d in scan.corrupt]
         good = payloads_intact(path, scan.blocks)
         bad = [b for b in scan.blocks if b not in good]
         if scan.torn_tail is not None:
@@ -136,6 +137,16 @@ def plan_splits(directory, target_records: int = DEFAULT_SPLIT_RECORDS) -> Plan:
         if cur:
             plan.splits.append(_split(len(plan.splits), path, cur))
     return plan
+
+
+def _unquoted(d: Damage) -> Damage:
+    """A file that is not a segment is named by its size and reason, never by its bytes (a ``.seg`` linked to
+    /etc/passwd must not copy its first bytes into findings.json and the report): the recorder's reason quotes
+    them."""
+    if d.reason.startswith("not a version-") and ": starts " in d.reason:
+        return Damage(d.offset, d.length, d.reason.split(": starts ", 1)[0] + " (no segment file header; "
+                                                                           f"{d.length:,} bytes not read)")
+    return d
 
 
 def _split(index, path, blocks) -> Split:

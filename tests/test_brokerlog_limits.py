@@ -306,3 +306,23 @@ def test_fuzz_harness_seeds_pass():
     assert len(seeds) >= 5
     for s in seeds:
         fuzz_brokerlog.test_one_input(s)
+
+
+def test_segment_linked_to_a_passwd_file_is_not_echoed(tmp_path):
+    """The recording side of the same attack (issue 26 section 4): a .seg linked to a passwd file is named as a
+    corrupt range by its size and reason in the scan's plan (what findings.json and the report show), not by its
+    first bytes."""
+    from engine.bindings import segments as seg
+
+    passwd = tmp_path / "passwd"
+    passwd.write_bytes(SECRET)
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    (rec / "hb-0000000000001-000001.seg").symlink_to(passwd)
+    plan = seg.plan_splits(rec)
+    assert plan.splits == [] and len(plan.damaged) == 1
+    d = plan.damaged[0]
+    assert (d["kind"], d["offset"], d["bytes"]) == ("corrupt", 0, len(SECRET))
+    assert d["reason"] == f"not a version-1 segment (no segment file header; {len(SECRET):,} bytes not read)"
+    text = json.dumps([plan.damaged, [(p, x.reason) for p, x in plan.corrupt]])
+    assert "root:x" not in text and "s3cr3t" not in text

@@ -15,6 +15,7 @@ from engine.broker.admin import AdminClient, AdminError
 from engine.broker.controller import Broker
 from engine.broker.config import BrokerConfig, ConfigError
 from engine.codec.enums import RequestCode
+from engine.registry.topic_config_manager import TopicConfig
 
 grpc = require_module("grpc")
 require_module("rocketmq.grpc_protocol")
@@ -45,9 +46,15 @@ def wait_until(fn, timeout=20.0):
         time.sleep(0.02)
 
 
+#: topics the tests route: a gRPC route query creates no topic (it answers TOPIC_NOT_FOUND, as the proxy)
+TOPICS = ("TopicC", "TopicD", "TopicS", "TopicX", "StillServing", "TopicCapture", "TopicHook")
+
+
 @pytest.fixture
 def gbroker(tmp_path):
     b = Broker(make_config(tmp_path, grpc_server_port=free_port())).start()
+    for topic in TOPICS:
+        b.call(b.registry.update_topic_config, TopicConfig(topic, 4, 4))
     # a short long-polling window: ReceiveMessage answers sooner (the limits are read per request)
     b.grpc.min_long_polling_ms, b.grpc.max_long_polling_ms = 50, 200
     yield b
@@ -166,9 +173,14 @@ def test_query_route(gbroker, stub):
     req.topic.name = "TopicA"
     req.endpoints.scheme = d.AddressScheme.IPv4
     req.endpoints.addresses.add(host="127.0.0.1", port=port)
+    # an unknown topic: TOPIC_NOT_FOUND, created by nobody (the proxy's answer to the name server's TOPIC_NOT_EXIST)
+    r = stub.QueryRoute(req, metadata=md())
+    assert (r.status.code, r.status.message) == (Code.TOPIC_NOT_FOUND, "topic not found: TopicA")
+    assert gbroker.call(gbroker.registry.topic_config, "TopicA") is None
+    gbroker.call(gbroker.registry.update_topic_config, TopicConfig("TopicA", 4, 4))
     r = stub.QueryRoute(req, metadata=md())
     assert r.status.code == Code.OK
-    assert [q.id for q in r.message_queues] == [0, 1, 2, 3]  # defaultTopicQueueNums, auto-created
+    assert [q.id for q in r.message_queues] == [0, 1, 2, 3]
     for q in r.message_queues:
         assert q.topic.name == "TopicA" and q.permission == d.Permission.READ_WRITE
         assert list(q.accept_message_types) == [d.MessageType.NORMAL]
@@ -742,9 +754,10 @@ def test_saved_sessions_expire_and_a_bad_file_is_ignored(tmp_path, caplog):
     ports = b.ports
     b.stop()
     path = tmp_path / "store" / "config" / "grpcSessions.json"
-    doc = json.loads(path.read_text())
+    head, rest = path.read_text().split("\n", 1)  # a header line, then one line per session
+    doc = json.loads(head)
     doc["savedMs"] -= 200_000  # stopped longer ago than channelExpiredTimeout (120 s): expired meanwhile
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(doc) + "\n" + rest)
     b = Broker(make_config(tmp_path, listen_port=ports["main"], grpc_server_port=ports["grpc"])).start()
     assert b.grpc.dormant == {} and not path.exists()
     b.stop()

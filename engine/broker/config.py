@@ -217,6 +217,23 @@ class BrokerConfig:
     grpc_max_message_bytes: int = 4 * 1024 * 1024
     #: engine: bytes of one gRPC call's metadata (grpc.max_metadata_size); past it the call is refused
     grpc_max_metadata_bytes: int = 16 * 1024
+    #: engine: gRPC sessions of one IP address at most (counted once their Settings arrive); past it a new client's
+    #: Settings end its Telemetry stream RESOURCE_EXHAUSTED
+    grpc_max_sessions_per_ip: int = 1024
+    #: engine: distinct consumer and producer groups the gRPC sessions of one IP address register (a producer's
+    #: topics are its groups); Settings or a Heartbeat that would pass it are refused RESOURCE_EXHAUSTED
+    grpc_max_groups_per_ip: int = 4096
+    #: engine: what the Settings of all gRPC sessions are counted to cost in memory, bytes (the decoded
+    #: subscriptions and tags, not the wire size); Settings that would pass it are refused RESOURCE_EXHAUSTED
+    grpc_max_settings_bytes_total: int = 256 * 1024 * 1024
+    #: engine: the same for the sessions of one IP address (its share of grpcMaxSettingsBytesTotal)
+    grpc_max_settings_bytes_per_ip: int = 64 * 1024 * 1024
+    #: engine: tags in one subscription's expression of a gRPC Settings; past it the Settings are refused
+    #: INVALID_ARGUMENT
+    grpc_max_tags_per_subscription: int = 1024
+    #: engine: a gRPC Telemetry stream that has sent no Settings after this long is ended (it has no session and
+    #: counts for none); a session silent (no Settings, no Heartbeat) past channelExpiredTimeout ends with its stream
+    grpc_settings_timeout_ms: int = 30_000
     #: engine: address of the Prometheus endpoint
     metrics_host: str = "127.0.0.1"
     #: engine: per-group series (group_clients / group_channels) on /metrics at most: the groups with the most
@@ -338,7 +355,9 @@ class BrokerConfig:
         positive = ("channelExpiredTimeout", "maxConnections", "maxFrameSize", "incompleteFrameTimeoutMs",
                     "maxWriteBufferBytes", "writeStallTimeoutMs", "maxInflightPerConnection", "serverChannelMaxIdleTimeSeconds",
                     "defaultTopicQueueNums", "pullMaxSuspendMillis", "flushConsumerOffsetInterval",
-                    "grpcMaxSessions", "grpcMaxConcurrentRpcs", "grpcMaxStreamsPerConnection")
+                    "grpcMaxSessions", "grpcMaxConcurrentRpcs", "grpcMaxStreamsPerConnection",
+                    "grpcMaxSessionsPerIp", "grpcMaxGroupsPerIp", "grpcMaxSettingsBytesTotal",
+                    "grpcMaxSettingsBytesPerIp", "grpcMaxTagsPerSubscription", "grpcSettingsTimeoutMs")
         for name in positive:
             if getattr(self, PROPERTIES[name].attr) <= 0:
                 raise ConfigError(f"{name} must be > 0")

@@ -36,10 +36,12 @@ import asyncio
 import logging
 import time
 import types
+from collections import Counter
 from urllib.parse import unquote
 
 from engine.codec.enums import BROKER_VERSION, ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel, ResponseCode
-from engine.codec.errors import RemotingError
+from engine.codec.errors import RemotingError, echo
+from engine.logutil import RateLimitedLog
 
 log = logging.getLogger("engine.grpc")
 
@@ -56,8 +58,16 @@ MAX_ENDPOINT_ADDRESSES = 16
 MAX_CLIENT_ID = 1024
 #: file (in the store's config folder) of the sessions' Settings a graceful stop leaves for the next start
 SESSIONS_FILE = "grpcSessions.json"
-#: longest sessions file read at start, bytes (a file past it is ignored)
+#: longest sessions file written at stop and read at start, bytes: a stop saves the smallest sessions first and
+#: leaves out those that do not fit; a start restores the entries that fit and ignores the rest
 MAX_SESSIONS_FILE_BYTES = 64 * 1024 * 1024
+#: what one session's Settings are counted to cost (grpcMaxSettingsBytesTotal / grpcMaxSettingsBytesPerIp), bytes:
+#: calibrated with tracemalloc (tests/test_grpc_guard.py) on what a registered session keeps: the protobuf
+#: Settings (twice its encoded size: the message and the recorder's body of it), per subscription its
+#: SubscriptionData, per tag its string, Java hash and set entries, and the session itself
+SESSION_COST = 4096
+SUBSCRIPTION_COST = 512
+TAG_COST = 160
 #: long polling of ReceiveMessage, ms (the proxy's grpcClientConsumerMin/MaxLongPollingTimeoutMillis)
 MIN_LONG_POLLING_MS = 5_000
 MAX_LONG_POLLING_MS = 20_000
@@ -137,6 +147,12 @@ def _client_id(context) -> str | None:
     return None
 
 
+def ip_of(address: str) -> str:
+    """``1.2.3.4:5`` / ``[::1]:5`` without the port."""
+    host, colon, port = address.rpartition(":")
+    return (host.strip("[]") if colon and port.isdigit() else address) or address
+
+
 def peer_address(peer: str) -> str:
     """``ipv4:1.2.3.4:5`` / ``ipv6:[::1]:5`` (grpc's ``context.peer()``) as ``1.2.3.4:5`` / ``[::1]:5``."""
     peer = unquote(peer or "")
@@ -155,8 +171,8 @@ class GrpcSession:
     """
 
     __slots__ = ("client_id", "language", "version", "sdk_version", "remote_addr", "settings", "client_type",
-                 "stream", "closing", "close_reason", "id", "_endpoint", "_hb", "_hb_group", "_hb_body", "_hb_repeat",
-                 "__weakref__")
+                 "stream", "closing", "close_reason", "id", "ip", "groups", "cost", "last_seen", "_endpoint", "_hb",
+                 "_hb_group", "_hb_body", "_hb_repeat", "_beat", "__weakref__")
     grpc_session = True
 
     def __init__(self, endpoint, client_id: str, language, sdk_version: str, remote_addr: str):
@@ -167,6 +183,15 @@ class GrpcSession:
         # ClientActivity.parseClientVersion: a 5.x SDK sends "5.1.2", not a MQVersion.Version name: CURRENT_VERSION
         self.version = BROKER_VERSION
         self.remote_addr = remote_addr
+        #: the peer's address without its port: the key of the per-address shares (grpcMax*PerIp)
+        self.ip = ip_of(remote_addr)
+        #: the groups counted against the address's share (its Settings' and its heartbeats'), and the bytes its
+        #: Settings are counted to cost (SESSION_COST...): both released when the session closes
+        self.groups = frozenset()
+        self.cost = 0
+        #: time.monotonic() of its last Settings or Heartbeat: a session silent for channelExpiredTimeout ends
+        #: with its stream even when the registry holds none of its groups (e.g. a refused registration)
+        self.last_seen = time.monotonic()
         self.settings = None  # the client's raw Settings (GrpcClientSettingsManager's CLIENT_SETTINGS_MAP entry)
         self.client_type = 0
         self.stream = None  # its current Telemetry stream (_Stream)
@@ -175,6 +200,9 @@ class GrpcSession:
         self._hb = None
         self._hb_group = None
         self._hb_body = None  # its HeartbeatData as a remoting heartbeat body (the recorder's records)
+        #: (key, HeartbeatData) its Heartbeat registers: the Settings' groups with the subscriptions the group
+        #: already has (the proxy's Heartbeat registers without updating subscriptions: only Settings do)
+        self._beat = None
         #: (the serialized HeartbeatRequest, the registry's repeat token) of its last heartbeat that took the
         #: registry's full path and armed its fast path: the same bytes again are a repeat (see _Servicer.Heartbeat)
         self._hb_repeat = None
@@ -212,6 +240,25 @@ class GrpcEndpoint:
         self.max_streams_per_connection = budget(max_streams_per_connection, "grpc_max_streams_per_connection")
         self.max_message_bytes = budget(max_message_bytes, "grpc_max_message_bytes")
         self.max_metadata_bytes = budget(max_metadata_bytes, "grpc_max_metadata_bytes")
+        # the shares one client, connection or address may take of what all clients share (issue 26), read per
+        # request (tests lower them on a running endpoint)
+        self.max_sessions_per_ip = int(cfg.grpc_max_sessions_per_ip)
+        self.max_groups_per_ip = int(cfg.grpc_max_groups_per_ip)
+        self.max_settings_bytes_total = int(cfg.grpc_max_settings_bytes_total)
+        self.max_settings_bytes_per_ip = int(cfg.grpc_max_settings_bytes_per_ip)
+        self.max_tags_per_subscription = int(cfg.grpc_max_tags_per_subscription)
+        self.settings_timeout_ms = int(cfg.grpc_settings_timeout_ms)
+        #: per address: sessions, groups (name -> sessions of the address counting it), Settings bytes counted
+        self._ip_sessions: Counter = Counter()
+        self._ip_groups: dict[str, Counter] = {}
+        self._ip_cost: Counter = Counter()
+        #: Settings bytes counted over all sessions (grpcMaxSettingsBytesTotal)
+        self.settings_cost = 0
+        #: reason -> requests or streams refused to protect what clients share (also the broker's
+        #: rocketmq_broker_grpc_refused_total): foreign_client_id, sessions_per_ip, groups_per_ip, settings_bytes,
+        #: tags_per_subscription, settings_timeout, idle_session
+        self.refused: Counter = Counter()
+        self._refusal_log = RateLimitedLog(log, 60.0, 5)
         self.min_long_polling_ms = min_long_polling_ms
         self.max_long_polling_ms = max_long_polling_ms
         self.sessions: dict[str, GrpcSession] = {}
@@ -293,10 +340,12 @@ class GrpcEndpoint:
         config_dir = getattr(store, "config_dir", None)
         return None if config_dir is None else config_dir / SESSIONS_FILE
 
-    def _save_sessions(self, kept) -> None:
+    def _save_sessions(self, kept, limit: int | None = None) -> None:
         """A graceful stop writes each registered session's Settings (a 5.x client does not send them again when
         its broker comes back: the Python client 5.1.2 only every 300 s on a stream it rebuilds after a failed
-        write). Never fails the stop."""
+        write). One JSON line per session after a header line, the smallest sessions first, as many as fit in
+        ``limit`` bytes (MAX_SESSIONS_FILE_BYTES, what a start reads): large sessions cannot cost the others their
+        restore. Never fails the stop."""
         path = self._sessions_path()
         if path is None or not kept:
             return
@@ -304,14 +353,28 @@ class GrpcEndpoint:
         import json
         import os
 
-        doc = {"version": 1, "savedMs": int(time.time() * 1000), "sessions": [
-            {"clientId": cid, "language": getattr(lang, "name", str(lang)), "sdkVersion": ver,
-             "settings": base64.b64encode(st.SerializeToString()).decode("ascii")} for cid, lang, ver, st in kept]}
+        limit = MAX_SESSIONS_FILE_BYTES if limit is None else limit
+        lines = [json.dumps({"version": 2, "savedMs": int(time.time() * 1000)}).encode("utf-8") + b"\n"]
+        size = len(lines[0])
+        encoded = sorted(((st.SerializeToString(), cid, lang, ver) for cid, lang, ver, st in kept),
+                         key=lambda x: len(x[0]))
+        left_out = 0
+        for raw, cid, lang, ver in encoded:
+            line = json.dumps({"clientId": cid, "language": getattr(lang, "name", str(lang)), "sdkVersion": ver,
+                               "settings": base64.b64encode(raw).decode("ascii")}).encode("utf-8") + b"\n"
+            if size + len(line) > limit:
+                left_out = len(encoded) - (len(lines) - 1)
+                break
+            lines.append(line)
+            size += len(line)
+        if left_out:
+            log.warning("gRPC sessions file: %d of %d sessions (the largest) left out to stay within %d bytes",
+                        left_out, len(encoded), limit)
         tmp = path.with_name(path.name + ".tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
-                f.write(json.dumps(doc).encode("utf-8"))
+                f.writelines(lines)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -320,7 +383,9 @@ class GrpcEndpoint:
 
     def _load_sessions(self) -> None:
         """The sessions file of the previous run, read once (and removed: a later crash must not bring them back):
-        each entry restorable until channelExpiredTimeout after this start. A bad file is logged and ignored."""
+        each entry restorable until channelExpiredTimeout after this start. At most MAX_SESSIONS_FILE_BYTES are
+        read: the entries within them are restored, the rest is left out (and said so); a bad entry is skipped, a
+        bad header ignores the file. An older file (one JSON document) is read when it fits."""
         path = self._sessions_path()
         if path is None or not path.is_file():
             return
@@ -329,17 +394,33 @@ class GrpcEndpoint:
 
         now = int(time.time() * 1000)
         until = now + int(self.broker.config.channel_expired_timeout)
+        left_out = 0
         try:
-            if path.stat().st_size > MAX_SESSIONS_FILE_BYTES:
-                raise ValueError(f"larger than {MAX_SESSIONS_FILE_BYTES} bytes")
-            doc = json.loads(path.read_bytes())
-            entries = doc.get("sessions") if isinstance(doc, dict) else None
-            if not isinstance(entries, list):
-                raise ValueError("no 'sessions' list")
+            with open(path, "rb") as f:
+                data = f.read(MAX_SESSIONS_FILE_BYTES + 1)
+            head, _, rest = data.partition(b"\n")
+            doc = json.loads(head)
+            if not isinstance(doc, dict):
+                raise ValueError("no header")
+            if isinstance(doc.get("sessions"), list):  # version 1: the whole file is one document
+                entries = doc["sessions"]
+            else:
+                if doc.get("version") != 2:
+                    raise ValueError("unknown version")
+                lines = rest.split(b"\n")
+                if len(data) > MAX_SESSIONS_FILE_BYTES:
+                    lines.pop()  # cut inside it (or just after it): what did not fit is left out
+                    left_out = -1
+                entries = (line for line in lines if line.strip())
             saved = int(doc.get("savedMs") or 0)
             if now - saved <= int(self.broker.config.channel_expired_timeout):  # else they have expired meanwhile
-                for entry in entries[:self.max_sessions]:
+                for entry in entries:
+                    if len(self.dormant) >= self.max_sessions:
+                        left_out = -1
+                        break
                     try:
+                        if isinstance(entry, bytes):
+                            entry = json.loads(entry)
                         cid = str(entry["clientId"])
                         settings = self.p.d.Settings.FromString(base64.b64decode(entry["settings"], validate=True))
                         if 0 < len(cid) <= MAX_CLIENT_ID:
@@ -353,6 +434,9 @@ class GrpcEndpoint:
             path.unlink()
         except OSError:
             pass
+        if left_out:
+            log.warning("gRPC sessions file %s: only the first %d bytes (%d sessions) read, the rest left out",
+                        path, MAX_SESSIONS_FILE_BYTES, len(self.dormant))
         if self.dormant:
             log.info("gRPC endpoint: %d sessions of the previous run restorable by their next Heartbeat",
                      len(self.dormant))
@@ -394,6 +478,11 @@ class GrpcEndpoint:
         session.close_reason = reason
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+            self._account(session, frozenset(), 0)
+            ip = session.ip
+            self._ip_sessions[ip] -= 1
+            if self._ip_sessions[ip] <= 0:
+                del self._ip_sessions[ip]
         self.broker.registry.close_channel(session)
         stream, session.stream = session.stream, None
         if stream is not None and end_stream:
@@ -415,15 +504,97 @@ class GrpcEndpoint:
         return client_id, language_of(md.get("x-mq-language")), md.get("x-mq-client-version", "")[:64]
 
     def _session(self, context, create: bool) -> GrpcSession | None:
+        """The session of the call's client id (``create``: a new one when it has none, within grpcMaxSessions and
+        the address's grpcMaxSessionsPerIp). A call from a connection other than the one of the session's live
+        Telemetry stream is refused (:meth:`_check_owner`)."""
         client_id, language, version = self._metadata(context)
         session = self.sessions.get(client_id)
-        if session is None and create:
+        if session is not None:
+            self._check_owner(session, context)
+        elif create:
+            remote_addr = peer_address(context.peer())
+            ip = ip_of(remote_addr)
             if len(self.sessions) >= self.max_sessions:
                 raise _BadRequest(self.p.d.Code.TOO_MANY_REQUESTS, "too many client sessions")
-            session = GrpcSession(self, client_id, language, version, peer_address(context.peer()))
+            if self._ip_sessions[ip] >= self.max_sessions_per_ip:
+                self._refuse("sessions_per_ip", "gRPC client %s (%s) refused: its address holds %d sessions",
+                             echo(client_id), echo(remote_addr), self.max_sessions_per_ip)
+                raise _BadRequest(self.p.d.Code.TOO_MANY_REQUESTS, "too many client sessions from this address")
+            session = GrpcSession(self, client_id, language, version, remote_addr)
             self.sessions[client_id] = session
+            self._ip_sessions[ip] += 1
             self.broker.registry.open_channel(session, session.remote_addr)
         return session
+
+    def _check_owner(self, session: GrpcSession, context) -> None:
+        """A session belongs to the connection of its live Telemetry stream: another connection presenting its
+        client id (to end it, take its stream over, or heartbeat it into other groups) is refused FORBIDDEN while
+        that stream lives; once it is gone, any connection of the client may take the session on."""
+        stream = session.stream
+        if stream is None or stream.done.is_set() or stream.peer == context.peer():
+            return
+        self._refuse("foreign_client_id", "gRPC client id %s of %s presented by another connection (%s): refused",
+                     echo(session.client_id), echo(session.remote_addr), echo(peer_address(context.peer())))
+        raise _BadRequest(self.p.d.Code.FORBIDDEN, "this client id belongs to another connection")
+
+    def _refuse(self, reason: str, msg: str, *args) -> None:
+        """Count a refusal (``refused``, the broker's grpc_refused_total) and log it within the budget."""
+        self.refused[reason] += 1
+        metrics = getattr(self.broker, "metrics", None)
+        counter = getattr(metrics, "grpc_refused", None)
+        if counter is not None:
+            counter[reason] += 1
+        self._refusal_log.log(logging.WARNING, reason, msg, *args)
+
+    def _account(self, session: GrpcSession, groups: frozenset, cost: int) -> None:
+        """Move the session's share of its address's budgets to ``groups`` and ``cost`` (checked before)."""
+        ip = session.ip
+        if groups != session.groups:
+            table = self._ip_groups.setdefault(ip, Counter())
+            for g in groups - session.groups:
+                table[g] += 1
+            for g in session.groups - groups:
+                table[g] -= 1
+                if table[g] <= 0:
+                    del table[g]
+            if not table:
+                del self._ip_groups[ip]
+            session.groups = groups
+        if cost != session.cost:
+            self._ip_cost[ip] += cost - session.cost
+            if self._ip_cost[ip] <= 0:
+                del self._ip_cost[ip]
+            self.settings_cost += cost - session.cost
+            session.cost = cost
+
+    def _check_shares(self, session: GrpcSession, groups: frozenset, cost: int) -> None:
+        """_BadRequest TOO_MANY_REQUESTS when ``groups`` / ``cost`` in place of the session's own would pass the
+        address's group share or the Settings bytes budgets."""
+        ip = session.ip
+        table = self._ip_groups.get(ip) or {}
+        new = sum(1 for g in groups - session.groups if g not in table)
+        gone = sum(1 for g in session.groups - groups if table.get(g) == 1)
+        if new and len(table) + new - gone > self.max_groups_per_ip:
+            self._refuse("groups_per_ip", "gRPC client %s (%s) refused: its address registers %d groups at most",
+                         echo(session.client_id), echo(session.remote_addr), self.max_groups_per_ip)
+            raise _BadRequest(self.p.d.Code.TOO_MANY_REQUESTS, "too many groups from this address")
+        more = cost - session.cost
+        if more > 0 and (self.settings_cost + more > self.max_settings_bytes_total
+                         or self._ip_cost[ip] + more > self.max_settings_bytes_per_ip):
+            self._refuse("settings_bytes", "gRPC client %s (%s) refused: Settings counted at %d bytes pass the "
+                         "Settings bytes budget", echo(session.client_id), echo(session.remote_addr), cost)
+            raise _BadRequest(self.p.d.Code.TOO_MANY_REQUESTS, "settings too large for the broker's budget")
+
+    def settings_cost_of(self, settings) -> int:
+        """What a session with these Settings is counted to cost (see SESSION_COST)."""
+        cost = SESSION_COST + 2 * settings.ByteSize()
+        if settings.HasField("subscription"):
+            for entry in settings.subscription.subscriptions:
+                expr = entry.expression.expression
+                cost += SUBSCRIPTION_COST + 2 * len(expr) + TAG_COST * (expr.count("||") + 1)
+        else:
+            cost += SUBSCRIPTION_COST * len(settings.publishing.topics)
+        return cost
 
     # ------------------------------------------------------------------ validation
     def _topic(self, resource) -> str:
@@ -552,9 +723,44 @@ class GrpcEndpoint:
         session._hb, session._hb_group, session._hb_body, session._hb_repeat = hb, group, None, None
         return hb
 
-    def _register(self, session: GrpcSession, group: str | None):
+    def _beat_data(self, session: GrpcSession, group: str | None):
+        """The HeartbeatData a session's Heartbeat registers: ClientActivity.heartbeat registers the consumer with
+        ``updateSubscription`` false, so its group keeps the subscriptions it has (only Settings change them; two
+        members with different topic sets would otherwise flip the group's table, and its remoting members would
+        be notified, at every heartbeat). Cached while the group and its subscriptions stay the same objects."""
+        if session.client_type == self.p.d.ClientType.PRODUCER:
+            return self._heartbeat_data(session, None)
+        g = self.broker.registry.consumers.group_table.get(group)
+        subs = tuple(g.subscriptions.values()) if g is not None else ()
+        beat = session._beat
+        if (beat is not None and beat[0] == group and beat[1] is g and len(beat[2]) == len(subs)
+                and all(a is b for a, b in zip(beat[2], subs))):
+            return beat[3]
+        own = self._heartbeat_data(session, group)
+        if len(own.consumers[0].subscriptions) == len(subs) and (
+                {id(x) for x in own.consumers[0].subscriptions} == {id(x) for x in subs}):
+            # the group's table is this session's own Settings (the usual case): the same HeartbeatData, so a
+            # heartbeat after its Settings is a repeat of the registry's armed registration
+            session._beat = (group, g, subs, own)
+            return own
+        from engine import ConsumerData, HeartbeatData
+
         d = self.p.d
-        hb = self._heartbeat_data(session, group)
+        consume_type = (ConsumeType.CONSUME_ACTIVELY if session.client_type == d.ClientType.SIMPLE_CONSUMER
+                        else ConsumeType.CONSUME_PASSIVELY)
+        hb = HeartbeatData(session.client_id, consumers=[ConsumerData(
+            group, consume_type, MessageModel.CLUSTERING, ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+            subscriptions=list(subs))])
+        session._beat = (group, g, subs, hb)
+        return hb
+
+    def _register(self, session: GrpcSession, group: str | None, hb=None):
+        """Register the session's Settings (``hb`` None) or its Heartbeat's HeartbeatData ``hb``; the recorder
+        records the Settings' (what the client subscribes)."""
+        d = self.p.d
+        settings_hb = self._heartbeat_data(session, group)
+        if hb is None:
+            hb = settings_hb
         if self.broker.recorder is not None:
             self._record(session)
         result = self.broker.registry.heartbeat(session, hb, session.language, session.version)
@@ -593,15 +799,28 @@ class GrpcEndpoint:
                 raise _BadRequest(d.Code.BAD_REQUEST, f"more than {MAX_SETTINGS_ENTRIES} subscriptions in settings")
             for entry in settings.subscription.subscriptions:
                 self._topic(entry.topic)
+                # each tag is a string, a Java hash and set entries once decoded: at most so many per expression
+                if entry.expression.expression.count("||") >= self.max_tags_per_subscription:
+                    self._refuse("tags_per_subscription", "gRPC client %s (%s) refused: more than %d tags in a "
+                                 "subscription", echo(session.client_id), echo(session.remote_addr),
+                                 self.max_tags_per_subscription)
+                    raise _BadRequest(d.Code.ILLEGAL_FILTER_EXPRESSION,
+                                      f"more than {self.max_tags_per_subscription} tags in a subscription")
             client_type = settings.client_type
             if client_type not in (d.ClientType.PUSH_CONSUMER, d.ClientType.SIMPLE_CONSUMER):
                 raise _BadRequest(d.Code.UNRECOGNIZED_CLIENT_TYPE, d.ClientType.Name(client_type)
                                   if client_type in d.ClientType.values() else "unknown client type")
+        # the address's shares, checked before anything is decoded or registered
+        groups = frozenset((group,) if group is not None else (t.name for t in settings.publishing.topics))
+        cost = self.settings_cost_of(settings)
+        self._check_shares(session, groups, cost)
+        self._account(session, groups, cost)
+        session.last_seen = time.monotonic()
         old = self.broker.registry.channel_groups(session)
         if session.client_type != client_type or session.settings != settings:
             # the same Settings again (the 5.x clients send them again on their own) keep the HeartbeatData: the
             # registry sees the same registration, and the Heartbeat repeat path stays armed
-            session._hb = session._hb_repeat = None
+            session._hb = session._hb_repeat = session._beat = None
         session.settings = settings
         session.client_type = client_type
         hb = self._heartbeat_data(session, group)
@@ -680,9 +899,13 @@ class GrpcEndpoint:
         return d.Broker(name=cfg.broker_name, id=0, endpoints=ep)
 
     def _topic_config(self, topic: str):
-        if self.broker.ensure_topic(topic) is None:
+        """The topic's config; TOPIC_NOT_FOUND for an unknown topic, created by nobody: the proxy's route comes
+        from the name server, which answers TOPIC_NOT_EXIST for a topic no broker registered (a route query
+        proves nothing about its caller, so it creates nothing here)."""
+        tc = self.broker.registry.topic_config(topic)
+        if tc is None:
             raise _BadRequest(self.p.d.Code.TOPIC_NOT_FOUND, f"topic not found: {topic}")
-        return self.broker.registry.topic_config(topic)
+        return tc
 
     def query_route(self, request):
         d = self.p.d
@@ -762,13 +985,15 @@ def _unsupported(name: str, response_type: str):
 
 
 class _Stream:
-    """One Telemetry stream of a session; ``done`` set: its handler ends it (replaced, terminated, expired)."""
+    """One Telemetry stream of a session; ``done`` set: its handler ends it (replaced, terminated, expired).
+    ``peer``: its connection (grpc's ``context.peer()``, one per HTTP/2 connection), the session's owner."""
 
-    __slots__ = ("context", "done")
+    __slots__ = ("context", "done", "peer")
 
     def __init__(self, context):
         self.context = context
         self.done = asyncio.Event()
+        self.peer = context.peer()
 
 
 class _Servicer:
@@ -820,8 +1045,10 @@ class _Servicer:
         ep = self.ep
         if ep.acl is None and ep.on_request is None:
             session = ep.sessions.get(_client_id(context))
-            if session is not None and (repeat := session._hb_repeat) is not None and repeat[0] == request:
+            if (session is not None and (repeat := session._hb_repeat) is not None and repeat[0] == request
+                    and ((stream := session.stream) is None or stream.peer == context.peer())):
                 if ep.broker.registry.heartbeat_repeat(repeat[1]) is not None:
+                    session.last_seen = time.monotonic()
                     ep.heartbeat_repeats += 1
                     if ep.broker.recorder is not None:
                         ep._record(session)
@@ -850,10 +1077,16 @@ class _Servicer:
             group = None
             if session.client_type != d.ClientType.PRODUCER:
                 group = ep._group(request.group)
-            status = ep._register(session, group)
+                if group not in session.groups:  # a group its Settings do not name: counted in the share too
+                    groups = session.groups | {group}
+                    ep._check_shares(session, groups, session.cost)
+                    ep._account(session, groups, session.cost)
+            session.last_seen = time.monotonic()
+            beat = ep._beat_data(session, group)
+            status = ep._register(session, group, beat)
             if status is not None:
                 return ep.p.s.HeartbeatResponse(status=status)
-            token = ep.broker.registry.repeat_token(session, session._hb, session.language, session.version)
+            token = ep.broker.registry.repeat_token(session, beat, session.language, session.version)
             session._hb_repeat = None if token is None else (raw, token)
             return ep._heartbeat_ok
         answer = await self._unary("HeartbeatResponse", run, request, context)
@@ -949,12 +1182,32 @@ class _Servicer:
 
     async def Telemetry(self, request_iterator, context):
         """ClientActivity.telemetry: each Settings command registers the client and is answered with the merged
-        Settings; a bad one ends the stream with INVALID_ARGUMENT; the stream's end removes the session."""
+        Settings; a bad one ends the stream with INVALID_ARGUMENT; the stream's end removes the session.
+
+        A stream is a session only once its Settings arrive (or when its client id has one: the stream takes it
+        on): a stream without Settings after grpcSettingsTimeoutMs ends, and a session silent (no Settings, no
+        Heartbeat) for channelExpiredTimeout ends with its stream. A stream presenting the client id of a session
+        whose live stream is another connection's is refused (PERMISSION_DENIED), as are its Settings."""
         ep = self.ep
         p = ep.p
         session = None
         stream = _Stream(context)
+        opened = time.monotonic()
         reader = done_wait = None
+
+        async def fail(e: _BadRequest, prefix: str = ""):
+            ep.bad_requests += 1
+            code = (p.grpc.StatusCode.RESOURCE_EXHAUSTED if e.code == p.d.Code.TOO_MANY_REQUESTS
+                    else p.grpc.StatusCode.PERMISSION_DENIED if e.code == p.d.Code.FORBIDDEN
+                    else p.grpc.StatusCode.INVALID_ARGUMENT)
+            await context.abort(code, prefix + e.message)
+
+        def attach(new):
+            if new.stream is not None and new.stream is not stream:
+                new.stream.done.set()  # a newer stream of the same client (same connection) replaces the older one
+            new.stream = stream
+            return new
+
         try:
             try:
                 ep.authorize("Telemetry", None, context, authenticate_only=True)
@@ -963,24 +1216,34 @@ class _Servicer:
                 await self._refuse_stream(context, e)
                 return
             try:
-                session = ep._session(context, create=True)
+                session = ep._session(context, create=False)
             except _BadRequest as e:
-                ep.bad_requests += 1
-                code = (p.grpc.StatusCode.RESOURCE_EXHAUSTED if e.code == p.d.Code.TOO_MANY_REQUESTS
-                        else p.grpc.StatusCode.INVALID_ARGUMENT)
-                await context.abort(code, e.message)
-            if session.stream is not None:
-                session.stream.done.set()  # a newer stream of the same client replaces the older one
-            session.stream = stream
+                await fail(e)
+            if session is not None:
+                attach(session)
             while True:
-                reader = asyncio.ensure_future(context.read())
-                done_wait = asyncio.ensure_future(stream.done.wait())
-                await asyncio.wait((reader, done_wait), return_when=asyncio.FIRST_COMPLETED)
-                done_wait.cancel()
-                done_wait = None
-                if not reader.done():
-                    reader.cancel()
+                if reader is None:
+                    reader = asyncio.ensure_future(context.read())
+                if done_wait is None:
+                    done_wait = asyncio.ensure_future(stream.done.wait())
+                now = time.monotonic()
+                if session is None:
+                    left = opened + ep.settings_timeout_ms / 1000.0 - now
+                else:
+                    left = session.last_seen + ep.broker.config.channel_expired_timeout / 1000.0 - now
+                if left <= 0:
+                    if session is None:  # never sent Settings: it holds no session, and now no stream
+                        ep._refuse("settings_timeout", "gRPC Telemetry stream of %s ended: no Settings in %d ms",
+                                   echo(peer_address(context.peer())), ep.settings_timeout_ms)
+                    elif not session.closing:
+                        ep.refused["idle_session"] += 1
+                        ep.close_session(session, "no Settings or Heartbeat within channelExpiredTimeout")
+                    break
+                await asyncio.wait((reader, done_wait), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                if done_wait.done():
                     break  # replaced, terminated or expired: end the stream
+                if not reader.done():
+                    continue  # the timeout: checked above
                 command = reader.result()
                 reader = None
                 if command is p.aio.EOF:
@@ -995,15 +1258,12 @@ class _Servicer:
                     await context.write(p.s.TelemetryCommand(status=ep._status(e.code, e.message)))
                     continue
                 try:
-                    if session.closing:  # terminated, and now it sends Settings again: a new session
-                        session = ep._session(context, create=True)
-                        session.stream = stream
+                    if session is None or session.closing:
+                        # its first Settings (or Settings again after a termination): now it is a session
+                        session = attach(ep._session(context, create=True))
                     status = ep._update_settings(session, command.settings)
                 except _BadRequest as e:
-                    ep.bad_requests += 1
-                    code = (p.grpc.StatusCode.RESOURCE_EXHAUSTED if e.code == p.d.Code.TOO_MANY_REQUESTS
-                            else p.grpc.StatusCode.INVALID_ARGUMENT)
-                    await context.abort(code, f"process client telemetryCommand failed. {e.message}")
+                    await fail(e, "process client telemetryCommand failed. ")
                 answer = p.s.TelemetryCommand(status=status or ep._status(p.d.Code.OK),
                                               settings=ep.merged_settings(session))
                 await context.write(answer)

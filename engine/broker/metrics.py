@@ -43,6 +43,8 @@ class Metrics:
         self.internal_errors = Counter()
         self.register_broker_ok = 0
         self.register_broker_failed = 0
+        #: reason -> gRPC (5.x) requests and streams refused to protect what all clients share (GrpcEndpoint.refused)
+        self.grpc_refused = Counter()
         self._samples: deque = deque()  # (time, heartbeats) once per sample() call
 
     def sample(self) -> None:
@@ -130,6 +132,10 @@ def render(metrics: Metrics, connections: int, group_stats=None, *, max_group_se
              [({}, metrics.notifications_sent)])
     w.metric(p + "register_broker_total", "counter", "REGISTER_BROKER calls to name servers, by outcome.",
              [({"result": "ok"}, metrics.register_broker_ok), ({"result": "failed"}, metrics.register_broker_failed)])
+    if metrics.grpc_refused:
+        w.metric(p + "grpc_refused_total", "counter", "gRPC (5.x) requests and streams refused to protect what all "
+                 "clients share, by reason (another connection's client id, an address's share, Settings bytes, "
+                 "a stream without Settings).", [({"reason": r}, n) for r, n in sorted(metrics.grpc_refused.items())])
     if hb_cache is not None:  # engine.broker.repeat.CacheBudget (maxHeartbeatCacheBytesTotal)
         w.metric(p + "heartbeat_cache_bytes", "gauge",
                  "Heartbeat bytes the connections keep after their reads (cached bodies, armed repeat patterns).",

@@ -476,9 +476,9 @@ def file_events(broker: str, path: str, rank: int, tz, *, native: Optional[bool]
     damage = list(reader.damage)
     if bad:
         damage.append({"kind": "bad_timestamp", "offset": 0, "bytes": 0,
-                       "reason": f"{bad['n']:,} event line(s) stamped outside {_fmt_ts(window[0], 0)} .. "
-                                 f"{_fmt_ts(window[1], 0)} (as written) left out; the first: line {bad['first_line'] + 1:,}"
-                                 f" ({_fmt_ms(bad['first_ms'])})"})
+                       "reason": f"{bad['n']:,} event line(s) stamped before {_fmt_ms(window[0])} or more than "
+                                 f"{TS_AHEAD_MS // 86_400_000} days after the scan's clock left out; the first: line "
+                                 f"{bad['first_line'] + 1:,} ({_fmt_ms(bad['first_ms'])})"})
     counts = {"overlong_line": reader.overlong} if reader.overlong else {}
     sch = events_schema()
     empty = pa.RecordBatch.from_arrays([pa.array([], sch.field(c).type) for c in order], names=order)

@@ -219,9 +219,9 @@ def test_events_stamped_outside_the_window_are_damage_not_events(tmp_path):
         assert f["log"]["counts"]["bad_timestamp"] == 4 and f["log"]["counts"]["event_register"] == 2
         assert f["log"]["unparseable_by_kind"] == {"bad_timestamp": 4}
         (dmg,) = f["scan"]["corrupt"]
-        assert dmg["kind"] == "bad_timestamp" and dmg["reason"].startswith("4 event line(s) stamped outside "
-                                                                           "2000-01-01 00:00:00 .. ")
-        assert dmg["reason"].endswith("the first: line 2 (2106-02-07 06:28:16)")
+        assert dmg["kind"] == "bad_timestamp" and dmg["reason"] == (
+            "4 event line(s) stamped before 2000-01-01 00:00:00 or more than 2 days after the scan's clock left "
+            "out; the first: line 2 (2106-02-07 06:28:16)")
     # the window is the scan's: 2 days past its clock
     lo, hi = bl.ts_window(1_800_000_000_000)
     assert (lo, hi) == (946_684_800_000, 1_800_000_000_000 + 2 * 86_400_000)

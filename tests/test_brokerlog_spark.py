@@ -1,5 +1,6 @@
 """Broker logs on Spark: read_broker_logs gives the local reader's events, the scan gives the local analyses'
 findings (two brokers, rolled files), and `rmqhb scan --input broker-log` writes the report. One SparkSession."""
+import gzip
 import json
 import os
 from pathlib import Path
@@ -118,3 +119,44 @@ def test_scan_command_over_generated_logs_finds_exactly_the_injections(spark, tm
     assert all(fleet["per_broker"][b]["expired_clients"] == 1 for b in fleet["brokers"])
     assert {(r["finding"], r["client_id"]) for r in fleet["clients_on_several_brokers"]} == {
         ("flapping_clients", "10.9.0.1@flapper"), ("expired_clients", "10.9.0.2@frozen")}
+
+
+def test_scan_names_bad_inputs_and_keeps_the_good_brokers_findings(spark, tmp_path, capsys):
+    """Issue 26 section 2 on Spark: a .log.gz with no line end (the issue's 256 MB, scaled with --max-line-bytes),
+    a .gz that is no gzip and an event stamped in 2106 beside a good broker's log: the scan completes (exit 3,
+    one DAMAGED INPUT line), the good broker's findings are those of a scan of it alone, and every bad input is
+    named in findings.json as the local scan names it, without its bytes."""
+    from engine.cli import main
+
+    good, bad = tmp_path / "broker-good", tmp_path / "broker-bad"
+    bl.generate_broker_log(good / "broker.log", groups=2, members=3, seed=4, tz_offset_min=0)
+    bad.mkdir()
+    with gzip.open(bad / "broker.log.gz", "wb", compresslevel=1) as f:
+        for _ in range(32):
+            f.write(b"x" * 65536)
+    (bad / "broker.2.log.gz").write_bytes(b"NOTGZIP root:x:0:0:root:/root:/bin/bash\n")
+    cci = ("ClientChannelInfo [channel=[id: 0x1, L:/10.0.0.1:10911 - R:/10.0.0.7:5555], clientId=10.0.0.7@c, "
+           "language=JAVA, version=409, lastUpdateTimestamp=1795400000000]")
+    (bad / "broker.1.log").write_text(f"2106-02-07 06:28:16 INFO t - new producer connected, group: PG channel: {cci}\n"
+                                      f"2026-11-20 10:00:00 INFO t - new producer connected, group: PG channel: {cci}\n")
+    out = tmp_path / "report"
+    rc = main(["scan", str(good), str(bad), "--out", str(out), "--log-tz", "UTC", "--no-plots",
+               "--max-line-bytes", "65536"])
+    err = capsys.readouterr().err
+    assert rc == 3
+    (line,) = [ln for ln in err.splitlines() if "DAMAGED INPUT" in ln]
+    assert line.startswith("rmqhb scan: DAMAGED INPUT: 3 corrupt ranges")
+    f = json.loads((out / "findings.json").read_text())
+    ref = json.loads(json.dumps(bl.scan_local([good, bad], log_tz="UTC", max_line_bytes=65536)))
+    assert f["scan"]["corrupt"] == ref["scan"]["corrupt"]
+    assert [(Path(d["segment"]).name, d["kind"]) for d in f["scan"]["corrupt"]] == [
+        ("broker.1.log", "bad_timestamp"), ("broker.2.log.gz", "unreadable"), ("broker.log.gz", "overlong_line")]
+    assert _drop_timing(f) == _drop_timing(ref)
+    alone = json.loads(json.dumps(bl.scan_local([good], log_tz="UTC")))
+    for k in ("flapping_clients", "expired_clients", "inconsistent_subscriptions", "group_sizes"):
+        assert [r for r in f[k] if r["broker"] == "broker-good"] == alone[k], k
+    assert f["log"]["unparseable_by_kind"]["overlong_line"] == 1 and f["log"]["counts"]["bad_timestamp"] == 1
+    page = (out / "index.html").read_text()
+    assert "DAMAGED INPUT" in page and "line(s) longer than 65,536 bytes skipped" in page
+    for p in out.iterdir():
+        assert "NOTGZIP" not in p.read_text(errors="replace") and "root:x" not in p.read_text(errors="replace")

@@ -26,6 +26,7 @@ import gzip
 import json
 import os
 import time
+import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,8 +50,14 @@ GZIP_MAGIC = b"\x1f\x8b"
 CHUNK_BYTES = 8 << 20
 #: records per Arrow batch a task emits (a batch of heartbeats is ~10 MB: small enough for the allocator to reuse)
 BATCH_RECORDS = 16384
+#: ... and at most about this many bytes of bodies and addresses (a batch's records are taken once they pass it;
+#: with the reader's max_record_bytes a batch stays under 2^31 bytes, the Arrow offsets' limit, whatever the file)
+BATCH_BYTES = 64 << 20
 #: losses listed one by one in findings.json (all are counted)
 MAX_LISTED = 200
+#: events (connection opens and ends, unregisters, notifies) and losses a capture task keeps; past it the rest are
+#: counted (events_dropped, named as damage with their time range), not kept
+MAX_EVENTS = 500_000
 CAPTURE_ROLE = "_capture"  # rows of a scan task that carry its capture's summary (sub_key = JSON)
 
 EVENT_FIELDS = ("ms", "conn_id", "kind", "addr", "by", "client_id", "producer_group", "consumer_group")
@@ -134,7 +141,8 @@ class Capture:
 
 #: statistics every shard of a capture counts alike (each reads every packet): merged from one shard only
 PACKET_STATS = ("files", "packets", "tcp_packets", "non_tcp_packets", "unsupported_link_packets", "ip_fragments",
-                "truncated_packets", "malformed_packets", "filtered_packets", "truncated_file_tails")
+                "truncated_packets", "malformed_packets", "filtered_packets", "truncated_file_tails",
+                "bad_time_packets")
 
 
 def plan_captures(paths, shards: int = 1) -> List[Capture]:
@@ -225,6 +233,8 @@ class CaptureResult:
     last_ms: Optional[int] = None
     #: {conn_id: [client address, first ms, last ms]} of the connections it shows (continued_connections)
     conns: dict = field(default_factory=dict)
+    #: {kind: [first ms, last ms]} of what the reader's budgets left unread (CaptureDecoder.damage_times)
+    damage_times: dict = field(default_factory=dict)
 
 
 def merge_shards(results: Sequence[CaptureResult]) -> List[CaptureResult]:
@@ -247,8 +257,18 @@ def merge_shards(results: Sequence[CaptureResult]) -> List[CaptureResult]:
                                  sorted((e for r in parts for e in r.events), key=lambda e: (e[0], e[1], e[2])),
                                  sorted((lo for r in parts for lo in r.losses), key=lambda lo: (lo[3], lo[0])),
                                  parts[0].damaged, (1, 0), min(firsts, default=None), max(lasts, default=None),
-                                 {c: v for r in parts for c, v in r.conns.items()}))
+                                 {c: v for r in parts for c, v in r.conns.items()},
+                                 merge_damage_times([r.damage_times for r in parts])))
     return out
+
+def merge_damage_times(parts: Sequence[dict]) -> dict:
+    out: dict = {}
+    for times in parts:
+        for kind, (a, b) in times.items():
+            t = out.setdefault(kind, [a, b])
+            t[0], t[1] = min(t[0], a), max(t[1], b)
+    return out
+
 
 def capture_salt(index: int) -> int:
     """What the connection ids of the ``index``-th capture among the inputs are XORed with: 0 for the first (a
@@ -261,12 +281,15 @@ def capture_salt(index: int) -> int:
 
 
 def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None, batch_records: int = BATCH_RECORDS,
-                 chunk_bytes: int = CHUNK_BYTES, **decoder_options) -> Iterator:
-    """Yields the capture's records (dicts of columns, see CaptureDecoder.take) as they come, then its
-    CaptureResult. A file whose structure breaks is reported in ``damaged`` and the next file is read. Connection
-    ids are the capture's own (:func:`capture_salt`)."""
+                 chunk_bytes: int = CHUNK_BYTES, batch_bytes: int = BATCH_BYTES, max_events: int = MAX_EVENTS,
+                 **decoder_options) -> Iterator:
+    """Yields the capture's records (dicts of columns, see CaptureDecoder.take) as they come, at most
+    ``batch_records`` or about ``batch_bytes`` at a time, then its CaptureResult. A file whose structure breaks is
+    reported in ``damaged`` and the next file is read. Connection ids are the capture's own
+    (:func:`capture_salt`). At most ``max_events`` events and losses are kept (the rest counted: events_dropped)."""
     dec = decoder_class(native)(ports=ports, shard=capture.shard, **decoder_options)
     events, losses, damaged = [], [], []
+    dropped = [0, None, None]  # events and losses not kept: count, first ms, last ms
     salt = capture_salt(capture.index)
     conns: dict = {}  # conn_id -> [client address, first ms, last ms] of its records and events
 
@@ -281,6 +304,14 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
     def drain():
         rec, ev, lo = dec.take()
         conn = rec["conn_id"] = rec["conn_id"] ^ np.int64(salt)
+        room = max(max_events - len(events) - len(losses), 0)
+        if len(ev) + len(lo) > room:
+            cut_ev, cut_lo = ev[room:], lo[max(room - len(ev), 0):]
+            ev, lo = ev[:room], lo[:max(room - len(ev), 0)]
+            times = [e[0] for e in cut_ev] + [x[4] for x in cut_lo]
+            dropped[0] += len(cut_ev) + len(cut_lo)
+            dropped[1] = min(times + ([dropped[1]] if dropped[1] is not None else []))
+            dropped[2] = max(times + ([dropped[2]] if dropped[2] is not None else []))
         ev = [(e[0], e[1] ^ salt) + tuple(e[2:]) for e in ev]
         events.extend(ev)
         losses.extend((x[0] ^ salt,) + tuple(x[1:]) for x in lo)
@@ -316,12 +347,12 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
                     if used:
                         buf[:fill - used] = buf[used:fill]
                         fill -= used
-                    if dec.pending_records >= batch_records:
+                    if dec.pending_records >= batch_records or dec.pending_record_bytes >= batch_bytes:
                         yield drain()
         except CaptureError as e:
             damaged.append({"file": path, "reason": str(e)})
             dec.end_file(0)
-        except (OSError, EOFError) as e:  # e.g. a gzip file cut short
+        except (OSError, EOFError, zlib.error) as e:  # e.g. a gzip file cut short, or its deflate data broken
             damaged.append({"file": path, "reason": f"{type(e).__name__}: {e}"})
             dec.end_file(0)
     dec.finish()
@@ -331,8 +362,12 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
     # what the capture shows: from its first packet to its last (in file order), and every record and event
     times = [t for info in conns.values() for t in info[1:]]
     times += [t for t in (dec.first_packet_ms, dec.last_packet_ms) if t >= 0]
-    yield CaptureResult(capture.name, list(capture.files), dec.stats, events, losses, damaged, capture.shard,
-                        min(times, default=None), max(times, default=None), conns)
+    stats = dict(dec.stats, events_dropped=dropped[0])
+    damage_times = {k: list(v) for k, v in dec.damage_times.items()}
+    if dropped[0]:
+        damage_times["events_dropped"] = dropped[1:]
+    yield CaptureResult(capture.name, list(capture.files), stats, events, losses, damaged, capture.shard,
+                        min(times, default=None), max(times, default=None), conns, damage_times)
 
 
 def read_local(paths, *, native: Optional[bool] = None, ports=None, shards: int = 1, **options):
@@ -434,7 +469,37 @@ def capture_summary(results: Sequence[CaptureResult]) -> dict:
         "loss_count": len(losses),
         "damaged_files": [d for r in results for d in r.damaged],
         "continued": continued_captures(results),
+        "limits": limit_damage(results),
     }
+
+
+#: what each budget of the capture reader leaves unread, as the report names it (engine.recording._pcap_py's budgets)
+LIMIT_REASONS = {
+    "bad_time_packets": "{n:,} packets stamped outside the sane time window (before 2000 or after the scan's "
+                        "time + 1 day) not read: their times are damage, not events",
+    "records_too_large": "{n:,} heartbeat / unregister / notify frames over the reader's max_record_bytes not read",
+    "connections_evicted": "{n:,} open connections closed out at the reader's max_connections (their later "
+                           "packets read as new connections)",
+    "buffers_shed": "{n:,} connection directions emptied at the reader's max_buffered_bytes ({b:,} bytes: holes "
+                    "lost, frames cut)",
+    "events_dropped": "{n:,} connection events and losses past the scan's limit of MAX_EVENTS per capture task not "
+                      "kept",
+}
+
+
+def limit_damage(results: Sequence[CaptureResult]) -> List[dict]:
+    """Per capture and budget: what the reader's budgets left unread ({capture, kind, count, bytes, first_ms,
+    last_ms}; times None where unknown, as for packets whose time stamp is the damage)."""
+    out = []
+    for r in results:
+        for kind in LIMIT_REASONS:
+            n = r.stats.get(kind, 0)
+            if n:
+                a, b = r.damage_times.get(kind, (None, None))
+                out.append({"capture": r.name, "kind": kind, "count": n,
+                            "bytes": r.stats.get("buffer_shed_bytes", 0) if kind == "buffers_shed" else 0,
+                            "first_ms": a, "last_ms": b})
+    return out
 
 
 def continued_captures(results: Sequence[CaptureResult]) -> List[dict]:
@@ -485,6 +550,11 @@ def loss_damage(summary: dict) -> List[dict]:
            for lo in summary["losses"]]
     out += [{"segment": Path(d["file"]).name, "kind": "capture_file", "offset": 0, "bytes": 0, "first_ms": None,
              "last_ms": None, "records_lost": None, "reason": d["reason"]} for d in summary["damaged_files"]]
+    out += [{"segment": lim["capture"], "kind": "capture_limit", "offset": 0, "bytes": lim["bytes"],
+             "first_ms": lim["first_ms"], "last_ms": lim["last_ms"],
+             "records_lost": lim["count"] if lim["kind"] == "records_too_large" else None,
+             "reason": LIMIT_REASONS[lim["kind"]].format(n=lim["count"], b=lim["bytes"])}
+            for lim in summary.get("limits", [])]
     return out
 
 
@@ -699,6 +769,7 @@ def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = 
                           "events": result.events, "losses": result.losses, "damaged": result.damaged,
                           "shard": list(result.shard), "first_ms": result.first_ms, "last_ms": result.last_ms,
                           "conns": [[c] + v for c, v in result.conns.items()],
+                          "damage_times": result.damage_times,
                           "addrs": [[c, a] for c, a in addrs.items()],
                           "clients": sorted({c for b in out for r, c in zip(b.column(0).to_pylist(),
                                                                            b.column(2).to_pylist())
@@ -815,7 +886,8 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
             task_conns[index[(p["name"], tuple(p["shard"]))]] = {int(c) for c, _ in p["addrs"]}
             results.append(CaptureResult(p["name"], p["files"], p["stats"], [tuple(e) for e in p["events"]],
                                          [tuple(x) for x in p["losses"]], p["damaged"], tuple(p["shard"]),
-                                         p["first_ms"], p["last_ms"], {int(c): v for c, *v in p["conns"]}))
+                                         p["first_ms"], p["last_ms"], {int(c): v for c, *v in p["conns"]},
+                                         p["damage_times"]))
             task_clients[(p["name"], tuple(p["shard"]))] = set(p["clients"])
         unseen = unseen_unregisters(results, task_clients)
         results = merge_shards(results)
@@ -932,6 +1004,7 @@ def combine_capture_brokers(per_broker: dict) -> dict:
         "losses": tagged("losses")[:MAX_LISTED],
         "loss_count": sum(c["loss_count"] for c in caps.values()),
         "damaged_files": tagged("damaged_files"),
+        "limits": tagged("limits"),
     }
     out["scan"].update({k: sum(sc.get(k, 0) for sc in out["scan"]["brokers"].values())
                         for k in ("captures", "tasks", "files")})
@@ -977,6 +1050,14 @@ def scan_main(argv=None) -> int:
                    help="Spark tasks per capture, each reading the file and taking its share of the connections")
     p.add_argument("--reorder-window-ms", type=int, default=twin.DEFAULT_REORDER_WINDOW_MS,
                    help="capture time a hole in a connection's bytes may wait for its segment before it is lost")
+    p.add_argument("--max-connections", type=int, default=twin.DEFAULT_MAX_CONNECTIONS,
+                   help="connections a capture reader keeps at once; past it the least recently used one is dropped "
+                        "(an open one closed out, named as damage)")
+    p.add_argument("--max-record-bytes", type=int, default=twin.DEFAULT_MAX_RECORD_BYTES,
+                   help="frames larger than this are not buffered; a heartbeat that large is not read (damage)")
+    p.add_argument("--max-buffered-bytes", type=int, default=twin.DEFAULT_MAX_BUFFERED_BYTES,
+                   help="partial frames and reordered segments a capture reader buffers, all connections together; "
+                        "past it the largest are dropped (damage)")
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     p.add_argument("--min-duration", type=float, default=d.min_duration_s)
     p.add_argument("--gap-threshold", type=float, default=d.gap_threshold_s)
@@ -998,6 +1079,8 @@ def scan_main(argv=None) -> int:
             raise ValueError("no capture given")
         for paths in (brokers.values() if brokers else [args.paths]):
             plan_captures(paths, args.shards)
+        twin.CaptureDecoder(max_connections=args.max_connections, max_record_bytes=args.max_record_bytes,
+                            max_buffered_bytes=args.max_buffered_bytes)  # the budgets' checks
     except (ValueError, FileNotFoundError) as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)
         return 2
@@ -1010,7 +1093,8 @@ def scan_main(argv=None) -> int:
     spark = running or spark_session(args.master, "rmqhb-scan-pcap", driver_memory=args.driver_memory)
     try:
         kw = dict(native=False if args.twin else None, ports=args.port or None, shards=args.shards,
-                  reorder_window_ms=args.reorder_window_ms)
+                  reorder_window_ms=args.reorder_window_ms, max_connections=args.max_connections,
+                  max_record_bytes=args.max_record_bytes, max_buffered_bytes=args.max_buffered_bytes)
         if brokers:
             findings = combine_capture_brokers({b: scan(spark, paths, params, client_ids=True, **kw)
                                                 for b, paths in brokers.items()})

@@ -47,10 +47,10 @@ def run(cls, files, chunk=None, **kw):
                 carry = buf[used:]
         d.finish()
     except ValueError as e:
-        return ("error", type(e).__name__, str(e), d.stats, (d.first_packet_ms, d.last_packet_ms))
+        return ("error", type(e).__name__, str(e), d.stats, (d.first_packet_ms, d.last_packet_ms), d.damage_times)
     rec, events, losses = d.take()
     return ({k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in rec.items()}, events, losses, d.stats,
-            (d.first_packet_ms, d.last_packet_ms))
+            (d.first_packet_ms, d.last_packet_ms), d.damage_times, d.buffered_bytes, d.connections_kept)
 
 
 def both(files, **kw):
@@ -234,7 +234,7 @@ def test_sequence_wrap_port_reuse_and_syn_retransmission():
     # the same 4-tuple twice (the second connection after the first closed), the second SYN sent twice
     two = both([_capture_of([hb] * 2) + _capture_of([hb] * 3, header=False, t0=10_000_000, isn=777,
                                                       syn_twice=True)])
-    rec, events, _, stats, (first, last) = two
+    rec, events, _, stats, (first, last) = two[:5]
     assert 0 <= first < last
     assert len(rec["recv_ms"]) == 5 and len(set(rec["conn_id"])) == 2
     assert [e[2] for e in events] == ["open", "fin", "open", "fin"]

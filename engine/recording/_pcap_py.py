@@ -245,6 +245,16 @@ class CaptureDecoder:
         return len(self._recv)
 
     @property
+    def buffered_bytes(self) -> int:
+        """Partial frames and waiting segments of all connections (max_buffered_bytes bounds it)."""
+        return self._held
+
+    @property
+    def connections_kept(self) -> int:
+        """Connections held (max_connections bounds it)."""
+        return len(self._flows)
+
+    @property
     def pending_record_bytes(self) -> int:
         """Bytes of the records produced and not yet taken (bodies and addresses)."""
         return self._record_bytes

@@ -497,6 +497,16 @@ cdef class CaptureDecoder:
         return self.o_n
 
     @property
+    def buffered_bytes(self):
+        """Partial frames and waiting segments of all connections (max_buffered_bytes bounds it)."""
+        return self._held
+
+    @property
+    def connections_kept(self):
+        """Connections held (max_connections bounds it)."""
+        return len(self._flows)
+
+    @property
     def pending_record_bytes(self):
         """Bytes of the records produced and not yet taken (bodies and addresses)."""
         return self.o_body.n + self.o_addr.n

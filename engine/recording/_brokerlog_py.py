@@ -45,7 +45,9 @@ Other lines are counted, never fatal: ``other`` (a well-formed line with another
 (no header, starts with white space: stack traces, wrapped messages), ``blank``, ``unknown_format`` (no
 ``timestamp ... - `` header), ``invalid_utf8`` (a recognised line that is not UTF-8) and ``malformed_<kind>``
 (a recognised message whose fields do not parse, e.g. a truncated line). ``examples`` keeps the first line of
-each category but ``other`` (truncated to ``EXAMPLE_CHARS``).
+each category but ``other`` (truncated to ``EXAMPLE_CHARS``). The file reader (``engine.bindings.brokerlog``) adds
+``overlong_line`` (a line over its max line size, skipped) and ``bad_timestamp`` (an event stamped outside its time
+window, left out), and withholds the examples of header-less lines of a file with no log line.
 """
 from __future__ import annotations
 

@@ -203,3 +203,63 @@ def test_standalone_routes_what_the_name_server_routes(nameserver, brokers, tmp_
         assert a[0] == n[0], topic
         if a[0] == 0:
             assert queue_data(a[1]) == queue_data(n[1]), topic
+
+
+# ------------------------------------------------------------------------------------------------ sends create topics
+
+
+def send(c, topic, default_topic="TBW102", queue_nums=4, v2=True, unit_mode=False, **kw):
+    if v2:
+        ext = {"a": "PID", "b": topic, "c": default_topic, "d": str(queue_nums), "e": "0", "f": "0",
+               "g": "1700000000000", "h": "0", "i": "", "j": "0", "k": str(unit_mode).lower(), "m": "false"}
+        return c.call(RequestCode.SEND_MESSAGE_V2, ext, b"hello", **kw)
+    ext = {"producerGroup": "PID", "topic": topic, "defaultTopic": default_topic,
+           "defaultTopicQueueNums": str(queue_nums), "queueId": "0", "sysFlag": "0", "bornTimestamp": "1",
+           "flag": "0", "unitMode": str(unit_mode).lower()}
+    return c.call(RequestCode.SEND_MESSAGE, ext, b"hello", **kw)
+
+
+def test_a_send_creates_its_topic_from_tbw102_and_registers_it_at_once(nameserver, brokers, tmp_path):
+    """msgCheck -> createTopicInSendMessageMethod: min(client's defaultTopicQueueNums, TBW102's write queues)
+    queues, TBW102's perm without inherit (6), then registerBrokerAll at once; the send itself is not stored."""
+    b = start(brokers, tmp_path, namesrv_addr=nameserver.addr, broker_name="broker-a", default_topic_queue_nums=8)
+    assert wait_until(lambda: nameserver.route("TBW102") is not None, 10)
+    c = Client(b.ports["main"])
+    r = send(c, "TopicNew", queue_nums=4)
+    assert (r.code, r.remark) == (ResponseCode.REQUEST_CODE_NOT_SUPPORTED, " request type 310 not supported")
+    assert wait_until(lambda: nameserver.route("TopicNew") is not None, 5)
+    assert queue_data(nameserver.route("TopicNew")) == q(6, 4)
+    assert send(c, "TopicBig", queue_nums=16, v2=False).code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+    assert send(c, "TopicUnit", unit_mode=True).code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+    assert wait_until(lambda: nameserver.route("TopicBig") is not None and nameserver.route("TopicUnit"), 5)
+    assert queue_data(nameserver.route("TopicBig")) == q(6, 8)
+    assert queue_data(nameserver.route("TopicUnit")) == q(6, 4, sys_flag=1)  # TopicSysFlag unit
+    # an existing topic is left as it is
+    assert send(c, "TopicNew", queue_nums=2).code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+    assert b.call(lambda: b.registry.topic_config("TopicNew")).read_queue_nums == 4
+
+
+def test_a_send_is_refused_as_4_9_8_refuses_it(nameserver, brokers, tmp_path):
+    b = start(brokers, tmp_path / "a", namesrv_addr=nameserver.addr, broker_name="broker-a", auto_create_max_topics=1)
+    c = Client(b.ports["main"])
+    not_exist = ("topic[%s] not exist, apply first please!\nSee http://rocketmq.apache.org/docs/faq/ for further "
+                 "details.")
+    r = send(c, "T1", default_topic="NoSuchDefault")
+    assert (r.code, r.remark) == (ResponseCode.TOPIC_NOT_EXIST, not_exist % "T1")
+    r = send(c, "T1", default_topic="SELF_TEST_TOPIC")  # exists, but without the inherit perm
+    assert (r.code, r.remark) == (ResponseCode.TOPIC_NOT_EXIST, not_exist % "T1")
+    r = send(c, "bad topic")
+    assert (r.code, r.remark) == (ResponseCode.SYSTEM_ERROR, "The specified topic contains illegal characters, "
+                                                              "allowing only ^[%|a-zA-Z0-9_-]+$")
+    assert send(c, "x" * 128).remark == "The specified topic is longer than topic max length."
+    r = send(c, "SCHEDULE_TOPIC_XXXX")
+    assert (r.code, r.remark) == (ResponseCode.NO_PERMISSION, "Sending message to topic[SCHEDULE_TOPIC_XXXX] is forbidden.")
+    # autoCreateMaxTopics=1 (the start topics not counted): the first send creates its topic, the next is refused
+    assert send(c, "T2").code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+    r = send(c, "T3")
+    assert (r.code, r.remark) == (ResponseCode.TOPIC_NOT_EXIST, not_exist % "T3")
+    assert b.call(lambda: (b.registry.topic_config("T2") is not None, b.registry.topic_config("T3"))) == (True, None)
+    # without autoCreateTopicEnable there is no TBW102 to create from
+    b2 = start(brokers, tmp_path / "b", broker_name="broker-b", auto_create_topic_enable=False)
+    r = send(Client(b2.ports["main"]), "T4")
+    assert (r.code, r.remark) == (ResponseCode.TOPIC_NOT_EXIST, not_exist % "T4")

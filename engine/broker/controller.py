@@ -67,6 +67,11 @@ def valid_topic_name(topic: str) -> bool:
     return 0 < len(topic) <= 127 and _TOPIC_CHARS.issuperset(topic)
 
 
+#: TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET (4.9.8)
+NOT_ALLOWED_SEND_TOPICS = frozenset({"SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+                                     "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"})
+
+
 class Broker:
     """The broker front end: registry + remoting server + housekeeping, started and stopped as one."""
 
@@ -229,6 +234,39 @@ class Broker:
         # derivable: the next route query creates it again, so its write may be deferred (Store)
         self.registry.update_topic_config(tc, derivable=True)
         return tc
+
+    def msg_check(self, topic, default_topic, client_default_topic_queue_nums: int, unit_mode: bool,
+                  remote_address: str):
+        """The topic part of AbstractSendMessageProcessor.msgCheck (4.9.8): the topic name is checked, and a topic
+        the broker does not have is created from the default topic (createTopicInSendMessageMethod; a retry topic
+        that cannot be is created with 1 queue, perm 6) and registered with the name servers at once. This is how
+        a topic appears behind a name server: a producer whose topic has no route sends through TBW102's route.
+        Returns None when the topic exists (now), else Java's refusal as (code, remark)."""
+        from engine.registry.topic_config_manager import FLAG_UNIT, FLAG_UNIT_SUB, PERM_READ, PERM_WRITE
+
+        if not topic or not topic.strip():
+            return ResponseCode.SYSTEM_ERROR, "The specified topic is blank."
+        if not _TOPIC_CHARS.issuperset(topic):
+            return (ResponseCode.SYSTEM_ERROR,
+                    "The specified topic contains illegal characters, allowing only ^[%|a-zA-Z0-9_-]+$")
+        if len(topic) > 127:
+            return ResponseCode.SYSTEM_ERROR, "The specified topic is longer than topic max length."
+        if topic in NOT_ALLOWED_SEND_TOPICS:
+            return ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden."
+        topics = self.registry.store.topics
+        if topics.get(topic) is not None:
+            return None
+        retry = topic.startswith("%RETRY%")
+        sys_flag = (FLAG_UNIT_SUB if retry else FLAG_UNIT) if unit_mode else 0  # TopicSysFlag.buildSysFlag
+        tc = topics.create_topic_in_send_message_method(topic, default_topic or "", remote_address,
+                                                        client_default_topic_queue_nums, sys_flag,
+                                                        self.config.auto_create_topic_enable)
+        if tc is None and retry:
+            tc, _ = topics.create_topic_in_send_message_back_method(topic, 1, PERM_READ | PERM_WRITE, None, sys_flag)
+        if tc is None:
+            return (ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!"
+                    "\nSee http://rocketmq.apache.org/docs/faq/ for further details.")
+        return None
 
     # ------------------------------------------------------------------ lifecycle (asyncio)
     async def start_async(self) -> "Broker":

@@ -405,6 +405,22 @@ class Processors:
         self.broker.rebalance_lock_manager.unlock_batch(group, mqs, client_id)
         return cmd.response(ResponseCode.SUCCESS)
 
+    # ------------------------------------------------------------------ SendMessageProcessor (no store)
+    def send_message(self, conn, cmd):
+        """No message store, so no send succeeds; but as 4.9.8's msgCheck does before storing, a send of a topic
+        this broker lacks creates it from its default topic (TBW102) and registers it with the name servers: the
+        way a topic comes to exist behind a name server, so its consumers find this broker. Then the answer is the
+        one every send had before: REQUEST_CODE_NOT_SUPPORTED (or Java's refusal of the topic)."""
+        v2 = cmd.code != RequestCode.SEND_MESSAGE  # SendMessageRequestHeaderV2's one-letter names
+        topic = _required(cmd, "b" if v2 else "topic")
+        default_topic = _required(cmd, "c" if v2 else "defaultTopic")
+        queue_nums = _int_field(cmd, "d" if v2 else "defaultTopicQueueNums")
+        unit_mode = (_optional(cmd, "k" if v2 else "unitMode") or "").lower() == "true"
+        refused = self.broker.msg_check(topic, default_topic, queue_nums, unit_mode, conn.remote_addr)
+        if refused is not None:
+            return cmd.response(refused[0], remark=refused[1])
+        return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, remark=f" request type {cmd.code} not supported")
+
     # ------------------------------------------------------------------ PullMessageProcessor (no store)
     def pull_message(self, conn, cmd):
         """Hold the pull like long polling does, then answer PULL_NOT_FOUND: clients wait instead of spinning."""
@@ -493,6 +509,9 @@ PROCESSOR_TABLE = (
     (RequestCode.UPDATE_CONSUMER_OFFSET, "update_consumer_offset", "consumer_manage"),
     (RequestCode.QUERY_CONSUMER_OFFSET, "query_consumer_offset", "consumer_manage"),
     (RequestCode.PULL_MESSAGE, "pull_message", "pull"),
+    (RequestCode.SEND_MESSAGE, "send_message", "admin"),
+    (RequestCode.SEND_MESSAGE_V2, "send_message", "admin"),
+    (RequestCode.SEND_BATCH_MESSAGE, "send_message", "admin"),
     (RequestCode.GET_CONSUMER_CONNECTION_LIST, "get_consumer_connection_list", "admin"),
     (RequestCode.GET_PRODUCER_CONNECTION_LIST, "get_producer_connection_list", "admin"),
     (RequestCode.GET_MAX_OFFSET, "get_max_offset", "admin"),

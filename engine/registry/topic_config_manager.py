@@ -143,6 +143,44 @@ class TopicConfigManager(KeyedConfigManager):
         tc = self.table.get(topic)
         return tc is not None and tc.order
 
+    def create_topic_in_send_message_method(self, topic: str, default_topic: str, remote_address: str,
+                                            client_default_topic_queue_nums: int, topic_sys_flag: int,
+                                            auto_create_topic_enable: bool = True) -> TopicConfig | None:
+        """createTopicInSendMessageMethod: a producer's first send of ``topic`` (routed to this broker through the
+        default topic, TBW102) creates it from the default topic when that one has the inherit perm:
+        min(client's defaultTopicQueueNums, the default topic's write queues) queues, its perm without inherit,
+        its filter type. Returns the topic's config, or None (no default topic, no inherit perm, or the auto-create
+        budget reached). Java writes the table at once; here it is a derivable change (the next send creates the
+        topic again) and, as every created topic, it is registered with the name servers at once."""
+        tc = self.table.get(topic)
+        if tc is not None:
+            return tc
+        default = self.table.get(default_topic)
+        if default is None:
+            self._store._refusal_log.log(logging.WARNING, "send_default_topic", "Create new topic failed, because the "
+                                    "default topic[%s] not exist. producer:[%s]", default_topic,
+                                    remote_address)
+            return None
+        if default_topic == AUTO_CREATE_TOPIC_KEY_TOPIC and not auto_create_topic_enable:
+            # Java sets TBW102's perm in its table: a TBW102 from topics.json creates nothing then
+            default = self.table[default_topic] = replace(default, perm=PERM_READ | PERM_WRITE)
+        if not default.perm & PERM_INHERIT:
+            self._store._refusal_log.log(logging.WARNING, "send_default_topic", "Create new topic failed, because the "
+                                    "default topic[%s] has no perm [%d] producer:[%s]", default_topic,
+                                    default.perm, remote_address)
+            return None
+        if not self._store.may_auto_create(self, topic):
+            return None
+        n = max(0, min(client_default_topic_queue_nums, default.write_queue_nums))
+        tc = TopicConfig(topic, read_queue_nums=n, write_queue_nums=n, perm=default.perm & ~PERM_INHERIT,
+                         topic_filter_type=default.topic_filter_type, topic_sys_flag=topic_sys_flag)
+        self.table[topic] = tc
+        log.info("Create new topic by default topic:[%s] config:[%s] producer:[%s]", default_topic, tc,
+                 remote_address)
+        self._changed(derivable=True)
+        self._store.topic_created(topic)
+        return tc
+
     def create_topic_in_send_message_back_method(self, topic: str, queue_nums: int, perm: int, is_order: bool,
                                                  topic_sys_flag: int) -> tuple[TopicConfig, bool]:
         """createTopicInSendMessageBackMethod: an existing topic only gets its order flag adjusted.

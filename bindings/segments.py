@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 
 from engine.codec.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
-from engine.recording.recorder import (BlockInfo, Damage, SegmentError, damage_ranges, iter_blocks, list_segments,
-                             payloads_intact, scan_segment)
+from engine.recording.recorder import (CLIPPED_MAGIC, BlockInfo, Damage, SegmentError, damage_ranges, iter_blocks,
+                                      list_segments, parse_clipped, payloads_intact, scan_segment)
 from engine.recording.scan_py import ScanParams
 
 _log = logging.getLogger(__name__)
@@ -329,9 +329,18 @@ def dedupe(bodies: List[bytes]) -> Tuple[np.ndarray, List[bytes]]:
 
 
 def _decode(bodies: List[bytes]):
+    """The batch decode of ``bodies``; a record the recorder clipped (engine.recording.recorder.clip_body) is a bad
+    row whose error names it as clipped, with its body's size and the reason, not as malformed JSON."""
     import engine
 
-    return engine.decode_heartbeats(bodies)
+    batch = engine.decode_heartbeats(bodies)
+    errors = batch.heartbeats["error"]
+    for i, body in enumerate(bodies):
+        if body[:8] == CLIPPED_MAGIC:
+            c = parse_clipped(body)
+            if c is not None:
+                errors[i] = f"clipped by the recorder ({c.size} bytes): {c.reason}"
+    return batch
 
 
 def _lists(counts: np.ndarray, values: pa.Array) -> pa.Array:

@@ -244,6 +244,9 @@ class BrokerConfig:
     #: engine: blocks (of up to 4096 heartbeats) waiting for the recorder's writer thread; a block that finds the
     #: queue full is dropped and marked as lost in the recording (the heartbeats are still served)
     record_queue_blocks: int = 64
+    #: engine: body bytes of one connection waiting for the recorder's writer at most; a heartbeat past it is
+    #: recorded clipped (its first 1 KiB, its size and the reason), so one connection cannot fill the queue
+    record_connection_share_bytes: int = 16 << 20
     #: names of the properties set explicitly (file or command line), for `-p` and for defaults that depend on them
     explicit: set = field(default_factory=set, repr=False, compare=False)
     #: properties this engine does not use (kept, as Java keeps them, so -p can show them)
@@ -364,7 +367,7 @@ class BrokerConfig:
         for name in ("maxConnectionsPerIp", "notifyCoalesceWindowMs", "clientManageLogLinesPerMinute", "clientManageLogBytesPerMinute",
                      "waitTimeMillsInPullQueue",
                      "waitTimeMillsInQueue", "ioWorkers", "ioCoreConnections", "maxHeartbeatCacheBytesTotal",
-                     "consumerListCacheBytes"):
+                     "consumerListCacheBytes", "recordConnectionShareBytes"):
             if getattr(self, PROPERTIES[name].attr) < 0:
                 raise ConfigError(f"{name} must be >= 0")
         from engine.registry.client_registry import (MAX_CHANNEL_EXPIRED_TIMEOUT_MS, MAX_GROUPS_PER_CHANNEL,

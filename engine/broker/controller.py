@@ -98,7 +98,8 @@ class Broker:
 
             # its own thread compresses and writes: recording never blocks the loop or fails a heartbeat
             self.recorder = HeartbeatRecorder(self.config.record_dir, background=True,
-                                              queue_blocks=self.config.record_queue_blocks)
+                                              queue_blocks=self.config.record_queue_blocks,
+                                              connection_share_bytes=self.config.record_connection_share_bytes)
         namesrv_codes = frozenset(int(c) for c, _, _ in NAMESRV_TABLE)
         # the name-server role does no ACL (as a RocketMQ name server), so a refused client still finds the broker
         self.server = RemotingServer(self.config, self.metrics, on_close=self._on_connection_closed, acl=self.acl,

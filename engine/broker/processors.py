@@ -235,8 +235,6 @@ class Processors:
     def heart_beat(self, conn, cmd):
         body = cmd.body
         recorder = self.broker.recorder
-        if recorder is not None:
-            recorder.record(int(time.time() * 1000), conn.id, conn.remote_addr, cmd.language, cmd.version, body)
         self.metrics.heartbeats += 1
         # a client sends the same body every 30 s: decoding is pure, so an identical body reuses the decoded
         # (immutable) HeartbeatData of this connection's previous heartbeat (and the registry, seeing the same
@@ -249,6 +247,9 @@ class Processors:
             try:
                 hb = decode_heartbeat(body)
             except HeartbeatError as e:
+                if recorder is not None:  # recorded clipped, with its size and the reason
+                    recorder.record(int(time.time() * 1000), conn.id, conn.remote_addr, cmd.language, cmd.version,
+                                    body, error=str(e))
                 self.metrics.heartbeat_errors += 1
                 self.broker.server.client_log.log(logging.INFO, "bad_heartbeat", "bad heartbeat from %s: %s",
                                                  conn.remote_addr, e)
@@ -262,6 +263,8 @@ class Processors:
             else:
                 # cached within maxHeartbeatCacheBytesTotal; past it this heartbeat keeps nothing (not offered)
                 kept = route.keep(body, hb)
+        if recorder is not None:
+            recorder.record(int(time.time() * 1000), conn.id, conn.remote_addr, cmd.language, cmd.version, body)
         result = self.registry.heartbeat(conn, hb, cmd.language, cmd.version)
         tpl = self._template(cmd, result)
         if tpl:

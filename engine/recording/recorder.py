@@ -36,6 +36,14 @@ With ``background=True`` (the broker's recorder) compression and writes run on t
 bounded queue: recording never blocks the event loop and never fails a heartbeat. A failed write or a full queue
 drops that block's records (counted in ``dropped``, logged at most once a minute per reason), the recorder backs
 off (1 s doubling to 30 s) and resumes when writes succeed again, writing a gap marker for what was lost.
+
+A *clipped record* keeps a heartbeat's time, connection and address but only the first bytes of its body, with the
+body's size and the reason (see :func:`clip_body`): the broker's recorder clips a body it could not decode (a client
+sending 15 MB of garbage costs the recording ~1 KB), and, in background mode, a body that would take its
+connection past its share of the bytes waiting for the writer (``connection_share_bytes``: one connection cannot
+take the queue). Its body starts with :data:`CLIPPED_MAGIC`, a NUL byte no heartbeat (JSON) starts with, so a
+reader from before it reads an undecodable body (what it is); the scans name it as clipped (:func:`parse_clipped`),
+not as damage.
 """
 from __future__ import annotations
 
@@ -71,6 +79,13 @@ FILE_HEADER_SIZE = FILE_HEADER.size  # 16
 BLOCK_MAGIC = b"HBK1"
 GAP_MAGIC = b"HBG1"
 GAP_REASONS = {1: "write_failed", 2: "queue_full"}
+#: A clipped record's body: magic | u32 the body's size | u16 reason length | reason (UTF-8) | the body's first bytes
+CLIPPED_MAGIC = b"\x00HBCLIP1"
+_CLIPPED_HEAD = struct.Struct("<8sIH")
+#: bytes of a clipped body kept (recordClippedBodyBytes' default)
+CLIPPED_BODY_BYTES = 1024
+#: most reason bytes kept in a clipped record
+MAX_CLIP_REASON = 200
 BLOCK_HEADER = struct.Struct("<4sIIIqqII")
 BLOCK_HEADER_SIZE = BLOCK_HEADER.size  # 40
 _HEADER_CRC_SPAN = BLOCK_HEADER_SIZE - 4
@@ -211,6 +226,30 @@ def encode_block(raw: bytes, n_records: int, first_ms: int, last_ms: int, compre
     head = struct.pack("<4sIIIqq", BLOCK_MAGIC, n_records, len(raw), len(payload), first_ms, last_ms)
     head += struct.pack("<I", zlib.crc32(payload))
     return head + struct.pack("<I", zlib.crc32(head)) + payload
+
+
+class Clipped(NamedTuple):
+    """What a clipped record says about the body it replaced."""
+
+    size: int
+    reason: str
+    head: bytes
+
+
+def clip_body(body, reason: str, keep: int = CLIPPED_BODY_BYTES) -> bytes:
+    """The body of a clipped record: ``body``'s size (bytes past 4 GiB counted as 0xFFFFFFFF), the reason, and
+    its first ``keep`` bytes."""
+    why = reason.encode("utf-8", "replace")[:MAX_CLIP_REASON]
+    return _CLIPPED_HEAD.pack(CLIPPED_MAGIC, min(len(body), 0xFFFFFFFF), len(why)) + why + bytes(body[: max(0, keep)])
+
+
+def parse_clipped(body) -> Optional[Clipped]:
+    """The clipped record's size, reason and kept bytes, or None when ``body`` is not a clipped record's."""
+    if len(body) < _CLIPPED_HEAD.size or bytes(body[:8]) != CLIPPED_MAGIC:
+        return None
+    _, size, n = _CLIPPED_HEAD.unpack_from(body, 0)
+    start = _CLIPPED_HEAD.size
+    return Clipped(size, bytes(body[start : start + n]).decode("utf-8", "replace"), bytes(body[start + n :]))
 
 
 def encode_gap(records_lost: int, first_ms: int, last_ms: int, reason: str) -> bytes:
@@ -566,6 +605,12 @@ class HeartbeatRecorder:
     ``background=True``: blocks are compressed and written by the recorder's own thread, through a queue of at
     most ``queue_blocks`` blocks; nothing the disk does reaches the caller (see the module docstring). ``flush()``
     then waits until what was queued is written (or dropped); ``close()`` waits at most ``close_timeout_s``.
+    Each connection then has a share of the body bytes waiting (pending and queued): a record that would take
+    its connection past ``connection_share_bytes`` is recorded clipped (``clipped["connection_share"]``), so one
+    connection cannot fill the queue and make the others' records drop.
+
+    ``record(..., error=REASON)``: a body the broker could not decode is recorded clipped to
+    ``clipped_body_bytes`` (with its size and the reason; ``clipped["undecodable"]``).
     """
 
     def __init__(
@@ -583,6 +628,8 @@ class HeartbeatRecorder:
         background: bool = False,
         queue_blocks: int = 64,
         close_timeout_s: float = 30.0,
+        connection_share_bytes: int = 16 * 1024 * 1024,
+        clipped_body_bytes: int = CLIPPED_BODY_BYTES,
     ):
         if max_segment_bytes < FILE_HEADER_SIZE + BLOCK_HEADER_SIZE:
             raise ValueError("max_segment_bytes too small")
@@ -590,6 +637,8 @@ class HeartbeatRecorder:
             raise ValueError(f"block_records must be in 1..{MAX_BLOCK_RECORDS}")
         if max_segment_age_s <= 0 or block_bytes <= 0:
             raise ValueError("max_segment_age_s and block_bytes must be positive")
+        if connection_share_bytes < 0 or clipped_body_bytes < 0:
+            raise ValueError("connection_share_bytes and clipped_body_bytes must be >= 0")
         if not re.fullmatch(r"[A-Za-z0-9_.]+", prefix):
             raise ValueError("prefix may hold letters, digits, '_' and '.' only")
         self.directory = Path(directory)
@@ -608,6 +657,13 @@ class HeartbeatRecorder:
         self._segment_first_ms = 0
         self._seq = 0
         self._addr_cache: dict = {}
+        self.connection_share_bytes = int(connection_share_bytes)
+        self.clipped_body_bytes = int(clipped_body_bytes)
+        #: reason -> records recorded clipped (undecodable, connection_share)
+        self.clipped: Counter = Counter()
+        #: connection -> body bytes waiting for the writer (pending and queued; background mode), under _share_lock
+        self._waiting: dict = {}
+        self._share_lock = threading.Lock()
         self._reset_pending()
         self.closed = False
         #: Totals since construction.
@@ -643,10 +699,12 @@ class HeartbeatRecorder:
         self._p_body: list = []
         self._p_bytes = 0
         self._p_since = 0.0
+        self._p_share: dict = {}  # connection -> body bytes of the pending block
 
-    def record(self, recv_ms: int, conn_id: int, remote_addr, language, version: int, body) -> None:
+    def record(self, recv_ms: int, conn_id: int, remote_addr, language, version: int, body,
+               error: Optional[str] = None) -> None:
         """Buffer one heartbeat (receive time in ms, connection id, 'ip:port', LanguageCode/ordinal/name/None,
-        MQVersion ordinal, raw body bytes)."""
+        MQVersion ordinal, raw body bytes). ``error``: why the body could not be decoded; it is recorded clipped."""
         if self.closed:
             if self._queue is not None:  # the broker's recorder: a late heartbeat is dropped, never an error
                 self.dropped["closed"] += 1
@@ -660,7 +718,17 @@ class HeartbeatRecorder:
             if len(self._addr_cache) > 65536:
                 self._addr_cache.clear()
             self._addr_cache[remote_addr] = addr
-        body = bytes(body) if body is not None else b""
+        if body is None:
+            body = b""
+        if error is not None:
+            body = clip_body(body, f"undecodable: {error}", self.clipped_body_bytes)
+            self.clipped["undecodable"] += 1
+        elif self._queue is not None:
+            body = self._within_share(conn_id, body)
+        else:
+            body = bytes(body)
+        if self._queue is not None:
+            self._p_share[conn_id] = self._p_share.get(conn_id, 0) + len(body)
         self._p_recv.append(recv_ms)
         self._p_conn.append(conn_id)
         self._p_addr.append(addr)
@@ -674,6 +742,37 @@ class HeartbeatRecorder:
             or time.monotonic() - self._p_since >= self.max_block_delay_s
         ):
             self._write_pending()
+
+    def _within_share(self, conn_id: int, body) -> bytes:
+        """``body``, or its clipped record when it would take its connection past connection_share_bytes."""
+        with self._share_lock:
+            waiting = self._waiting.get(conn_id, 0)
+            fits = waiting + len(body) <= self.connection_share_bytes
+            if fits:
+                self._waiting[conn_id] = waiting + len(body)
+        if fits:
+            return bytes(body)
+        self.clipped["connection_share"] += 1
+        self._log.log(logging.WARNING, "connection_share", "recorder: a heartbeat of %d bytes from connection %d "
+                      "recorded clipped: %d bytes of the connection wait for the writer (connection share %d bytes)",
+                      len(body), conn_id, waiting, self.connection_share_bytes)
+        clipped = clip_body(body, f"connection share: {waiting} bytes waiting, share {self.connection_share_bytes}",
+                            self.clipped_body_bytes)
+        with self._share_lock:
+            self._waiting[conn_id] = self._waiting.get(conn_id, 0) + len(clipped)
+        return clipped
+
+    def _release(self, share: dict) -> None:
+        """The writer is done with a block (written or dropped): its connections' bytes no longer wait."""
+        if not share:
+            return
+        with self._share_lock:
+            for conn_id, n in share.items():
+                left = self._waiting.get(conn_id, 0) - n
+                if left > 0:
+                    self._waiting[conn_id] = left
+                else:
+                    self._waiting.pop(conn_id, None)
 
     def record_batch(self, recv_ms, conn_id, remote_addrs: Sequence[bytes], language, version, bodies: Sequence[bytes]) -> None:
         """Write many records at once (columns: numpy arrays or sequences; addresses as bytes). Pending
@@ -759,7 +858,7 @@ class HeartbeatRecorder:
             self._submit((
                 np.array(self._p_recv, dtype=np.int64), np.array(self._p_conn, dtype=np.int64),
                 np.array(self._p_ver, dtype=np.int32), np.array(self._p_lang, dtype=np.uint8),
-                self._p_addr, self._p_body,
+                self._p_addr, self._p_body, self._p_share,
             ))
         finally:
             self._reset_pending()
@@ -767,12 +866,13 @@ class HeartbeatRecorder:
     def _submit(self, cols) -> None:
         """Write a block now (foreground) or hand it to the writer thread; a full queue drops it."""
         if self._queue is None:
-            self._write_block(*cols)
+            self._write_block(*cols[:6])
             return
         try:
             self._queue.put_nowait(cols)
         except queue.Full:
             self._lost(cols, "queue_full")
+            self._release(cols[6] if len(cols) > 6 else None)
 
     # -- the writer thread (background mode) --
     def _run(self) -> None:
@@ -788,7 +888,7 @@ class HeartbeatRecorder:
                 try:
                     if self._loss is not None:
                         self._write_gap()
-                    self._write_block(*cols)
+                    self._write_block(*cols[:6])
                     self._backoff_s = 0.0
                 except OSError as e:
                     self._lost(cols, "write_failed", e)
@@ -803,6 +903,8 @@ class HeartbeatRecorder:
                     self._lost(cols, "write_failed")
                     self._log.log(logging.ERROR, "bug", "recorder: writing a block failed", exc_info=True)
             finally:
+                if cols is not None:
+                    self._release(cols[6] if len(cols) > 6 else None)
                 q.task_done()
 
     def _lost(self, cols, reason: str, error: Optional[BaseException] = None) -> None:

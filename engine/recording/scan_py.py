@@ -10,7 +10,9 @@ Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
   ``[topic, expressionType, subString]`` triples of its subscriptions (subVersion, tags and codes ignored, as
   RocketMQ's consumerStatus compares them). A V2 light heartbeat (``withoutSub``) carries none: the member keeps
   the set of its previous full heartbeat in that group (unknown if there was none). Bodies that fail to decode
-  or have no clientID are counted and ignored.
+  or have no clientID are counted and ignored. A record the recorder clipped (engine.recording.recorder.clip_body:
+  a body it could not decode, or one past its connection's share) is counted with them, and apart, by reason, in
+  ``summary.clipped_bodies`` / ``scan.clipped``: named as clipped, not as damage of the recording.
 * Observations of one (role, group, client) are ordered by (receive time, connection id, set), and the member is
   *live* from each observation until the next one or ``expiry`` later, whichever is first. In a capture (its
   ``conn_events`` and ``unregisters``), also at most until the first FIN / RST of the observation's connection or
@@ -128,18 +130,26 @@ def scan_records(records: Iterable, params: ScanParams = ScanParams(), conn_even
     ``unregisters``: {(client_id, role, group): [ms, ...]} its UNREGISTER_CLIENT requests (see :func:`departure`:
     a capture's closes and unregisters end members and silences before the expiry)."""
     from engine import HeartbeatError, decode_heartbeat
+    from engine.recording.recorder import CLIPPED_MAGIC, parse_clipped
 
     params.validate()
     client_obs: Dict[str, list] = defaultdict(list)                 # client -> [(t, conn)]
     conn_addr: Dict[int, str] = {}
     member_obs: Dict[Tuple[str, str, str], list] = defaultdict(list)  # (role, group, client) -> [(t, conn, key)]
     n_records = n_bad = 0
+    clipped: Dict[str, int] = defaultdict(int)  # reason kind -> records the recorder clipped
     t_min = t_max = None
     for rec in records:
         t, conn, body = int(rec[0]), int(rec[1]), rec[5]
         n_records += 1
         t_min = t if t_min is None else min(t_min, t)
         t_max = t if t_max is None else max(t_max, t)
+        if body[:8] == CLIPPED_MAGIC:
+            c = parse_clipped(body)
+            if c is not None:
+                clipped[c.reason.split(":", 1)[0]] += 1
+                n_bad += 1
+                continue
         try:
             hb = decode_heartbeat(body)
         except (HeartbeatError, TypeError):
@@ -190,12 +200,15 @@ def scan_records(records: Iterable, params: ScanParams = ScanParams(), conn_even
     findings["summary"] = {
         "records": n_records,
         "bad_bodies": n_bad,
+        "clipped_bodies": sum(clipped.values()),
         "clients": len(client_obs),
         "first_ms": t_min,
         "last_ms": t_max,
         **{k: len(findings[k]) for k in FINDING_KEYS},
     }
     findings["parameters"] = asdict(params)
+    if clipped:
+        findings.setdefault("scan", {})["clipped"] = dict(sorted(clipped.items()))
     return findings
 
 
@@ -538,6 +551,8 @@ def combine_brokers(per_broker: Dict[str, dict]) -> dict:
         "first_ms": min(firsts) if firsts else None, "last_ms": max(lasts) if lasts else None,
         **{k: len(out[k]) for k in lists},
         "records_lost": sum(x.get("records_lost", 0) for x in sums)}
+    if any("clipped_bodies" in x for x in sums):
+        out["summary"]["clipped_bodies"] = sum(x.get("clipped_bodies", 0) for x in sums)
     out["parameters"] = next(iter(per_broker.values()))["parameters"]
     scan: dict = {"method": None, "brokers": {}, "seconds": 0.0}
     for b, f in per_broker.items():

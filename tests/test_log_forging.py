@@ -234,3 +234,36 @@ def test_config_property():
     assert BrokerConfig().client_manage_log_bytes_per_minute == 32 << 20
     with pytest.raises(ConfigError):
         BrokerConfig.load(None, {"clientManageLogBytesPerMinute": "-1"})
+
+
+def test_grpc_session_close_lines_have_the_budget(tmp_path, caplog):
+    """gRPC session-close lines had no budget (6,000 lines in 4.5 s): they go through the client-management
+    log's (clientManageLogLinesPerMinute, scaled down to 3), their client ids escaped."""
+    from conftest import require_module
+
+    require_module("grpc")
+    require_module("rocketmq.grpc_protocol")
+    from test_grpc_endpoint import Telemetry, free_port, md, producer_settings, sg, s
+
+    import grpc
+
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port(), client_manage_log_lines_per_minute=3)).start()
+    caplog.set_level(logging.INFO)
+    channel = grpc.insecure_channel(f"127.0.0.1:{b.ports['grpc']}")
+    try:
+        stub = sg.MessagingServiceStub(channel)
+        for i in range(8):
+            cid = f"p\\n{i}"  # metadata carries no raw newline; its escape form is the client's text
+            t = Telemetry(stub, md(cid))
+            t.send(settings=producer_settings("TopicP"))
+            t.recv()
+            r = stub.NotifyClientTermination(s.NotifyClientTerminationRequest(), metadata=md(cid))
+            t.end()
+            assert r.status.code == 20000
+    finally:
+        channel.close()
+        b.stop()
+    removed = [r.getMessage() for r in caplog.records if " removed: " in r.getMessage()
+               and r.getMessage().startswith("gRPC client ")]
+    assert len(removed) == 3, removed
+    assert b.registry.client_log.left_out >= 5

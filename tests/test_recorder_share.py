@@ -43,6 +43,7 @@ def test_undecodable_bodies_are_recorded_clipped_over_remoting(broker_factory, t
         good.close()
         bad.close()
     assert b.recorder.clipped == {"undecodable": 5} and not b.recorder.dropped
+    assert 'rocketmq_broker_recorder_records_clipped_total{reason="undecodable"} 5' in b.render_metrics()
     size = sum(p.stat().st_size for p in list_segments(rec_dir))
     assert size < 20_000, size
     records = list(iter_records(rec_dir))

@@ -20,6 +20,7 @@ a newline cannot write a line of its own into ``broker.log``, nor an ESC reach t
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -138,8 +139,7 @@ def _enum(value) -> str:
 
 def _java_set(values) -> str:
     """A Set as Java prints it, ``[a, b]``, with its first MAX_SET_ELEMENTS elements and ``... (N more)``."""
-    values = list(values) if not isinstance(values, (list, tuple)) else values
-    shown = ", ".join(_text(v) for v in values[:MAX_SET_ELEMENTS])
+    shown = ", ".join(_text(v) for v in itertools.islice(values, MAX_SET_ELEMENTS))  # no copy of a huge set
     if len(values) > MAX_SET_ELEMENTS:
         shown += f", ... ({len(values) - MAX_SET_ELEMENTS} more)"
     return f"[{shown}]"

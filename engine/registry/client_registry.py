@@ -1159,7 +1159,7 @@ class ClientRegistry:
         return ResponseCode.SUCCESS, None
 
     def query_consumer_offset(self, group, topic, queue_id) -> int:
-        """ConsumerOffsetManager.queryOffset: the committed offset, or -1 (the processor answers QUERY_NOT_FOUND)."""
+        """ConsumerOffsetManager.queryOffset: the committed offset, or -1 (the processor answers by the rules)."""
         return self.store.offsets.query_offset(group, topic, queue_id)
 
     def persist_offsets(self) -> None:

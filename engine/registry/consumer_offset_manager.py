@@ -1,12 +1,13 @@
 """ConsumerOffsetManager (org.apache.rocketmq.broker.offset.ConsumerOffsetManager): committed consumer offsets,
 ``consumerOffset.json`` (``"topic@group" -> {queueId: offset}``).
 
-commitOffset, queryOffset (-1 when none was committed: the processor answers QUERY_NOT_FOUND), the offsets of a
+commitOffset, queryOffset (-1 when none was committed: the processor answers offset 0 under 4.9.8's rules and
+QUERY_NOT_FOUND under 5.x's, see Processors.query_consumer_offset), the offsets of a
 group being removed with it, and the file's shape: Java writes the queue maps with bare numeric keys (``{0:12}``,
 fastjson), this manager writes standard JSON (``{"0":12}``, which fastjson also reads) and reads both; an offset is
 an int64. A commit only marks the table dirty: the store writes it on the broker's ``flushConsumerOffsetInterval``
-timer and at shutdown (:meth:`engine.registry.store.Store.persist_offsets`). What may be committed (an existing group and
-topic, a queue id and an offset present) is the caller's check (:meth:`engine.registry.client_registry.ClientRegistry.update_consumer_offset`);
+timer and at shutdown (:meth:`engine.registry.store.Store.persist_offsets`). What may be committed (under 5.x rules an
+existing group and topic; a queue id and an offset present) is the caller's check (:meth:`engine.registry.client_registry.ClientRegistry.update_consumer_offset`);
 how many entries the table may hold is the store's (``max_offset_entries``, the broker's maxConsumerOffsetEntries):
 past it a new entry is refused, an existing one still moves.
 """

@@ -8,6 +8,7 @@ import pytest
 from conftest import require_module
 from engine.broker.acl import AclError, AclValidator, grpc_authorization, grpc_signature, parse_grpc_authorization
 from engine.broker.controller import Broker
+from engine.registry.topic_config_manager import TopicConfig
 
 grpc = require_module("grpc")
 require_module("rocketmq.grpc_protocol")
@@ -57,6 +58,8 @@ def acl_broker(tmp_path):
     acl.write_text(ACL)
     b = Broker(make_config(tmp_path, grpc_server_port=free_port(), acl_enable=True, acl_file=str(acl))).start()
     b.grpc.min_long_polling_ms, b.grpc.max_long_polling_ms = 50, 200
+    for topic in ("TopicOK", "TopicPubOnly"):  # a gRPC route query creates no topic (TOPIC_NOT_FOUND, as the proxy)
+        b.call(b.registry.update_topic_config, TopicConfig(topic, 4, 4))
     yield b
     b.stop()
 

@@ -2,7 +2,9 @@
 
 Run in its own interpreter with the package on PYTHONPATH and HOME pointed at a scratch folder (the library
 writes its logs under $HOME/logs/rocketmq-cpp). argv[1]: JSON {nameSrv, producerGroup?, consumers: [{group,
-topic, expr, broadcast}], accessKey?, secretKey?}. stdout: "READY" once started, "CLOSED" after "close" on stdin.
+topic, expr, broadcast}], send?: [topic], accessKey?, secretKey?}. stdout: "SENT <topic> <outcome>" for each topic of
+`send` (the producer sends one message to each before the consumers start), "READY" once started, "CLOSED" after
+"close" on stdin.
 """
 import json
 import sys
@@ -10,7 +12,7 @@ import sys
 
 def main() -> int:
     spec = json.loads(sys.argv[1])
-    from rocketmq.client import MessageModel, Producer, PushConsumer
+    from rocketmq.client import Message, MessageModel, Producer, PushConsumer
 
     roles = []
     if spec.get("producerGroup"):
@@ -20,6 +22,15 @@ def main() -> int:
             producer.set_session_credentials(spec["accessKey"], spec["secretKey"], "ALIYUN")
         producer.start()
         roles.append(producer)
+        for topic in spec.get("send") or []:
+            msg = Message(topic)
+            msg.set_tags("TagA")
+            msg.set_body("interop")
+            try:
+                outcome = producer.send_sync(msg).status
+            except Exception as e:  # the broker stores no message: the send fails after its topic is created
+                outcome = f"error {type(e).__name__} {e}"
+            print("SENT", topic, " ".join(str(outcome).split()), flush=True)
     for c in spec.get("consumers") or []:
         model = MessageModel.BROADCASTING if c.get("broadcast") else MessageModel.CLUSTERING
         consumer = PushConsumer(c["group"], message_model=model)

@@ -1,10 +1,12 @@
 'use strict';
 // Drives npm ali-ons against our broker for the interop tests.
-// argv[2]: JSON {nameSrv, producerGroup?, topic?, consumers: [{group, topic, expr, broadcast}], accessKey?, secretKey?}
-// stdout protocol: "READY <clientId>" once every role is ready, "CLOSED" after a "close" line on stdin.
+// argv[2]: JSON {nameSrv, producerGroup?, topic?, send?: [topic], consumers: [{group, topic, expr, broadcast}],
+// accessKey?, secretKey?}
+// stdout protocol: "SENT <topic> <outcome>" for each topic of `send` (the producer sends one message to each before
+// the consumers start), "READY <clientId>" once every role is ready, "CLOSED" after a "close" line on stdin.
 const path = require('path');
 const readline = require('readline');
-const { Producer, Consumer } = require(path.join(process.env.ONS_NODE_DIR, 'node_modules', 'ali-ons'));
+const { Producer, Consumer, Message } = require(path.join(process.env.ONS_NODE_DIR, 'node_modules', 'ali-ons'));
 
 const spec = JSON.parse(process.argv[2]);
 const lines = [];
@@ -33,6 +35,15 @@ async function main() {
     await producer.ready();
     roles.push(producer);
     clientId = producer._mqClient ? producer._mqClient.clientId : clientId;
+    for (const topic of spec.send || []) {
+      let outcome;
+      try {
+        outcome = (await producer.send(new Message(topic, 'TagA', Buffer.from('interop')))).sendStatus;
+      } catch (err) {
+        outcome = `error ${err && err.code !== undefined ? err.code : ''} ${err && err.message}`;
+      }
+      process.stdout.write(`SENT ${topic} ${String(outcome).replace(/\s+/g, ' ')}\n`);
+    }
   }
   for (const c of spec.consumers || []) {
     const consumer = new Consumer(Object.assign({ consumerGroup: c.group, isBroadcast: !!c.broadcast }, common));

@@ -1324,7 +1324,9 @@ def read_broker_logs(spark, paths, *, log_tz: Optional[str] = None, brokers: Opt
     ``columns``: the event columns wanted, in that order (default: all of ``events_schema()``). Spark cannot
     prune columns out of a mapInArrow's output, so the tasks emit only these: each column left out saves Spark's
     per-row work on it (``SCAN_COLUMNS``, what the scan's analyses read, costs about three quarters of the CPU
-    of all 23; BENCHMARKS.md, broker-log section). EventColumnsError for a name the frame does not have."""
+    of all 23; BENCHMARKS.md, broker-log section). EventColumnsError for a name the frame does not have. What a
+    file's reader could not use (``file_events``' damage: overlong lines, unreadable or truncated files, events
+    out of the time window) is left out of the frame and not reported here; ``scan`` names it."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     cols = event_columns(columns)

@@ -103,9 +103,9 @@ class BrokerConfig:
     #: engine: auto-creation of subscription groups (by heartbeats) stops once the table holds this many groups;
     #: a consumer of a group that cannot be created is treated as one whose group has no config (0 = no limit)
     auto_create_max_subscription_groups: int = 10_000
-    #: engine: auto-creation of topics (retry topics, route queries) stops once the table holds this many topics
-    #: (the start topics, TBW102 and the other system topics, not counted);
-    #: a route query for a topic that cannot be created answers TOPIC_NOT_EXIST (0 = no limit)
+    #: engine: auto-creation of topics (retry topics, route queries, sends) stops once the table holds this many
+    #: topics (the start topics, TBW102 and the other system topics, not counted); a route query or send for a topic
+    #: that cannot be created answers TOPIC_NOT_EXIST (0 = no limit)
     auto_create_max_topics: int = 20_000
     default_topic_queue_nums: int = 4  # RocketMQ defaults to 8; 4 halves the idle long polls of real clients
     #: register TBW102 (`defaultTopicQueueNums` queues, perm 7) at start: behind a name server the route a producer

@@ -7,8 +7,8 @@ RouteActivity semantics, standalone): a 5.x Producer, PushConsumer and SimpleCon
 and stay registered in the same :class:`engine.registry.client_registry.ClientRegistry` as the 4.x clients, and are listed by
 ``rmqhb consumerConnection`` / ``producerConnection`` next to them.
 
-Served: QueryRoute (this endpoint's address, queues from the topic config, auto-created as a route query of the
-remoting port does), Heartbeat, the Telemetry stream (the client's Settings in, the broker's merged Settings
+Served: QueryRoute (this endpoint's address, queues from the topic config; an unknown topic is TOPIC_NOT_FOUND and
+is not created, as from the proxy), Heartbeat, the Telemetry stream (the client's Settings in, the broker's merged Settings
 back), QueryAssignment, NotifyClientTermination, ReceiveMessage ("no new message" once the long-polling time has
 passed: this broker has no message store). Every other RPC answers the proxy's ``NOT_IMPLEMENTED`` status.
 
@@ -51,7 +51,9 @@ CLIENT_PACKAGE = "rocketmq-python-client==5.1.2"
 # -- budgets (README: "5.x clients (gRPC)") --
 #: sessions, RPCs in progress, streams per connection, message and metadata bytes: the broker's grpcMax* properties
 #: (engine.broker.config.BrokerConfig); the fixed protocol-sanity limits follow
-#: topics in one Settings' publishing, subscription entries in one Settings, addresses in one Endpoints
+#: topics in one Settings' publishing, subscription entries in one Settings, addresses in one Endpoints (the shares
+#: of an address, the Settings bytes and tags budgets, the stream timeout: grpcMax*PerIp, grpcMaxSettingsBytes*,
+#: grpcMaxTagsPerSubscription, grpcSettingsTimeoutMs)
 MAX_SETTINGS_ENTRIES = 1024
 MAX_ENDPOINT_ADDRESSES = 16
 #: longest client id accepted (characters)
@@ -185,7 +187,8 @@ class GrpcSession:
         self.remote_addr = remote_addr
         #: the peer's address without its port: the key of the per-address shares (grpcMax*PerIp)
         self.ip = ip_of(remote_addr)
-        #: the groups counted against the address's share (its Settings' and its heartbeats'), and the bytes its
+        #: the groups counted against the address's share (its Settings' and its heartbeats', ("C" | "P", name):
+        #: consumer and producer groups are two tables, as in the registry's budget), and the bytes its
         #: Settings are counted to cost (SESSION_COST...): both released when the session closes
         self.groups = frozenset()
         self.cost = 0
@@ -290,6 +293,9 @@ class GrpcEndpoint:
         p = self.p
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
+        from engine.broker.server import listener_budget
+
+        self.max_connections = listener_budget(self.broker.config)["grpc"]
         options = [
             ("grpc.so_reuseport", 0),  # a port in use fails the start (grpc's default would share it)
             ("grpc.max_receive_message_length", self.max_message_bytes),
@@ -298,6 +304,9 @@ class GrpcEndpoint:
             # the soft limit and the hard one (between them grpc refuses a call only with some probability)
             ("grpc.max_metadata_size", self.max_metadata_bytes),
             ("grpc.absolute_max_metadata_size", self.max_metadata_bytes),
+            # this port's share of maxConnections (engine.broker.server.listener_budget): grpcio closes a connection
+            # past it at accept, so a flood here cannot take the descriptors of the other ports and the store
+            ("grpc.max_allowed_incoming_connections", self.max_connections),
         ]
         server = p.aio.server(maximum_concurrent_rpcs=self.max_concurrent_rpcs, options=options)
         servicer = _Servicer(self)
@@ -317,6 +326,9 @@ class GrpcEndpoint:
         await server.start()
         self._server = server
         self.bound_port = bound
+        metrics = getattr(self.broker, "metrics", None)
+        if metrics is not None and hasattr(metrics, "listener_limits"):
+            metrics.listener_limits["grpc"] = self.max_connections
         self._load_sessions()
         log.info("gRPC endpoint (RocketMQ 5.x clients) listening on %s:%d", host, bound)
         return bound
@@ -811,7 +823,8 @@ class GrpcEndpoint:
                 raise _BadRequest(d.Code.UNRECOGNIZED_CLIENT_TYPE, d.ClientType.Name(client_type)
                                   if client_type in d.ClientType.values() else "unknown client type")
         # the address's shares, checked before anything is decoded or registered
-        groups = frozenset((group,) if group is not None else (t.name for t in settings.publishing.topics))
+        groups = frozenset((("C", group),) if group is not None
+                           else (("P", t.name) for t in settings.publishing.topics))
         cost = self.settings_cost_of(settings)
         self._check_shares(session, groups, cost)
         self._account(session, groups, cost)
@@ -1077,8 +1090,8 @@ class _Servicer:
             group = None
             if session.client_type != d.ClientType.PRODUCER:
                 group = ep._group(request.group)
-                if group not in session.groups:  # a group its Settings do not name: counted in the share too
-                    groups = session.groups | {group}
+                if ("C", group) not in session.groups:  # a group its Settings do not name: in the share too
+                    groups = session.groups | {("C", group)}
                     ep._check_shares(session, groups, session.cost)
                     ep._account(session, groups, session.cost)
             session.last_seen = time.monotonic()
@@ -1236,7 +1249,8 @@ class _Servicer:
                         ep._refuse("settings_timeout", "gRPC Telemetry stream of %s ended: no Settings in %d ms",
                                    echo(peer_address(context.peer())), ep.settings_timeout_ms)
                     elif not session.closing:
-                        ep.refused["idle_session"] += 1
+                        ep._refuse("idle_session", "gRPC client %s (%s) silent for channelExpiredTimeout: ended",
+                                   echo(session.client_id), echo(session.remote_addr))
                         ep.close_session(session, "no Settings or Heartbeat within channelExpiredTimeout")
                     break
                 await asyncio.wait((reader, done_wait), timeout=left, return_when=asyncio.FIRST_COMPLETED)

@@ -729,20 +729,48 @@ def load_manifest(directory) -> dict:
     return json.loads((Path(directory) / MANIFEST_NAME).read_text())
 
 
+#: options of `rmqhb generate` (either format) that take no value: what follows them is a positional
+_GENERATE_FLAGS = ("--no-progress", "--gzip", "--no-anomalies", "-h", "--help")
+
+
+def _output_dir(argv) -> Optional[Path]:
+    """The OUT_DIR of a `rmqhb generate` command line (its first positional), before either parser reads it."""
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a.startswith("-") and a != "-":
+            skip = "=" not in a and a not in _GENERATE_FLAGS
+        else:
+            return Path(a)
+    return None
+
+
 def generate_main(argv=None) -> int:
     """`rmqhb generate OUT_DIR [--format recording|broker-log]`: write a synthetic fleet recording (or, with
     ``--format broker-log``, RocketMQ broker logs: engine.bindings.brokerlog) with injected anomalies and a
-    manifest."""
+    manifest. Exit status: 0 written; 2 bad arguments (one line, before anything is written); 1 a write failed
+    (one line); 130 interrupted (Ctrl-C): what was written so far is removed, so no partial output remains."""
     argv = list(sys.argv[1:] if argv is None else argv)
     fmt = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--format"), None)
     fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), fmt)
+    if fmt not in (None, "recording", "broker-log"):
+        print(f"rmqhb generate: --format is recording or broker-log, not {fmt!r}", file=sys.stderr)
+        return 2
+    out = _output_dir(argv)
+    if out is not None and not any(a in ("-h", "--help") for a in argv):
+        if out.is_symlink() or (out.exists() and not out.is_dir()):
+            print(f"rmqhb generate: {out} exists and is not a directory; give a new or empty directory",
+                  file=sys.stderr)
+            return 2
+        blocker = next((q for q in out.parents if q.exists() and not q.is_dir()), None)
+        if blocker is not None:
+            print(f"rmqhb generate: {blocker} is not a directory; cannot create {out}", file=sys.stderr)
+            return 2
     if fmt == "broker-log":
         from engine.bindings.brokerlog import generate_main as broker_log_generate_main
 
-        return broker_log_generate_main(argv)
-    if fmt not in (None, "recording"):
-        print(f"rmqhb generate: --format is recording or broker-log, not {fmt!r}", file=sys.stderr)
-        return 2
+        return _writing(out, lambda: broker_log_generate_main(argv))
     argv = [a for i, a in enumerate(argv) if not (a.startswith("--format") or (i and argv[i - 1] == "--format"))]
     d = FleetConfig()
     p = argparse.ArgumentParser(prog="rmqhb generate", description=generate_main.__doc__)
@@ -766,6 +794,10 @@ def generate_main(argv=None) -> int:
     p.add_argument("--level", type=int, default=3, help="zstd level")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    problem = _bad_generate_args(args)
+    if problem:
+        print(f"rmqhb generate: {problem}", file=sys.stderr)
+        return 2
     days = args.days
     if args.records:
         days = args.records * args.interval / args.clients / 86400
@@ -778,11 +810,21 @@ def generate_main(argv=None) -> int:
         print(f"{args.out} already holds segments; use an empty directory", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    manifest = FleetGenerator(cfg).write(
-        args.out, progress=not args.no_progress, block_records=args.block_records,
-        max_segment_bytes=int(args.segment_mb * 1024 * 1024), max_segment_age_s=args.segment_age_s, level=args.level,
-    )
-    el = time.perf_counter() - t0
+    written = {}
+
+    def write():
+        written["manifest"] = FleetGenerator(cfg).write(
+            args.out, progress=not args.no_progress, block_records=args.block_records,
+            max_segment_bytes=int(args.segment_mb * 1024 * 1024), max_segment_age_s=args.segment_age_s,
+            level=args.level,
+        )
+        return 0
+
+    status = _writing(args.out, write)
+    if status:
+        return status
+    manifest = written["manifest"]
+    el = max(time.perf_counter() - t0, 1e-9)
     a = manifest["anomalies"]
     size = sum(f.stat().st_size for f in args.out.glob("*.seg"))
     print(
@@ -795,3 +837,58 @@ def generate_main(argv=None) -> int:
         f"-> {args.out / MANIFEST_NAME}"
     )
     return 0
+
+
+def _bad_generate_args(args) -> Optional[str]:
+    """What is wrong with a recording's `rmqhb generate` arguments (one line), or None."""
+    if args.clients < 1 or args.groups < 1:
+        return "--clients and --groups must be at least 1"
+    if args.records is not None and args.records < 1:
+        return "--records must be at least 1"
+    if not args.days > 0 or not math.isfinite(args.days):
+        return f"--days must be a positive number of days, not {args.days:g}"
+    if not args.interval > 0 or not math.isfinite(args.interval):
+        return f"--interval must be a positive number of seconds, not {args.interval:g}"
+    for name in ("inconsistent", "rolling", "flapping", "gaps", "resizing"):
+        if getattr(args, name) < 0:
+            return f"--{name} must be 0 or more"
+    if args.block_records < 1 or not args.segment_mb > 0 or not args.segment_age_s > 0:
+        return "--block-records, --segment-mb and --segment-age-s must be positive"
+    if not -7 <= args.level <= 22:
+        return f"--level is a zstd level (-7 .. 22), not {args.level}"
+    return None
+
+
+def _writing(out: Optional[Path], write) -> int:
+    """Run ``write()`` (which fills ``out``) so that a failure is one line and no partial output that looks
+    complete is left: on Ctrl-C (status 130) or an OS error (status 1) whatever it created under ``out`` is
+    removed (the directory itself when it did not exist before; an existing directory keeps only what it held)."""
+    import shutil
+
+    existed = out is not None and out.is_dir()
+    before = set(out.iterdir()) if existed else set()
+
+    def remove_partial() -> str:
+        if out is None:
+            return ""
+        try:
+            if not existed:
+                shutil.rmtree(out, ignore_errors=True)
+            else:
+                for q in set(out.iterdir()) - before:
+                    shutil.rmtree(q, ignore_errors=True) if q.is_dir() and not q.is_symlink() else q.unlink()
+        except OSError:
+            return f"; the partial output in {out} could not all be removed: delete it"
+        return f"; the partial output in {out} was removed"
+
+    try:
+        return write()
+    except KeyboardInterrupt:
+        if sys.stderr.isatty():  # end the progress bar's line
+            sys.stderr.write("\n")
+        print(f"rmqhb generate: interrupted{remove_partial()}", file=sys.stderr)
+        return 130
+    except OSError as e:
+        print(f"rmqhb generate: cannot write {e.filename or out}: {e.strerror or e}{remove_partial()}",
+              file=sys.stderr)
+        return 1

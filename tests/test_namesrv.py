@@ -263,3 +263,15 @@ def test_a_send_is_refused_as_4_9_8_refuses_it(nameserver, brokers, tmp_path):
     b2 = start(brokers, tmp_path / "b", broker_name="broker-b", auto_create_topic_enable=False)
     r = send(Client(b2.ports["main"]), "T4")
     assert (r.code, r.remark) == (ResponseCode.TOPIC_NOT_EXIST, not_exist % "T4")
+
+
+def test_the_topic_properties_are_used_not_listed_as_unused():
+    """They were 'accepted, not used by this broker' before: now they are this broker's properties."""
+    from engine.broker.config import BrokerConfig
+
+    cfg = BrokerConfig.load(overrides={"autoCreateTopicEnable": "false", "clusterTopicEnable": "false",
+                                       "brokerTopicEnable": "false", "traceTopicEnable": "true",
+                                       "msgTraceTopicName": "T_TRACE", "namesrvAddr": "127.0.0.1:9876"})
+    assert cfg.java_unused_properties() == []
+    assert (cfg.auto_create_topic_enable, cfg.cluster_topic_enable, cfg.broker_topic_enable,
+            cfg.trace_topic_enable, cfg.msg_trace_topic_name) == (False, False, False, True, "T_TRACE")

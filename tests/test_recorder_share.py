@@ -156,3 +156,24 @@ def test_bad_arguments(tmp_path):
     assert BrokerConfig.load(None, {"recordConnectionShareBytes": "65536"}).record_connection_share_bytes == 65536
     with pytest.raises(ConfigError):
         BrokerConfig.load(None, {"recordConnectionShareBytes": "-5"})
+
+
+@pytest.mark.slow
+def test_spark_scan_counts_clipped_records_as_the_reference_scan(spark, tmp_path):
+    """The Spark scan reads a recording with clipped records as the reference scan does: the same records, bad
+    bodies and clients, no damage."""
+    from engine.bindings.spark import scan
+
+    body = hb_body(client_id="10.1.1.1@c")
+    with HeartbeatRecorder(tmp_path, block_records=4) as rec:
+        t = 1_700_000_000_000
+        for i in range(12):
+            rec.record(t + i * 30_000, 1, "10.1.1.1:1", "JAVA", 409, body)
+            if i % 3 == 0:
+                rec.record(t + i * 30_000 + 5, 2, "10.9.9.9:2", "JAVA", 409, b"{" + b"\x02" * 5000, error="bad")
+    ref = scan_py.scan(tmp_path)
+    findings = scan(spark, tmp_path)
+    for key in ("records", "bad_bodies", "clients"):
+        assert findings["summary"][key] == ref["summary"][key]
+    assert ref["summary"]["clipped_bodies"] == 4 and ref["summary"]["bad_bodies"] == 4
+    assert findings["scan"]["corrupt"] == [] and findings["scan"]["torn_tails"] == []

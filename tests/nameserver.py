@@ -153,9 +153,10 @@ class NameServer:
             if cmd.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
                 return self._get_route_info_by_topic(cmd, ext)
             if cmd.code == RequestCode.GET_BROKER_CLUSTER_INFO:
-                info = {"brokerAddrTable": self._broker_datas_json(self.broker_addr_table.values(), cmd),
+                datas = self._broker_datas_json(self.broker_addr_table.values(), cmd)
+                info = {"brokerAddrTable": {d["brokerName"]: d for d in datas},
                         "clusterAddrTable": {c: sorted(n) for c, n in self.cluster_addr_table.items()}}
-                return cmd.response(ResponseCode.SUCCESS, body=self._encode(info, cmd))
+                return cmd.response(ResponseCode.SUCCESS, body=_dumps(info).encode("utf-8"))
             self.unsupported.append(cmd.code)
             return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                                 remark=f" request type {cmd.code} not supported")
@@ -250,7 +251,7 @@ class NameServer:
             return cmd.response(ResponseCode.TOPIC_NOT_EXIST, remark=(
                 f"No topic route info in name server for the topic: {topic}{APPLY_TOPIC_SUGGESTION}"))
         route = dict(route, brokerDatas=self._broker_datas_json(route["brokerDatas"], cmd))
-        return cmd.response(ResponseCode.SUCCESS, body=self._encode(route, cmd))
+        return cmd.response(ResponseCode.SUCCESS, body=_dumps(route).encode("utf-8"))
 
     # ------------------------------------------------------------------ encoding (fastjson as 4.9.8 uses it)
     @staticmethod
@@ -263,9 +264,6 @@ class NameServer:
                         "cluster": d["cluster"]})
         return out
 
-    @staticmethod
-    def _encode(obj, cmd) -> bytes:
-        return _dumps(obj).encode("utf-8")
 
 
 class _BareKeys(dict):

@@ -147,6 +147,10 @@ def test_name_server_answers_as_4_9_8(nameserver, brokers, tmp_path):
     assert (r.code, r.remark) == (ResponseCode.SYSTEM_ERROR, "crc32 not match")
     assert c.call(RequestCode.HEART_BEAT, {}).code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
     assert nameserver.unsupported == [RequestCode.HEART_BEAT]
+    info = json.loads(c.call(RequestCode.GET_BROKER_CLUSTER_INFO).body)
+    assert info == {"brokerAddrTable": {"broker-a": {"brokerAddrs": {"0": addr}, "brokerName": "broker-a",
+                                                     "cluster": "DefaultCluster"}},
+                    "clusterAddrTable": {"DefaultCluster": ["broker-a"]}}
 
 
 # ------------------------------------------------------------------------------------------------ standalone

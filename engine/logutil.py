@@ -46,6 +46,15 @@ class EscapingFormatter(logging.Formatter):
         record.message = escape_text(record.message)
         return super().formatMessage(record)
 
+    def formatException(self, ei):
+        """The traceback's lines, with their control characters but line ends escaped, and a line that starts
+        with a digit (a log header's date: an exception's message may hold a client's text and newlines)
+        indented, so it reads as part of the traceback, never as a record of its own."""
+        text = super().formatException(ei)
+        if _CONTROL_BUT_LINES.search(text):
+            text = _CONTROL_BUT_LINES.sub(_escape_one, text)
+        return "\n".join("  " + line if line[:1].isdigit() else line for line in text.split("\n"))
+
 
 class EscapedWriter:
     """A text stream for the operator's terminal: control characters written through it are escaped.

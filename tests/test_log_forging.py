@@ -267,3 +267,16 @@ def test_grpc_session_close_lines_have_the_budget(tmp_path, caplog):
                and r.getMessage().startswith("gRPC client ")]
     assert len(removed) == 3, removed
     assert b.registry.client_log.left_out >= 5
+
+
+def test_a_traceback_cannot_start_a_record():
+    """An exception's message may hold a client's text: its lines stay inside the traceback."""
+    fmt = clientlog.JavaLogFormatter()
+    try:
+        raise ValueError("bad id x\n2026-01-01 00:00:00,000 INFO RocketmqBroker - new producer connected\x1b[2J")
+    except ValueError:
+        rec = logging.LogRecord("x", logging.ERROR, __file__, 1, "handling %s failed", ("a\nb",), sys.exc_info())
+    lines = fmt.format(rec).split("\n")
+    assert lines[0].endswith(" ERROR x - handling a\\nb failed")
+    assert sum(bool(HEADER.match(line)) for line in lines) == 1
+    assert "  2026-01-01 00:00:00,000 INFO RocketmqBroker - new producer connected\\x1b[2J" in lines

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 
-from engine.logutil import EscapingFormatter, escape_args, escape_text
+from engine.logutil import EscapingFormatter, escape_text
 
 #: LoggerName.BROKER_LOGGER_NAME
 LOGGER_NAME = "RocketmqBroker"
@@ -100,7 +100,7 @@ class ClientEventLog:
         client texts; True when it was written."""
         if not self.allow(kind, level, logger):
             return False
-        text = escape_text(msg % tuple(_clip(a) for a in escape_args(tuple(_clip(a) for a in args))))
+        text = msg % tuple(a if a is None or isinstance(a, (int, float)) else _text(a) for a in args)
         if not self.charge(kind, text):
             return False
         logger.log(level, "%s", text)

@@ -252,3 +252,44 @@ def test_rmqhb_scan_several_brokers_captures(spark, tmp_path):
     assert {d["broker"] for d in f["scan"]["corrupt"]} == {"broker-c"} and len(f["scan"]["corrupt"]) == 2
     assert main(["scan", str(DATA / "lo-eth-ipv4.pcap"), "--broker", f"a={DATA / 'ons-lo-ipv4.pcap'}", "--out",
                  str(rep)]) == 2
+
+
+def test_scan_names_what_the_reader_budgets_left_unread(spark, tmp_path, capsys):
+    """Issue 26 §2 on Spark: a packet stamped in 2106, heartbeats over max_record_bytes and a SYN flood over
+    max_connections (scaled down) are named as damage the same way as the local scan (capture.limits,
+    scan.corrupt), sharded too; `rmqhb scan` writes the report, one DAMAGED INPUT line, exit 3 (a pcapng packet
+    stamped in year 33658 made the report crash: exit 1)."""
+    from test_pcap_limits import Pcap, SERVER, _clients_capture, _pcapng, client, heartbeat, tcp
+
+    stray = tmp_path / "stray.pcap"
+    stray.write_bytes(_clients_capture(stray_sec=0xFFFFFF00))
+    p = Pcap()
+    p.stream(client(7000), heartbeat("big@1", pad=300_000) * 3 + heartbeat("small@1"))
+    for i in range(300):
+        p.packet(tcp(*client(i), *SERVER, 100 + i, 0x02))
+    flood = tmp_path / "flood.pcap"
+    flood.write_bytes(p.bytes())
+    opts = dict(max_record_bytes=256 << 10, max_connections=50)
+    for shards in (2, 1):  # each shard's reader has the budgets (so a sharded scan evicts less)
+        ref = pcap.scan_local([stray, flood], shards=shards, **opts)
+        f = pcap.scan(spark, [stray, flood], shards=shards, **opts)
+        assert _comparable(f) == _comparable(ref)
+        assert f["capture"]["limits"] == ref["capture"]["limits"]
+        assert f["scan"]["corrupt"] == ref["scan"]["corrupt"]
+    assert {(lim["capture"], lim["kind"]) for lim in ref["capture"]["limits"]} == {
+        ("stray.pcap", "bad_time_packets"), ("flood.pcap", "records_too_large"), ("flood.pcap", "connections_evicted")}
+    assert ref["expired_clients"] == []
+
+    from engine.cli import main
+
+    hb = heartbeat("n@1")
+    far = tmp_path / "far.pcapng"
+    far.write_bytes(_pcapng([((1_700_000_000 + k) * 1_000_000, tcp(*client(1), *SERVER, 101 + k * len(hb), 0x18, hb))
+                             for k in range(3)] + [(10 ** 18, tcp(*client(2), *SERVER, 1, 0x10))]))
+    capsys.readouterr()
+    for src in (stray, far):
+        rep = tmp_path / f"report-{src.stem}"
+        assert main(["scan", str(src), "--out", str(rep), "--no-plots"]) == 3
+        err = capsys.readouterr().err
+        assert err.count("DAMAGED INPUT") == 1 and "Traceback" not in err
+        assert (rep / "index.html").stat().st_size < 2_000_000

@@ -65,9 +65,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+#: the topics the clients of these tests use (of both the Python and the Node files): a 5.x client's route query for
+#: an unknown topic is TOPIC_NOT_FOUND (as from the proxy, whose name server routes only created topics), so they are
+#: created before the broker starts, as an operator creates them for a 5.x cluster
+TOPICS = ("TopicV5", "TopicMixed", "TopicAcl", "TopicRestart", "TopicNode", "TopicNodeS", "TopicMixedNode",
+          "TopicNodeRestart")
+
+
+def write_topics(store):
+    """``store``'s config/topics.json with TOPICS (4 queues each), read by the broker at its start."""
+    from engine.registry.topic_config_manager import TopicConfig
+
+    config = store / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    table = {t: TopicConfig(t, 4, 4).to_dict() for t in TOPICS}
+    (config / "topics.json").write_text(json.dumps({"topicConfigTable": table}))
+
+
 @pytest.fixture
 def gbroker(tmp_path):
     require_module("grpc")  # the broker's grpc extra (its own interpreter): a failure under CI, never a skip
+    write_topics(tmp_path / "store")
     b = Broker(BrokerConfig(listen_port=0, listen_host="127.0.0.1", store_path_root_dir=str(tmp_path / "store"),
                             grpc_server_port=free_port())).start()
     yield b
@@ -171,6 +189,7 @@ def acl_gbroker(tmp_path):
     require_module("grpc")
     acl = tmp_path / "plain_acl.yml"
     acl.write_text(ACL)
+    write_topics(tmp_path / "store")
     b = Broker(BrokerConfig(listen_port=0, listen_host="127.0.0.1", store_path_root_dir=str(tmp_path / "store"),
                             grpc_server_port=free_port(), acl_enable=True, acl_file=str(acl))).start()
     yield b
@@ -202,6 +221,8 @@ def test_signed_clients_are_checked_against_plain_acl(v5_python, drivers, acl_gb
 
 def _serve(store, main_port, grpc_port, log_file):
     """`rmqhb serve` with the gRPC endpoint, as its own process (SIGTERM: a graceful stop), its log to log_file."""
+    if not (store / "config" / "topics.json").exists():
+        write_topics(store)
     with open(log_file, "a") as err:
         proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--listenPort", str(main_port),
                                  "--listenHost", "127.0.0.1", "--fastPortEnable", "false", "--grpcServerPort",

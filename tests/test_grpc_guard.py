@@ -16,6 +16,7 @@ from conftest import require_module
 from engine.broker.controller import Broker
 from engine.broker.metrics import render
 from engine.codec.enums import RequestCode
+from engine.registry.subscription_group_manager import SubscriptionGroupConfig
 from engine.registry.topic_config_manager import TopicConfig
 
 grpc = require_module("grpc")
@@ -292,11 +293,19 @@ def test_a_silent_session_ends_with_its_stream(tmp_path):
                            client_management_rules=5, channel_expired_timeout=700)).start()
     try:
         stub = sg.MessagingServiceStub(channel_to(b.ports["grpc"]))
+        b.call(b.registry.update_subscription_group_config, SubscriptionGroupConfig("GroupKept"))
+        kept, answer = start_session(stub, "kept@1", consumer_settings("GroupKept", [("TopicS", "*")]))
+        assert answer.status.code == Code.OK and consumers(b, "GroupKept") is not None
         t, answer = start_session(stub, "silent@1", consumer_settings("GroupSilent", [("TopicS", "*")]))
         assert answer.status.code == Code.OK
         assert "silent@1" in b.grpc.sessions and consumers(b, "GroupSilent") is None
         assert list(t.call) == []
         assert "silent@1" not in b.grpc.sessions and b.grpc.refused["idle_session"] == 1
+        # a registered session is the housekeeping's to expire (its scan every 10 s), as any channel
+        time.sleep(0.3)
+        assert "kept@1" in b.grpc.sessions and b.grpc.refused["idle_session"] == 1
+        assert b.call(b.scan_expired) == 1
+        assert list(kept.call) == [] and "kept@1" not in b.grpc.sessions
     finally:
         b.stop()
 

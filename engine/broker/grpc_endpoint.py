@@ -1248,11 +1248,16 @@ class _Servicer:
                     if session is None:  # never sent Settings: it holds no session, and now no stream
                         ep._refuse("settings_timeout", "gRPC Telemetry stream of %s ended: no Settings in %d ms",
                                    echo(peer_address(context.peer())), ep.settings_timeout_ms)
-                    elif not session.closing:
+                        break
+                    if session.closing:
+                        break
+                    if any(ep.broker.registry.channel_groups(session)):
+                        left = 1.0  # registered: the housekeeping expires it (as any channel); looked at again
+                    else:  # nothing for the housekeeping to expire (e.g. a refused registration): ended here
                         ep._refuse("idle_session", "gRPC client %s (%s) silent for channelExpiredTimeout: ended",
                                    echo(session.client_id), echo(session.remote_addr))
                         ep.close_session(session, "no Settings or Heartbeat within channelExpiredTimeout")
-                    break
+                        break
                 await asyncio.wait((reader, done_wait), timeout=left, return_when=asyncio.FIRST_COMPLETED)
                 if done_wait.done():
                     break  # replaced, terminated or expired: end the stream

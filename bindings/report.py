@@ -1443,14 +1443,38 @@ class ReportFiles:
             kw.setdefault("encoding", "utf-8")
         return os.fdopen(fd, mode, **kw)
 
+    #: the names of the files of the report last written into the directory: the next report removes those it
+    #: does not write again (a second scan into the same --out leaves none of the first scan's plots or CSVs)
+    LISTING = ".rmqhb-files"
+
+    def _previous_names(self) -> List[str]:
+        try:
+            fd = os.open(self.LISTING, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
+        except OSError:
+            return []
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(1 << 20)
+        names = data.decode("utf-8", "replace").splitlines()
+        # only plain names this class writes: never a path, a hidden file or the listing itself
+        return [n for n in names if n and "/" not in n and not n.startswith(".")]
+
     def commit(self) -> None:
-        """Rename every file into the report directory, in the order written (index.html last)."""
+        """Rename every file into the report directory, in the order written (index.html last), then remove the
+        previous report's files this one did not write again."""
+        previous = self._previous_names()
+        with self.open(self.LISTING) as f:
+            f.write("".join(f"{n}\n" for n in self.names if n != self.LISTING))
         for name in self.names:
             try:
                 os.rename(name, name, src_dir_fd=self.tmp_fd, dst_dir_fd=self.dir_fd)
             except OSError as e:
                 why = "a directory is there" if e.errno in (errno.EISDIR, errno.ENOTEMPTY, errno.EEXIST) else e.strerror
                 raise ReportOutputError(f"cannot replace {self.path / name}: {why}") from None
+        for name in set(previous) - set(self.names):
+            try:
+                os.unlink(name, dir_fd=self.dir_fd)  # a link planted there is removed, not followed
+            except OSError:
+                pass
 
     def close(self) -> None:
         """Remove the private directory with whatever was not renamed into place."""

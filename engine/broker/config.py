@@ -98,6 +98,12 @@ class BrokerConfig:
     #: engine: bytes of Java's client-management lines (all kinds together, and the gRPC session-close lines)
     #: written per minute at most; past it they are counted as left out, as past the line budget (0 = none)
     client_manage_log_bytes_per_minute: int = 32 << 20
+    #: engine: `java` = the log lines of `rmqhb serve` as 4.9.8's logback_broker.xml writes broker.log,
+    #: `yyyy-MM-dd HH:mm:ss LEVEL THREAD - message` (whole seconds, GMT+8 whatever the machine's zone, the Java
+    #: thread that would write it: HeartbeatThread_N, ClientManageThread_N, NettyEventExecutor...), for tools made
+    #: for a Java broker's log; `rmqhb` = milliseconds, the local zone and the logger's name. README: Java's
+    #: client-management log lines
+    log_format: str = "rmqhb"
     #: engine: coalesce CHANGE notifications of one group within this window (0 = RocketMQ's real-time notify)
     notify_coalesce_window_ms: int = 0
     #: engine: auto-creation of subscription groups (by heartbeats) stops once the table holds this many groups;
@@ -160,7 +166,8 @@ class BrokerConfig:
     #: the plain_acl.yml of `aclEnable`
     acl_file: str = ""
     # -- limits (engine) --
-    #: engine: connections at most (lowered to RLIMIT_NOFILE - 256 without ioWorkers)
+    #: engine: connections at most, all listeners together (remoting ports, grpcServerPort's share
+    #: grpcMaxConnections, metricsPort's 16); lowered to RLIMIT_NOFILE - 256 without ioWorkers
     max_connections: int = 100_000
     max_connections_per_ip: int = 0  # 0 = no per-IP limit
     #: I/O worker processes holding the client sockets (engine.broker.ioworker); 0 = socket I/O in the broker process.
@@ -208,6 +215,10 @@ class BrokerConfig:
     #: engine: gRPC client sessions (5.x client ids) at most; past it a new client's Telemetry stream ends
     #: RESOURCE_EXHAUSTED
     grpc_max_sessions: int = 100_000
+    #: engine: connections the gRPC port holds at once (grpcio's grpc.max_allowed_incoming_connections), its share
+    #: of maxConnections (at most half of what the descriptors allow); past it grpcio closes a new connection at
+    #: accept
+    grpc_max_connections: int = 10_000
     #: engine: gRPC calls in progress over all connections (grpc.aio maximum_concurrent_rpcs); past it
     #: RESOURCE_EXHAUSTED
     grpc_max_concurrent_rpcs: int = 200_000
@@ -333,6 +344,8 @@ class BrokerConfig:
         if self.client_management_rules == 4 and self.reject_pull_consumer_enable:
             raise ConfigError("rejectPullConsumerEnable is a RocketMQ 5.x setting (4.9 has none): it needs "
                               "clientManagementRules=5")
+        if self.log_format not in ("rmqhb", "java"):
+            raise ConfigError(f"logFormat must be rmqhb or java, not {echo(self.log_format)}")
         if self.broker_role not in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"):
             raise ConfigError(f"brokerRole must be ASYNC_MASTER, SYNC_MASTER or SLAVE, not {echo(self.broker_role)}")
         if self.broker_role in ("ASYNC_MASTER", "SYNC_MASTER"):
@@ -358,7 +371,7 @@ class BrokerConfig:
         positive = ("channelExpiredTimeout", "maxConnections", "maxFrameSize", "incompleteFrameTimeoutMs",
                     "maxWriteBufferBytes", "writeStallTimeoutMs", "maxInflightPerConnection", "serverChannelMaxIdleTimeSeconds",
                     "defaultTopicQueueNums", "pullMaxSuspendMillis", "flushConsumerOffsetInterval",
-                    "grpcMaxSessions", "grpcMaxConcurrentRpcs", "grpcMaxStreamsPerConnection",
+                    "grpcMaxSessions", "grpcMaxConcurrentRpcs", "grpcMaxStreamsPerConnection", "grpcMaxConnections",
                     "grpcMaxSessionsPerIp", "grpcMaxGroupsPerIp", "grpcMaxSettingsBytesTotal",
                     "grpcMaxSettingsBytesPerIp", "grpcMaxTagsPerSubscription", "grpcSettingsTimeoutMs")
         for name in positive:

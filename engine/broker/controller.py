@@ -30,6 +30,7 @@ import time
 import zlib
 
 from engine import RemotingCommand
+from engine.registry import clientlog
 from engine.registry.clientlog import JavaLogFormatter
 from engine.broker.config import PROPERTIES, BrokerConfig, ConfigError, ConfigFileError, parse_overrides
 from engine.codec.enums import BROKER_VERSION, RequestCode, ResponseCode
@@ -112,9 +113,14 @@ class Broker:
         self.processors = Processors(self)
         caps = _executor_capacities(self.config)
         table = PROCESSOR_TABLE + (NAMESRV_TABLE if not self.config.namesrv_addr.strip() else ())
+        #: logFormat=java: each task's lines carry the Java thread that would run it (clientlog.java_threads); a
+        #: wrapped heartbeat handler takes the Python path (the native one serves the broker's own handler only)
+        self._java_threads = clientlog.java_threads if self.config.log_format == "java" else None
         for code, name, executor in table:
-            self.server.register_processor(code, getattr(self.processors, name),
-                                           self.server.executor(executor, caps[executor]))
+            handler = getattr(self.processors, name)
+            if self._java_threads is not None:
+                handler = self._java_threads.handler(code, handler)
+            self.server.register_processor(code, handler, self.server.executor(executor, caps[executor]))
         self._tasks: list[asyncio.Task] = []
         self._metrics_endpoint: MetricsEndpoint | None = None
         self.grpc = None  # engine.broker.grpc_endpoint.GrpcEndpoint with grpcServerPort (RocketMQ 5.x clients)
@@ -198,8 +204,12 @@ class Broker:
         self.metrics.notifications_sent += sent
 
     def _on_connection_closed(self, conn) -> None:
-        # ClientHousekeepingService.onChannelClose: producer then consumer doChannelCloseEvent
-        self.registry.close_channel(conn)
+        # ClientHousekeepingService.onChannelClose: producer then consumer doChannelCloseEvent (on Java's
+        # NettyEventExecutor thread)
+        if self._java_threads is not None:
+            self._java_threads.run(clientlog.NETTY_EVENT_EXECUTOR, self.registry.close_channel, conn)
+        else:
+            self.registry.close_channel(conn)
 
     # ------------------------------------------------------------------ addresses and topics
     def advertised_addr(self, conn=None) -> str:
@@ -285,7 +295,8 @@ class Broker:
                                                                 self._persist_offsets)))
         self._tasks.append(asyncio.ensure_future(self._periodic(1.0, self._tick)))
         if cfg.metrics_port:
-            self._metrics_endpoint = MetricsEndpoint(self.render_metrics, cfg.metrics_host, cfg.metrics_port)
+            self._metrics_endpoint = MetricsEndpoint(self.render_metrics, cfg.metrics_host, cfg.metrics_port,
+                                                     metrics=self.metrics)
             self.ports["metrics"] = await self._metrics_endpoint.start()
         if cfg.namesrv_addr.strip():
             # BrokerController.start: registerBrokerAll at start, then at a fixed rate from +10 s every
@@ -353,7 +364,10 @@ class Broker:
     def scan_expired(self, now: int | None = None) -> int:
         """One pass of the expiry scan (``now``: the registry clock's time, default its current one); the expired
         connections are closed. Returns how many."""
-        channels = self.registry.scan_expired(now)
+        if self._java_threads is not None:  # Java's ClientHousekeepingService thread
+            channels = self._java_threads.run(clientlog.CLIENT_HOUSEKEEPING_THREAD, self.registry.scan_expired, now)
+        else:
+            channels = self.registry.scan_expired(now)
         for conn in channels:
             if hasattr(conn, "close"):
                 conn.close(f"channel expired (no heartbeat for more than {self.config.channel_expired_timeout} ms)",
@@ -650,6 +664,8 @@ def serve_main(argv=None) -> int:
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return EXIT_CONFIG
+    if config.log_format == "java":  # logback_broker.xml's pattern and Java's thread names
+        handler.setFormatter(clientlog.JavaBrokerFormatter())
     if args.printConfigItem or args.printImportantConfig:
         for name, value in config.to_properties():
             if args.printImportantConfig and name not in config.explicit:

@@ -14,6 +14,10 @@ from collections import Counter, deque
 
 log = logging.getLogger("engine.broker.metrics")
 
+#: connections the metrics endpoint (metricsPort) serves at once, its share of maxConnections; past it a new one
+#: is closed at accept (counted in connections_refused_total{listener="metrics"})
+METRICS_MAX_CONNECTIONS = 16
+
 
 class Metrics:
     """Event counters; ``heartbeats_per_second`` is the rate over the last ``window_s`` seconds."""
@@ -33,6 +37,14 @@ class Metrics:
         self.connections_accepted = 0
         self.connections_closed = Counter()  # reason -> count
         self.connections_rejected = Counter()  # limit name -> count
+        #: listener (remoting, metrics) -> connections refused by its share of maxConnections (the gRPC port's are
+        #: closed by grpcio itself, which counts none)
+        self.connections_refused = Counter()
+        #: listener -> accepts that failed (out of descriptors or memory), counted, logged once a minute
+        self.accept_errors = Counter()
+        #: listener -> its share of maxConnections; local port -> listener name (set as the listeners start)
+        self.listener_limits: dict[str, int] = {}
+        self.listener_ports: dict[int, str] = {}
         self.overloaded = Counter()  # executor -> requests refused with SYSTEM_BUSY
         self.queue_timeouts = Counter()  # executor -> requests answered SYSTEM_BUSY after waiting too long
         #: kind -> requests answered SYSTEM_ERROR because they could not be served (bad_request, internal_error,
@@ -110,6 +122,14 @@ def render(metrics: Metrics, connections: int, group_stats=None, *, max_group_se
              [({"reason": r}, n) for r, n in sorted(metrics.connections_closed.items())])
     w.metric(p + "connections_rejected_total", "counter", "Connections refused by a limit.",
              [({"limit": r}, n) for r, n in sorted(metrics.connections_rejected.items())])
+    w.metric(p + "connections_refused_total", "counter",
+             "Connections refused at accept because their listener's share of maxConnections was taken, by listener.",
+             [({"listener": k}, n) for k, n in sorted(metrics.connections_refused.items())])
+    w.metric(p + "accept_errors_total", "counter",
+             "Accepts that failed (the process out of descriptors or memory), by listener.",
+             [({"listener": k}, n) for k, n in sorted(metrics.accept_errors.items())])
+    w.metric(p + "listener_connection_limit", "gauge", "Each listener's share of maxConnections.",
+             [({"listener": k}, n) for k, n in sorted(metrics.listener_limits.items())])
     w.metric(p + "heartbeats_total", "counter", "HEART_BEAT requests processed.", [({}, metrics.heartbeats)])
     w.metric(p + "heartbeats_per_second", "gauge", f"HEART_BEAT rate over the last {metrics.window_s:g} s.",
              [({}, float(metrics.heartbeats_per_second))])
@@ -174,16 +194,26 @@ def render(metrics: Metrics, connections: int, group_stats=None, *, max_group_se
 
 
 class MetricsEndpoint:
-    """A minimal HTTP/1.1 server on the event loop answering GET /metrics (anything else: 404)."""
+    """A minimal HTTP/1.1 server on the event loop answering GET /metrics (anything else: 404). At most
+    ``max_connections`` at once (its share of maxConnections): a connection past it is closed at accept and
+    counted in ``metrics.connections_refused["metrics"]``."""
 
-    def __init__(self, render_fn, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, render_fn, host: str = "127.0.0.1", port: int = 0, *, metrics: Metrics | None = None,
+                 max_connections: int | None = None):
         self.render_fn = render_fn
         self.host, self.port = host, port
+        self.metrics = metrics
+        self.max_connections = METRICS_MAX_CONNECTIONS if max_connections is None else max_connections
+        self.active = 0  # connections being served
+        self.refused = 0
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._serve, self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
+        if self.metrics is not None:
+            self.metrics.listener_limits["metrics"] = self.max_connections
+            self.metrics.listener_ports[self.port] = "metrics"
         log.info("metrics endpoint on http://%s:%d/metrics", self.host, self.port)
         return self.port
 
@@ -194,6 +224,13 @@ class MetricsEndpoint:
             self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.active >= self.max_connections:
+            self.refused += 1
+            if self.metrics is not None:
+                self.metrics.connections_refused["metrics"] += 1
+            writer.transport.abort()  # its descriptor back at once
+            return
+        self.active += 1
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
             request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
@@ -211,4 +248,5 @@ class MetricsEndpoint:
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             pass
         finally:
+            self.active -= 1
             writer.close()

@@ -24,6 +24,7 @@ Shape (NettyRemotingServer + BrokerController.registerProcessor, on one event lo
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import time
@@ -38,6 +39,7 @@ from engine import FrameDecoder, FrameError, RemotingCommand
 from engine.codec.enums import FLAG_ONEWAY, FLAG_RESPONSE, RequestCode, ResponseCode
 from engine.codec.errors import RemotingError, clip
 from engine.logutil import RateLimitedLog
+from engine.broker.metrics import METRICS_MAX_CONNECTIONS
 from engine.broker.repeat import CacheBudget, RepeatRoute
 
 log = logging.getLogger("engine.broker.server")
@@ -353,6 +355,57 @@ def connection_capacity(max_connections: int) -> int:
     return max(1, min(max_connections, soft - FD_RESERVE))
 
 
+def listener_budget(cfg) -> dict[str, int]:
+    """maxConnections split between the listeners of this process, so that together they never take the
+    descriptors kept for the store, the recorder and the name-server links (FD_RESERVE): the gRPC port's share is
+    grpcMaxConnections (at most half of what is left, so a flood there cannot shut the remoting port out), the
+    metrics endpoint's METRICS_MAX_CONNECTIONS, the remoting ports (main and fast together) the rest.
+    {"remoting", "grpc", "metrics"} -> connections; a listener that is off has 0 (grpc: its share all the same,
+    for an endpoint started with an explicit port)."""
+    own = connection_capacity(cfg.max_connections)
+    metrics = METRICS_MAX_CONNECTIONS if cfg.metrics_port else 0
+    grpc = max(1, min(cfg.grpc_max_connections, (own - metrics) // 2))
+    others = metrics + (grpc if cfg.grpc_server_port else 0)
+    return {"remoting": max(1, own - others), "grpc": grpc, "metrics": metrics}
+
+
+#: accept failures by errno name (EMFILE, ENFILE, ENOBUFS, ENOMEM): what the loop reports as an exception
+_ACCEPT_MESSAGES = ("socket.accept() out of system resource", "error status in uv_stream_t.listen callback")
+
+
+def install_accept_error_handler(loop, metrics, errors_log) -> None:
+    """Accept failures (the process is out of descriptors or memory) are counted per listener
+    (accept_errors_total) and logged once a minute without a traceback; asyncio logs a traceback for each one
+    (its loop then pauses that listener for a second), which a flood turns into a flood of the log. Any other
+    exception goes to the handler that was there before (or the loop's default). The listener is named by its
+    local port (``metrics.listener_ports``)."""
+    previous = loop.get_exception_handler()
+
+    def handler(loop, context):
+        message = context.get("message") or ""
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and message.startswith(_ACCEPT_MESSAGES):
+            port = None
+            sock = context.get("socket")
+            try:
+                port = sock.getsockname()[1] if sock is not None else None
+            except (OSError, IndexError, TypeError):
+                pass
+            listener = metrics.listener_ports.get(port, "other")
+            reason = errno.errorcode.get(exc.errno, "error")
+            metrics.accept_errors[listener] += 1
+            errors_log.log(logging.WARNING, ("accept", listener, reason),
+                           "%s port: accepting a connection failed (%s); the listener retries (counted in "
+                           "accept_errors_total)", listener, reason)
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+
+
 def _reason_kind(reason: str) -> str:
     for prefix, kind in (("undecodable", "frame_error"), ("incomplete frame", "incomplete_frame"),
                          ("idle", "idle"), ("client does not read", "write_buffer"), ("channel expired", "expired"),
@@ -566,16 +619,20 @@ class RemotingServer:
     async def start(self) -> dict[str, int]:
         self.loop = asyncio.get_running_loop()
         cfg = self.config
-        self.max_connections = connection_capacity(cfg.max_connections)
+        # the remoting ports' share of the one budget of all listeners (the gRPC and metrics ports take theirs)
+        budget = listener_budget(cfg)
+        self.max_connections = budget["remoting"]
+        others = connection_capacity(cfg.max_connections) - budget["remoting"]
         if self.max_connections < cfg.max_connections and not getattr(cfg, "io_workers", 0):
-            log.info("maxConnections=%d exceeds what RLIMIT_NOFILE allows: at most %d connections (%d descriptors "
-                     "kept for the broker's own files)", cfg.max_connections, self.max_connections, FD_RESERVE)
+            log.info("maxConnections=%d: at most %d connections on the remoting ports (%d descriptors kept for the "
+                     "broker's own files, %d connections for the gRPC and metrics ports)", cfg.max_connections,
+                     self.max_connections, FD_RESERVE, others)
+        self.metrics.listener_limits["remoting"] = self.max_connections
         if getattr(cfg, "io_workers", 0):
             from engine.broker.ioworker import IOWorkerPool
 
             # started once the ports are bound; the core keeps at most what its own descriptors allow
-            self.io_pool = IOWorkerPool(self, cfg.io_workers,
-                                        min(cfg.io_core_connections, connection_capacity(cfg.max_connections)))
+            self.io_pool = IOWorkerPool(self, cfg.io_workers, min(cfg.io_core_connections, budget["remoting"]))
         pooled = self.io_pool is not None  # then the pool accepts on the bound sockets and hands them off
         host = cfg.listen_host or None
         main = await self.loop.create_server(lambda: self.new_connection("main"), host, cfg.listen_port,
@@ -597,11 +654,16 @@ class RemotingServer:
                 self.servers.clear()
                 raise
             # client sockets are held by the workers and the core's share: the limit is what their descriptors allow
-            self.max_connections = min(cfg.max_connections, self.io_pool.capacity + self.io_pool.core_connections)
+            self.max_connections = min(max(1, cfg.max_connections - others),
+                                       self.io_pool.capacity + self.io_pool.core_connections)
+            self.metrics.listener_limits["remoting"] = self.max_connections
             log.info("ioWorkers=%d, ioCoreConnections=%d: at most %d connections", cfg.io_workers,
                      self.io_pool.core_connections, self.max_connections)
             for s, name in zip(self.servers, ("main", "fast")):
                 self.io_pool.listen(s, name)
+        for port in self.ports.values():
+            self.metrics.listener_ports[port] = "remoting"
+        install_accept_error_handler(self.loop, self.metrics, self.errors_log)
         self._sweeper = self.loop.call_later(1.0, self._sweep)
         return dict(self.ports)
 
@@ -644,6 +706,7 @@ class RemotingServer:
                       f"({self.per_ip[conn.remote_ip]}, maxConnectionsPerIp={cfg.max_connections_per_ip})")
             self.metrics.connections_rejected["max_connections_per_ip"] += 1
         if reason is not None:
+            self.metrics.connections_refused["remoting"] += 1
             # a few refused connections are kept just long enough to answer their first request with the reason
             # (the client then backs off instead of reconnecting at once); past REFUSED_HELD they are closed at
             # once, so a flood cannot take the descriptors kept for the broker's own files

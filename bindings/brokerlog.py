@@ -109,6 +109,13 @@ def is_log_file(path: Path) -> bool:
     return bool(LOG_NAME.match(path.name)) or path.name.endswith((".log", ".log.gz"))
 
 
+def is_broker_log_name(name: str) -> bool:
+    """A broker's log in a directory given to the scan: broker*.log* (broker.log, broker_default.log, broker.log.1,
+    otherdays/broker.3.log.gz ...). A directory's other *.log files (gc.log, store.log, an application's) are not
+    read; a file given by its path is read whatever its name."""
+    return name.startswith("broker") and ".log" in name
+
+
 def plan_files(paths: Iterable, brokers: Optional[Dict[str, str]] = None) -> List[Tuple[str, str, int]]:
     """[(broker, file, rank)] of the inputs: files, or directories holding broker logs (``otherdays/`` too).
     A file's broker is the ``--broker NAME=PATH`` whose path holds it, else its directory's name."""
@@ -117,7 +124,7 @@ def plan_files(paths: Iterable, brokers: Optional[Dict[str, str]] = None) -> Lis
     for p in list(paths) + [p for _, p in named]:
         p = Path(p)
         if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.is_file() and is_log_file(f))
+            files += sorted(f for f in p.rglob("*") if f.is_file() and is_broker_log_name(f.name))
         elif p.exists():
             files.append(p)
         else:
@@ -1423,7 +1430,7 @@ def path_kind(path) -> Optional[str]:
         for f in p.rglob("*"):
             if f.is_file():
                 k = _file_kind(f) if not f.name.endswith(".json") else None
-                if k == "broker-log":
+                if k == "broker-log" and is_broker_log_name(f.name):
                     return "broker-log"
                 if k:
                     kinds.add(k)
@@ -1548,9 +1555,14 @@ def scan_main(argv=None) -> int:
     finally:
         if running is None:
             spark.stop()
+    log = findings["log"]
+    if log["lines"] - log["unparseable"] - log["counts"].get("continuation", 0) <= 0:  # no line with a log header
+        write_report(findings, args.out, plots=False)
+        print(f"rmqhb scan: nothing decodable: {log['lines']:,} lines in {len(log['files'])} files, none of them a "
+              "broker log line", file=sys.stderr)
+        return 4
     index = write_report(findings, args.out, plots=not args.no_plots)
     print_summary(findings, sys.stdout)
-    log = findings["log"]
     print(f"broker logs: {log['lines']:,} lines in {len(log['files'])} files of {len(log['brokers'])} broker(s), "
           f"zone {log['log_tz']} ({log['log_tz_source']}); {log['unparseable']:,} unparseable lines "
           f"{log['unparseable_by_kind'] or ''}", file=sys.stdout)

@@ -37,7 +37,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -113,17 +113,59 @@ def prepare_environment(local: bool = True) -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    if "JAVA_HOME" not in os.environ:
-        for cand in ("/usr/lib/jvm/java-17-openjdk-amd64", "/usr/lib/jvm/java-17-openjdk-arm64", "/usr/lib/jvm/java-17-openjdk"):
-            if Path(cand, "bin", "java").exists():
-                os.environ["JAVA_HOME"] = cand
-                break
+    _default_java_home()
     import engine
 
     root = str(Path(engine.__file__).resolve().parents[1])
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in parts:
         os.environ["PYTHONPATH"] = os.pathsep.join([root] + parts)
+
+
+_JAVA_17_HOMES = ("/usr/lib/jvm/java-17-openjdk-amd64", "/usr/lib/jvm/java-17-openjdk-arm64", "/usr/lib/jvm/java-17-openjdk")
+#: the Java Spark 4 runs on
+JAVA_MIN_VERSION = 17
+
+
+def _default_java_home() -> None:
+    """JAVA_HOME = an installed Java 17 when none is set (as Spark's launcher, which uses JAVA_HOME, else PATH)."""
+    if "JAVA_HOME" not in os.environ:
+        for cand in _JAVA_17_HOMES:
+            if Path(cand, "bin", "java").exists():
+                os.environ["JAVA_HOME"] = cand
+                break
+
+
+def java_problem() -> Optional[str]:
+    """Why Spark's JVM cannot start here (one line: what is wrong and how to point at a Java 17), or None. Checked
+    before a session starts: without it a missing or old Java is a py4j traceback after the launcher failed."""
+    import re
+    import subprocess
+
+    _default_java_home()
+    home = os.environ.get("JAVA_HOME")
+    fix = (f"Spark needs Java {JAVA_MIN_VERSION} or later: install one (e.g. apt-get install openjdk-17-jre-headless) "
+           "and set JAVA_HOME to its directory (e.g. /usr/lib/jvm/java-17-openjdk-amd64)")
+    if home:
+        java = Path(home, "bin", "java")
+        if not os.access(java, os.X_OK):
+            return f"JAVA_HOME={home} has no bin/java; {fix}"
+        java = str(java)
+    else:
+        java = shutil.which("java")
+        if not java:
+            return f"no Java found (JAVA_HOME is not set and no java on PATH); {fix}"
+    try:
+        run = subprocess.run([java, "-version"], capture_output=True, text=True, errors="replace", timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{java} -version failed ({type(e).__name__}); {fix}"
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', run.stderr + run.stdout)
+    if run.returncode != 0 or not m:
+        return f"{java} -version failed (exit {run.returncode}); {fix}"
+    major = int(m.group(2)) if m.group(1) == "1" and m.group(2) else int(m.group(1))  # "1.8.0" is Java 8
+    if major < JAVA_MIN_VERSION:
+        return f"{java} is Java {major}; {fix}"
+    return None
 
 
 def _local_cores(master: str) -> int:
@@ -975,8 +1017,134 @@ def scan_main(argv=None) -> int:
                 check_report_dir(a[len("--out="):] if a.startswith("--out=") else argv[i + 1])
         return _scan_main(argv)
     except ReportOutputError as e:
-        print(f"rmqhb scan: {e}", file=sys.stderr)
+        print(f"rmqhb scan: --out {e}", file=sys.stderr)
         return EXIT_USAGE
+
+
+#: bytes read from the start of each log file given to tell a text log from binary data (bounded: a .gz is
+#: decompressed only this far)
+SNIFF_BYTES = 64 * 1024
+#: what each input kind is, in the words of a one-line message
+KIND_NAMES = {"recording": "recording (*.seg segments)", "broker-log": "broker log (broker*.log*)",
+              "pcap": "packet capture (.pcap, .pcapng)"}
+_CAPTURE_SUFFIXES = (".pcap", ".pcapng", ".cap", ".pcap.gz", ".pcapng.gz")
+
+
+def _head(path: Path) -> bytes:
+    import gzip
+    import zlib
+
+    try:
+        with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as f:
+            return f.read(SNIFF_BYTES)
+    except (OSError, EOFError, zlib.error):
+        return b""  # unreadable or cut: the reader names the damage
+
+
+def _binary(head: bytes) -> Optional[str]:
+    """Why ``head`` (a file's first bytes) is not text, or None. A log line never holds NUL; a few other control
+    bytes can be a client's text, so only a share of them counts."""
+    if b"\0" in head:
+        return f"binary data: a NUL byte at byte {head.index(0)}"
+    controls = sum(head.count(bytes([c])) for c in (*range(1, 9), *range(14, 32), 127))
+    if head and controls * 10 > len(head):
+        return f"binary data: {controls * 100 // len(head)}% control bytes in its first {len(head):,} bytes"
+    return None
+
+
+def directory_kinds(directory: Path) -> dict:
+    """{kind: first file of that kind} in a scan input directory: recording segments at its top level, broker
+    logs (broker*.log*, at any depth: otherdays/) and packet captures (by their magic number) anywhere."""
+    from .brokerlog import _file_kind, is_broker_log_name
+
+    kinds = {}
+    seg_file = next(directory.glob("*.seg"), None)
+    if seg_file is not None:
+        kinds["recording"] = seg_file
+    for f in sorted(directory.rglob("*")):
+        if len(kinds) == 3:
+            break
+        if f.suffix == ".seg" or f.name.endswith(".json") or not f.is_file():
+            continue
+        k = "broker-log" if is_broker_log_name(f.name) else ("pcap" if _file_kind(f) == "pcap" else None)
+        if k:
+            kinds.setdefault(k, f)
+    return kinds
+
+
+def input_problem(argv, kind: str, explicit: bool) -> Optional[Tuple[int, str]]:
+    """(exit status, one line) for scan inputs that cannot be scanned, found before any work (no Spark yet):
+    a path that does not exist (2), a directory holding nothing to scan (2) or several kinds unless --format says
+    which to read (2), a segment file given for its recording (2), a file of no known kind (2), an empty file, a
+    capture without a capture header, a log of binary data (4: nothing decodable), a --log-tz that is no zone (2)."""
+    from .brokerlog import _paths_of, path_kind, resolve_tz
+
+    paths = list(_paths_of(argv))
+    for i, a in enumerate(argv):
+        if a == "--broker" and i + 1 < len(argv) or a.startswith("--broker="):
+            paths.append((a.split("=", 1)[1] if a.startswith("--broker=") else argv[i + 1]).partition("=")[2])
+        if (a == "--log-tz" and i + 1 < len(argv) or a.startswith("--log-tz=")) and kind == "broker-log":
+            tz = a.split("=", 1)[1] if a.startswith("--log-tz=") else argv[i + 1]
+            try:
+                resolve_tz(tz)
+            except Exception:  # timedelta's range, ZoneInfo's KeyError or ValueError: none of them is the user's
+                return EXIT_USAGE, (f"--log-tz {tz!r} is not a zone: give an IANA name (e.g. Asia/Shanghai) or "
+                                    "an offset from -23:59 to +23:59 (e.g. +08:00)")
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            return EXIT_USAGE, f"no such file or directory: {raw}"
+        if p.is_dir():
+            kinds = directory_kinds(p)
+            if not kinds:
+                return EXIT_USAGE, (f"{raw} holds no recording (*.seg), broker log (broker*.log*) or packet "
+                                    "capture (.pcap, .pcapng)")
+            if explicit and kind not in kinds:
+                return EXIT_USAGE, f"{raw} holds no {KIND_NAMES[kind]}"
+            if not explicit and len(kinds) > 1:
+                found = "; ".join(f"a {KIND_NAMES[k]}: {f.relative_to(p)}" for k, f in kinds.items())
+                return EXIT_USAGE, (f"{raw} mixes input kinds ({found}); give one directory per kind, or "
+                                    "--format KIND to read only that kind")
+            continue
+        if not p.is_file():
+            return EXIT_USAGE, f"{raw} is not a regular file or a directory"
+        if p.name.endswith(".seg"):
+            return EXIT_USAGE, f"{raw} is one segment of a recording: give the recording's directory ({p.parent})"
+        if p.stat().st_size == 0:
+            return EXIT_NOTHING, f"{raw} is empty: nothing to scan"
+        found = path_kind(p)
+        if kind == "pcap" or (found is None and p.name.endswith(_CAPTURE_SUFFIXES)):
+            if found != "pcap":
+                return EXIT_NOTHING, f"{raw} is not a packet capture (no pcap or pcapng header at byte 0)"
+        elif kind == "broker-log" or found == "broker-log":
+            binary = _binary(_head(p))
+            if binary:
+                return EXIT_NOTHING, f"{raw} is not a broker log ({binary})"
+        elif kind == "recording":
+            return EXIT_USAGE, (f"{raw} is a file, not a recording directory, a broker log (*.log, broker*.log*) "
+                                "or a packet capture (.pcap, .pcapng); --format KIND names its kind")
+    return None
+
+
+SCAN_HELP = """\
+What a RocketMQ broker's clients did (group sizes over time, flapping and expired clients, heartbeat gaps,
+inconsistent subscriptions, retry-topic churn), written to REPORT_DIR as index.html, findings.json, CSVs and
+PNG plots. PATH is any of (the kind is detected; --format KIND forces it):
+  recording    a directory of *.seg segments (rmqhb serve --recordDir, rmqhb generate); several: one per broker
+  broker-log   Apache RocketMQ 4.x/5.x broker logs: files, or a directory per broker (broker*.log*, otherdays/)
+  pcap         packet captures (.pcap, .pcapng, .gz) of the brokers' remoting port: files or directories"""
+SCAN_EPILOG = """\
+broker logs (rmqhb scan --format broker-log -h for all):
+  --log-tz ZONE         zone of the lines' times: IANA name or +HH:MM (default this machine's)
+  --broker NAME=PATH    name the broker whose logs (or captures) are under PATH
+  --max-line-bytes N    longest line read; a longer one is skipped and named as damage
+packet captures (rmqhb scan --format pcap -h for all):
+  --port PORT           read only TCP connections with this port (repeatable; default: every connection)
+  --shards N            Spark tasks per capture, each reading the file and taking its share of the connections
+exit status: 0 all input read; 3 completed over damaged input (named in the report; --allow-damage: 0);
+  2 bad arguments, no such path, nothing of a known kind, mixed kinds, no Java 17; 4 nothing decodable (an empty
+  file, a capture without a capture header, a log of binary data, no broker log line); 5 --strict stopped on
+  damage; 130 interrupted (Ctrl-C); 1 any other failure (one line; --debug shows the Python and Java stacks)"""
 
 
 def _scan_main(argv) -> int:
@@ -990,6 +1158,14 @@ def _scan_main(argv) -> int:
     if kind not in INPUT_FORMATS:
         print(f"rmqhb scan: {why} is one of {', '.join(INPUT_FORMATS)}, not {kind!r}", file=sys.stderr)
         return EXIT_USAGE
+    if not any(a in ("-h", "--help") for a in argv):
+        problem = input_problem(argv, kind, explicit=why in ("--format", "--input"))
+        if problem is None and SparkSession.getActiveSession() is None:
+            java = java_problem()
+            problem = (EXIT_USAGE, java) if java else None
+        if problem:
+            print(f"rmqhb scan: {problem[1]}", file=sys.stderr)
+            return problem[0]
     if kind == "broker-log":
         from .brokerlog import scan_main as broker_log_scan_main
 
@@ -1002,12 +1178,16 @@ def _scan_main(argv) -> int:
             return EXIT_USAGE
         return pcap_scan_main(argv)
     d = ScanParams()
-    p = argparse.ArgumentParser(prog="rmqhb scan", description=scan_main.__doc__)
-    p.add_argument("directories", type=Path, nargs="+", metavar="directory",
-                   help="recording directory (segments); several: one per broker (named after the directory)")
-    p.add_argument("--out", type=Path, required=True, help="report directory (created)")
-    p.add_argument("--format", "--input", dest="format", default="recording", choices=["recording"],
-                   help="input kind (detected when not given: recording directories, broker logs, captures)")
+    p = argparse.ArgumentParser(prog="rmqhb scan", usage="rmqhb scan PATH... --out REPORT_DIR [options]",
+                                description=SCAN_HELP, epilog=SCAN_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("directories", type=Path, nargs="+", metavar="PATH",
+                   help="recording directory (segments); several: one per broker (named after the directory); "
+                        "broker logs and captures: below")
+    p.add_argument("--out", type=Path, required=True, metavar="REPORT_DIR",
+                   help="report directory (created; an earlier report's files there are replaced)")
+    p.add_argument("--format", "--input", dest="format", default="recording", choices=["recording"], metavar="KIND",
+                   help="recording, broker-log or pcap (detected when not given)")
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     p.add_argument("--method", default="arrow", choices=["arrow", "pandas", "heartbeats", "from_json", "json_loads"],
                    help="arrow: mapInArrow reader + compiled decoder (fast); pandas: records + pandas UDF decoder")
@@ -1060,7 +1240,7 @@ def _scan_main(argv) -> int:
         findings = next(iter(per.values())) if len(per) == 1 else combine_brokers(per)
         args.directory = args.directories[0] if len(per) == 1 else ", ".join(map(str, args.directories))
     except Exception as e:  # a task that met damage the plan did not see (--strict), or Spark failing
-        if args.debug:
+        if args.debug or os.environ.get("RMQHB_DEBUG"):
             raise
         cause = str(e).strip().splitlines()
         detail = next((ln for ln in cause if "SegmentError" in ln), cause[0] if cause else type(e).__name__)

@@ -3,6 +3,7 @@
 Subcommands are registered in COMMANDS; each takes its own argv so that modules stay independent.
 """
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -86,10 +87,38 @@ def scan_main(argv) -> int:
 
 
 def segments_main(argv) -> int:
+    """`rmqhb segments verify PATH`: PATH a recording directory or one of its segment files."""
     if not argv or argv[0] != "verify":
-        print("usage: rmqhb segments verify DIR [-v] [--json]", file=sys.stderr)
+        print("usage: rmqhb segments verify PATH [-v] [--json]  (PATH: a recording directory or a .seg file)",
+              file=sys.stderr)
         return 2
-    return _lazy("engine.recording.recorder", "segments_verify_main")(argv[1:])
+    rest = argv[1:]
+    paths = [a for a in rest if not a.startswith("-")]
+    if len(paths) == 1 and not any(a in ("-h", "--help") for a in rest):
+        path = Path(paths[0])
+        if not path.exists():
+            print(f"rmqhb segments verify: no such file or directory: {path}", file=sys.stderr)
+            return 2
+        if path.is_dir() and not any(path.glob("*.seg")):
+            print(f"rmqhb segments verify: no recording in {path} (no *.seg segment files)", file=sys.stderr)
+            return 2
+        if not path.is_dir():
+            if not path.is_file() or not path.name.endswith(".seg"):
+                print(f"rmqhb segments verify: {path} is neither a recording directory nor a segment file (*.seg)",
+                      file=sys.stderr)
+                return 2
+            return verify_segment_file(path, verbose="-v" in rest or "--verbose" in rest, as_json="--json" in rest)
+    return _lazy("engine.recording.recorder", "segments_verify_main")(rest)
+
+
+def verify_segment_file(path: Path, verbose: bool, as_json: bool) -> int:
+    """`rmqhb segments verify FILE.seg`: the directory's check on one segment (same report, same exit status)."""
+    from engine.recording.recorder import VerifyReport, scan_segment
+
+    report = VerifyReport(path.parent)
+    report.segments.append(scan_segment(path, check_payload=True))
+    print(json.dumps(report.to_dict(), indent=2) if as_json else report.format(verbose=verbose))
+    return 0 if report.ok else 1
 
 
 COMMANDS = {
@@ -103,13 +132,72 @@ COMMANDS = {
     "loadgen": _lazy("engine.loadgen", "main"),
 }
 
+#: one line per command for `rmqhb --help`
+SUMMARIES = {
+    "demo": "the whole story on this machine: a broker, a simulated fleet, recordings and their scan",
+    "serve": "the broker front end: RocketMQ client management on the remoting port (and 5.x gRPC)",
+    "consumerConnection": "mqadmin consumerConnection: a consumer group's clients and subscriptions, over the wire",
+    "producerConnection": "mqadmin producerConnection: a producer group's clients, over the wire",
+    "segments": "segments verify DIR: check a heartbeat recording",
+    "generate": "write a synthetic recording (or broker logs) with injected anomalies and a manifest",
+    "scan": "what the clients did, from a recording, broker logs or packet captures: an HTML/JSON/CSV report",
+    "loadgen": "simulated clients heartbeating any RocketMQ broker (--broker HOST:PORT)",
+}
+
+#: `rmqhb` exit statuses common to every command (each command documents its own beside these)
+EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: rmqhb COMMAND [args]   (rmqhb COMMAND -h: the command's options)", "", "commands:"]
+    lines += [f"  {name:<{width}}  {SUMMARIES[name]}" for name in COMMANDS]
+    lines += ["", "--debug (any command): show the whole error (Python and Java stacks) on a failure",
+              "exit status: 0 done; 2 a bad command line (serve: mqbroker's 255); 130 interrupted (Ctrl-C); "
+              "the others: rmqhb COMMAND -h"]
+    return "\n".join(lines)
+
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: rmqhb {" + ",".join(COMMANDS) + "} [args]  (rmqhb CMD -h for help)", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    return COMMANDS[argv[0]](argv[1:]) or 0
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print(usage(), file=sys.stderr)
+        return EXIT_USAGE
+    if argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        from engine.logutil import escape_text
+
+        print(f"rmqhb: unknown command {escape_text(name)!r}; the commands are {', '.join(COMMANDS)} "
+              "(rmqhb --help)", file=sys.stderr)
+        return EXIT_USAGE
+    debug = "--debug" in rest or bool(os.environ.get("RMQHB_DEBUG"))
+    if debug:  # every command takes it: the flag is read here and passed on in the environment
+        rest = [a for a in rest if a != "--debug"]
+        os.environ["RMQHB_DEBUG"] = "1"
+    try:
+        return COMMANDS[name](rest) or 0
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        return interrupted(name)
+    except Exception as e:  # a bug or an environment failure: one line of our own, the stack with --debug
+        if debug:
+            raise
+        from engine.logutil import escape_text
+
+        detail = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
+        print(f"rmqhb {name}: failed: {type(e).__name__}{': ' + escape_text(detail[:300]) if detail else ''} "
+              "(--debug shows where)", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def interrupted(name: str, what: str = "") -> int:
+    """Ctrl-C: one line and status 130 (128 + SIGINT, as shells report it)."""
+    print(f"\nrmqhb {name}: interrupted{what}", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

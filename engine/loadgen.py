@@ -49,6 +49,7 @@ import multiprocessing as mp
 import os
 import queue
 import resource
+import signal
 import sys
 import time
 from collections import deque
@@ -761,6 +762,7 @@ class _Slot:
 
 
 def _worker(args: dict, out, barrier=None, progress=None):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers, reports, exits 130
     raise_nofile()
     try:
         import uvloop
@@ -815,6 +817,26 @@ def _progress_line(scenario: str, elapsed: float, totals: list, last: list, dt: 
             f"errors {errors:,}  notifies {notifies:,}")
 
 
+class Interrupted(Exception):
+    """Ctrl-C during a run: ``args[0]`` is the partial result (the counters of the progress line so far)."""
+
+
+def probe(host: str, port: int, timeout: float = 5.0) -> str | None:
+    """Why no connection can be made to the broker (one line), or None: checked before the workers start, so a
+    wrong address fails at once instead of sending nothing for the whole duration."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except socket.gaierror as e:
+        return f"cannot resolve {host}: {e.strerror}"
+    except socket.timeout:
+        return f"cannot connect to {host}:{port}: no answer within {timeout:g} s"
+    except OSError as e:
+        return f"cannot connect to {host}:{port}: {e.strerror or e} (is a broker listening there?)"
+    return None
+
+
 def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, duration: float = 5.0,
         rate: float = 0.0, groups: int = 100, consumer_share: float = 0.5, depth: int = 1, max_open: int = 0,
         server_pid: int | None = None, pending: int = 1024, burst: int = 1, vary: bool = False,
@@ -845,7 +867,16 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
     last = [0] * len(PROGRESS_FIELDS)
     while len(results) < len(ps):
         try:
-            results.append(q.get(timeout=1.0))
+            try:
+                results.append(q.get(timeout=1.0))
+            except KeyboardInterrupt:
+                for p in ps:
+                    p.terminate()
+                totals = [sum(shared[i * len(PROGRESS_FIELDS) + k] for i in range(procs))
+                          for k in range(len(PROGRESS_FIELDS))]
+                raise Interrupted({"scenario": scenario, "target": f"{host}:{port}", "interrupted": True,
+                                   "seconds": round(time.monotonic() - started, 3),
+                                   **dict(zip(PROGRESS_FIELDS, totals))}) from None
         except queue.Empty:  # a second passed
             now = time.monotonic()
             if now - started > 900 + duration:
@@ -923,7 +954,8 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="rmqhb loadgen", description=__doc__.split("\n\n")[0])
     p.add_argument("scenario", choices=["steady", "storm"])
-    p.add_argument("--broker", default="127.0.0.1:10911", help="the broker's remoting address HOST:PORT")
+    p.add_argument("--broker", required=True, metavar="HOST:PORT",
+                   help="the broker's remoting address (required: the load goes wherever it points)")
     p.add_argument("--clients", type=int, default=1000)
     p.add_argument("--procs", type=int, default=1)
     p.add_argument("--duration", type=float, default=5.0)
@@ -949,9 +981,24 @@ def main(argv=None) -> int:
     host, _, port = a.broker.rpartition(":")
     if not host or not port.isdigit() or a.clients < 1 or a.procs < 1 or a.subversion_every < 0:
         p.error("--broker HOST:PORT, --clients >= 1, --procs >= 1, --subversion-every >= 0")
-    res = run(a.scenario, host.strip("[]"), int(port), a.clients, a.procs, a.duration, a.rate, a.groups,
-              a.consumer_share, a.depth, a.max_open, a.server_pid, a.pending, a.burst, vary=a.vary,
-              sub_every=a.subversion_every, progress=None if a.quiet else sys.stderr)
+    if not int(port) < 65536 or not a.duration > 0 or a.rate < 0 or a.groups < 1 or a.depth < 1 or a.burst < 1 \
+            or a.pending < 1 or a.max_open < 0 or not 0 <= a.consumer_share <= 1:
+        p.error("a port below 65536, --duration > 0, --rate >= 0, --groups, --depth, --burst, --pending >= 1, "
+                "--max-open >= 0, --consumer-share from 0 to 1")
+    host = host.strip("[]")
+    unreachable = probe(host, int(port))
+    if unreachable:
+        print(f"rmqhb loadgen: {unreachable}", file=sys.stderr)
+        return 1
+    try:
+        res = run(a.scenario, host, int(port), a.clients, a.procs, a.duration, a.rate, a.groups,
+                  a.consumer_share, a.depth, a.max_open, a.server_pid, a.pending, a.burst, vary=a.vary,
+                  sub_every=a.subversion_every, progress=None if a.quiet else sys.stderr)
+    except Interrupted as e:  # the counters so far, on stdout as a result would be, then one line
+        print(json.dumps(e.args[0]))
+        print(f"rmqhb loadgen: interrupted after {e.args[0]['seconds']:.1f} s (partial result above)",
+              file=sys.stderr)
+        return 130
     text = json.dumps(res)
     print(text)
     if a.out:

@@ -320,7 +320,9 @@ class GrpcEndpoint:
         try:
             bound = server.add_insecure_port(addr)
         except RuntimeError as e:
-            raise GrpcEndpointError(f"grpcServerPort {self.port}: cannot bind {addr} ({_short(e)})") from None
+            # grpc's text ("Failed to bind ...; set GRPC_VERBOSITY=debug ...") says neither why nor what to do
+            raise GrpcEndpointError(f"grpcServerPort {self.port}: cannot bind {addr}: the port is in use (or the "
+                                    "address is not this machine's)") from None
         if not bound:
             raise GrpcEndpointError(f"grpcServerPort {self.port}: cannot bind {addr}")
         await server.start()

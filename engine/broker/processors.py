@@ -17,6 +17,7 @@ import time
 from engine import AnswerTemplate, RemotingCommand, decode_heartbeat
 from engine.codec.enums import FLAG_ONEWAY, RequestCode, ResponseCode
 from engine.codec.errors import HeartbeatError, RemotingError, clip, echo
+from engine.registry import clientlog as jl
 
 log = logging.getLogger("engine.broker.processors")
 
@@ -318,7 +319,14 @@ class Processors:
         ids = self.registry.consumer_ids(group)
         if ids:
             return cmd.response(ResponseCode.SUCCESS, ext_fields={}, body=self._consumer_list_body(group, ids))
-        log.debug("getConsumerGroupInfo failed, %s %s", group, conn.remote_addr)
+        # ConsumerManageProcessor.getConsumerListByGroup's WARN (Java's broker.log), within the client-management
+        # log's budget: any client may ask for any group
+        registry = self.registry
+        if registry.client_log.allow("consumer_list_failed", logging.WARNING):
+            if registry.consumer_group_info(group) is None:
+                jl.log.warning("getConsumerGroupInfo failed, %s %s", jl._text(group), jl._text(conn.remote_addr))
+            else:  # a group without members (Java keeps none: it is removed with its last channel)
+                jl.log.warning("getAllClientId failed, %s %s", jl._text(group), jl._text(conn.remote_addr))
         # the error answer carries the (empty) GetConsumerListByGroupResponseHeader too, as Java's does
         return cmd.response(ResponseCode.SYSTEM_ERROR, remark=f"no consumer for this group, {_name(group)}",
                             ext_fields={})

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 
+from engine.codec.enums import RequestCode
 from engine.logutil import EscapingFormatter, escape_text
 
 #: LoggerName.BROKER_LOGGER_NAME
@@ -194,6 +196,105 @@ def subscription_group_config(sgc) -> str:
             f"notifyConsumerIdsChangedEnable={_bool(sgc.notify_consumer_ids_changed_enable)}]")
 
 
+def perm_to_string(perm: int) -> str:
+    """PermName.perm2String: ``RWX`` with ``-`` for each of read (4), write (2), inherit (1) not set."""
+    return ("R" if perm & 4 else "-") + ("W" if perm & 2 else "-") + ("X" if perm & 1 else "-")
+
+
+def topic_config(tc) -> str:
+    """TopicConfig.toString() (4.9.8)."""
+    return (f"TopicConfig [topicName={_text(tc.topic_name)}, readQueueNums={tc.read_queue_nums}, "
+            f"writeQueueNums={tc.write_queue_nums}, perm={perm_to_string(tc.perm)}, "
+            f"topicFilterType={_text(tc.topic_filter_type)}, topicSysFlag={tc.topic_sys_flag}, "
+            f"order={_bool(tc.order)}]")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# logFormat=java: the thread names of a 4.9.8 broker's lines
+
+_CPUS = os.cpu_count() or 1
+#: BrokerController's executors of 4.9.8: ThreadFactoryImpl's prefix -> the pool's size (BrokerConfig's default
+#: *ThreadPoolNums); a pool's N-th task runs on thread N while the pool grows, then they take turns
+JAVA_POOLS = {
+    "SendMessageThread_": min(_CPUS, 4),
+    "PullMessageThread_": 16 + 2 * _CPUS,
+    "HeartbeatThread_": min(32, _CPUS),
+    "ClientManageThread_": 32,
+    "ConsumerManageThread_": 32,
+    "AdminBrokerThread_": 16,
+}
+#: the remoting server's channel-event thread (NettyRemotingAbstract.NettyEventExecutor, a ServiceThread named by
+#: its class): ClientHousekeepingService.onChannelClose runs there
+NETTY_EVENT_EXECUTOR = "NettyEventExecutor"
+#: ClientHousekeepingService's single scheduled thread (ThreadFactoryImpl, no underscore): the expiry scan
+CLIENT_HOUSEKEEPING_THREAD = "ClientHousekeepingScheduledThread1"
+#: BrokerController.registerProcessor: the executor prefix of each request code; every
+#: other code goes to the default processor, AdminBrokerProcessor, on adminBrokerExecutor
+JAVA_EXECUTOR_OF_CODE = {
+    **dict.fromkeys((RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE,
+                     RequestCode.CONSUMER_SEND_MSG_BACK), "SendMessageThread_"),
+    RequestCode.PULL_MESSAGE: "PullMessageThread_",
+    RequestCode.HEART_BEAT: "HeartbeatThread_",
+    **dict.fromkeys((RequestCode.UNREGISTER_CLIENT, RequestCode.CHECK_CLIENT_CONFIG), "ClientManageThread_"),
+    **dict.fromkeys((RequestCode.GET_CONSUMER_LIST_BY_GROUP, RequestCode.UPDATE_CONSUMER_OFFSET,
+                     RequestCode.QUERY_CONSUMER_OFFSET), "ConsumerManageThread_"),
+}
+
+
+class JavaThreads:
+    """Which thread of a 4.9.8 broker would have written a line: the broker runs one event loop, so the thread is
+    a name given to each task (a request, a channel close, an expiry pass) as Java's executors would run it. A
+    task's lines carry its name (:meth:`task`, per OS thread); a line outside any task carries the Python thread's
+    name (``MainThread`` as Java's ``main``)."""
+
+    def __init__(self, pools: dict = JAVA_POOLS):
+        self.pools = dict(pools)
+        self._tasks: dict = {}  # prefix -> tasks run so far
+        self._local = threading.local()
+
+    def draw(self, prefix: str) -> str:
+        """The thread of the next task of the pool ``prefix`` (a single thread's name is itself)."""
+        size = self.pools.get(prefix)
+        if size is None:
+            return prefix
+        n = self._tasks.get(prefix, 0)
+        self._tasks[prefix] = n + 1
+        return f"{prefix}{n % size + 1}"
+
+    def current(self):
+        return getattr(self._local, "name", None)
+
+    def run(self, prefix: str, fn, *args):
+        """``fn(*args)`` as a task of ``prefix``: its lines carry the thread drawn for it."""
+        local = self._local
+        outer = getattr(local, "name", None)
+        local.name = self.draw(prefix)
+        try:
+            return fn(*args)
+        finally:
+            local.name = outer
+
+    def handler(self, code: int, handler):
+        """A processor-table handler whose lines carry the thread of ``code``'s executor."""
+        prefix = JAVA_EXECUTOR_OF_CODE.get(int(code), "AdminBrokerThread_")
+
+        def run_on_java_thread(conn, cmd):
+            return self.run(prefix, handler, conn, cmd)
+
+        return run_on_java_thread
+
+
+#: the broker's tasks' thread names (one loop per process)
+java_threads = JavaThreads()
+
+
+def java_time(created: float) -> str:
+    """logback's ``%d{yyy-MM-dd HH:mm:ss,GMT+8}``: whole seconds (the comma ends the pattern: what follows is
+    the zone), in GMT+8 whatever the machine's zone; ``yyy`` pads the year to three digits."""
+    t = time.gmtime(int(created) + 8 * 3600)
+    return f"{t.tm_year:03d}-{t.tm_mon:02d}-{t.tm_mday:02d} {t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d}"
+
+
 class JavaLogFormatter(EscapingFormatter):
     """logback's broker pattern ``yyyy-MM-dd HH:mm:ss,SSS LEVEL NAME - message`` (Java's level names: WARN; the
     logger's name where Java has the thread's); every message's control characters escaped: one record, one line."""
@@ -210,3 +311,25 @@ class JavaLogFormatter(EscapingFormatter):
             return super().format(record)
         finally:
             record.levelname = original
+
+
+class JavaBrokerFormatter(EscapingFormatter):
+    """``logFormat=java``: the pattern of 4.9.8's ``logback_broker.xml`` appenders, ``%d{yyy-MM-dd
+    HH:mm:ss,GMT+8} %p %t - %m%n`` (no milliseconds, GMT+8, Java's level names, the thread's name: the task's
+    Java thread, :data:`java_threads`); every message's control characters escaped: one record, one line."""
+
+    _LEVELS = JavaLogFormatter._LEVELS
+
+    def __init__(self, threads: JavaThreads = None):
+        super().__init__("%(message)s")
+        self.threads = java_threads if threads is None else threads
+
+    def format(self, record):
+        thread = getattr(record, "java_thread", None)
+        if thread is None:
+            thread = self.threads.current()
+            if thread is None:
+                thread = "main" if record.threadName == "MainThread" else escape_text(record.threadName)
+            record.java_thread = thread  # a second handler of the record prints the same thread
+        level = self._LEVELS.get(record.levelname, record.levelname)
+        return f"{java_time(record.created)} {level} {thread} - {super().format(record)}"

@@ -14,6 +14,7 @@ import logging
 import re
 from dataclasses import dataclass, field, fields
 
+from engine.registry.clientlog import subscription_group_config as _java_text
 from engine.registry.config_manager import (
     INT32_MAX,
     INT32_MIN,
@@ -95,6 +96,10 @@ class SubscriptionGroupConfig:
         "subscription_data_set": "subscriptionDataSet",
         "attributes": "attributes",
     }
+
+    def __str__(self) -> str:
+        """SubscriptionGroupConfig.toString() of 4.9.8, as Java's log lines print it; repr() stays Python's."""
+        return _java_text(self)
 
     def to_dict(self) -> dict:
         out = {}

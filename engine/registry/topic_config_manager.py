@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from engine.registry.config_manager import INT32_MAX, INT32_MIN, KeyedConfigManager, StoreError, _get, _or_empty, _str_map
+from engine.registry.clientlog import topic_config as _java_text
 
 log = logging.getLogger("engine.registry.store")
 
@@ -45,6 +46,10 @@ class TopicConfig:
     topic_sys_flag: int = 0
     order: bool = False
     attributes: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        """TopicConfig.toString(), as Java's log lines print it (``perm=RW-``); repr() stays Python's."""
+        return _java_text(self)
 
     def to_dict(self) -> dict:
         return {

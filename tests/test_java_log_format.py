@@ -308,3 +308,34 @@ def test_scan_of_our_java_format_log_finds_what_the_recording_scan_finds(tmp_pat
     assert g["returned_ms"] == second(r["returned_ms"])
     for key in ("flapping_clients", "inconsistent_subscriptions"):
         assert recorded[key] == logged[key] == []
+
+
+def test_serve_writes_the_java_pattern(tmp_path):
+    """`rmqhb serve --logFormat java`: its log lines (stderr) carry the pattern and the Java threads."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--logFormat", "java", "--listenPort", "0",
+                             "--listenHost", "127.0.0.1", "--storePathRootDir", str(tmp_path / "store")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(root),
+                            env=dict(os.environ, PYTHONPATH=str(root)))
+    try:
+        line = proc.stdout.readline()
+        assert "boot success" in line, proc.stderr.read()
+        c = Client(int(line.split("127.0.0.1:")[1].split("]")[0]))
+        assert c.call(RequestCode.HEART_BEAT, {}, hb_body(client_id="127.0.0.1@S-1", group="CID_S")).code == 0
+        assert c.call(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "NOPE"}).code == 1
+        c.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [x for x in proc.stderr.read().splitlines() if x]
+    assert lines and all(JAVA_PREFIX.match(x) for x in lines), lines
+    threads = {JAVA_PREFIX.match(x).group(3) for x in lines if "group: CID_S" in x or "NOPE" in x}
+    assert threads == {"HeartbeatThread_1", "ConsumerManageThread_1", "NettyEventExecutor"}, lines

@@ -56,6 +56,7 @@ import heapq
 import socket
 import struct
 import time
+from collections import OrderedDict
 
 import numpy as np
 
@@ -220,8 +221,10 @@ class CaptureDecoder:
         self.stats = dict.fromkeys(STAT_NAMES, 0)
         #: {kind of DAMAGE_KINDS: [first ms, last ms]} of what the budgets left unread
         self.damage_times = {}
-        self._flows = {}  # key -> _Flow, in the order of their places (see _make_room)
-        self._generation = {}  # key -> generation of its dropped connection (at most max_connections keys)
+        # key -> _Flow, in the order of their places (see _make_room); ordered dicts: taking the first entry again
+        # and again is O(1) (a dict's first live entry is found past every deleted one before it)
+        self._flows = OrderedDict()
+        self._generation = OrderedDict()  # key -> generation of its dropped connection (max_connections keys)
         self._tick = 0  # TCP packets read: the connections' clock of use
         self._held = 0  # buffered bytes of all connections (partial frames, waiting segments)
         #: the capture time (ms) of the first and the last packet read, in file order (-1: none yet)
@@ -589,8 +592,7 @@ class CaptureDecoder:
         new id."""
         flows = self._flows
         while True:
-            key = next(iter(flows))
-            flow = flows.pop(key)
+            key, flow = flows.popitem(last=False)
             if flow.touched > flow.placed:
                 flow.placed = self._tick
                 flows[key] = flow
@@ -603,7 +605,7 @@ class CaptureDecoder:
                 self._close_dir(flow, d, flow.dirs[d].last_ms)
         self._generation[key] = flow.gen
         if len(self._generation) > self.max_connections:
-            del self._generation[next(iter(self._generation))]
+            self._generation.popitem(last=False)
 
     def _damage(self, kind, ms):
         """The time range of what a budget left unread (ms < 0: unknown)."""

@@ -25,6 +25,7 @@ from engine.recording._pcap_py import (CaptureError, DEFAULT_MAX_PENDING_BYTES, 
                              MAX_HEADER_BYTES, SEARCH_HEADER_BYTES)
 import heapq
 import time
+from collections import OrderedDict
 from engine.codec.enums import DEFAULT_MAX_FRAME_SIZE
 from engine.codec.errors import FrameError
 
@@ -384,7 +385,7 @@ cdef class CaptureDecoder:
     cdef long long _tick, _held
     cdef uint64_t _shard_n, _shard_i
     cdef long long st[N_STATS]
-    cdef dict _flows, _generation
+    cdef object _flows, _generation  # OrderedDict (see the twin)
     # the last connection looked up (a steady fleet's packets come in runs of one connection's request, ACK,
     # answer, ACK): its key is compared with memcmp before building a key object for the dict
     cdef unsigned char _last_key[37]
@@ -437,8 +438,8 @@ cdef class CaptureDecoder:
             raise ValueError("max_pending_segments >= 1, max_record_bytes >= 12, max_connections >= 1 and "
                              "max_buffered_bytes >= 0 required")
         self.damage_times = {}
-        self._flows = {}
-        self._generation = {}
+        self._flows = OrderedDict()
+        self._generation = OrderedDict()
         self.first_packet_ms = self.last_packet_ms = -1
         self._reset_file()
         self._reset_out()
@@ -887,8 +888,8 @@ cdef class CaptureDecoder:
         cdef _Flow flow
         flows = self._flows
         while True:
-            key = next(iter(flows))
-            flow = <_Flow>flows.pop(key)
+            key, f = flows.popitem(last=False)
+            flow = <_Flow>f
             if flow.touched > flow.placed:
                 flow.placed = self._tick
                 flows[key] = flow
@@ -904,7 +905,7 @@ cdef class CaptureDecoder:
             self._close_dir(flow, 1, flow.d1.last_ms)
         self._generation[key] = flow.gen
         if len(self._generation) > self.max_connections:
-            del self._generation[next(iter(self._generation))]
+            self._generation.popitem(last=False)
 
     cdef _damage(self, str kind, long long ms):
         if ms < 0:

@@ -39,10 +39,14 @@ group_cleared        both        ``SCAN: remove expired channel from ConsumerMan
 group_created        consumer    ``auto create a subscription group, SubscriptionGroupConfig [groupName=G, ...``,
                                  ``create new subscription group, SubscriptionGroupConfig{groupName=G, ...``
 group_deleted        consumer    ``delete subscription group OK, subscription group:SubscriptionGroupConfig ...``
+broker_start         broker      ``rocketmqHome=...`` (the first line BrokerStartup logs: the JVM starts a broker)
+broker_boot          broker      ``The broker[NAME, ADDR] boot success. ...``: group = NAME, addr = ADDR
+broker_stop          broker      ``Shutdown hook was invoked, N`` (the JVM stops: every channel ends)
 ===================  ==========  ==================================================================================
 
 Other lines are counted, never fatal: ``other`` (a well-formed line with another message), ``continuation``
-(no header, starts with white space: stack traces, wrapped messages), ``blank``, ``unknown_format`` (no
+(no header: white space first, ``Caused by: `` or a Java throwable's first line such as
+``java.nio.channels.ClosedChannelException: null``: the stack trace of the entry before it, one multi-line entry), ``blank``, ``unknown_format`` (no
 ``timestamp ... - `` header), ``invalid_utf8`` (a recognised line that is not UTF-8) and ``malformed_<kind>``
 (a recognised message whose fields do not parse, e.g. a truncated line). ``examples`` keeps the first line of
 each category but ``other`` (truncated to ``EXAMPLE_CHARS``). The file reader (``engine.bindings.brokerlog``) adds
@@ -78,7 +82,8 @@ STRING_COLUMNS = tuple(n for n, t in EVENT_COLUMNS if t == "string")
 INT_COLUMNS = tuple(n for n, t in EVENT_COLUMNS if t != "string")
 
 EVENT_KINDS = ("register", "consumer_data", "sub_add", "sub_change", "sub_remove", "unregister", "group_removed",
-               "closed", "expired", "group_cleared", "group_created", "group_deleted", "client_changed")
+               "closed", "expired", "group_cleared", "group_created", "group_deleted", "client_changed",
+               "broker_start", "broker_boot", "broker_stop")
 #: every category a non-event line is counted under
 CATEGORIES = ("other", "continuation", "blank", "unknown_format", "invalid_utf8", "unknown_client_message") + tuple(
     "malformed_" + k for k in EVENT_KINDS)
@@ -346,6 +351,18 @@ def _m_scan_consumer(b, p, e, ev):
     ev["group"] = _nonempty(b, q + 16, e)
 
 
+def _m_broker_boot(b, p, e, ev):
+    """``The broker[NAME, ADDR] boot success. ...`` (BrokerStartup): group = the broker's name, addr = its address."""
+    q = _find(b, b"] boot success", p, e)
+    c = _find(b, b", ", p, q)
+    ev["group"] = _nonempty(b, p, c)
+    ev["addr"] = _nonempty(b, c + 2, q)
+
+
+def _m_nothing(b, p, e, ev):
+    pass
+
+
 def _m_group_cfg(b, p, e, ev):
     _group_cfg(b, p, e, ev)
 
@@ -383,6 +400,11 @@ MESSAGES = (
     (b"auto create a subscription group, ", b"group_created", b"consumer", _m_group_cfg),
     (b"create new subscription group, ", b"group_created", b"consumer", _m_group_cfg),
     (b"delete subscription group OK, subscription group:", b"group_deleted", b"consumer", _m_group_cfg),
+    # the broker's own life (BrokerStartup): the first line of a start (MixAll.printObjectProperties of its
+    # BrokerConfig, whose first field is rocketmqHome), the start done, the JVM's shutdown hook
+    (b"rocketmqHome=", b"broker_start", b"broker", _m_nothing),
+    (b"The broker[", b"broker_boot", b"broker", _m_broker_boot),
+    (b"Shutdown hook was invoked, ", b"broker_stop", b"broker", _m_nothing),
 )
 
 
@@ -483,6 +505,29 @@ CLIENT_NEEDLES = (b"ClientChannelInfo [", b"groupChannelTable", b"consumerTable"
                   b"registerConsumer")
 
 
+def _ident(c) -> bool:
+    return 0x30 <= c <= 0x39 or 0x41 <= c <= 0x5A or 0x61 <= c <= 0x7A or c in (0x5F, 0x24)
+
+
+def is_continuation(b, e) -> bool:
+    """A header-less line that belongs to the log entry before it: white space first (``\tat ...``, ``\t...
+    N more``), ``Caused by: ``, or a Java throwable's first line (``java.nio.channels.ClosedChannelException: null``:
+    a dotted class name, then the end of the line or ``:``)."""
+    if b[0] in (0x20, 0x09) or b.startswith(b"Caused by: ", 0, e):
+        return True
+    i, dots = 0, 0
+    while i < e:
+        c = b[i]
+        if c == 0x2E:
+            if i == 0 or b[i - 1] == 0x2E:
+                return False
+            dots += 1
+        elif not _ident(c):
+            break
+        i += 1
+    return dots > 0 and b[i - 1] != 0x2E and (i == e or b[i] == 0x3A)
+
+
 def _example(b) -> str:
     return b[:EXAMPLE_CHARS].decode("utf-8", "replace")
 
@@ -513,7 +558,7 @@ def parse_lines(lines, base_line: int = 0):
             continue
         h = _header(b, e)
         if h is None:
-            count("continuation" if b[0] in (0x20, 0x09) else "unknown_format", b[:e])
+            count("continuation" if is_continuation(b, e) else "unknown_format", b[:e])
             continue
         ts, p = h
         for prefix, kind, role, fn in MESSAGES:

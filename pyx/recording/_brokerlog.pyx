@@ -69,7 +69,10 @@ DEF K_GROUP_CLEARED = 9
 DEF K_GROUP_CREATED = 10
 DEF K_GROUP_DELETED = 11
 DEF K_CLIENT_CHANGED = 12
-DEF N_KINDS = 13
+DEF K_BROKER_START = 13
+DEF K_BROKER_BOOT = 14
+DEF K_BROKER_STOP = 15
+DEF N_KINDS = 16
 # categories (order of CATEGORIES: 6 plain ones, then malformed_<kind>)
 DEF C_OTHER = 0
 DEF C_CONT = 1
@@ -78,7 +81,7 @@ DEF C_UNKNOWN = 3
 DEF C_UTF8 = 4
 DEF C_UNKNOWN_CLIENT = 5
 DEF C_MALFORMED = 6
-DEF N_CAT = 19
+DEF N_CAT = 22
 
 DEF MAX_SUBS = 256  # subscriptions per ConsumerData line; more is reported as malformed
 
@@ -103,7 +106,7 @@ cdef struct SCol:
 cdef struct Triple:
     Py_ssize_t ta, tb, ea, eb, sa, sb
 
-cdef const char *KIND_NAMES[13]
+cdef const char *KIND_NAMES[16]
 KIND_NAMES[0] = "register"
 KIND_NAMES[1] = "consumer_data"
 KIND_NAMES[2] = "sub_add"
@@ -117,9 +120,13 @@ KIND_NAMES[9] = "group_cleared"
 KIND_NAMES[10] = "group_created"
 KIND_NAMES[11] = "group_deleted"
 KIND_NAMES[12] = "client_changed"
-cdef const char *ROLE_NAMES[2]
+KIND_NAMES[13] = "broker_start"
+KIND_NAMES[14] = "broker_boot"
+KIND_NAMES[15] = "broker_stop"
+cdef const char *ROLE_NAMES[3]
 ROLE_NAMES[0] = "consumer"
 ROLE_NAMES[1] = "producer"
+ROLE_NAMES[2] = "broker"
 cdef int DIGIT_POS[14]
 for _i, _x in enumerate((0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18)):
     DIGIT_POS[_i] = _x
@@ -142,13 +149,15 @@ DEF H_SCAN_CONSUMER = 13
 DEF H_GROUP_CFG = 14
 DEF H_CLIENT_CHANGED4 = 15
 DEF H_CLIENT_CHANGED5 = 16
-DEF N_MSG = 23
+DEF H_BROKER_BOOT = 17
+DEF H_NOTHING = 18
+DEF N_MSG = 26
 
-cdef const char *MSG_PREFIX[23]
-cdef Py_ssize_t MSG_LEN[23]
-cdef int MSG_KIND[23]
-cdef int MSG_ROLE[23]
-cdef int MSG_HANDLER[23]
+cdef const char *MSG_PREFIX[26]
+cdef Py_ssize_t MSG_LEN[26]
+cdef int MSG_KIND[26]
+cdef int MSG_ROLE[26]
+cdef int MSG_HANDLER[26]
 
 _MESSAGES = [
     (b"new consumer connected, group: ", K_REGISTER, 0, H_NEW_CONSUMER),
@@ -178,6 +187,9 @@ _MESSAGES = [
     (b"auto create a subscription group, ", K_GROUP_CREATED, 0, H_GROUP_CFG),
     (b"create new subscription group, ", K_GROUP_CREATED, 0, H_GROUP_CFG),
     (b"delete subscription group OK, subscription group:", K_GROUP_DELETED, 0, H_GROUP_CFG),
+    (b"rocketmqHome=", K_BROKER_START, 2, H_NOTHING),
+    (b"The broker[", K_BROKER_BOOT, 2, H_BROKER_BOOT),
+    (b"Shutdown hook was invoked, ", K_BROKER_STOP, 2, H_NOTHING),
 ]
 assert len(_MESSAGES) == N_MSG and len(CATEGORIES) == N_CAT and len(EVENT_KINDS) == N_KINDS
 _KEEP = []  # the prefix bytes objects MSG_PREFIX points into
@@ -408,6 +420,27 @@ cdef bint group_cfg(const char *b, Py_ssize_t p, Py_ssize_t e, Ev *ev) noexcept 
     return span(ev, S_GROUP, p, q, True)
 
 
+cdef inline bint ident(char c) noexcept nogil:
+    return (48 <= c <= 57) or (65 <= c <= 90) or (97 <= c <= 122) or c == 95 or c == 36
+
+
+cdef bint is_continuation(const char *b, Py_ssize_t e) noexcept nogil:
+    # the twin's is_continuation: white space first, "Caused by: ", or a Java throwable's first line
+    cdef Py_ssize_t i = 0
+    cdef int dots = 0
+    if b[0] == 32 or b[0] == 9 or (e >= 11 and memcmp(b, b"Caused by: ", 11) == 0):
+        return True
+    while i < e:
+        if b[i] == 46:
+            if i == 0 or b[i - 1] == 46:
+                return False
+            dots += 1
+        elif not ident(b[i]):
+            break
+        i += 1
+    return dots > 0 and b[i - 1] != 46 and (i == e or b[i] == 58)
+
+
 cdef bint parse_message(const char *b, int h, Py_ssize_t p, Py_ssize_t e, Ev *ev, Triple *subs,
                         int *nsubs) noexcept nogil:
     cdef Py_ssize_t q, r, i1, i2
@@ -511,6 +544,14 @@ cdef bint parse_message(const char *b, int h, Py_ssize_t p, Py_ssize_t e, Ev *ev
         return q >= 0 and span(ev, S_ADDR, p, q, True) and span(ev, S_GROUP, q + 16, e, True)
     if h == H_GROUP_CFG:
         return group_cfg(b, p, e, ev)
+    if h == H_NOTHING:
+        return True
+    if h == H_BROKER_BOOT:
+        q = find(b, b"] boot success", 14, p, e)
+        if q < 0:
+            return False
+        r = find(b, b", ", 2, p, q)
+        return r >= 0 and span(ev, S_GROUP, p, r, True) and span(ev, S_ADDR, r + 2, q, True)
     if h == H_CLIENT_CHANGED4 or h == H_CLIENT_CHANGED5:
         # ConsumerGroupInfo.updateChannel replaced a channel's entry (another client id): the old
         # ClientChannelInfo is checked into a scratch event, the new one is the event's
@@ -894,8 +935,8 @@ def parse_lines(lines, base_line=0):
                 raise BrokerLogError("line offsets out of range")
             prev = a
     cdef _Batch out = _Batch(n)
-    cdef int64_t counts[19 + 13]
-    cdef Py_ssize_t first[19]
+    cdef int64_t counts[22 + 16]
+    cdef Py_ssize_t first[22]
     cdef int k, m, h, cat, nsubs
     cdef int64_t ts
     cdef SCol *c
@@ -924,7 +965,7 @@ def parse_lines(lines, base_line=0):
             else:
                 p = header(b, e, &ts)
                 if p < 0:
-                    cat = C_CONT if (b[0] == 32 or b[0] == 9) else C_UNKNOWN
+                    cat = C_CONT if is_continuation(b, e) else C_UNKNOWN
                 else:
                     m = -1
                     if p < e:

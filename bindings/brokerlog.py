@@ -14,15 +14,21 @@ twin ``engine.recording._brokerlog_py``), then turns the wall-clock times into U
 lines of one broker (older rolled files first). ``read_broker_logs``' tasks emit event rows only; the scan's also
 emit one stats row per file (``STATS_KIND``), which it filters out. Spark cannot prune the output of mapInArrow,
 so the tasks emit only the columns asked for (``read_broker_logs(columns=...)``): Spark's per-row cost grows with
-the columns (the JVM reads every Arrow cell into a row), and the scan's 14 ``SCAN_COLUMNS`` (what
-``analyze_broker`` reads) cost about three quarters of the CPU of all 23, the JVM's part about 60 % (BENCHMARKS.md,
-broker-log section).
+the columns (the JVM reads every Arrow cell into a row), and the scan's 15 ``SCAN_COLUMNS`` (what
+``analyze_broker`` reads; 14 when measured, before ``last_update_ms``) cost about three quarters of the CPU of all 23,
+the JVM's part about 60 % (BENCHMARKS.md, broker-log section).
 
 The analyses (``analyze_events``) run per broker (``groupBy("broker").applyInArrow``) with the definitions of
 ``engine.recording.scan_py`` where a log supports them:
 
 * ``group_sizes``: a member is live from its ``register`` until its ``unregister``, ``closed`` (NETTY EVENT),
-  ``expired`` (SCAN) or its group's removal; members still live at the end of the log stay counted (no drop).
+  ``expired`` (SCAN), its group's removal or the broker's stop or start (a broker that starts has no channels);
+  members still live at the end of the log stay counted (no drop).
+* ``broker_boots`` (for the report): every start of the broker (``start_ms``: its first startup line, else its
+  ``boot success`` line; ``ready_ms``: the ``boot success`` line; ``stopped_ms``: the shutdown hook's line before it,
+  if any) and the memberships its stop or start ended.
+* ``vanished_clients`` (new): a client whose connection ended without an UNREGISTER_CLIENT (NETTY EVENT close with a
+  recent last heartbeat: a crash, a kill, a network cut) and that did not register again; one row per connection.
 * ``inconsistent_subscriptions``: a consumer member's subscription set is the one of its last ``consumer_data``
   line (ClientManageProcessor logs the member's whole ConsumerData, with its address, whenever the group's
   table changed for it); spans where live members hold two or more sets (``source: members``), plus groups whose
@@ -72,7 +78,7 @@ except ImportError:  # not built
 from engine.recording import _brokerlog_py as twin
 
 #: Findings of a log scan: the recording scan's keys plus the log-only ones.
-LOG_FINDING_KEYS = FINDING_KEYS + ("retry_topic_churn",)
+LOG_FINDING_KEYS = FINDING_KEYS + ("retry_topic_churn", "vanished_clients")
 #: Analyses a broker log cannot support, and why (shown in the report).
 UNSUPPORTED = {
     "heartbeat_gaps": "a broker logs no line per heartbeat: silences shorter than the channel expiry (120 s) are "
@@ -83,6 +89,12 @@ BATCH_LINES = 10_000
 #: The log file names a broker writes (4.x and 5.x logback configurations), rolled copies included.
 LOG_NAME = re.compile(r"^(broker(_default)?)(\.(\d+))?\.log(\.(\d+))?(\.gz)?$")
 EXPIRY_GROUPING_MS = 10_000  # SCAN lines of one client within the housekeeping period belong to one scan
+#: A NETTY EVENT close whose channel's lastUpdateTimestamp (the last heartbeat) is this old or older is the broker's
+#: idle handler closing a silent channel (serverChannelMaxIdleTimeSeconds, 120 s): a live client heartbeats every
+#: 30 s, so a killed or cut-off client's close finds a heartbeat at most ~30 s old; 90 s = three missed heartbeats.
+IDLE_CLOSE_MIN_MS = 90_000
+#: Event kinds of the broker's own life (the JVM starts, the start is done, the JVM stops): every channel ends.
+BROKER_KINDS = ("broker_start", "broker_boot", "broker_stop")
 
 
 def parser(native: Optional[bool] = None):
@@ -589,6 +601,13 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
     groups_of: Dict[str, set] = defaultdict(set)
     expiries: list = []
     unattributed = defaultdict(int)
+    explained = defaultdict(int)           # close / unregister lines of members already gone, and why (normal)
+    reasons = defaultdict(int)             # unattributed lines by reason
+    vanished: list = []
+    boots: list = []
+    scan_removed: set = set()              # addresses the SCAN or the idle handler removed
+    stopped: set = set()                   # addresses live when the broker stopped
+    pending_stop = None
     table: Dict[Tuple[str, str], Tuple[str, str]] = {}
     seen_expr: Dict[Tuple[str, str], list] = defaultdict(list)
     flips: Dict[Tuple[str, str], list] = defaultdict(list)
@@ -607,10 +626,53 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
             closed_addrs[client].add(addr)
             closes[client].append([t, how])
 
+    def end_all(t) -> Tuple[int, int]:
+        # the broker stops or starts: it has no channels any more (members, clients)
+        ended, clients = 0, set()
+        for (role, group), members in live.items():
+            for c in list(members):
+                st = end(role, group, c, t)
+                stopped.add(st[1])
+                clients.add(c)
+                ended += 1
+        table.clear()      # the subscription tables live in memory: rebuilt by the next heartbeats
+        last_addr.clear()  # a register after the restart is a connect, not the client's reconnect
+        return ended, len(clients)
+
+    def unmatched(kind, client, addr):
+        # a close / unregister line whose member is not live: normal after the SCAN, the idle handler or the
+        # broker's stop removed it; else its register line is not in the log, or the member had left already
+        if addr in scan_removed:
+            explained["after_expiry"] += 1
+        elif addr in stopped:
+            explained["after_broker_stop"] += 1
+        else:
+            unattributed[kind] += 1
+            known = (client is not None and client in registers) or (addr is not None and addr in addr_client)
+            reasons["not_live" if known else "never_registered"] += 1
+
     for ev in events:
         kind, role, group, t = ev["kind"], ev["role"], ev["group"], ev["ts_ms"]
         client, addr = ev.get("client_id"), ev.get("addr")
         inherit = None
+        if kind in BROKER_KINDS:
+            if kind == "broker_stop":
+                n, k = end_all(t)
+                pending_stop = [t, n, k]
+                continue
+            if kind == "broker_boot" and boots and boots[-1]["ready_ms"] is None:
+                boots[-1].update(ready_ms=t, name=group, addr=addr)  # the start this line completes
+                continue
+            n, k = end_all(t)
+            stop = pending_stop or [None, 0, 0]
+            boots.append({"broker": broker, "start_ms": t, "ready_ms": t if kind == "broker_boot" else None,
+                          "name": group, "addr": addr, "stopped_ms": stop[0],
+                          "members_ended": stop[1] + n, "clients_ended": stop[2] + k})
+            pending_stop = None
+            continue
+        if kind == "register" and addr:
+            scan_removed.discard(addr)
+            stopped.discard(addr)
         if kind == "client_changed":
             # ConsumerGroupInfo.updateChannel replaced the channel's entry: the client that held this channel in
             # the group leaves it (its subscriptions stay the channel's), the new client id registers
@@ -643,7 +705,7 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
             c = addr_client.get(addr)
             st = live[("consumer", group)].get(c) if c else None
             if st is None:
-                unattributed["consumer_data"] += 1
+                unmatched("consumer_data", None, addr)
                 continue
             if st[2] != ev["sub_key"]:
                 if t > st[0]:
@@ -657,14 +719,23 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
                 c = next((k for k, v in live[(role, group)].items() if v[1] == addr), None)
             st = end(role, group, c, t) if c is not None else None
             if st is None:
-                unattributed[kind] += 1
+                unmatched(kind, client, addr)
             else:
-                close(c, addr or st[1], t, kind)
+                a = addr or st[1]
+                close(c, a, t, kind)
+                lut = ev.get("last_update_ms")
+                if kind == "closed" and lut is not None and t - lut >= IDLE_CLOSE_MIN_MS:
+                    # the idle handler closed a silent channel: an expiry, its last heartbeat known
+                    scan_removed.add(a)
+                    expiries.append((a, t, c, role, group, st[0], "idle_closed", lut))
+                elif kind == "closed":
+                    vanished.append((a, t, c, role, group, st[0], lut))
         elif kind == "expired":
             c = next((k for k, v in live[(role, group)].items() if v[1] == addr), None) or addr_client.get(addr)
             st = end(role, group, c, t) if c else None
             close(c, addr, t, kind)
-            expiries.append((addr, t, c, role, group, None if st is None else st[0]))
+            scan_removed.add(addr)
+            expiries.append((addr, t, c, role, group, None if st is None else st[0], "scan", None))
         elif kind in ("group_removed", "group_cleared"):
             for c in list(live[(role, group)]):
                 end(role, group, c, t)
@@ -702,10 +773,20 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
         "heartbeat_gaps": [],
         "expired_clients": _expired(expiries, registers, groups_of, params, broker),
         "retry_topic_churn": _retry(retry, params, broker),
+        "vanished_clients": _vanished(vanished, registers, broker),
     }
+    if pending_stop is not None:  # stopped at the end of the log
+        boots.append({"broker": broker, "start_ms": None, "ready_ms": None, "name": None, "addr": None,
+                      "stopped_ms": pending_stop[0], "members_ended": pending_stop[1],
+                      "clients_ended": pending_stop[2]})
     findings["member_addresses"] = _member_addresses_log(findings["inconsistent_subscriptions"], member_addrs, broker)
+    findings["broker_boots"] = boots
     findings["_clients"] = sorted(registers)
     findings["_unattributed"] = dict(unattributed)
+    findings["_reasons"] = dict(reasons)
+    findings["_explained"] = dict(explained)
+    # the log starts at a boot when the broker's first event is its start: nothing before it can be missing
+    findings["_starts_at_boot"] = {broker: bool(events) and events[0]["kind"] in ("broker_start", "broker_boot")}
     return findings
 
 
@@ -772,13 +853,13 @@ def _member_addresses_log(inconsistent, member_addrs, broker) -> list:
 
 def _expired(expiries, registers, groups_of, params, broker) -> list:
     rows: list = []
-    open_rows: Dict[str, dict] = {}
-    for addr, t, client, role, group, since in expiries:
-        r = open_rows.get(addr)
+    open_rows: Dict[Tuple[str, str], dict] = {}
+    for addr, t, client, role, group, since, cause, lut in expiries:
+        r = open_rows.get((addr, cause))
         if r is None or t - r["expired_ms"] > EXPIRY_GROUPING_MS:
             r = {"broker": broker, "client_id": client, "addr": addr, "expired_ms": t, "groups": set(),
-                 "roles": set(), "connected_ms": since}
-            open_rows[addr] = r
+                 "roles": set(), "connected_ms": since, "cause": cause, "_last": lut}
+            open_rows[(addr, cause)] = r
             rows.append(r)
         if r["client_id"] is None:
             r["client_id"] = client
@@ -791,10 +872,39 @@ def _expired(expiries, registers, groups_of, params, broker) -> list:
     for r in rows:
         regs = registers.get(r["client_id"], []) if r["client_id"] else []
         i = bisect.bisect_right(regs, r["expired_ms"])
+        last = r.pop("_last")
         out.append({**r, "groups": sorted(r["groups"]), "roles": sorted(r["roles"]),
-                    "silent_since_before_ms": r["expired_ms"] - params.expiry_ms,
+                    "silent_since_before_ms": r["expired_ms"] - params.expiry_ms if last is None else last,
                     "returned_ms": regs[i] if i < len(regs) else None})
     return sorted(out, key=lambda r: (r["expired_ms"], r["addr"]))
+
+
+def _vanished(closes, registers, broker) -> list:
+    """Connections that ended without an UNREGISTER_CLIENT (a NETTY EVENT close with a recent last heartbeat), of
+    clients that did not register again: one row per connection (its close lines within EXPIRY_GROUPING_MS)."""
+    rows: list = []
+    open_rows: Dict[str, dict] = {}
+    for addr, t, client, role, group, since, lut in closes:
+        r = open_rows.get(addr)
+        if r is None or t - r["ended_ms"] > EXPIRY_GROUPING_MS:
+            r = {"broker": broker, "client_id": client, "addr": addr, "ended_ms": t, "groups": set(), "roles": set(),
+                 "connected_ms": since, "last_heartbeat_ms": lut}
+            open_rows[addr] = r
+            rows.append(r)
+        if not (role == "producer" and group == CLIENT_INNER_PRODUCER):
+            r["groups"].add(group)
+        r["roles"].add(role)
+        if since is not None and (r["connected_ms"] is None or since < r["connected_ms"]):
+            r["connected_ms"] = since
+        if lut is not None and (r["last_heartbeat_ms"] is None or lut > r["last_heartbeat_ms"]):
+            r["last_heartbeat_ms"] = lut
+    out = []
+    for r in rows:
+        regs = registers.get(r["client_id"], [])
+        if bisect.bisect_right(regs, r["ended_ms"]) < len(regs):
+            continue  # it came back: a restart or a reconnect, not a vanished client
+        out.append({**r, "groups": sorted(r["groups"]), "roles": sorted(r["roles"])})
+    return sorted(out, key=lambda r: (r["ended_ms"], r["addr"]))
 
 
 def _retry(retry, params, broker) -> list:
@@ -813,15 +923,22 @@ def combine(per_broker: List[dict], info: dict, params: ScanParams) -> dict:
     """One findings dict (recording-scan format + log keys) from per-broker findings and the log info."""
     findings = {k: [] for k in LOG_FINDING_KEYS}
     findings["member_addresses"] = []
-    clients, unattributed = set(), defaultdict(int)
+    findings["broker_boots"] = []
+    clients, unattributed, reasons, explained, at_boot = set(), defaultdict(int), defaultdict(int), defaultdict(int), {}
     for f in per_broker:
-        for k in LOG_FINDING_KEYS + ("member_addresses",):
+        for k in LOG_FINDING_KEYS + ("member_addresses", "broker_boots"):
             findings[k] += f.get(k, [])
         clients.update(f["_clients"])
         for k, v in f["_unattributed"].items():
             unattributed[k] += v
+        for k, v in f.get("_reasons", {}).items():
+            reasons[k] += v
+        for k, v in f.get("_explained", {}).items():
+            explained[k] += v
+        at_boot.update(f.get("_starts_at_boot", {}))
     order = {"group_sizes": ("group", "role", "broker"), "flapping_clients": ("client_id", "broker"),
              "expired_clients": ("expired_ms", "addr", "broker"), "retry_topic_churn": ("group", "broker"),
+             "vanished_clients": ("ended_ms", "addr", "broker"),
              "inconsistent_subscriptions": ("group", "start_ms", "source", "broker")}
     for k, fields in order.items():
         findings[k].sort(key=lambda r: tuple(r[x] for x in fields))
@@ -832,7 +949,14 @@ def combine(per_broker: List[dict], info: dict, params: ScanParams) -> dict:
     if len(info.get("brokers") or []) > 1:
         findings["fleet"] = fleet_findings(findings, info["brokers"])
     findings["unsupported"] = dict(UNSUPPORTED)
-    findings["log"] = {**info, "unattributed_events": dict(unattributed)}
+    findings["broker_boots"].sort(key=lambda r: (r["broker"], r["start_ms"] is None, r["start_ms"] or 0,
+                                                 r["stopped_ms"] or 0))
+    # unattributed_events: close / unregister / consumer_data lines no live member explains, by kind; their
+    # reasons: never_registered (the member's register line is not in the log: an older file missing, or lines
+    # the broker dropped) or not_live (the member had left already); explained_events: the normal lines of
+    # members the SCAN, the idle handler or the broker's stop had removed before; starts_at_boot per broker
+    findings["log"] = {**info, "unattributed_events": dict(unattributed), "unattributed_reasons": dict(reasons),
+                       "explained_events": dict(explained), "starts_at_boot": dict(sorted(at_boot.items()))}
     # what could not be read (overlong lines, truncated or unreadable files, impossible times) is damage, named as
     # a recording's is: the DAMAGED INPUT banner, one stderr line, exit 3
     findings["scan"] = {"torn_tails": [], "corrupt": list(info.get("damage") or [])}
@@ -1255,7 +1379,7 @@ class EventColumnsError(RemotingError, ValueError):
 #: member, its address, the subscription fields and the member's subscription set); the scan asks its tasks for
 #: these only (``read_broker_logs(columns=SCAN_COLUMNS)``), as Spark cannot prune the output of mapInArrow.
 SCAN_COLUMNS = ("broker", "seq", "ts_ms", "kind", "role", "group", "client_id", "addr", "topic", "sub_string",
-                "expression_type", "old_sub_string", "old_expression_type", "sub_key")
+                "expression_type", "old_sub_string", "old_expression_type", "sub_key", "last_update_ms")
 
 
 def event_columns(columns=None) -> Tuple[str, ...]:

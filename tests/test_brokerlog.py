@@ -187,7 +187,8 @@ def test_sample_scan_finds_the_expiry():
     assert f["expired_clients"] == [{
         "broker": "samples", "client_id": "127.0.0.1@JavaDriver-23274-3877417792690", "addr": "127.0.0.1:44178",
         "expired_ms": 1795481964000, "groups": ["CID_J", "PID_J"], "roles": ["consumer", "producer"],
-        "connected_ms": 1795481837000, "silent_since_before_ms": 1795481844000, "returned_ms": 1795481982000}]
+        "connected_ms": 1795481837000, "cause": "scan", "silent_since_before_ms": 1795481844000,
+        "returned_ms": 1795481982000}]
     # 08:59:24 +08:00 is 00:59:24 UTC; the lines' own lastUpdateTimestamp agrees with the zone given
     assert datetime.fromtimestamp(1795481964, timezone.utc).strftime("%H:%M:%S") == "00:59:24"
     assert f["log"]["zone_check"] == {"inferred_utc_offset_min": 480, "log_tz_offset_min": 480, "agrees": True}

@@ -217,18 +217,16 @@ def test_the_warn_is_written_in_the_default_format_too(tmp_path, caplog):
 # the scan of our own log finds what the scan of the recording finds
 
 
-def test_scan_of_our_java_format_log_finds_what_the_recording_scan_finds(tmp_path):
-    """One run, recorded and logged as broker.log in the Java format: four clients of a consumer group and two
-    producer groups; one goes silent until the broker's expiry scan removes it (expiry scaled to 2 s), comes back
-    on a new connection; then one is killed and the others unregister. The local broker-log scan (``--log-tz
-    +08:00``, as for a Java broker's log) and the recording scan find the same clients, the same groups and
-    their sizes, and the same expiry (client, address, group, when, connected since, returned), to the log's
-    one-second resolution. The broker expires producers after Java's fixed 120 s (ProducerManager), so within
-    the scaled expiry only the consumer membership expires: the recording, which has one expiry for all, lists
-    the producer group too."""
-    require_module("pyarrow")
-    from engine.bindings.brokerlog import scan_local
+EXPIRY_MS = 2000
 
+
+@pytest.fixture(scope="module")
+def java_run(tmp_path_factory):
+    """One run, recorded and logged as broker.log in the Java format: four clients of a consumer group and two
+    producer groups; one goes silent until the broker's expiry scan removes it (expiry scaled to 2 s) and comes
+    back on a new connection; then one is killed and the others unregister. (recording dir, log dir, d's addr)"""
+    require_module("pyarrow")
+    tmp_path = tmp_path_factory.mktemp("java-run")
     logs = tmp_path / "broker-a"
     logs.mkdir()
     handler = logging.FileHandler(logs / "broker.log", encoding="utf-8")
@@ -238,10 +236,9 @@ def test_scan_of_our_java_format_log_finds_what_the_recording_scan_finds(tmp_pat
     old = root.level
     root.setLevel(logging.INFO)
     root.addHandler(handler)
-    expiry_ms = 2000
     rec = tmp_path / "rec"
     b = Broker(make_config(tmp_path, log_format="java", record_dir=str(rec),
-                           channel_expired_timeout=expiry_ms)).start()
+                           channel_expired_timeout=EXPIRY_MS)).start()
     try:
         port = b.ports["main"]
         clients = {n: Client(port) for n in "ABCD"}
@@ -279,7 +276,19 @@ def test_scan_of_our_java_format_log_finds_what_the_recording_scan_finds(tmp_pat
         root.removeHandler(handler)
         root.setLevel(old)
         handler.close()
-    params = ScanParams(expiry_s=expiry_ms / 1000)
+    return rec, logs, d_addr
+
+
+def test_scan_of_our_java_format_log_finds_what_the_recording_scan_finds(java_run):
+    """The local broker-log scan of the run's log (``--log-tz +08:00``, as for a Java broker's log) and the
+    recording scan find the same clients, the same groups and their sizes, and the same expiry (client, address,
+    group, when, connected since, returned), to the log's one-second resolution. The broker expires producers
+    after Java's fixed 120 s (ProducerManager), so within the scaled expiry only the consumer membership expires:
+    the recording, which has one expiry for all, lists the producer group too."""
+    from engine.bindings.brokerlog import scan_local
+
+    rec, logs, d_addr = java_run
+    params = ScanParams(expiry_s=EXPIRY_MS / 1000)
     recorded = scan(rec, params)
     logged = scan_local([logs], log_tz="+08:00", params=params)
     assert logged["log"]["unattributed_events"] == {} and not logged["scan"]["corrupt"]
@@ -308,6 +317,22 @@ def test_scan_of_our_java_format_log_finds_what_the_recording_scan_finds(tmp_pat
     assert g["returned_ms"] == second(r["returned_ms"])
     for key in ("flapping_clients", "inconsistent_subscriptions"):
         assert recorded[key] == logged[key] == []
+
+
+@pytest.mark.spark
+def test_spark_scan_of_our_java_format_log_is_the_local_scans(spark, java_run):
+    """The same log scanned on Spark (``rmqhb scan``'s path): the local scan's findings."""
+    require_module("pyspark")
+    from engine.bindings import brokerlog as bl
+
+    _, logs, _ = java_run
+    params = ScanParams(expiry_s=EXPIRY_MS / 1000)
+    on_spark = bl.scan(spark, [logs], params, log_tz="+08:00")
+    local = bl.scan_local([logs], log_tz="+08:00", params=params)
+    on_spark.pop("scan", None)
+    local.pop("scan", None)
+    assert on_spark == local
+    assert [r["client_id"] for r in on_spark["expired_clients"]] == ["127.0.0.1@Driver-D"]
 
 
 def test_serve_writes_the_java_pattern(tmp_path):

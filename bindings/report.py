@@ -249,11 +249,26 @@ def _write_all_csvs(findings: dict, out: "ReportFiles") -> Tuple[List[str], Dict
     lines["expired_clients"] = [[n] for n in _write_csv(
         out, "expired_clients.csv",
         ["broker", "client_id", "addr", "groups", "connected_utc", "silent_since_before_utc", "expired_utc",
-         "returned_utc", "expired_ms"],
+         "returned_utc", "expired_ms", "cause"],
         [[r.get("broker", ""), r["client_id"], r["addr"], ";".join(r["groups"]), utc(r["connected_ms"]),
-          utc(r["silent_since_before_ms"]), utc(r["expired_ms"]), utc(r["returned_ms"]), r["expired_ms"]]
+          utc(r["silent_since_before_ms"]), utc(r["expired_ms"]), utc(r["returned_ms"]), r["expired_ms"],
+          expiry_cause(findings, r)]
          for r in findings.get("expired_clients", [])])]
     names.append("expired_clients.csv")
+    if "vanished_clients" in findings:
+        lines["vanished_clients"] = [[n] for n in _write_csv(
+            out, "vanished_clients.csv",
+            ["broker", "client_id", "addr", "groups", "connected_utc", "last_heartbeat_utc", "ended_utc", "ended_ms"],
+            [[r.get("broker", ""), r["client_id"], r["addr"], ";".join(r["groups"]), utc(r["connected_ms"]),
+              utc(r["last_heartbeat_ms"]), utc(r["ended_ms"]), r["ended_ms"]] for r in findings["vanished_clients"]])]
+        names.append("vanished_clients.csv")
+    if "broker_boots" in findings:
+        _write_csv(out, "broker_restarts.csv",
+                   ["broker", "stopped_utc", "start_utc", "ready_utc", "broker_name", "broker_addr", "members_ended",
+                    "clients_ended"],
+                   [[r["broker"], utc(r["stopped_ms"]), utc(r["start_ms"]), utc(r["ready_ms"]), r["name"] or "",
+                     r["addr"] or "", r["members_ended"], r["clients_ended"]] for r in findings["broker_boots"]])
+        names.append("broker_restarts.csv")
     if "retry_topic_churn" in findings:
         lines["retry_topic_churn"] = [[n] for n in _write_csv(
             out, "retry_topic_churn.csv",
@@ -577,6 +592,17 @@ CLOSE_HOW = {"last_heartbeat": "closed after this, its last heartbeat (the clien
              "expired": "expired (the broker's SCAN)"}
 
 
+#: What ended a silent client (expired_clients' ``cause``), in the report's words.
+EXPIRY_CAUSES = {"scan": "removed by the broker's SCAN",
+                 "idle_closed": "closed idle by the broker (Netty idle handler)",
+                 "inferred": "inferred: last heartbeat + the expiry, no close seen"}
+
+
+def expiry_cause(findings: dict, r: dict) -> str:
+    """An expiry's cause: its own, else a log's SCAN line or a recording's / capture's inference."""
+    return r.get("cause") or ("scan" if findings.get("log") else "inferred")
+
+
 def close_how(how: str) -> str:
     if how in CLOSE_HOW:
         return CLOSE_HOW[how]
@@ -641,6 +667,26 @@ def _legend_svg(mark: str) -> str:
 # Banner and summary
 
 
+def unattributed_reason(log: dict) -> str:
+    """Why close / unregister lines had no live member, from the evidence: their member never registered in the
+    log (an older file is missing -- unless every such broker's log starts at a boot: then the broker did not write
+    the register lines, as logback's AsyncAppender drops INFO lines when its queue is full), or it had left."""
+    why = log.get("unattributed_reasons") or {}
+    if not why:
+        return " (older log files missing?)"
+    parts = []
+    if why.get("never_registered"):
+        at_boot = log.get("starts_at_boot") or {}
+        if at_boot and all(at_boot.values()):
+            parts.append(f"{why['never_registered']:,} of members whose register line the broker did not write "
+                         "(its log starts at a boot; logback drops INFO lines under load)")
+        else:
+            parts.append(f"{why['never_registered']:,} of members never seen registering (older log files missing?)")
+    if why.get("not_live"):
+        parts.append(f"{why['not_live']:,} of members that had left already (repeated lines)")
+    return ": " + "; ".join(parts)
+
+
 def _banner(findings: dict) -> str:
     """DAMAGED INPUT (red) when records were lost; PARTLY UNREADABLE (amber) when some input could not be used
     (undecodable bodies, unparsed log lines, capture files that broke); nothing when the input was read whole."""
@@ -655,8 +701,8 @@ def _banner(findings: dict) -> str:
                         + ": see Broker logs read")
         un = log.get("unattributed_events") or {}
         if un:
-            warn.append(f"{sum(un.values()):,} events could not be attached to a live member (older log files "
-                        "missing?)")
+            warn.append(f"{sum(un.values()):,} events could not be attached to a live member"
+                        + unattributed_reason(log))
     elif s.get("bad_bodies"):
         warn.append(f"{s['bad_bodies']:,} of {s['records']:,} heartbeat bodies could not be decoded (left out)")
     if cap:
@@ -1121,6 +1167,56 @@ def _per_broker(findings: dict) -> str:
     return text
 
 
+def expired_words(findings: dict) -> str:
+    """The expired section's words, one sentence per cause its rows have."""
+    causes = {expiry_cause(findings, r) for r in findings.get("expired_clients") or []}
+    if not causes:
+        causes = {"scan"} if findings.get("log") else {"inferred"}
+    words = {"scan": "<i>removed by the broker's SCAN</i>: its channel-expiry scan removed the channel while the "
+                     "connection stayed open (a log's SCAN lines; silent since at most the expiry before).",
+             "idle_closed": "<i>closed idle by the broker</i>: its Netty idle handler closed the silent connection "
+                            "first (a log's NETTY EVENT close whose lastUpdateTimestamp, the last heartbeat, is the "
+                            "silent-since time).",
+             "inferred": "<i>inferred</i>: the input holds heartbeats only; a client that stopped for good is listed "
+                         "once its last heartbeat plus the expiry has passed with no close seen, as the broker would "
+                         "drop it."}
+    return " ".join(words[c] for c in ("scan", "idle_closed", "inferred") if c in causes)
+
+
+def _vanished_section(findings: dict, cols, row, link) -> List[str]:
+    """Clients whose connection ended without UNREGISTER_CLIENT and that did not come back, and the broker's
+    restarts (a log's findings)."""
+    if "vanished_clients" not in findings and "broker_boots" not in findings:
+        return []
+    parts = []
+    if "vanished_clients" in findings:
+        parts.append("<section id=vanished><h2>Vanished clients</h2><p>Clients whose connection ended without an "
+                     "UNREGISTER_CLIENT (a crash, a kill, a network cut: the broker's NETTY EVENT close came with a "
+                     "recent last heartbeat) and that did not register again: not clean shutdowns (those unregister) "
+                     "and not expiries (those fell silent first).</p>")
+        parts.append(_table(
+            cols("client", "address", "groups left", "connected (UTC)", "last heartbeat (UTC)", "ended (UTC)",
+                 "rows"),
+            [row(r, Raw(_cid(r["client_id"]), r["client_id"]), r["addr"], ", ".join(r["groups"]),
+                 utc(r["connected_ms"]), utc(r["last_heartbeat_ms"]), utc(r["ended_ms"]), link("vanished_clients", i))
+             for i, r in enumerate(findings["vanished_clients"])],
+            id="vanished-table", csv_name="vanished_clients.csv"))
+        parts.append("</section>")
+    if "broker_boots" in findings:
+        boots = findings["broker_boots"]
+        parts.append("<section id=restarts><h2>Broker restarts</h2><p>A broker that stops or starts has no channels: "
+                     "every membership still live ends there (its stop: the shutdown hook's line; else its start). "
+                     + ("No stop or start of a broker in the input." if not boots else "") + "</p>")
+        if boots:
+            parts.append(_table(
+                ["broker", "stopped (UTC)", "started (UTC)", "boot success (UTC)", "name, address",
+                 "memberships ended", "clients"],
+                [[r["broker"], utc(r["stopped_ms"]) or "", utc(r["start_ms"]) or "(still stopped at the end)",
+                  utc(r["ready_ms"]) or "", ", ".join(x for x in (r["name"], r["addr"]) if x), r["members_ended"],
+                  r["clients_ended"]] for r in boots], csv_name="broker_restarts.csv"))
+    return parts
+
+
 def _log_section(findings: dict) -> List[str]:
     e = html.escape
     log = findings["log"]
@@ -1157,8 +1253,13 @@ def _log_section(findings: dict) -> List[str]:
                  + _table(["kind", "lines", "example (first seen)"], other))
     un = log.get("unattributed_events") or {}
     if un:
-        parts.append("<p>Events the analyses could not attach to a live member (e.g. its register line is in an "
-                     "older, missing file): " + e(", ".join(f"{k} {v}" for k, v in sorted(un.items()))) + "</p>")
+        parts.append("<p>Events the analyses could not attach to a live member" + e(unattributed_reason(log)) + ": "
+                     + e(", ".join(f"{k} {v}" for k, v in sorted(un.items()))) + "</p>")
+    ok = log.get("explained_events") or {}
+    if ok:
+        parts.append("<p>Close and unregister lines of members the broker had removed already (normal, not "
+                     "counted above): " + e(", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(ok.items())))
+                     + ".</p>")
     parts.append("<p>Files: " + e(", ".join(log["files"][:20])) + (" ..." if len(log["files"]) > 20 else "") + "</p>")
     return parts
 
@@ -1274,6 +1375,10 @@ def write_html(findings: dict, out: "ReportFiles", csvs: List[str], plots: List[
         toc.append(("flips", "Subscription flips"))
     toc += [("flapping", "Flapping clients"), ("silences", "Silences"), ("gaps", "Heartbeat gaps"),
             ("expired", "Expired clients")]
+    if "vanished_clients" in findings:
+        toc.append(("vanished", "Vanished clients"))
+    if "broker_boots" in findings:
+        toc.append(("restarts", "Broker restarts"))
     if "retry_topic_churn" in findings:
         toc.append(("churn", "Retry-topic churn"))
     toc += [("sizes", "Group sizes"), ("input", "Input and files")]
@@ -1320,23 +1425,22 @@ def write_html(findings: dict, out: "ReportFiles", csvs: List[str], plots: List[
             parts.append(f"<p>{len(over)} more gaps overlap lost or damaged data and are not counted as client "
                          "silence (findings.json: gaps_over_data_loss).</p>")
     parts.append("</section>")
-    parts.append("<section id=expired><h2>Expired clients</h2><p>Clients the broker's channel-expiry scan removes "
-                 f"(SCAN): no heartbeat for {p['expiry_s']:g} s while the connection stayed open"
-                 + (" (from the brokers' SCAN lines; silent since at most the expiry before)." if log else
-                    " (a recording holds heartbeats only: a client that stopped for good is listed once the expiry has "
-                    "passed, as the broker would if its connection stayed open).") + "</p>")
+    parts.append("<section id=expired><h2>Expired clients</h2><p>Silent clients the broker drops: no heartbeat "
+                 f"for {p['expiry_s']:g} s. " + expired_words(findings) + "</p>")
     parts.append(_table(
-        cols("client", "address", "groups", "connected (UTC)", "silent since (UTC)", "expired (UTC)", "back (UTC)",
-             "rows"),
+        cols("client", "address", "groups", "connected (UTC)", "silent since (UTC)", "expired (UTC)", "cause",
+             "back (UTC)", "rows"),
         [row(r, Raw(_cid(r["client_id"]), r["client_id"]), r["addr"], ", ".join(r["groups"]), utc(r["connected_ms"]),
-             utc(r["silent_since_before_ms"]), utc(r["expired_ms"]), utc(r["returned_ms"]) or "never",
-             link("expired_clients", i))
+             utc(r["silent_since_before_ms"]), utc(r["expired_ms"]),
+             EXPIRY_CAUSES.get(expiry_cause(findings, r), expiry_cause(findings, r)),
+             utc(r["returned_ms"]) or "never", link("expired_clients", i))
          for i, r in enumerate(findings.get("expired_clients", []))],
         id="expired-table", csv_name="expired_clients.csv"))
     if findings.get("expired_over_data_loss"):
         parts.append(f"<p>{len(findings['expired_over_data_loss'])} more silences over lost or damaged data are not "
                      "counted as expiries (findings.json: expired_over_data_loss).</p>")
     parts.append("</section>")
+    parts += _vanished_section(findings, cols, row, link)
     if "retry_topic_churn" in findings:
         parts.append("<section id=churn><h2>Retry-topic churn</h2><p>Consumer groups whose <code>%RETRY%</code> "
                      f"subscription was added, changed (subVersion) or removed {p['flap_min_reconnects']} or more times "

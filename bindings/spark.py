@@ -209,9 +209,63 @@ def spark_session(master: Optional[str] = None, app_name: str = "rmqhb", *, test
     builder = SparkSession.builder.master(master).appName(app_name)
     for k, v in settings.items():
         builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+    if _cli.get("interrupt"):
+        spark = _keeping_our_interrupt(builder.getOrCreate)
+    else:
+        spark = builder.getOrCreate()
     register_data_source(spark)
     return spark
+
+
+def _keeping_our_interrupt(fn):
+    """fn() while SparkContext's constructor cannot replace our SIGINT handler with its own (cancelAllJobs over
+    py4j, then KeyboardInterrupt): a Ctrl-C while the session starts is ours too."""
+    import signal
+
+    real = signal.signal
+
+    def keep(sig, handler):
+        return signal.getsignal(sig) if sig == signal.SIGINT else real(sig, handler)
+
+    signal.signal = keep
+    try:
+        return fn()
+    finally:
+        signal.signal = real
+
+
+_cli: dict = {}
+
+
+def _interrupt(signum, frame) -> None:
+    """Ctrl-C in `rmqhb scan`. Before and after the Spark session: KeyboardInterrupt (the report's files are
+    removed on the way out, the CLI prints one line; a JVM being launched reads EOF when we exit, and ends). While
+    it runs: one line, the local JVM (started ignoring SIGINT) killed, its Python workers end with it, the private
+    directory removed, exit 130 at once. Unwinding instead calls into a JVM being torn down: 126-139 lines of py4j
+    and Java stacks and seconds of wait."""
+    from pyspark import SparkContext
+
+    if SparkContext._gateway is None or SparkContext._active_spark_context is None:
+        raise KeyboardInterrupt
+    os.write(2, b"\nrmqhb scan: interrupted\n")
+    proc = getattr(SparkContext._gateway, "proc", None)  # ended first: it would write on into the private directory
+    if proc is not None:
+        try:
+            proc.kill()
+            proc.wait(2)
+        except Exception:
+            pass
+    if _private.get("pid") == os.getpid():
+        shutil.rmtree(_private["dir"], ignore_errors=True)
+    os._exit(130)
+
+
+def _catch_interrupt() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _interrupt)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -999,6 +1053,13 @@ def _size_records(rows, members) -> list:
 EXIT_OK, EXIT_USAGE, EXIT_DAMAGED, EXIT_NOTHING, EXIT_STRICT = 0, 2, 3, 4, 5
 
 
+def cli_main(argv=None) -> int:
+    """`rmqhb scan` from the command line: scan_main, and Ctrl-C ends it at once with one line (exit 130) also
+    while Spark runs (not for an embedding program or a test calling scan_main: their SIGINT stays theirs)."""
+    _cli["interrupt"] = not os.environ.get("RMQHB_DEBUG")
+    return scan_main(argv)
+
+
 def scan_main(argv=None) -> int:
     """`rmqhb scan DIR --out REPORT_DIR`: every analysis over a recording on Spark (local[*] unless --master),
     written as findings.json, CSV, PNG plots and index.html; prints a short summary. Exit status: 0 the whole
@@ -1158,6 +1219,8 @@ def _scan_main(argv) -> int:
     if kind not in INPUT_FORMATS:
         print(f"rmqhb scan: {why} is one of {', '.join(INPUT_FORMATS)}, not {kind!r}", file=sys.stderr)
         return EXIT_USAGE
+    if _cli.get("interrupt"):
+        _catch_interrupt()
     if not any(a in ("-h", "--help") for a in argv):
         problem = input_problem(argv, kind, explicit=why in ("--format", "--input"))
         if problem is None and SparkSession.getActiveSession() is None:

@@ -1682,8 +1682,10 @@ def scan_main(argv=None) -> int:
     log = findings["log"]
     if log["lines"] - log["unparseable"] - log["counts"].get("continuation", 0) <= 0:  # no line with a log header
         write_report(findings, args.out, plots=False)
+        damage = findings["scan"].get("corrupt") or []
         print(f"rmqhb scan: nothing decodable: {log['lines']:,} lines in {len(log['files'])} files, none of them a "
-              "broker log line", file=sys.stderr)
+              "broker log line" + (f"; {len(damage)} damaged, e.g. {damage[0]['segment']}: {damage[0]['reason']}"
+                                   if damage else ""), file=sys.stderr)
         return 4
     index = write_report(findings, args.out, plots=not args.no_plots)
     print_summary(findings, sys.stdout)

@@ -1,0 +1,320 @@
+"""Findings true to a real broker's history (issue 28 §1-§4): broker restarts end every channel, idle-closed clients
+are expiries with their cause, clients that vanish without UNREGISTER_CLIENT are named, Java stack traces are one
+multi-line entry, and the banner names the real reason of unattributed lines. Small hand-written logs in the real
+4.9.8 line format (the shapes of /work/shared/samples), plus the real sample log."""
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from conftest import strict
+from engine.bindings import brokerlog as bl
+from engine.bindings import report
+from engine.recording import _brokerlog_py as twin
+
+SAMPLE = Path(os.environ.get("ENGINE_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared")) / "samples" / \
+    "rocketmq-4.9.8-broker.log"
+
+try:
+    native = importlib.import_module("engine.recording._brokerlog")
+except ImportError:  # pragma: no cover - not built
+    native = None
+if native is None and strict():
+    raise RuntimeError("engine.recording._brokerlog is not built (required under CI=true / ENGINE_REQUIRE_NATIVE=1)")
+
+T0 = int(datetime(2026, 11, 27, 8, 0, 0, tzinfo=timezone.utc).timestamp() * 1000)
+
+
+def ts(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def cci(cid: int, port: int, client: str, lut: int, st: str = "-") -> str:
+    return (f"ClientChannelInfo [channel=[id: 0x{cid:08x}, L:/10.0.0.1:10911 {st} R:/10.0.0.9:{port}], "
+            f"clientId={client}, language=JAVA, version=409, lastUpdateTimestamp={lut}]")
+
+
+class Log:
+    """A broker.log in the stock 4.9.8 pattern (``yyyy-MM-dd HH:mm:ss LEVEL thread - message``), UTC wall clock."""
+
+    def __init__(self):
+        self.lines = []
+
+    def add(self, ms, msg, level="INFO", thread="HeartbeatThread_1"):
+        self.lines.append(f"{ts(ms)} {level} {thread} - {msg}")
+
+    def raw(self, text):
+        self.lines.append(text)
+
+    def boot(self, ms, ready_after_s=3):
+        self.add(ms, "rocketmqHome=/opt/rocketmq", thread="main")
+        self.add(ms, "namesrvAddr=127.0.0.1:9876", thread="main")
+        self.add(ms + ready_after_s * 1000, "The broker[broker-a, 10.0.0.1:10911] boot success. serializeType=JSON "
+                                            "and name server is 127.0.0.1:9876", thread="main")
+
+    def stop(self, ms):
+        self.add(ms, "Shutdown hook was invoked, 1", thread="ShutdownHook")
+
+    def register(self, ms, cid, port, client, group="CID_A", pgroup="PID_A"):
+        c = cci(cid, port, client, ms)
+        self.add(ms, f"new consumer connected, group: {group} CONSUME_PASSIVELY CLUSTERING channel: {c}")
+        self.add(ms, f"new producer connected, group: CLIENT_INNER_PRODUCER channel: {c}")
+        self.add(ms, f"new producer connected, group: {pgroup} channel: {c}")
+
+    def netty_close(self, ms, cid, port, client, lut, group="CID_A", pgroup="PID_A"):
+        c = cci(cid, port, client, lut, "!")
+        for g in ("CLIENT_INNER_PRODUCER", pgroup):
+            self.add(ms, f"NETTY EVENT: remove channel[{c}][10.0.0.9:{port}] from ProducerManager groupChannelTable, "
+                         f"producer group: {g}", thread="NettyEventExecutor")
+        self.add(ms, f"NETTY EVENT: remove not active channel[{c}] from ConsumerGroupInfo groupChannelTable, "
+                     f"consumer group: {group}", level="WARN", thread="NettyEventExecutor")
+
+    def scan(self, ms, port, group="CID_A", pgroup="PID_A"):
+        t = "ClientHousekeepingScheduledThread1"
+        for g in ("CLIENT_INNER_PRODUCER", pgroup):
+            self.add(ms, f"SCAN: remove expired channel[10.0.0.9:{port}] from ProducerManager groupChannelTable, "
+                         f"producer group name: {g}", level="WARN", thread=t)
+        self.add(ms, f"SCAN: remove expired channel from ConsumerManager consumerTable. channel=10.0.0.9:{port}, "
+                     f"consumerGroup={group}", level="WARN", thread=t)
+
+    def unregister(self, ms, cid, port, client, group="CID_A", pgroup="PID_A"):
+        c = cci(cid, port, client, ms)
+        self.add(ms, f"unregister a consumer[{group}] from consumerGroupInfo {c}", thread="ClientManageThread_1")
+        self.add(ms, f"unregister a producer[{pgroup}] from groupChannelTable {c}", thread="ClientManageThread_2")
+        self.add(ms, f"unregister a producer[CLIENT_INNER_PRODUCER] from groupChannelTable {c}",
+                 thread="ClientManageThread_3")
+
+    def scan_findings(self, tmp_path, name="broker-a", native_parser=None):
+        d = tmp_path / name
+        d.mkdir(exist_ok=True)
+        (d / "broker.log").write_text("\n".join(self.lines) + "\n")
+        return bl.scan_local([d], log_tz="UTC", native=native_parser)
+
+
+def _size_at(f, role, group, t):
+    (g,) = [g for g in f["group_sizes"] if g["role"] == role and g["group"] == group]
+    n = 0
+    for ms, k in g["series"]:
+        if ms <= t:
+            n = k
+    return n
+
+
+def _report_text(f) -> str:
+    out = Path(tempfile.mkdtemp()) / "report"
+    report.write_report(f, out, plots=False)
+    return (out / "index.html").read_text()
+
+
+@pytest.fixture(params=[False] + ([True] if native is not None else []), ids=lambda n: "native" if n else "twin")
+def native_parser(request):
+    return request.param
+
+
+# --- §1 a broker restart ends every channel ------------------------------------------------------------------------
+
+
+def test_a_broker_stop_and_start_end_every_membership(tmp_path, native_parser):
+    log = Log()
+    log.boot(T0)
+    for i in range(3):
+        log.register(T0 + 10_000 + i * 1000, i + 1, 40000 + i, f"10.0.0.9@c{i}")
+    log.stop(T0 + 600_000)                       # clean broker stop: the shutdown hook's line
+    log.boot(T0 + 2_820_000)                     # 37 minutes later the broker starts again
+    log.register(T0 + 2_830_000, 9, 41000, "10.0.0.9@c0")
+    log.add(T0 + 3_000_000, "start pull message", thread="PullMessageThread_1")
+    f = log.scan_findings(tmp_path, native_parser=native_parser)
+    # live from their registers to the stop, none while the broker is down, one after the start
+    assert _size_at(f, "producer", bl.CLIENT_INNER_PRODUCER, T0 + 599_000) == 3
+    assert _size_at(f, "producer", bl.CLIENT_INNER_PRODUCER, T0 + 600_000) == 0
+    assert _size_at(f, "consumer", "CID_A", T0 + 2_000_000) == 0
+    assert _size_at(f, "consumer", "CID_A", T0 + 2_830_000) == 1
+    assert f["broker_boots"] == [
+        {"broker": "broker-a", "start_ms": T0, "ready_ms": T0 + 3000, "name": "broker-a", "addr": "10.0.0.1:10911",
+         "stopped_ms": None, "members_ended": 0, "clients_ended": 0},
+        {"broker": "broker-a", "start_ms": T0 + 2_820_000, "ready_ms": T0 + 2_823_000, "name": "broker-a",
+         "addr": "10.0.0.1:10911", "stopped_ms": T0 + 600_000, "members_ended": 9, "clients_ended": 3}]
+    # a client registering again after the broker's restart is not a reconnect, nor vanished, nor expired
+    assert f["flapping_clients"] == [] and f["vanished_clients"] == [] and f["expired_clients"] == []
+    assert f["log"]["starts_at_boot"] == {"broker-a": True}
+    html = _report_text(f)
+    assert "Broker restarts" in html and ts(T0 + 600_000) in html and ts(T0 + 2_820_000) in html
+
+
+def test_a_killed_broker_ends_its_memberships_at_its_next_start(tmp_path, native_parser):
+    log = Log()
+    log.register(T0, 1, 40000, "10.0.0.9@c0")    # the log does not start at a boot
+    log.boot(T0 + 300_000)                       # no shutdown hook: kill -9 of the broker, then a start
+    log.register(T0 + 320_000, 2, 40001, "10.0.0.9@c1")
+    f = log.scan_findings(tmp_path, native_parser=native_parser)
+    assert _size_at(f, "consumer", "CID_A", T0 + 299_000) == 1
+    assert _size_at(f, "consumer", "CID_A", T0 + 300_000) == 0
+    assert _size_at(f, "consumer", "CID_A", T0 + 320_000) == 1
+    (b,) = f["broker_boots"]
+    assert (b["start_ms"], b["ready_ms"], b["stopped_ms"], b["members_ended"], b["clients_ended"]) == (
+        T0 + 300_000, T0 + 303_000, None, 3, 1)
+    assert f["log"]["starts_at_boot"] == {"broker-a": False}
+
+
+def test_boot_success_alone_is_a_start(tmp_path):
+    log = Log()
+    log.register(T0, 1, 40000, "10.0.0.9@c0")
+    log.add(T0 + 60_000, "The broker[broker-b, 10.0.0.2:10911] boot success. serializeType=JSON", thread="main")
+    f = log.scan_findings(tmp_path)
+    assert [(b["start_ms"], b["ready_ms"], b["name"], b["addr"]) for b in f["broker_boots"]] == [
+        (T0 + 60_000, T0 + 60_000, "broker-b", "10.0.0.2:10911")]
+    assert _size_at(f, "consumer", "CID_A", T0 + 60_000) == 0
+
+
+# --- §2 idle-closed clients are expiries with their cause ----------------------------------------------------------
+
+
+def test_an_idle_closed_client_is_an_expiry_with_its_cause(tmp_path, native_parser):
+    log = Log()
+    log.boot(T0)
+    log.register(T0 + 10_000, 1, 40000, "10.0.0.9@frozen")
+    # frozen: its last heartbeat at +10 s; the idle handler closes it 120 s later, before any SCAN
+    log.netty_close(T0 + 130_000, 1, 40000, "10.0.0.9@frozen", lut=T0 + 10_000)
+    f = log.scan_findings(tmp_path, native_parser=native_parser)
+    (r,) = f["expired_clients"]
+    assert (r["client_id"], r["cause"], r["expired_ms"], r["silent_since_before_ms"], r["groups"]) == (
+        "10.0.0.9@frozen", "idle_closed", T0 + 130_000, T0 + 10_000, ["CID_A", "PID_A"])
+    assert f["vanished_clients"] == []
+    html = _report_text(f)
+    assert "closed idle by the broker" in html
+    assert "removed by the broker&#x27;s SCAN" not in html and "removed by the broker's SCAN" not in html
+
+
+def test_scan_expiry_keeps_its_cause_and_the_netty_lines_after_it_are_normal(tmp_path, native_parser):
+    log = Log()
+    log.boot(T0)
+    log.register(T0 + 10_000, 1, 40000, "10.0.0.9@frozen")
+    log.scan(T0 + 135_000, 40000)
+    # the channel closes after the SCAN removed it: NETTY EVENT lines of members no longer in the tables
+    log.netty_close(T0 + 136_000, 1, 40000, "10.0.0.9@frozen", lut=T0 + 10_000)
+    f = log.scan_findings(tmp_path, native_parser=native_parser)
+    (r,) = f["expired_clients"]
+    assert (r["cause"], r["expired_ms"]) == ("scan", T0 + 135_000)
+    assert f["log"]["unattributed_events"] == {} and f["log"]["explained_events"] == {"after_expiry": 3}
+    html = _report_text(f)
+    assert "PARTLY UNREADABLE" not in html and "removed by the broker" in html
+
+
+# --- §3 vanished clients -------------------------------------------------------------------------------------------
+
+
+def test_a_killed_client_is_named_and_a_returning_or_clean_one_is_not(tmp_path, native_parser):
+    log = Log()
+    log.boot(T0)
+    log.register(T0 + 10_000, 1, 40000, "10.0.0.9@killed")
+    log.register(T0 + 11_000, 2, 40001, "10.0.0.9@restarted")
+    log.register(T0 + 12_000, 3, 40002, "10.0.0.9@clean")
+    log.netty_close(T0 + 50_000, 1, 40000, "10.0.0.9@killed", lut=T0 + 41_000)        # kill -9
+    log.netty_close(T0 + 51_000, 2, 40001, "10.0.0.9@restarted", lut=T0 + 41_000)     # network cut, back later
+    log.register(T0 + 90_000, 4, 40003, "10.0.0.9@restarted")
+    log.unregister(T0 + 95_000, 3, 40002, "10.0.0.9@clean")                           # clean shutdown
+    f = log.scan_findings(tmp_path, native_parser=native_parser)
+    assert f["vanished_clients"] == [{
+        "broker": "broker-a", "client_id": "10.0.0.9@killed", "addr": "10.0.0.9:40000", "ended_ms": T0 + 50_000,
+        "groups": ["CID_A", "PID_A"], "roles": ["consumer", "producer"], "connected_ms": T0 + 10_000,
+        "last_heartbeat_ms": T0 + 41_000}]
+    assert f["expired_clients"] == [] and f["summary"]["vanished_clients"] == 1
+    out = Path(tempfile.mkdtemp()) / "report"
+    report.write_report(f, out, plots=False)
+    csv = (out / "vanished_clients.csv").read_text().splitlines()
+    assert csv[0] == "broker,client_id,addr,groups,connected_utc,last_heartbeat_utc,ended_utc,ended_ms"
+    assert len(csv) == 2 and csv[1].startswith("broker-a,10.0.0.9@killed,10.0.0.9:40000,CID_A;PID_A,")
+    assert "Vanished clients" in (out / "index.html").read_text()
+
+
+def test_the_sample_log_names_its_two_killed_clients():
+    if not SAMPLE.exists():
+        if strict():
+            raise AssertionError(f"the 4.9.8 sample log is missing: {SAMPLE}")
+        pytest.skip("the 4.9.8 sample log is not here")
+    f = bl.scan_local([SAMPLE], log_tz="+08:00")
+    # runs 3 (kill -9 after 5 s) and 5 (JVM killed 6 s later): named, with the groups they left
+    assert [(r["client_id"], r["groups"], r["ended_ms"]) for r in f["vanished_clients"]] == [
+        ("127.0.0.1@JavaDriver-21988-3435698233103", ["CID_J", "PID_J"], 1795481401000),
+        ("127.0.0.1@JavaDriver-22284-3689692084208", ["CID_J", "PID_J"], 1795481656000)]
+    # run 6 (frozen 140 s): the SCAN removed it, and it came back
+    assert [(r["cause"], r["returned_ms"]) for r in f["expired_clients"]] == [("scan", 1795481982000)]
+    assert f["log"]["unattributed_events"] == {} and f["log"]["unparseable"] == 0
+
+
+# --- §4 stack traces and the banner's reason -----------------------------------------------------------------------
+
+
+STACK = ["java.nio.channels.ClosedChannelException: null",
+         "\tat io.netty.channel.AbstractChannel$AbstractUnsafe.newClosedChannelException(AbstractChannel.java:957)",
+         "\tat io.netty.channel.AbstractChannel$AbstractUnsafe.write(AbstractChannel.java:865)",
+         "Caused by: java.io.IOException: Connection reset by peer",
+         "\t... 12 common frames omitted"]
+
+
+def test_java_stack_traces_are_continuations_in_both_parsers():
+    lines = [f"{ts(T0)} ERROR NettyServerNIOSelector_3_2 - processRequestWrapper response to /10.0.0.9:40000 failed"]
+    lines += STACK + ["not a log line at all", "a.b.", "..x: y"]
+    got = []
+    for parse in [twin.parse_lines] + ([native.parse_lines] if native is not None else []):
+        batch, stats = parse(lines)
+        got.append((batch.to_pylist(), stats))
+        assert stats["counts"] == {"continuation": 5, "other": 1, "unknown_format": 3}
+        assert stats["examples"]["continuation"] == STACK[0]
+    assert all(g == got[0] for g in got)
+
+
+def test_broker_life_lines_parse_alike_in_both_parsers():
+    lines = [f"{ts(T0)} INFO main - rocketmqHome=/opt/rocketmq",
+             f"{ts(T0)} INFO main - The broker[broker-a, 10.0.0.1:10911] boot success. serializeType=JSON",
+             f"{ts(T0)} INFO main - The broker[broker-a 10.0.0.1:10911] boot success",
+             f"{ts(T0)} INFO main - The broker[broker-a, 10.0.0.1:10911] started",
+             f"{ts(T0)} INFO ShutdownHook - Shutdown hook was invoked, 1"]
+    got = []
+    for parse in [twin.parse_lines] + ([native.parse_lines] if native is not None else []):
+        batch, stats = parse(lines)
+        rows = batch.to_pylist()
+        assert [(r["kind"], r["role"], r["group"], r["addr"]) for r in rows] == [
+            ("broker_start", "broker", None, None), ("broker_boot", "broker", "broker-a", "10.0.0.1:10911"),
+            ("broker_stop", "broker", None, None)]
+        assert stats["counts"]["malformed_broker_boot"] == 2
+        got.append((rows, stats))
+    assert all(g == got[0] for g in got)
+
+
+def test_a_stack_trace_in_a_log_is_not_unreadable_input(tmp_path, native_parser):
+    log = Log()
+    log.boot(T0)
+    log.register(T0 + 10_000, 1, 40000, "10.0.0.9@c0")
+    log.add(T0 + 20_000, "processRequestWrapper response to /10.0.0.9:40000 failed", level="ERROR",
+            thread="NettyServerNIOSelector_3_2")
+    for line in STACK:
+        log.raw(line)
+    f = log.scan_findings(tmp_path, native_parser=native_parser)
+    assert f["log"]["unparseable"] == 0 and f["log"]["counts"]["continuation"] == len(STACK)
+    assert "PARTLY UNREADABLE" not in _report_text(f)
+
+
+def test_older_files_are_asked_for_only_when_the_log_does_not_start_at_a_boot(tmp_path):
+    def closes_of_unknown(log):
+        log.netty_close(T0 + 100_000, 7, 40007, "10.0.0.9@unknown", lut=T0 + 95_000)
+        return log
+
+    mid = Log()
+    mid.add(T0, "load exist local topic", thread="main")
+    f = closes_of_unknown(mid).scan_findings(tmp_path, "broker-mid")
+    assert f["log"]["unattributed_reasons"] == {"never_registered": 3}
+    assert f["vanished_clients"] == []
+    assert "older log files missing?" in _report_text(f)
+
+    booted = Log()
+    booted.boot(T0)
+    f = closes_of_unknown(booted).scan_findings(tmp_path, "broker-boot")
+    assert f["log"]["unattributed_reasons"] == {"never_registered": 3}
+    html = _report_text(f)
+    assert "older log files missing?" not in html and "did not write" in html

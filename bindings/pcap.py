@@ -1106,7 +1106,9 @@ def scan_main(argv=None) -> int:
     cap = findings["capture"]
     st = cap["stats"]
     if findings["summary"]["records"] == 0:
-        print(f"rmqhb scan: no heartbeat in the captures ({st['packets']:,} packets, {st['frames']:,} frames)",
+        damage = findings["scan"].get("corrupt") or []  # a cut .gz: say so, not only "0 packets"
+        print(f"rmqhb scan: no heartbeat in the captures ({st['packets']:,} packets, {st['frames']:,} frames)"
+              + (f"; {len(damage)} damaged, e.g. {damage[0]['segment']}: {damage[0]['reason']}" if damage else ""),
               file=sys.stderr)
         write_report(findings, args.out, plots=False)
         return 4

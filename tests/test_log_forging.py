@@ -21,7 +21,8 @@ from engine.registry.client_registry import ClientRegistry, RegistryConfig
 from test_clientlog import broker_log, Lines  # noqa: F401 (fixture)
 from test_server import Client, hb_body, make_config
 
-HEADER = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARN|ERROR|DEBUG) \S+ - ")
+#: a log record's first line in either format (logFormat=rmqhb: with milliseconds; java: whole seconds)
+HEADER = re.compile(r"^\d{3,4}-\d\d-\d\d \d\d:\d\d:\d\d(,\d{3})? (INFO|WARN|ERROR|DEBUG) \S+ - ")
 VICTIM = "10.1.1.1@victim"
 
 
@@ -41,10 +42,14 @@ def forged_client_id(i: int) -> str:
     return f"evil\\u001b]0;pwned\\u0007\\u001b[31m@{i}" + "".join("\\n" + line for line in lines)
 
 
-def test_forged_client_id_lines_stay_one_line_each(tmp_path, broker_log):  # noqa: F811
+@pytest.mark.parametrize("log_format", ["rmqhb", "java"])
+def test_forged_client_id_lines_stay_one_line_each(tmp_path, broker_log, log_format):  # noqa: F811
+    """Both log formats (logFormat=rmqhb, the default, and java: 4.9.8's own pattern), as rmqhb serve sets them."""
     from engine.bindings import brokerlog as bl
 
-    b = Broker(make_config(tmp_path, client_management_rules=4)).start()
+    if log_format == "java":
+        broker_log.setFormatter(clientlog.JavaBrokerFormatter())
+    b = Broker(make_config(tmp_path, client_management_rules=4, log_format=log_format)).start()
     try:
         for i in range(3):
             c = Client(b.ports["main"])

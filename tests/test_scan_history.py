@@ -318,3 +318,53 @@ def test_older_files_are_asked_for_only_when_the_log_does_not_start_at_a_boot(tm
     assert f["log"]["unattributed_reasons"] == {"never_registered": 3}
     html = _report_text(f)
     assert "older log files missing?" not in html and "did not write" in html
+
+
+# --- Spark: the same findings --------------------------------------------------------------------------------------
+
+
+def _history(tmp_path) -> list:
+    a = Log()
+    a.boot(T0)
+    a.register(T0 + 10_000, 1, 40000, "10.0.0.9@frozen")
+    a.register(T0 + 11_000, 2, 40001, "10.0.0.9@killed")
+    a.register(T0 + 12_000, 3, 40002, "10.0.0.9@scanned")
+    a.register(T0 + 13_000, 4, 40003, "10.0.0.9@stays")
+    a.netty_close(T0 + 50_000, 2, 40001, "10.0.0.9@killed", lut=T0 + 41_000)
+    a.add(T0 + 60_000, "processRequestWrapper response to /10.0.0.9:40001 failed", level="ERROR",
+          thread="NettyServerNIOSelector_3_2")
+    for line in STACK:
+        a.raw(line)
+    a.netty_close(T0 + 130_000, 1, 40000, "10.0.0.9@frozen", lut=T0 + 10_000)
+    a.scan(T0 + 135_000, 40002)
+    a.netty_close(T0 + 136_000, 3, 40002, "10.0.0.9@scanned", lut=T0 + 12_000)
+    a.stop(T0 + 600_000)
+    a.boot(T0 + 900_000)
+    a.register(T0 + 910_000, 5, 40005, "10.0.0.9@stays")
+    b = Log()
+    b.netty_close(T0 + 100_000, 7, 40007, "10.0.0.9@unknown", lut=T0 + 95_000)
+    b.register(T0 + 110_000, 8, 40008, "10.0.0.9@other")
+    dirs = []
+    for name, log in (("broker-a", a), ("broker-b", b)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "broker.log").write_text("\n".join(log.lines) + "\n")
+        dirs.append(d)
+    return dirs
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_scan_gives_the_local_history_findings(spark, tmp_path):
+    dirs = _history(tmp_path)
+    ref = bl.scan_local(dirs, log_tz="UTC")
+    got = bl.scan(spark, dirs, log_tz="UTC")
+    got.pop("scan"), ref.pop("scan")
+    assert got == ref
+    assert [(r["client_id"], r["cause"]) for r in got["expired_clients"]] == [
+        ("10.0.0.9@frozen", "idle_closed"), ("10.0.0.9@scanned", "scan")]
+    assert [r["client_id"] for r in got["vanished_clients"]] == ["10.0.0.9@killed"]
+    assert [(r["broker"], r["start_ms"], r["members_ended"]) for r in got["broker_boots"]] == [
+        ("broker-a", T0, 0), ("broker-a", T0 + 900_000, 3)]
+    assert got["log"]["starts_at_boot"] == {"broker-a": True, "broker-b": False}
+    assert got["log"]["unattributed_reasons"] == {"never_registered": 3} and got["log"]["unparseable"] == 0

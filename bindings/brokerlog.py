@@ -44,8 +44,11 @@ The analyses (``analyze_events``) run per broker (``groupBy("broker").applyInArr
   during the span.
 * ``expired_clients`` (new): the broker's SCAN removed a client's channel because it sent no heartbeat for
   ``expiry`` (120 s) while the connection stayed open; one row per client and scan.
-* ``retry_topic_churn``: adds / subVersion changes / removals of a group's ``%RETRY%`` subscription, flagged like
-  flapping (``flap_min_reconnects`` in one ``flap_window``).
+* ``retry_topic_churn``: changes of a group's ``%RETRY%`` subscription itself -- removed (a member heartbeats
+  without it: a BROADCASTING member in a CLUSTERING group), added back after such a removal, or another
+  expression -- flagged like flapping (``flap_min_reconnects`` in one ``flap_window``). A new subVersion alone is a
+  consumer instance starting (every start logs one) and an add after the group was removed is the group coming
+  back: neither is churn (restarts are the flapping finding's).
 * ``heartbeat_gaps``: not supported by logs (a heartbeat is not logged; only the 120 s expiry is) -- reported
   under ``unsupported`` with the reason, and the list stays empty.
 """
@@ -612,6 +615,7 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
     seen_expr: Dict[Tuple[str, str], list] = defaultdict(list)
     flips: Dict[Tuple[str, str], list] = defaultdict(list)
     retry: Dict[str, dict] = {}
+    retry_removed: set = set()  # groups whose %RETRY% subscription a member's heartbeat removed
 
     def end(role, group, client, t):
         st = live[(role, group)].pop(client, None)
@@ -737,6 +741,7 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
             scan_removed.add(addr)
             expiries.append((addr, t, c, role, group, None if st is None else st[0], "scan", None))
         elif kind in ("group_removed", "group_cleared"):
+            retry_removed.discard(group)
             for c in list(live[(role, group)]):
                 end(role, group, c, t)
         elif kind in ("sub_add", "sub_change", "sub_remove"):
@@ -757,9 +762,23 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
                     hist.append(expr)
                 table[(group, topic)] = expr
             if topic.startswith("%RETRY%"):
-                r = retry.setdefault(group, {"retry_topic": topic, "adds": 0, "changes": 0, "removes": 0, "ms": []})
-                r[{"sub_add": "adds", "sub_change": "changes", "sub_remove": "removes"}[kind]] += 1
-                r["ms"].append(t)
+                # churn is the retry subscription itself changing: removed by a member's heartbeat without it,
+                # added back after such a removal, or another expression. A new subVersion alone is a consumer
+                # instance starting (every start logs one: a restart, not churn), and an add after the group was
+                # removed is the group coming back
+                if kind == "sub_remove":
+                    retry_removed.add(group)
+                    churn = True
+                elif kind == "sub_add":
+                    churn = group in retry_removed
+                    retry_removed.discard(group)
+                else:
+                    churn = (ev["old_expression_type"], ev["old_sub_string"]) != expr
+                if churn:
+                    r = retry.setdefault(group, {"retry_topic": topic, "adds": 0, "changes": 0, "removes": 0,
+                                                 "ms": []})
+                    r[{"sub_add": "adds", "sub_change": "changes", "sub_remove": "removes"}[kind]] += 1
+                    r["ms"].append(t)
     for (role, group), members in live.items():
         for c, st in members.items():
             intervals[(role, group)].append((st[0], None, c, st[2]))
@@ -1016,28 +1035,33 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
                         start_ms: int = 1_795_400_000_000, tz_offset_min: int = 480, noise: int = 1,
                         inject: bool = True, seed: int = 0) -> dict:
     """Write a 4.9.8-style broker.log of a fleet (``groups`` consumer groups of ``members`` clients, each also a
-    producer; every client restarts cleanly ``restarts`` times) and return its manifest: the injected anomalies
+    producer; every group is redeployed ``restarts`` times, rolling, each client restarting cleanly once per
+    deploy: at most max_restarts) and return its manifest: the injected anomalies
     with the exact findings they must give, and the line counts per category.
 
     Injected (``inject``): a client of group 0 that reconnects 4 times in 4 minutes (NETTY EVENT closes, new
-    address each time), a client of group 1 that freezes and is expired by SCAN, then comes back; an extra member
-    of group 2 (if any) with another tag for 10 minutes (its heartbeats and the others' flip the group's table),
+    address each time), a client of group 1 that freezes and is expired by SCAN, then comes back; a BROADCASTING
+    member of group 0 for 5 minutes (its heartbeats remove the group's retry subscription, the others' add it back:
+    retry-topic churn, and a member with another set); an extra member of group 2 (if any) with another tag for 10 minutes (its heartbeats and the others' flip the group's table),
     and damaged lines (a truncated register, an unknown format, a stack trace)."""
     import random
 
     rnd = random.Random(seed)
     w = _LogWriter(tz_offset_min)
     end_ms = start_ms + duration_s * 1000
-    state = {"port": 20000, "cid": 1}
-    manifest = {"flapping": [], "expired": [], "inconsistent": [], "flips": [], "counts": defaultdict(int),
-                "tz_offset_min": tz_offset_min}
+    state = {"cid": 1}
+    manifest = {"flapping": [], "expired": [], "inconsistent": [], "flips": [], "retry_churn": [],
+                "counts": defaultdict(int), "tz_offset_min": tz_offset_min}
     group_live = defaultdict(int)
+    retry_version: Dict[int, int] = {}  # the group's table: its retry subscription's subVersion
+    ports: Dict[str, int] = {}
 
     def conn(client):
-        state["port"] += 1
+        # the client's own host (its clientId's IP) and its next ephemeral port (Linux: 32768-60999)
         state["cid"] += 1
-        return {"client": client, "addr": f"10.1.{state['port'] // 250}.{state['port'] % 250}:{state['port']}",
-                "cid": state["cid"]}
+        port = ports.get(client, 32768 + rnd.randint(0, 20000)) + 1 + rnd.randint(0, 40)
+        ports[client] = port = 32768 + (port - 32768) % 28232
+        return {"client": client, "addr": f"{client.split('@')[0]}:{port}", "cid": state["cid"]}
 
     def cci(c, ms, st="-"):
         return _CCI.format(cid=c["cid"], st=st, addr=c["addr"], client=c["client"], lut=ms)
@@ -1046,22 +1070,37 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
         tags = ", ".join(x.strip() for x in sub.split("||")) if sub != "*" else ""
         return _SD.format(topic=topic, sub=sub, tags=tags, ver=ver)
 
-    def _register(c, g, ms, sub="TagA || TagB", first_ever=False):
+    def _register(c, g, ms, sub="TagA || TagB", first_ever=False, broadcast=False):
         cg, pg, topic = f"CID_G{g}", f"PID_G{g}", f"Topic_G{g}"
         th = f"HeartbeatThread_{rnd.randint(1, 8)}"
+        model = "BROADCASTING" if broadcast else "CLUSTERING"
         if first_ever:
             w.add(ms, "INFO", th, f"auto create a subscription group, SubscriptionGroupConfig [groupName={cg}, "
                                   "consumeEnable=true, consumeFromMinEnable=true, retryQueueNums=1]")
-        w.add(ms, "INFO", th, f"new consumer connected, group: {cg} CONSUME_PASSIVELY CLUSTERING channel: {cci(c, ms)}")
+        w.add(ms, "INFO", th, f"new consumer connected, group: {cg} CONSUME_PASSIVELY {model} channel: {cci(c, ms)}")
         retry = sd(f"%RETRY%{cg}", "*", ms - 100)
         main = sd(topic, sub, ms - 101)
-        if group_live[g] == 0:
+        if broadcast:  # no retry subscription (injected into a live group: its table's retry topic goes below)
+            pass
+        elif group_live[g] and g in retry_gone:  # a member's heartbeat without it removed it: added back
+            _retry_add(c, g, ms, th, retry)
+        elif group_live[g] == 0:
             w.add(ms, "INFO", th, f"subscription changed, add new topic, group: {cg} {retry}")
             w.add(ms, "INFO", th, f"subscription changed, add new topic, group: {cg} {main}")
             manifest["counts"]["event_sub_add"] += 2
+        else:
+            # a consumer instance that starts subscribes with subVersion = its start time: ConsumerGroupInfo logs
+            # the newer version of the group's topics (as every restart in the 4.9.8 sample log; the main topic's
+            # line is left out here, its expression being the flips' injection's)
+            w.add(ms, "INFO", th, f"subscription changed, group: {cg} OLD: "
+                                  f"{sd(f'%RETRY%{cg}', '*', retry_version.get(g, ms - 60_100))} NEW: {retry}")
+            manifest["counts"]["event_sub_change"] += 1
+        if not broadcast:
+            retry_version[g] = ms - 100
         w.add(ms, "INFO", th, f"registerConsumer info changed ConsumerData [groupName={cg}, consumeType="
-                              f"CONSUME_PASSIVELY, messageModel=CLUSTERING, consumeFromWhere=CONSUME_FROM_LAST_OFFSET, "
-                              f"unitMode=false, subscriptionDataSet=[{retry}, {main}]] {c['addr']}")
+                              f"CONSUME_PASSIVELY, messageModel={model}, consumeFromWhere=CONSUME_FROM_LAST_OFFSET, "
+                              f"unitMode=false, subscriptionDataSet=[{main if broadcast else retry + ', ' + main}]] "
+                              f"{c['addr']}")
         w.add(ms, "INFO", th, f"new producer connected, group: CLIENT_INNER_PRODUCER channel: {cci(c, ms)}")
         w.add(ms, "INFO", th, f"new producer connected, group: {pg} channel: {cci(c, ms)}")
         manifest["counts"]["event_register"] += 3
@@ -1071,6 +1110,30 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
         for _ in range(noise):
             w.add(ms + 500, "WARN", "PullMessageThread_3", f"the consumer's group info not exist, group: {cg}")
             manifest["counts"]["other"] += 1
+
+    retry_gone: set = set()  # groups whose table's retry subscription a BROADCASTING member's heartbeat removed
+    churn: Dict[int, dict] = {}
+
+    def _churn(g, what, ms):
+        r = churn.setdefault(g, {"group": f"CID_G{g}", "adds": 0, "changes": 0, "removes": 0, "ms": []})
+        r[what] += 1
+        r["ms"].append(ms)
+
+    def _retry_add(c, g, ms, th="HeartbeatThread_4", retry=None):
+        if g in retry_gone:
+            retry = retry or sd(f"%RETRY%CID_G{g}", "*", retry_version.get(g, ms))
+            w.add(ms, "INFO", th, f"subscription changed, add new topic, group: CID_G{g} {retry}")
+            manifest["counts"]["event_sub_add"] += 1
+            retry_gone.discard(g)
+            _churn(g, "adds", ms)
+
+    def _retry_remove(c, g, ms):
+        if g not in retry_gone:
+            w.add(ms, "WARN", "HeartbeatThread_5", f"subscription changed, group: CID_G{g} remove topic %RETRY%CID_G{g} "
+                                                   f"{sd(f'%RETRY%CID_G{g}', '*', retry_version.get(g, ms))}")
+            manifest["counts"]["event_sub_remove"] += 1
+            retry_gone.add(g)
+            _churn(g, "removes", ms)
 
     def _unregister(c, g, ms):
         cg, pg = f"CID_G{g}", f"PID_G{g}"
@@ -1113,23 +1176,29 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
         group_live[g] -= 1
 
     created = set()
-    # steady fleet: every client starts in the first minute, restarts cleanly `restarts` times
+    # steady fleet: every client starts in the first minute; each group is redeployed `restarts` times, rolling
+    # (its members restart cleanly one after another, ROLLING_GAP_MS apart), the deploys spread evenly over the log,
+    # so a client restarts once per deploy, never often enough to flap (max_restarts)
+    restarts = min(restarts, max_restarts(duration_s, members))
+    manifest["restarts"] = restarts
+    span = duration_s * 1000 - 120_000 - ROLLING_SPREAD_MS - members * ROLLING_GAP_MS
+    step = span // (restarts + 1)
     fleet = []
     for g in range(groups):
+        deploy = start_ms + 120_000 + rnd.randint(0, ROLLING_SPREAD_MS)  # the groups deploy at different times
         for m in range(members):
-            client = f"10.2.{g}.{m}@{1000 + g * members + m}"
+            n = g * members + m
+            client = f"10.{16 + n // 65536}.{n // 256 % 256}.{n % 256}@{1000 + n}"
             t = start_ms + rnd.randint(0, 60_000)
             c = conn(client)
             fleet.append((g, c))
             register(c, g, t, first_ever=g not in created)
             created.add(g)
-            if restarts:
-                step = (duration_s * 1000 - 120_000) // (restarts + 1)
-                for r in range(restarts):
-                    t_down = t + step * (r + 1) + rnd.randint(0, 1000)
-                    unregister(c, g, t_down)
-                    c = conn(client)
-                    register(c, g, t_down + 2000)
+            for r in range(restarts):
+                t_down = deploy + step * (r + 1) + m * ROLLING_GAP_MS + rnd.randint(0, 1000)
+                unregister(c, g, t_down)
+                c = conn(client)
+                register(c, g, t_down + 2000)
     if inject:
         # a flapping client in group 0: 4 reconnects, 60 s apart
         g = 0
@@ -1146,13 +1215,9 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
             register(c, g, t)
             rc.append(t)
             connects.append(t)
-            # the restarted client rebuilds its retry subscription with a newer subVersion (as in the sample log)
-            w.add(t + 1000, "INFO", "HeartbeatThread_2", f"subscription changed, group: CID_G{g} OLD: "
-                  f"{sd(f'%RETRY%CID_G{g}', '*', t - 60_000)} NEW: {sd(f'%RETRY%CID_G{g}', '*', t)}")
-            manifest["counts"]["event_sub_change"] += 1
+        # (each restart logs its retry subscription's newer subVersion, as the sample log: not retry-topic churn)
         manifest["flapping"].append({"client_id": client, "groups": ["CID_G0", "PID_G0"], "reconnect_ms": rc,
                                      "connect_ms": connects, "closes": closes})
-        manifest["retry_churn"] = [{"group": "CID_G0", "changes": 4, "ms": [x + 1000 for x in rc]}]
         # a frozen client in group 1 (or 0): expired by SCAN, back 20 s later on a new connection
         g = 1 % groups
         client = "10.9.0.2@frozen"
@@ -1175,6 +1240,22 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
         manifest["expired"].append({"client_id": client, "addr": addr, "expired_ms": t,
                                     "groups": [f"CID_G{g}", f"PID_G{g}"], "connected_ms": t0,
                                     "returned_ms": t + 20_000})
+        # retry-topic churn: a BROADCASTING member (no retry subscription) in group 0 for 5 minutes; each of its
+        # heartbeats removes %RETRY%CID_G0 from the group's table, the next CLUSTERING member's heartbeat adds it back
+        g = 0
+        client = "10.9.0.4@broadcast"
+        t3 = start_ms + 2_400_000
+        c = conn(client)
+        register(c, g, t3, broadcast=True)
+        for k in range(4):
+            later(_retry_remove)(c, g, t3 + k * 30_000 + 1_000)
+            later(_retry_add)(c, g, t3 + k * 30_000 + 11_000)
+        unregister(c, g, t3 + 300_000)
+        manifest["inconsistent"].append({
+            "group": "CID_G0", "start_ms": t3, "end_ms": t3 + 300_000,
+            "variants": [{"subscriptions": [["%RETRY%CID_G0", "TAG", "*"], ["Topic_G0", "TAG", "TagA || TagB"]],
+                          "clients": sorted([c2["client"] for g2, c2 in fleet if g2 == g] + ["10.9.0.1@flapper"])},
+                         {"subscriptions": [["Topic_G0", "TAG", "TagA || TagB"]], "clients": [client]}]})
         if groups >= 3:
             # an extra member of group 2 subscribing with another tag for 10 minutes
             g = 2
@@ -1216,6 +1297,8 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
         manifest["counts"]["continuation"] += 1
     for _, _, fn, a, k in sorted(pending, key=lambda x: x[:2]):
         fn(*a, **k)
+    manifest["retry_churn"] = [churn[g] for g in sorted(churn)]
+    manifest["inconsistent"].sort(key=lambda r: (r["group"], r["start_ms"]))
     w.lines.sort()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1260,8 +1343,10 @@ def compare_with_manifest(findings: dict, manifest: dict, broker: Optional[str] 
     check("inconsistent_subscriptions (group table flips)",
           [{k: r[k] for k in ("group", "topic", "flips", "start_ms", "end_ms")} for r in inc
            if r["source"] == "group_table"], manifest["flips"])
-    check("retry_topic_churn", [(r["group"], r["changes"]) for r in mine("retry_topic_churn")],
-          [(x["group"], x["changes"]) for x in manifest.get("retry_churn", [])])
+    check("retry_topic_churn", [(r["group"], r["adds"], r["changes"], r["removes"], r["first_ms"], r["last_ms"])
+                                for r in mine("retry_topic_churn")],
+          [(x["group"], x["adds"], x["changes"], x["removes"], x["ms"][0], x["ms"][-1])
+           for x in manifest.get("retry_churn", [])])
     check("heartbeat_gaps", findings["heartbeat_gaps"], [])
     if broker is None:
         check("line counts", findings["log"]["counts"], manifest["counts"])
@@ -1284,18 +1369,34 @@ def compare_with_generated(findings: dict, doc: dict) -> List[str]:
     return problems
 
 
-def lines_for_restarts(target_lines: int, clients: int, noise: int = 1) -> int:
-    """Clean restarts per client that give a log of about ``target_lines`` lines (a start writes ~4.5 + noise
-    lines per client, a restart 7 + noise more)."""
-    per_client = target_lines / max(1, clients)
-    return max(0, round((per_client - (4.5 + noise)) / (7 + noise)))
+#: A generated group's rolling deploy restarts its members this far apart; the groups' deploys start up to
+#: ROLLING_SPREAD_MS apart.
+ROLLING_GAP_MS = 30_000
+ROLLING_SPREAD_MS = 600_000
+#: A generated client restarts at most once per this time (a real fleet restarts rarely: a deploy, a host
+#: update), so a steady client never reaches the flapping finding's 3 reconnects in a 600 s window.
+MIN_RESTART_INTERVAL_MS = 1_200_000
+
+
+def max_restarts(duration_s: float, members: int) -> int:
+    """The most rolling deploys a generated log of ``duration_s`` holds with a client's restarts at least
+    MIN_RESTART_INTERVAL_MS apart."""
+    span = duration_s * 1000 - 120_000 - ROLLING_SPREAD_MS - members * ROLLING_GAP_MS
+    return max(0, int(span // MIN_RESTART_INTERVAL_MS) - 1)
+
+
+def groups_for_lines(target_lines: int, members: int, restarts: int, noise: int = 1) -> int:
+    """Consumer groups (of ``members`` clients) that give a log of about ``target_lines`` lines: a larger fleet,
+    not more restarts per client (a client's start writes ~5 + noise lines, a restart 8 + noise more)."""
+    per_client = (5 + noise) + restarts * (8 + noise)
+    return max(1, round(target_lines / (max(1, members) * per_client)))
 
 
 def generate_main(argv=None) -> int:
     """`rmqhb generate OUT --format broker-log`: write realistic RocketMQ 4.9.8-style broker logs of a synthetic
     fleet (one directory per broker with --brokers N > 1, else OUT/broker.log) with injected anomalies (a
     flapping client, a client expired by the broker's SCAN, a member with another subscription flipping its
-    group's table, retry-topic churn, damaged lines) and OUT/manifest.json: what a scan must find, exactly."""
+    group's table, retry-topic churn from a BROADCASTING member, damaged lines) and OUT/manifest.json: what a scan must find, exactly."""
     import argparse
     import sys
     import time
@@ -1306,9 +1407,11 @@ def generate_main(argv=None) -> int:
     p.add_argument("--brokers", type=int, default=1, help="brokers (one log directory each when > 1)")
     p.add_argument("--groups", type=int, default=20, help="consumer groups per broker")
     p.add_argument("--members", type=int, default=20, help="clients per group")
-    p.add_argument("--restarts", type=int, default=2, help="clean restarts of every client")
+    p.add_argument("--restarts", type=int, default=2,
+                   help="rolling deploys of every group (each client restarts cleanly once per deploy; at most one "
+                        "per 20 minutes of the log)")
     p.add_argument("--lines", type=int, default=None,
-                   help="aim for about this many lines per broker (sets --restarts)")
+                   help="aim for about this many lines per broker (sets --groups: a larger fleet)")
     p.add_argument("--hours", type=float, default=24.0, help="time the log covers")
     p.add_argument("--start-ms", type=int, default=1_795_400_000_000)
     p.add_argument("--tz-offset", default="+08:00", help="zone the wall-clock times are written in (+HH:MM)")
@@ -1328,9 +1431,9 @@ def generate_main(argv=None) -> int:
     if args.out.exists() and (args.out / MANIFEST_NAME).exists():
         print(f"{args.out} already holds a manifest; use an empty directory", file=sys.stderr)
         return 2
-    restarts = args.restarts
+    restarts = min(args.restarts, max_restarts(args.hours * 3600, args.members))
     if args.lines:
-        restarts = lines_for_restarts(args.lines, args.groups * args.members, args.noise)
+        args.groups = groups_for_lines(args.lines, args.members, restarts, args.noise)
     name = "broker.log.gz" if args.gzip else "broker.log"
     t0 = time.perf_counter()
     brokers = {}
@@ -1346,8 +1449,8 @@ def generate_main(argv=None) -> int:
     (args.out / MANIFEST_NAME).write_text(json.dumps(doc, indent=1))
     lines = sum(b["lines"] for b in brokers.values())
     size = sum((args.out / b["file"]).stat().st_size for b in brokers.values())
-    print(f"{lines:,} log lines of {args.brokers} broker(s) ({args.groups * args.members} clients each, {restarts} "
-          f"restarts), {size / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s; zone {args.tz_offset} "
+    print(f"{lines:,} log lines of {args.brokers} broker(s) ({args.groups * args.members} clients each in "
+          f"{args.groups} groups, {restarts} rolling restarts), {size / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s; zone {args.tz_offset} "
           f"(scan with --log-tz {args.tz_offset}) -> {args.out / MANIFEST_NAME}")
     return 0
 

@@ -12,6 +12,7 @@ Needs matplotlib only for the PNG plots (skipped when it is missing).
 """
 from __future__ import annotations
 
+import bisect
 import csv
 import errno
 import html
@@ -303,6 +304,13 @@ def steady_range(g: dict, first_ms, last_ms, expiry_ms: int) -> Tuple[int, int]:
         level = n
     values = {level} | {n for t, n in series if t0 < t <= last_ms}
     return min(values), max(values)
+
+
+def size_range(g: dict, last_ms) -> Tuple[int, int]:
+    """(fewest, most) live members of the group over the whole input, as its chart draws them: every change
+    point up to the input's end (the summary states this range, so it agrees with the chart's peak)."""
+    values = [n for t, n in g["series"] if last_ms is None or t <= last_ms]
+    return (min(values), max(values)) if values else (0, 0)
 
 
 def _steady_changed(g: dict, first_ms, last_ms, expiry_ms: int) -> bool:
@@ -792,9 +800,12 @@ def _summary(findings: dict, lines: dict) -> str:
                      f"{_dur(w['gap_s'])} from {e(_short(w['start_ms']))} UTC")
         else:
             worst = "none"
-        over = len(findings.get("gaps_over_data_loss") or [])
-        if over:
-            worst += f"; {over} more over lost data (not counted)"
+        hidden = silences_over_data_loss(findings)
+        if hidden:
+            n = len({(r.get("broker"), r["client_id"]) for k in ("gaps_over_data_loss", "expired_over_data_loss")
+                     for r in findings.get(k) or []})
+            worst += (f"; <a href='#silences-lost'>{_n(n, 'client')} silent over {_n(len(hidden), 'lost range')}"
+                      "</a> (not counted)")
         add("Heartbeat gaps", "gaps", len(gaps), worst, "heartbeat_gaps.csv")
     ex = findings.get("expired_clients") or []
     if ex:
@@ -818,9 +829,7 @@ def _summary(findings: dict, lines: dict) -> str:
             f"up to {w['max_per_window']} per window" if w else "none", "retry_topic_churn.csv")
     charted, rest = chart_groups(findings)
     changed = [c for c in charted + rest if c[2]]
-    expiry_ms = int(float(findings["parameters"].get("expiry_s", 120)) * 1000)
-    ranges = {id(c[0]): steady_range(c[0], findings["summary"].get("first_ms"), findings["summary"].get("last_ms"),
-                                     expiry_ms) for c in changed}
+    ranges = {id(c[0]): size_range(c[0], findings["summary"].get("last_ms")) for c in changed}
     # the largest change, preferring a group that is not the fleet-wide inner producer and whose changes are not
     # around lost data (members seem to leave and rejoin there)
     around = [c for c in changed if c[0].get("changes_over_data_loss")]
@@ -947,9 +956,6 @@ def _silences_section(findings: dict) -> List[str]:
         per[(r.get("broker", ""), r["client_id"])].append(("gap", r["start_ms"], r["end_ms"],
                                                            f"gap of {_dur(r['gap_s'])}"))
         groups[(r.get("broker", ""), r["client_id"])].update(r["groups"])
-    for r in findings.get("gaps_over_data_loss") or []:
-        per[(r.get("broker", ""), r["client_id"])].append(("lost", r["start_ms"], r["end_ms"],
-                                                           "gap over lost data (not counted)"))
     for r in findings.get("expired_clients") or []:
         end = r.get("returned_ms") or s.get("last_ms") or r["expired_ms"]
         per[(r.get("broker", ""), r["client_id"])].append((
@@ -957,8 +963,13 @@ def _silences_section(findings: dict) -> List[str]:
             f"expired at {utc(r['expired_ms'])}, " + ("back at " + utc(r["returned_ms"]) if r.get("returned_ms")
                                                       else "not back by the end of the input")))
         groups[(r.get("broker", ""), r["client_id"])].update(r["groups"])
+    for r in findings.get("gaps_over_data_loss") or []:
+        key = (r.get("broker", ""), r["client_id"])
+        if key in groups:  # a client with a real silence; the others are one line per lost range (below)
+            per[key].append(("lost", r["start_ms"], r["end_ms"], "gap over lost data (not counted)"))
+    hidden = _hidden_section(findings)
     if not per:
-        return []
+        return ["<section id=silences><h2>Silences per client</h2>"] + hidden + ["</section>"] if hidden else []
     w = 460
     axis = _Axis(s.get("first_ms"), s.get("last_ms"), 4, w - 4)
     rows = []
@@ -982,7 +993,25 @@ def _silences_section(findings: dict) -> List[str]:
             "<span class='key expired'></span> from its last heartbeat to its expiry and return, "
             "<span class='key lost'></span> gap over lost data).</p>",
             _table(header + ["client", "groups", "silences", "longest", "silences over time"], rows,
-                   limit=CARDS * 3, id="silences-table"), "</section>"]
+                   limit=CARDS * 3, id="silences-table")] + hidden + ["</section>"]
+
+
+def _hidden_section(findings: dict) -> List[str]:
+    """The silences over lost data: one line per lost range with the number of clients it hides."""
+    ranges = silences_over_data_loss(findings)
+    if not ranges:
+        return []
+    multi = any(r.get("broker") for r in ranges)
+    return [f"<h3 id=silences-lost>Silences over lost data</h3><p>{_n(len(ranges), 'range')} of lost or damaged "
+            "input hide client silences: heartbeat gaps and expiries there are not counted as client silence "
+            "(each client's row: findings.json <code>gaps_over_data_loss</code>, "
+            "<code>expired_over_data_loss</code>).</p>",
+            _table((["broker"] if multi else []) + ["from (UTC)", "to (UTC)", "lost", "records lost",
+                                                    "clients hidden", "gaps", "expiries"],
+                   [([r.get("broker", "")] if multi else [])
+                    + [utc(r["first_ms"]), utc(r["last_ms"]), r["reason"],
+                       "?" if r.get("records_lost") is None else r["records_lost"], r["clients"], r["gaps"],
+                       r["expiries"]] for r in ranges], id="silences-lost-table", csv_name="findings.json")]
 
 
 def _multiple(g: dict, f: dict, axis: _Axis, spans: list, expiries: list, last_ms) -> str:
@@ -1138,6 +1167,47 @@ def damage_line(findings: dict) -> Optional[str]:
     return (f"DAMAGED INPUT: {len(corrupt)} corrupt ranges, {len(torn)} torn tails, {len(lost)} recorder data-loss "
             f"markers; {known:,} records lost" + (f" (+ {unknown} ranges of unknown size)" if unknown else "")
             + f"; {over} heartbeat gaps over lost data reported apart, not as client silence")
+
+
+def silences_over_data_loss(findings: dict) -> List[dict]:
+    """One row per range of lost or damaged input (recorder data-loss markers, corrupt ranges, torn tails, time no
+    capture shows) that hides client silences: the clients whose heartbeat gap or expiry (``gaps_over_data_loss``,
+    ``expired_over_data_loss``) overlaps it, counted once per range (a silence over two ranges counts in both).
+    A damaged recording hides hundreds of clients behind one range: the report lists the range, not each client."""
+    scan = findings.get("scan") or {}
+    ranges = []
+    for key, what in (("data_loss", "recorder data loss"), ("corrupt", "corrupt"), ("torn_tails", "torn tail"),
+                      ("not_captured", "not captured")):
+        for d in scan.get(key) or []:
+            if d.get("first_ms") is not None and d.get("last_ms") is not None:
+                ranges.append({"broker": d.get("broker"), "first_ms": d["first_ms"], "last_ms": d["last_ms"],
+                               "kind": what, "reason": d.get("reason") or what,
+                               "records_lost": d.get("records_lost"), "_clients": set(), "gaps": 0, "expiries": 0})
+    ranges.sort(key=lambda r: (r["first_ms"], r["last_ms"], str(r["broker"])))
+    firsts = [r["first_ms"] for r in ranges]
+    reach, top = [], None  # reach[i]: the latest last_ms among ranges[0..i], to stop the walk back early
+    for r in ranges:
+        top = r["last_ms"] if top is None else max(top, r["last_ms"])
+        reach.append(top)
+    rows = [("gaps", g["start_ms"], g["end_ms"], g) for g in findings.get("gaps_over_data_loss") or []]
+    rows += [("expiries", x.get("last_heartbeat_ms", x["expired_ms"]), x["expired_ms"], x)
+             for x in findings.get("expired_over_data_loss") or []]
+    for what, a, b, row in rows:
+        i = bisect.bisect_right(firsts, b) - 1
+        while i >= 0 and reach[i] >= a:
+            r = ranges[i]
+            if r["last_ms"] >= a and (r["broker"] is None or r["broker"] == row.get("broker")):
+                r["_clients"].add((row.get("broker"), row["client_id"]))
+                r[what] += 1
+            i -= 1
+    out = []
+    for r in ranges:
+        if r["_clients"]:
+            r["clients"] = len(r.pop("_clients"))
+            if r["broker"] is None:
+                del r["broker"]
+            out.append(r)
+    return out
 
 
 def _keys(findings: dict) -> List[str]:
@@ -1443,8 +1513,11 @@ def write_html(findings: dict, out: "ReportFiles", csvs: List[str], plots: List[
     parts += _vanished_section(findings, cols, row, link)
     if "retry_topic_churn" in findings:
         parts.append("<section id=churn><h2>Retry-topic churn</h2><p>Consumer groups whose <code>%RETRY%</code> "
-                     f"subscription was added, changed (subVersion) or removed {p['flap_min_reconnects']} or more times "
-                     f"in a {p['flap_window_s']:g} s window: members restarting or flapping.</p>")
+                     "subscription itself changed (removed by a member's heartbeat without it, e.g. a BROADCASTING "
+                     "member in a CLUSTERING group, added back, or another expression) "
+                     f"{p['flap_min_reconnects']} or more times in a {p['flap_window_s']:g} s window. A new "
+                     "subVersion alone (a consumer instance starting: a restart) is not churn; restarts are under "
+                     "flapping clients.</p>")
         parts.append(_table(
             cols("group", "retry topic", "adds", "changes", "removes", "max per window", "first (UTC)", "last (UTC)",
                  "rows"),
@@ -1599,6 +1672,8 @@ def write_report(findings: dict, out, plots: bool = True) -> Path:
     """Write findings.json, CSVs, plots and index.html into ``out`` (see ReportFiles: never through a symbolic
     link; ReportOutputError when ``out`` is one); returns the index path."""
     files = ReportFiles(Path(out))
+    if "gaps_over_data_loss" in findings or "expired_over_data_loss" in findings:
+        findings["silences_over_data_loss"] = silences_over_data_loss(findings)
     try:
         with files.open("findings.json", "w") as f:
             f.write(json.dumps(findings, indent=1))

@@ -413,23 +413,26 @@ def test_generated_log_findings_match_the_injected_anomalies(tmp_path, native_pa
     # the deviating member's address: the R:/ address of its register line (ClientChannelInfo), not its clientId's
     log = (tmp_path / "broker-a" / "broker.log").read_text()
     want = sorted(set(re.findall(r"R:/([0-9.]+:\d+)\], clientId=10\.9\.0\.3@odd", log)))
-    assert want and f["member_addresses"] == [{"broker": "broker-a", "group": "CID_G2", "client_id": "10.9.0.3@odd",
-                                                "addrs": want}]
+    wide = sorted(set(re.findall(r"R:/([0-9.]+:\d+)\], clientId=10\.9\.0\.4@broadcast", log)))
+    assert want and wide and f["member_addresses"] == [
+        {"broker": "broker-a", "group": "CID_G0", "client_id": "10.9.0.4@broadcast", "addrs": wide},
+        {"broker": "broker-a", "group": "CID_G2", "client_id": "10.9.0.3@odd", "addrs": want}]
     assert [{k: r[k] for k in ("client_id", "addr", "expired_ms", "groups", "connected_ms", "returned_ms")}
             for r in f["expired_clients"]] == m["expired"]
     members = [r for r in f["inconsistent_subscriptions"] if r["source"] == "members"]
     assert [{k: r[k] for k in ("group", "start_ms", "end_ms", "variants")} for r in members] == m["inconsistent"]
     table = [r for r in f["inconsistent_subscriptions"] if r["source"] == "group_table"]
     assert [{k: r[k] for k in ("group", "topic", "flips", "start_ms", "end_ms")} for r in table] == m["flips"]
-    assert [(r["group"], r["changes"]) for r in f["retry_topic_churn"]] == [
-        (x["group"], x["changes"]) for x in m["retry_churn"]]
+    assert [(r["group"], r["adds"], r["changes"], r["removes"]) for r in f["retry_topic_churn"]] == [
+        (x["group"], x["adds"], x["changes"], x["removes"]) for x in m["retry_churn"]] == [("CID_G0", 4, 0, 4)]
     assert f["log"]["counts"] == m["counts"]
     assert f["log"]["unparseable_by_kind"] == {"malformed_register": 1, "unknown_format": 1}
     assert f["heartbeat_gaps"] == []
-    # every steady member is counted: 5 per group, plus the injected clients
+    # every steady member is counted: 5 per group, plus the injected clients (the flapper and the BROADCASTING
+    # member in group 0)
     sizes = {(g["group"], g["role"]): g["members"] for g in f["group_sizes"]}
-    assert sizes[("CID_G3", "consumer")] == 5 and sizes[("CID_G0", "consumer")] == 6
-    assert sizes[("CID_G2", "consumer")] == 6 and sizes[("CLIENT_INNER_PRODUCER", "producer")] == 23
+    assert sizes[("CID_G3", "consumer")] == 5 and sizes[("CID_G0", "consumer")] == 7
+    assert sizes[("CID_G2", "consumer")] == 6 and sizes[("CLIENT_INNER_PRODUCER", "producer")] == 24
 
 
 def test_analyses_read_only_the_scan_columns(tmp_path):

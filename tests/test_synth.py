@@ -245,3 +245,66 @@ def test_expired_clients_definition_on_hand_made_records():
         ("b@2", 4, "10.0.0.2:4", t0 + 180_000, t0 + 300_000, t0 + 500_000, ["P_b"]),
         ("b@2", 4, "10.0.0.2:4", t0 + 180_000, t0 + 620_000, None, ["P_b"]),  # stopped for good
         ("c@3", 5, "10.0.0.3:5", end - 130_000, end - 130_000, None, ["P_c"])]
+
+
+# --- generated broker logs (rmqhb generate --format broker-log): real addresses, rare rolling restarts -----------
+
+
+def _log_addresses(root):
+    import re
+
+    for path in sorted(root.rglob("broker.log")):
+        for m in re.finditer(r"R:/((\d+)\.(\d+)\.(\d+)\.(\d+)):(\d+)\], clientId=([^,]+)", path.read_text()):
+            yield m
+
+
+def test_generated_broker_logs_find_exactly_the_injections_at_scale(tmp_path):
+    """The README's example scaled down (2 brokers, --lines sets the fleet's size, 24 h): addresses a TCP
+    connection can have (octets <= 255, an ephemeral port, the client id's own host), every client restarting
+    once per rolling deploy (never 3 times in the flapping window), and a scan that finds exactly the manifest: one
+    flapping client per broker, not every client of the fleet."""
+    from engine.bindings import brokerlog as bl
+    from engine.cli import main
+
+    out = tmp_path / "fleet-logs"
+    assert main(["generate", str(out), "--format", "broker-log", "--brokers", "2", "--lines", "30000"]) == 0
+    doc = bl.load_manifest(out)
+    assert doc["restarts"] == 2 and all(25_000 < m["lines"] < 35_000 for m in doc["brokers"].values())
+    seen = 0
+    for m in _log_addresses(out):
+        seen += 1
+        assert all(0 <= int(m.group(k)) <= 255 for k in (2, 3, 4, 5)) and 32768 <= int(m.group(6)) <= 60999, m[0]
+        assert m.group(7).split("@")[0] == m.group(1), m[0]  # the client's own host
+    assert seen > 20_000
+    f = bl.scan_local([out], log_tz=doc["log_tz"])
+    assert bl.compare_with_generated(f, doc) == []
+    assert [(r["broker"], r["client_id"]) for r in f["flapping_clients"]] == [
+        ("broker-a", "10.9.0.1@flapper"), ("broker-b", "10.9.0.1@flapper")]
+    assert [(r["broker"], r["group"]) for r in f["retry_topic_churn"]] == [("broker-a", "CID_G0"), ("broker-b", "CID_G0")]
+    # every steady client reconnects once per deploy: its reconnects at least MIN_RESTART_INTERVAL_MS apart
+    table, _ = bl.read_local([out], log_tz=doc["log_tz"])
+    regs = collections.defaultdict(list)
+    for ev in table.select(["broker", "kind", "role", "group", "client_id", "ts_ms"]).to_pylist():
+        if ev["kind"] == "register" and ev["role"] == "consumer" and not ev["client_id"].startswith("10.9."):
+            regs[(ev["broker"], ev["client_id"])].append(ev["ts_ms"])
+    assert len(regs) > 100 and all(len(t) == 3 for t in regs.values())
+    assert min(b - a for t in regs.values() for a, b in zip(t, t[1:])) >= bl.MIN_RESTART_INTERVAL_MS
+
+
+def test_generated_broker_log_restarts_stay_rare(tmp_path, capsys):
+    """--restarts more than a log's hours hold (a restart every few minutes would be flapping, not a fleet) is
+    capped at max_restarts: a client restarts at most once per MIN_RESTART_INTERVAL_MS."""
+    from engine.bindings import brokerlog as bl
+    from engine.cli import main
+
+    out = tmp_path / "logs"
+    assert main(["generate", str(out), "--format", "broker-log", "--groups", "3", "--members", "4", "--restarts",
+                 "300", "--hours", "3"]) == 0
+    doc = bl.load_manifest(out)
+    cap = bl.max_restarts(3 * 3600, 4)
+    assert doc["restarts"] == cap == (3 * 3600_000 - 120_000 - bl.ROLLING_SPREAD_MS - 4 * bl.ROLLING_GAP_MS) // \
+        bl.MIN_RESTART_INTERVAL_MS - 1 and f"{cap} rolling restarts" in capsys.readouterr().out
+    f = bl.scan_local([out], log_tz=doc["log_tz"])
+    assert bl.compare_with_generated(f, doc) == []
+    assert [r["client_id"] for r in f["flapping_clients"]] == ["10.9.0.1@flapper"]
+    assert bl.max_restarts(600, 20) == 0 and bl.groups_for_lines(1_000_000, 20, 2) > 1000

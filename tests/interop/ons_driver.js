@@ -1,9 +1,11 @@
 'use strict';
 // Drives npm ali-ons against our broker for the interop tests.
 // argv[2]: JSON {nameSrv, producerGroup?, topic?, send?: [topic], consumers: [{group, topic, expr, broadcast}],
-// accessKey?, secretKey?}
+// accessKey?, secretKey?, reportNotify?: bool}
 // stdout protocol: "SENT <topic> <outcome>" for each topic of `send` (the producer sends one message to each before
-// the consumers start), "READY <clientId>" once every role is ready, "CLOSED" after a "close" line on stdin.
+// the consumers start), "READY <clientId>" once every role is ready, "CLOSED" after a "close" line on stdin; with
+// reportNotify, "NOTIFY <consumerGroup>" for each NOTIFY_CONSUMER_IDS_CHANGED (40) the broker sends the client (ali-ons
+// reads it off its channel and otherwise ignores it), from the start of its first consumer.
 const path = require('path');
 const readline = require('readline');
 const { Producer, Consumer, Message } = require(path.join(process.env.ONS_NODE_DIR, 'node_modules', 'ali-ons'));
@@ -30,6 +32,7 @@ if (spec.accessKey) {
 async function main() {
   const roles = [];
   let clientId = null;
+  let notifyReported = false;
   if (spec.producerGroup) {
     const producer = new Producer(Object.assign({ producerGroup: spec.producerGroup }, common));
     await producer.ready();
@@ -47,6 +50,14 @@ async function main() {
   }
   for (const c of spec.consumers || []) {
     const consumer = new Consumer(Object.assign({ consumerGroup: c.group, isBroadcast: !!c.broadcast }, common));
+    if (spec.reportNotify && !notifyReported) {
+      notifyReported = true;  // one MQClient per client id: every consumer of the process shares its channels
+      consumer._mqClient.on('request', entity => {
+        if (entity.data && entity.data.code === 40) {
+          process.stdout.write(`NOTIFY ${(entity.data.extFields || {}).consumerGroup}\n`);
+        }
+      });
+    }
     consumer.subscribe(c.topic, c.expr || '*', async () => {});
     await consumer.ready();
     roles.push(consumer);

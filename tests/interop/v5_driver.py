@@ -3,10 +3,12 @@
 Run with the interpreter of its own venv (tests/interop/.v5: the 5.x client's top-level package ``rocketmq`` is
 not the 4.x C++ client's ``rocketmq`` the other interop tests use) and HOME pointed at a scratch folder (the client
 logs under $HOME/logs/rocketmq_python). argv[1]: JSON {endpoint, producerTopics?, pushConsumers?: [{group, topic,
-expr}], simpleConsumers?: [{group, topic, expr}], receive?: bool, accessKey?, secretKey?} (the credentials the
-clients sign their calls with: the 5.x ACL scheme). stdout: "READY <clientId> ..." once every client
-has started (one id per client, in the order producer, push consumers, simple consumers), "RECEIVED <n>" per
-simple consumer with ``receive`` (one receive call), then "CLOSED" after "close" on stdin.
+expr}], simpleConsumers?: [{group, topic, expr} or {group, subscriptions: {topic: expr}}], receive?: bool,
+accessKey?, secretKey? (the credentials the clients sign their calls with: the 5.x ACL scheme), heartbeatSeconds?
+(the period of the clients' Heartbeat: 10 s in the client, shorter for a test that watches several)}. stdout:
+"READY <clientId> ..." once every client has started (one id per client, in the order producer, push consumers,
+simple consumers), "RECEIVED <n>" per simple consumer with ``receive`` (one receive call), then "CLOSED" after
+"close" on stdin.
 """
 import json
 import sys
@@ -18,6 +20,19 @@ def main() -> int:
     from rocketmq.v5.consumer import ConsumeResult, MessageListener, PushConsumer, SimpleConsumer
     from rocketmq.v5.model import FilterExpression
     from rocketmq.v5.producer import Producer
+
+    if spec.get("heartbeatSeconds"):
+        # the client starts its heartbeat thread as ClientScheduler(<id>_heartbeat_schedule_thread, fn, 1, 10)
+        import rocketmq.v5.client.client as client_module
+
+        scheduler = client_module.ClientScheduler
+
+        def shorter(name, target, initial_delay, delay, loop=None):
+            if name.endswith("_heartbeat_schedule_thread"):
+                delay = spec["heartbeatSeconds"]
+            return scheduler(name, target, initial_delay, delay, loop)
+
+        client_module.ClientScheduler = shorter
 
     class Listener(MessageListener):
         def consume(self, message):
@@ -38,8 +53,9 @@ def main() -> int:
             clients.append(consumer)
         simple = []
         for c in spec.get("simpleConsumers") or []:
-            consumer = SimpleConsumer(config(), c["group"], {c["topic"]: FilterExpression(c.get("expr") or "*")},
-                                      await_duration=5)
+            subs = c.get("subscriptions") or {c["topic"]: c.get("expr")}
+            consumer = SimpleConsumer(config(), c["group"],
+                                      {t: FilterExpression(e or "*") for t, e in subs.items()}, await_duration=5)
             consumer.startup()
             clients.append(consumer)
             simple.append(consumer)

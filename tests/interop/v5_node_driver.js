@@ -2,7 +2,9 @@
 // Drives the official RocketMQ 5.x Node.js client (npm rocketmq-client-nodejs, apache/rocketmq-clients nodejs/, gRPC)
 // against the broker's gRPC endpoint for the interop tests.
 // argv[2]: JSON {endpoint, producerTopics?, pushConsumers?: [{group, topic, expr}],
-//   simpleConsumers?: [{group, topic, expr}], receive?: bool, accessKey?, secretKey?}
+//   simpleConsumers?: [{group, topic, expr} or {group, subscriptions: {topic: expr}}], receive?: bool, accessKey?,
+//   secretKey?, heartbeatIntervalMs? (the period of the clients' Heartbeat: 10 s in the client, shorter for a test
+//   that watches several)}
 // env: V5_NODE_DIR (the folder whose node_modules holds the client), HOME (the clients log to
 //   $HOME/logs/rocketmq/rocketmq_client_nodejs.log, the client's default file, through one logger of the driver's: the
 //   client's default egg-logger closes its file at the first client's shutdown, and the others' last lines then fail).
@@ -41,6 +43,13 @@ function options(extra) {
   return o;
 }
 
+// BaseClient.startup arms its heartbeat as setInterval(doHeartbeat, 10000), its only 10 s timer
+if (spec.heartbeatIntervalMs) {
+  const setIntervalOrig = global.setInterval;
+  global.setInterval = (fn, ms, ...args) =>
+    setIntervalOrig(fn, ms === 10000 ? spec.heartbeatIntervalMs : ms, ...args);
+}
+
 async function main() {
   const clients = [];
   const simple = [];
@@ -62,7 +71,8 @@ async function main() {
     for (const c of spec.simpleConsumers || []) {
       const consumer = new SimpleConsumer(options({
         consumerGroup: c.group,
-        subscriptions: new Map([[ c.topic, c.expr || '*' ]]),
+        subscriptions: new Map(c.subscriptions ? Object.entries(c.subscriptions).map(([ t, e ]) => [ t, e || '*' ])
+          : [[ c.topic, c.expr || '*' ]]),
         awaitDuration: 5000,
       }));
       await consumer.startup();

@@ -336,7 +336,8 @@ def test_spark_scan_of_our_java_format_log_is_the_local_scans(spark, java_run):
 
 
 def test_serve_writes_the_java_pattern(tmp_path):
-    """`rmqhb serve --logFormat java`: its log lines (stderr) carry the pattern and the Java threads."""
+    """`rmqhb serve --logFormat java --logDir D`: its log lines (stderr, and D/broker.log) carry the pattern and
+    the Java threads."""
     import os
     import signal
     import subprocess
@@ -345,7 +346,8 @@ def test_serve_writes_the_java_pattern(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--logFormat", "java", "--listenPort", "0",
-                             "--listenHost", "127.0.0.1", "--storePathRootDir", str(tmp_path / "store")],
+                             "--listenHost", "127.0.0.1", "--storePathRootDir", str(tmp_path / "store"),
+                             "--logDir", str(tmp_path / "logs")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(root),
                             env=dict(os.environ, PYTHONPATH=str(root)))
     try:
@@ -364,3 +366,83 @@ def test_serve_writes_the_java_pattern(tmp_path):
     assert lines and all(JAVA_PREFIX.match(x) for x in lines), lines
     threads = {JAVA_PREFIX.match(x).group(3) for x in lines if "group: CID_S" in x or "NOPE" in x}
     assert threads == {"HeartbeatThread_1", "ConsumerManageThread_1", "NettyEventExecutor"}, lines
+    # logDir: the same lines in <logDir>/broker.log
+    assert (tmp_path / "logs" / "broker.log").read_text(encoding="utf-8").splitlines() == lines
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# logDir: broker.log written and rolled as logback's RocketmqBrokerAppender does
+
+
+def test_broker_log_rolls_as_logback_and_scans_the_same(tmp_path, java_run):
+    """The run's log written through BrokerLogFile with a small roll size: broker.log plus otherdays/broker.N.log.gz
+    (gzip), at most max_index of them, no temp file left; the scan of that directory (older rolled files first)
+    finds what the scan of the whole log finds."""
+    import gzip
+
+    from engine.bindings.brokerlog import scan_local
+
+    _, logs, _ = java_run
+    lines = (logs / "broker.log").read_text(encoding="utf-8").splitlines()
+    out = tmp_path / "rolled"
+    size = len("\n".join(lines).encode()) // 8  # about eight rolled files
+    handler = clientlog.BrokerLogFile(out, max_bytes=size, max_index=50)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("test.rolled")
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        for line in lines:
+            logger.warning("%s", line)
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    rolled = sorted((out / "otherdays").iterdir())
+    assert len(rolled) >= 6 and all(re.fullmatch(r"broker\.\d+\.log\.gz", p.name) for p in rolled)
+    back = [gzip.decompress(p.read_bytes()).decode() for p in
+            sorted(rolled, key=lambda p: -int(p.name.split(".")[1]))]
+    assert "".join(back).splitlines() + (out / "broker.log").read_text().splitlines() == lines
+    params = ScanParams(expiry_s=EXPIRY_MS / 1000)
+    whole = scan_local([logs], log_tz="+08:00", params=params)
+    parts = scan_local([out], log_tz="+08:00", params=params, brokers={"broker-a": str(out)})
+    assert len(parts["log"]["files"]) == len(rolled) + 1  # every rolled file read, and broker.log
+    for f in (whole, parts):
+        f.pop("scan")
+        f.pop("log")
+    assert parts == whole
+    # the window: past max_index the oldest goes
+    small = tmp_path / "small"
+    handler = clientlog.BrokerLogFile(small, max_bytes=size, max_index=3)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    try:
+        for line in lines:
+            logger.warning("%s", line)
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    assert sorted(p.name for p in (small / "otherdays").iterdir()) == [f"broker.{i}.log.gz" for i in (1, 2, 3)]
+    # the newest three rolls, the same as the unbounded run's .1 to .3
+    assert [gzip.decompress((small / "otherdays" / f"broker.{i}.log.gz").read_bytes()) for i in (1, 2, 3)] == [
+        gzip.decompress((out / "otherdays" / f"broker.{i}.log.gz").read_bytes()) for i in (1, 2, 3)]
+
+
+def test_broker_log_is_never_written_through_a_symlink(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    target = tmp_path / "passwd"
+    target.write_text("root:x:0:0\n")
+    d = tmp_path / "logs"
+    d.mkdir()
+    (d / "broker.log").symlink_to(target)
+    with pytest.raises(OSError):
+        clientlog.BrokerLogFile(d)
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "engine", "serve", "--logFormat", "java", "--logDir", str(d),
+                           "--listenPort", "0", "--storePathRootDir", str(tmp_path / "store")], capture_output=True,
+                          text=True, cwd=str(root), env=dict(os.environ, PYTHONPATH=str(root)), timeout=60)
+    assert proc.returncode == 255 and "logDir" in proc.stderr and "symlink" in proc.stderr
+    assert target.read_text() == "root:x:0:0\n"

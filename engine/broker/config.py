@@ -104,6 +104,10 @@ class BrokerConfig:
     #: for a Java broker's log; `rmqhb` = milliseconds, the local zone and the logger's name. README: Java's
     #: client-management log lines
     log_format: str = "rmqhb"
+    #: engine: directory where `rmqhb serve` also writes `broker.log` in the `logFormat` (Java's is
+    #: `~/logs/rocketmqlogs`), rolled as logback's broker appender rolls it: at 128 MiB into
+    #: `otherdays/broker.N.log.gz`, 20 kept; never through a symlink. "" = stderr only
+    log_dir: str = ""
     #: engine: coalesce CHANGE notifications of one group within this window (0 = RocketMQ's real-time notify)
     notify_coalesce_window_ms: int = 0
     #: engine: auto-creation of subscription groups (by heartbeats) stops once the table holds this many groups;

@@ -678,6 +678,15 @@ def serve_main(argv=None) -> int:
                 continue
             print(f"{name}={value}")
         return 0
+    if config.log_dir:  # broker.log as logback's RocketmqBrokerAppender writes and rolls it
+        try:
+            log_file = clientlog.BrokerLogFile(os.path.expanduser(config.log_dir))
+        except OSError as e:
+            print(f"logDir {config.log_dir}: cannot write broker.log there ({e.strerror or e}; a symlinked "
+                  "broker.log is refused)", file=sys.stderr)
+            return EXIT_FAILURE
+        log_file.setFormatter(handler.formatter)
+        logging.getLogger().addHandler(log_file)
     log_unused_properties(config)
     _raise_nofile()
     if not os.environ.get("RMQHB_DEBUG"):  # grpc's C core prints its own raw line for what our error line says

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import itertools
 import logging
+import logging.handlers
 import os
+import sys
+import tempfile
 import threading
 import time
 
@@ -333,3 +336,75 @@ class JavaBrokerFormatter(EscapingFormatter):
             record.java_thread = thread  # a second handler of the record prints the same thread
         level = self._LEVELS.get(record.levelname, record.levelname)
         return f"{java_time(record.created)} {level} {thread} - {super().format(record)}"
+
+
+#: logback_broker.xml's RocketmqBrokerAppender: SizeBasedTriggeringPolicy maxFileSize (128MB) and
+#: FixedWindowRollingPolicy maxIndex (20): broker.log rolls at this size into otherdays/broker.1.log.gz (older ones
+#: shift to .2 ... .20, the 21st is deleted), so the log never holds more than about 128 MiB plus 20 compressed files
+BROKER_LOG_MAX_BYTES = 128 << 20
+BROKER_LOG_MAX_INDEX = 20
+
+
+class BrokerLogFile(logging.handlers.RotatingFileHandler):
+    """``<logDir>/broker.log`` rolled as logback's RocketmqBrokerAppender rolls it: at :data:`BROKER_LOG_MAX_BYTES`
+    the file becomes ``<logDir>/otherdays/broker.1.log.gz`` (gzip, as ``%i.log.gz`` tells logback), older ones
+    shift up to :data:`BROKER_LOG_MAX_INDEX` and the oldest goes. Never opened through a symlink (O_NOFOLLOW: a
+    ``broker.log`` linked to another file is refused at start); a rolled file is compressed into a private temp
+    file in ``otherdays`` and renamed into place, by a thread (the loop does not wait for 128 MiB of gzip; the
+    next roll waits for it)."""
+
+    def __init__(self, log_dir, max_bytes: int = BROKER_LOG_MAX_BYTES, max_index: int = BROKER_LOG_MAX_INDEX):
+        self.log_dir = os.path.abspath(os.fspath(log_dir))
+        self.otherdays = os.path.join(self.log_dir, "otherdays")
+        os.makedirs(self.otherdays, exist_ok=True)
+        self._compressing = None
+        super().__init__(os.path.join(self.log_dir, "broker.log"), maxBytes=max_bytes, backupCount=max_index,
+                         encoding="utf-8", delay=False)
+
+    def _open(self):
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        return os.fdopen(fd, "a", encoding="utf-8", errors=self.errors)
+
+    def rotation_filename(self, default_name: str) -> str:
+        # RotatingFileHandler's broker.log.N -> logback's otherdays/broker.N.log.gz
+        return os.path.join(self.otherdays, f"broker.{default_name.rsplit('.', 1)[1]}.log.gz")
+
+    def doRollover(self):
+        if self._compressing is not None:
+            self._compressing.join()  # the previous roll's file is in place before the files shift
+            self._compressing = None
+        super().doRollover()
+
+    def rotate(self, source: str, dest: str) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=".broker-rolling-", dir=self.otherdays)
+        os.close(fd)
+        os.replace(source, tmp)  # the live file is free at once; the next line opens a new broker.log
+        self._compressing = threading.Thread(target=_gzip_into, args=(tmp, dest), name="BrokerLogRolling",
+                                             daemon=True)
+        self._compressing.start()
+
+    def close(self):
+        if self._compressing is not None:
+            self._compressing.join()
+        super().close()
+
+
+def _gzip_into(source: str, dest: str) -> None:
+    """``source`` (a private temp file) gzipped into ``dest`` through another temp file renamed over it."""
+    import gzip
+    import shutil
+
+    fd, tmp = tempfile.mkstemp(prefix=".broker-gz-", dir=os.path.dirname(dest))
+    try:
+        with open(source, "rb") as src, os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as gz:
+            shutil.copyfileobj(src, gz, 1 << 20)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+        os.unlink(source)
+    except OSError as e:
+        # not a log line: this thread must not wait for the handler's lock, which the roll holds while it joins
+        sys.stderr.write(escape_text(f"rolling broker.log into {dest} failed (kept as {source}): {e}") + "\n")
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass

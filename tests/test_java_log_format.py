@@ -440,6 +440,11 @@ def test_broker_log_is_never_written_through_a_symlink(tmp_path):
     (d / "broker.log").symlink_to(target)
     with pytest.raises(OSError):
         clientlog.BrokerLogFile(d)
+    fifo = tmp_path / "fifo"  # a FIFO named broker.log is refused, not waited on
+    fifo.mkdir()
+    os.mkfifo(fifo / "broker.log")
+    with pytest.raises(OSError):
+        clientlog.BrokerLogFile(fifo)
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-m", "engine", "serve", "--logFormat", "java", "--logDir", str(d),
                            "--listenPort", "0", "--storePathRootDir", str(tmp_path / "store")], capture_output=True,

@@ -20,10 +20,12 @@ a newline cannot write a line of its own into ``broker.log``, nor an ESC reach t
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import logging.handlers
 import os
+import stat
 import sys
 import tempfile
 import threading
@@ -362,8 +364,19 @@ class BrokerLogFile(logging.handlers.RotatingFileHandler):
                          encoding="utf-8", delay=False)
 
     def _open(self):
-        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        # O_NONBLOCK: a FIFO named broker.log fails (ENXIO) or is refused below instead of blocking the broker
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                     | os.O_NONBLOCK, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file", self.baseFilename)
         return os.fdopen(fd, "a", encoding="utf-8", errors=self.errors)
+
+    def shouldRollover(self, record) -> bool:
+        # logback's SizeBasedTriggeringPolicy: the file's size before the line (the line is not formatted twice)
+        if self.stream is None:
+            self.stream = self._open()
+        return self.stream.tell() >= self.maxBytes
 
     def rotation_filename(self, default_name: str) -> str:
         # RotatingFileHandler's broker.log.N -> logback's otherdays/broker.N.log.gz
@@ -396,7 +409,8 @@ def _gzip_into(source: str, dest: str) -> None:
 
     fd, tmp = tempfile.mkstemp(prefix=".broker-gz-", dir=os.path.dirname(dest))
     try:
-        with open(source, "rb") as src, os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as gz:
+        src_fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(src_fd, "rb") as src, os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as gz:
             shutil.copyfileobj(src, gz, 1 << 20)
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)

@@ -42,8 +42,10 @@ The analyses (``analyze_events``) run per broker (``groupBy("broker").applyInArr
 * ``member_addresses`` (for the report, not a finding): per (group, client) of a deviating member (as the
   recording scan's), the remote addresses (``R:/`` of its ClientChannelInfo) of its registrations in the group live
   during the span.
-* ``expired_clients`` (new): the broker's SCAN removed a client's channel because it sent no heartbeat for
-  ``expiry`` (120 s) while the connection stayed open; one row per client and scan.
+* ``expired_clients`` (new): a silent client the broker dropped, one row per client and drop, with its ``cause``:
+  ``scan`` (the SCAN removed its channel: no heartbeat for ``expiry``, 120 s, while the connection stayed open) or
+  ``idle_closed`` (the idle handler closed its channel first: a NETTY EVENT close whose lastUpdateTimestamp is
+  ``IDLE_CLOSE_MIN_MS`` or more old; ``silent_since_before_ms`` is then that last heartbeat).
 * ``retry_topic_churn``: changes of a group's ``%RETRY%`` subscription itself -- removed (a member heartbeats
   without it: a BROADCASTING member in a CLUSTERING group), added back after such a removal, or another
   expression -- flagged like flapping (``flap_min_reconnects`` in one ``flap_window``). A new subVersion alone is a
@@ -71,8 +73,8 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import numpy as np
 
 from engine.codec.errors import RemotingError
-from engine.recording.scan_py import (CLIENT_INNER_PRODUCER, FINDING_KEYS, ScanParams, _inconsistent, deviating_members,
-                            fleet_findings, parse_key)
+from engine.recording.scan_py import (CLIENT_INNER_PRODUCER, FINDING_KEYS, IDLE_CLOSE_MIN_MS, ScanParams, _inconsistent,
+                            deviating_members, fleet_findings, parse_key)
 
 try:
     from engine.recording._brokerlog import parse_lines as _parse_native
@@ -92,10 +94,8 @@ BATCH_LINES = 10_000
 #: The log file names a broker writes (4.x and 5.x logback configurations), rolled copies included.
 LOG_NAME = re.compile(r"^(broker(_default)?)(\.(\d+))?\.log(\.(\d+))?(\.gz)?$")
 EXPIRY_GROUPING_MS = 10_000  # SCAN lines of one client within the housekeeping period belong to one scan
-#: A NETTY EVENT close whose channel's lastUpdateTimestamp (the last heartbeat) is this old or older is the broker's
-#: idle handler closing a silent channel (serverChannelMaxIdleTimeSeconds, 120 s): a live client heartbeats every
-#: 30 s, so a killed or cut-off client's close finds a heartbeat at most ~30 s old; 90 s = three missed heartbeats.
-IDLE_CLOSE_MIN_MS = 90_000
+#: (IDLE_CLOSE_MIN_MS, engine.recording.scan_py: a NETTY EVENT close whose channel's lastUpdateTimestamp, the last
+#: heartbeat, is this old or older is the broker's idle handler closing a silent channel, not a kill)
 #: Event kinds of the broker's own life (the JVM starts, the start is done, the JVM stops): every channel ends.
 BROKER_KINDS = ("broker_start", "broker_boot", "broker_stop")
 

@@ -30,7 +30,7 @@ import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -780,16 +780,17 @@ def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = 
     return out
 
 
-def departed_out(runs, rows: list, conn_events: dict, unregisters: dict, params: ScanParams) -> list:
-    """The expired_clients rows of merged runs without the clients the capture saw leave before the expiry
+def departed_out(runs, rows: list, conn_events: dict, unregisters: dict, params: ScanParams) -> Tuple[list, list]:
+    """(expired_clients, vanished_clients) of merged runs: the expiry rows without the clients the capture saw leave
+    before the expiry, those of them that vanished (split_departed), and the rest
     (engine.recording.scan_py.departure: their connection's FIN / RST, or UNREGISTER_CLIENT for each group they had at their
     last heartbeat; those groups read from the few candidates' runs ending at that heartbeat)."""
     from pyspark.sql import functions as F
 
-    from engine.recording.scan_py import departure
+    from engine.recording.scan_py import departure, split_departed
 
     if not rows or not (conn_events or unregisters):
-        return rows
+        return rows, []
     at: dict = defaultdict(set)
     if unregisters:
         for r in runs.where(F.col("role").isin("consumer", "producer")
@@ -798,7 +799,8 @@ def departed_out(runs, rows: list, conn_events: dict, unregisters: dict, params:
                 .select("client_id", "role", "group", "last_ms").collect():
             at[(r["client_id"], int(r["last_ms"]))].add((r["role"], r["group"]))
     left = functools.partial(departure, conn_events, unregisters, lambda c, t: at.get((c, t), set()))
-    return [x for x in rows if not left(x["client_id"], x["conn_id"], x["last_heartbeat_ms"], params.expiry_ms)]
+    # (expired, vanished): engine.recording.scan_py.split_departed, as the local scan
+    return split_departed(rows, left, conn_events, unregisters, params.expiry_ms)
 
 
 def _runs_task(plan, params, native, options, batches, unregisters=None):
@@ -918,7 +920,7 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
                                .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members")))
             findings["group_sizes"] = sp._size_records(sp._rows(runs.transform(sp.group_sizes(params, cuts))),
                                                        members)
-            findings["expired_clients"] = departed_out(
+            findings["expired_clients"], findings["vanished_clients"] = departed_out(
                 runs, sp.expired_records(runs, params, stats["last_ms"], addrs), conn_events, unregisters, params)
             findings["member_addresses"] = sp.member_address_records(
                 runs, addrs, deviating_members(findings["inconsistent_subscriptions"]), params, conn_events,

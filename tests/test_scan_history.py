@@ -5,6 +5,7 @@ multi-line entry, and the banner names the real reason of unattributed lines. Sm
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import tempfile
 from datetime import datetime, timezone
@@ -368,3 +369,68 @@ def test_spark_scan_gives_the_local_history_findings(spark, tmp_path):
         ("broker-a", T0, 0), ("broker-a", T0 + 900_000, 3)]
     assert got["log"]["starts_at_boot"] == {"broker-a": True, "broker-b": False}
     assert got["log"]["unattributed_reasons"] == {"never_registered": 3} and got["log"]["unparseable"] == 0
+
+
+# --- captures: the same causes and vanished clients ----------------------------------------------------------------
+
+_spec = importlib.util.spec_from_file_location("pcap_tool", Path(__file__).resolve().parents[1] / "scripts" /
+                                               "pcap_tool.py")
+pcap_tool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pcap_tool)
+
+
+def _hb(client: str) -> bytes:
+    subs = ('[{"classFilterMode":false,"codeSet":[],"expressionType":"TAG","subString":"*","subVersion":1,'
+            '"tagsSet":[],"topic":"T"}]')
+    cons = ('[{"consumeFromWhere":"CONSUME_FROM_LAST_OFFSET","consumeType":"CONSUME_PASSIVELY","groupName":"G",'
+            f'"messageModel":"CLUSTERING","subscriptionDataSet":{subs},"unitMode":false}}]')
+    return (f'{{"clientID":"{client}","consumerDataSet":{cons},'
+            '"producerDataSet":[{"groupName":"CLIENT_INNER_PRODUCER"}]}').encode()
+
+
+def history_capture(path):
+    """Five consumers of G heartbeat every 30 s from 0 s: I (frozen after 60 s, the broker's idle handler closes its
+    connection 120 s later: server FIN at 180 s), K (kill -9 at 70 s: the client's kernel sends FIN, no unregister),
+    R (its connection reset by the client at 75 s, back on a new connection at 100 s), U (UNREGISTER_CLIENT at 65 s,
+    then FIN: a clean shutdown), S (silent after 60 s, connection open: no close seen); E heartbeats until 390 s."""
+    a = {c: f"10.0.9.{i + 1}:4{i}000" for i, c in enumerate("IKRUSE")}
+    steps = [(T0 + s * 1000, a[c], "hb", _hb(f"{c}@1")) for s in range(0, 391, 30) for c in "IKRUSE"
+             if s <= 60 or c == "E"]
+    steps += [(T0 + s * 1000, "10.0.9.9:49000", "hb", _hb("R@1")) for s in range(100, 391, 30)]
+    steps += [(T0 + 65_000, a["U"], "unregister", ("U@1", None, "G")), (T0 + 66_000, a["U"], "fin", "client"),
+              (T0 + 70_000, a["K"], "fin", "client"), (T0 + 75_000, a["R"], "rst", "client"),
+              (T0 + 180_000, a["I"], "fin", "server")]
+    pcap_tool.write_script(path, sorted(steps, key=lambda x: x[0]))
+    return a
+
+
+def check_history_capture(f, a):
+    assert [(r["client_id"], r["cause"], r["expired_ms"] - T0, r["silent_since_before_ms"] - T0)
+            for r in f["expired_clients"]] == [("I@1", "idle_closed", 180_000, 60_000),
+                                               ("S@1", "inferred", 180_000, 60_000)]
+    assert [(r["client_id"], r["addr"], r["ended_ms"] - T0, r["how"], r["groups"]) for r in f["vanished_clients"]] == [
+        ("K@1", a["K"], 70_000, "fin_by_client", ["G"])]
+
+
+def test_a_capture_names_idle_closes_and_vanished_clients(tmp_path):
+    from engine.bindings import pcap
+
+    cap = tmp_path / "history.pcap"
+    a = history_capture(cap)
+    f = pcap.scan_local([cap])
+    check_history_capture(f, a)
+    html = _report_text(f)
+    assert "closed idle by the broker" in html and "inferred: last heartbeat" in html
+    assert "removed by the broker&#x27;s SCAN" not in html and "Vanished clients" in html
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_capture_scan_gives_the_local_causes_and_vanished_clients(spark, tmp_path):
+    from engine.bindings import pcap
+
+    cap = tmp_path / "history.pcap"
+    a = history_capture(cap)
+    got, ref = pcap.scan(spark, [cap]), pcap.scan_local([cap])
+    check_history_capture(got, a)
+    assert got["expired_clients"] == ref["expired_clients"] and got["vanished_clients"] == ref["vanished_clients"]

@@ -55,6 +55,9 @@ Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
   before last heartbeat + expiry, the capture saw that connection end (FIN / RST, either side) or the client
   unregister from every group it had at that heartbeat (CLIENT_INNER_PRODUCER aside). What it did not see changes
   nothing: the rule above (a silence must fit in the capture) and separate_data_loss (holes) still apply.
+  Each row has its ``cause`` (:func:`expiry_causes`): ``inferred`` (last heartbeat + expiry, no close seen), or,
+  in a capture, ``idle_closed`` when the broker closed that connection ``IDLE_CLOSE_MIN_MS`` or more after the
+  last heartbeat (its Netty idle handler: ``expired_ms`` is then that close); such a close is no departure.
 """
 from __future__ import annotations
 
@@ -68,6 +71,11 @@ from typing import Dict, Iterable, List, Optional, Tuple
 #: The producer group every Java client instance registers (MixAll.CLIENT_INNER_PRODUCER_GROUP); left out of the
 #: group lists in client findings because every Java client has it.
 CLIENT_INNER_PRODUCER = "CLIENT_INNER_PRODUCER"
+#: A broker-side close of a channel this long or longer after its last heartbeat is the broker's idle handler closing
+#: a silent channel (serverChannelMaxIdleTimeSeconds, 120 s): a live client heartbeats every 30 s, so a killed or
+#: cut-off client's close comes at most ~30 s after its last heartbeat; 90 s = three missed heartbeats. (A broker
+#: log's NETTY EVENT close line carries the channel's lastUpdateTimestamp, the last heartbeat, for the same test.)
+IDLE_CLOSE_MIN_MS = 90_000
 FINDING_KEYS = ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps", "group_sizes", "expired_clients")
 
 
@@ -192,9 +200,13 @@ def scan_records(records: Iterable, params: ScanParams = ScanParams(), conn_even
         "flapping_clients": _flapping(client_obs, groups_of, params, conn_events),
         "heartbeat_gaps": _gaps(client_obs, groups_of, params),
         "group_sizes": _sizes(intervals),
-        "expired_clients": _expired(client_obs, groups_of, conn_addr, t_max, params, functools.partial(
-            departure, conn_events, unregisters, _groups_at(member_obs)) if conn_events or unregisters else None),
     }
+    findings["expired_clients"], vanished = split_departed(
+        _expired(client_obs, groups_of, conn_addr, t_max, params), functools.partial(
+            departure, conn_events, unregisters, _groups_at(member_obs)) if conn_events or unregisters else None,
+        conn_events, unregisters, params.expiry_ms)
+    if conn_events is not None:  # a capture: it sees connections end
+        findings["vanished_clients"] = vanished
     findings["member_addresses"] = _member_addresses(findings["inconsistent_subscriptions"], member_obs, conn_addr,
                                                      params, conn_events, unregisters)
     findings["summary"] = {
@@ -363,9 +375,51 @@ def departure(conn_events: Optional[dict], unregisters: Optional[dict], groups_a
     (``t + expiry``): that connection ended (first FIN / RST, either side) or the client unregistered from all of
     its groups at ``t`` (``groups_at(client, t)``: {(role, group)}). The broker removed it then; no expiry."""
     end = ((conn_events or {}).get(conn) or {}).get("end")
-    if end is not None and t <= int(end[0]) < t + expiry_ms:
+    if end is not None and t <= int(end[0]) < t + expiry_ms and not idle_close(end, t):
         return True
     return unregistered(unregisters, client, groups_at(client, t), t, t + expiry_ms)
+
+
+def idle_close(end, t) -> bool:
+    """Whether a connection's first FIN / RST ``end`` ([ms, how]) is the broker's idle handler closing it after the
+    client's last heartbeat at ``t``: sent by the server, ``IDLE_CLOSE_MIN_MS`` or more after ``t``."""
+    return str(end[1]).endswith("_by_server") and int(end[0]) - t >= IDLE_CLOSE_MIN_MS
+
+
+def expiry_causes(rows: list, conn_events: Optional[dict]) -> list:
+    """expired_clients rows with their ``cause``: ``idle_closed`` where the capture saw the broker close the row's
+    connection idle (:func:`idle_close`; ``expired_ms`` = that close), else ``inferred``."""
+    for r in rows:
+        end = ((conn_events or {}).get(r.get("conn_id")) or {}).get("end")
+        if end is not None and idle_close(end, r["last_heartbeat_ms"]):
+            r["cause"], r["expired_ms"] = "idle_closed", int(end[0])
+        else:
+            r["cause"] = "inferred"
+    rows.sort(key=lambda r: (r["expired_ms"], r["client_id"], r["conn_id"]))
+    return rows
+
+
+def split_departed(rows: list, left, conn_events: Optional[dict], unregisters: Optional[dict], expiry_ms: int):
+    """(expired_clients, vanished_clients) of a capture's silences (the expiry candidates): a silence the capture saw
+    end (``left``: :func:`departure`) is no expiry; of those, a client that never came back whose connection its own
+    side ended (FIN / RST by the client) with no UNREGISTER_CLIENT of it since its last heartbeat (a kill, a
+    crash) is a vanished client: one row per connection (``ended_ms``, ``how``). The rest get their cause
+    (:func:`expiry_causes`)."""
+    kept, vanished = [], []
+    for r in rows:
+        t = r["last_heartbeat_ms"]
+        if left is None or not left(r["client_id"], r["conn_id"], t, expiry_ms):
+            kept.append(r)
+            continue
+        end = ((conn_events or {}).get(r["conn_id"]) or {}).get("end")
+        if (r["returned_ms"] is None and end is not None and str(end[1]).endswith("_by_client")
+                and t <= int(end[0]) < t + expiry_ms
+                and not unregistered(unregisters, r["client_id"], (), t, int(end[0]) + 1)):
+            vanished.append({"client_id": r["client_id"], "addr": r["addr"], "conn_id": r["conn_id"],
+                             "groups": r["groups"], "connected_ms": r["connected_ms"], "last_heartbeat_ms": t,
+                             "ended_ms": int(end[0]), "how": str(end[1])})
+    vanished.sort(key=lambda r: (r["ended_ms"], r["client_id"], r["conn_id"]))
+    return expiry_causes(kept, conn_events), vanished
 
 
 def _groups_at(member_obs):
@@ -397,7 +451,7 @@ def expired_row(client, conn, addr, groups, connected_ms, last_ms, returned_ms, 
     last_heartbeat_ms aside)."""
     return {"client_id": client, "addr": addr, "conn_id": conn, "groups": list(groups), "connected_ms": connected_ms,
             "last_heartbeat_ms": last_ms, "expired_ms": last_ms + expiry_ms, "silent_since_before_ms": last_ms,
-            "returned_ms": returned_ms}
+            "returned_ms": returned_ms, "cause": "inferred"}
 
 
 def connection_marks(conns: Dict[int, Tuple[int, int]], conn_events: Optional[dict] = None) -> Tuple[list, list]:

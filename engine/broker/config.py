@@ -186,7 +186,8 @@ class BrokerConfig:
     #: passes it is closed (16 connections each sending a whole 16 MiB frame slowly fit in the default)
     max_partial_frame_bytes_total: int = 256 * 1024 * 1024
     #: engine: heartbeat bytes the connections keep after their reads, all together (each one's last heartbeat body
-    #: with its decode, a body not offered the repeat route, the armed repeat pattern); a heartbeat whose body or
+    #: with its decode, counted as what the decoded objects hold, a body not offered the repeat route, the armed
+    #: repeat pattern); a heartbeat whose body or
     #: arming does not fit keeps nothing (decoded again next time, no repeat route): same answer, only slower.
     #: 0 = nothing kept, no repeat route
     max_heartbeat_cache_bytes_total: int = 256 * 1024 * 1024

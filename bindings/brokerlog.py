@@ -609,6 +609,7 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
     vanished: list = []
     boots: list = []
     scan_removed: set = set()              # addresses the SCAN or the idle handler removed
+    ever: set = set()                      # (role, group, client) of every member that registered
     stopped: set = set()                   # addresses live when the broker stopped
     pending_stop = None
     table: Dict[Tuple[str, str], Tuple[str, str]] = {}
@@ -643,17 +644,18 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
         last_addr.clear()  # a register after the restart is a connect, not the client's reconnect
         return ended, len(clients)
 
-    def unmatched(kind, client, addr):
+    def unmatched(kind, role, group, client, addr):
         # a close / unregister line whose member is not live: normal after the SCAN, the idle handler or the
-        # broker's stop removed it; else its register line is not in the log, or the member had left already
+        # broker's stop removed it; else the member's register line is not in the log (never_registered), or the
+        # member had registered and left already (not_live)
         if addr in scan_removed:
             explained["after_expiry"] += 1
         elif addr in stopped:
             explained["after_broker_stop"] += 1
         else:
             unattributed[kind] += 1
-            known = (client is not None and client in registers) or (addr is not None and addr in addr_client)
-            reasons["not_live" if known else "never_registered"] += 1
+            c = client if client is not None else addr_client.get(addr)
+            reasons["not_live" if (role, group, c) in ever else "never_registered"] += 1
 
     for ev in events:
         kind, role, group, t = ev["kind"], ev["role"], ev["group"], ev["ts_ms"]
@@ -688,6 +690,7 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
             if not (role == "producer" and group == CLIENT_INNER_PRODUCER):
                 groups_of[client].add(group)
             registers[client].append(t)
+            ever.add((role, group, client))
             prev = last_addr.get(client)
             if prev is not None and prev != addr:
                 reconnects[client].append(t)
@@ -709,7 +712,7 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
             c = addr_client.get(addr)
             st = live[("consumer", group)].get(c) if c else None
             if st is None:
-                unmatched("consumer_data", None, addr)
+                unmatched("consumer_data", "consumer", group, None, addr)
                 continue
             if st[2] != ev["sub_key"]:
                 if t > st[0]:
@@ -723,7 +726,7 @@ def analyze_broker(events: List[dict], params: ScanParams = ScanParams(), log_en
                 c = next((k for k, v in live[(role, group)].items() if v[1] == addr), None)
             st = end(role, group, c, t) if c is not None else None
             if st is None:
-                unmatched(kind, client, addr)
+                unmatched(kind, role, group, client, addr)
             else:
                 a = addr or st[1]
                 close(c, a, t, kind)

@@ -686,12 +686,13 @@ def unattributed_reason(log: dict) -> str:
     if why.get("never_registered"):
         at_boot = log.get("starts_at_boot") or {}
         if at_boot and all(at_boot.values()):
-            parts.append(f"{why['never_registered']:,} of members whose register line the broker did not write "
-                         "(its log starts at a boot; logback drops INFO lines under load)")
+            parts.append(f"{why['never_registered']:,} for members whose register line the broker never wrote "
+                         "(the log starts at a boot; logback's async appender drops INFO lines under load)")
         else:
-            parts.append(f"{why['never_registered']:,} of members never seen registering (older log files missing?)")
+            parts.append(f"{why['never_registered']:,} for members never seen registering (older log files "
+                         "missing?)")
     if why.get("not_live"):
-        parts.append(f"{why['not_live']:,} of members that had left already (repeated lines)")
+        parts.append(f"{why['not_live']:,} for members that had left already (lines repeated)")
     return ": " + "; ".join(parts)
 
 

@@ -318,7 +318,7 @@ def test_older_files_are_asked_for_only_when_the_log_does_not_start_at_a_boot(tm
     f = closes_of_unknown(booted).scan_findings(tmp_path, "broker-boot")
     assert f["log"]["unattributed_reasons"] == {"never_registered": 3}
     html = _report_text(f)
-    assert "older log files missing?" not in html and "did not write" in html
+    assert "older log files missing?" not in html and "never wrote" in html
 
 
 # --- Spark: the same findings --------------------------------------------------------------------------------------
@@ -434,3 +434,20 @@ def test_spark_capture_scan_gives_the_local_causes_and_vanished_clients(spark, t
     got, ref = pcap.scan(spark, [cap]), pcap.scan_local([cap])
     check_history_capture(got, a)
     assert got["expired_clients"] == ref["expired_clients"] and got["vanished_clients"] == ref["vanished_clients"]
+
+
+def test_unattributed_lines_of_members_that_left_are_told_apart_from_missing_registers(tmp_path):
+    log = Log()
+    log.boot(T0)
+    log.register(T0 + 10_000, 1, 40000, "10.0.0.9@c0")
+    log.unregister(T0 + 20_000, 1, 40000, "10.0.0.9@c0")
+    log.unregister(T0 + 21_000, 1, 40000, "10.0.0.9@c0")            # the same lines again: the members left
+    # a member of the known client in a group it never registered in (its register line was not written)
+    c = cci(1, 40000, "10.0.0.9@c0", T0 + 22_000)
+    log.add(T0 + 22_000, f"unregister a consumer[CID_OTHER] from consumerGroupInfo {c}", thread="ClientManageThread_4")
+    f = log.scan_findings(tmp_path)
+    assert f["log"]["unattributed_reasons"] == {"not_live": 3, "never_registered": 1}
+    assert f["log"]["unattributed_events"] == {"unregister": 4}
+    html = _report_text(f)
+    assert "1 for members whose register line the broker never wrote" in html
+    assert "3 for members that had left already" in html and "older log files missing?" not in html

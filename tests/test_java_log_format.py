@@ -292,6 +292,8 @@ def test_scan_of_our_java_format_log_finds_what_the_recording_scan_finds(java_ru
     recorded = scan(rec, params)
     logged = scan_local([logs], log_tz="+08:00", params=params)
     assert logged["log"]["unattributed_events"] == {} and not logged["scan"]["corrupt"]
+    # the lines' own epoch stamps (lastUpdateTimestamp) imply GMT+8, the zone the scan was told: no zone warning
+    assert logged["log"]["zone_check"] == {"inferred_utc_offset_min": 480, "log_tz_offset_min": 480, "agrees": True}
     # clients and groups
     assert recorded["summary"]["clients"] == logged["summary"]["clients"] == 4
 

@@ -92,6 +92,9 @@ def test_a_flood_of_raw_grpc_connections_leaves_the_other_ports_and_the_store_th
         time.sleep(1.0)  # grpcio's accept loop has taken (and refused) them
         held = fds() - base
         assert 45 <= held <= 50 + 2, held  # its share, not the 300 (nor every descriptor left)
+        text = scrape(metrics_port)  # the gRPC port at its share, as grpcio's channelz counts it
+        assert sample(text, "listener_connections", "grpc") == 50, text
+        assert sample(text, "listener_connections", "remoting") == 1
         # the other ports and the store still have their descriptors
         assert good.heartbeat(client_id="10.0.0.9@good", group="group_after_grpc_flood").code == ResponseCode.SUCCESS
         path = store / "config" / "subscriptionGroup.json"

@@ -293,9 +293,11 @@ class GrpcEndpoint:
         p = self.p
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
+        from engine.broker.metrics import channelz_connections, channelz_server_ids
         from engine.broker.server import listener_budget
 
         self.max_connections = listener_budget(self.broker.config)["grpc"]
+        others = channelz_server_ids()  # the gRPC servers before this one (its open connections: channelz)
         options = [
             ("grpc.so_reuseport", 0),  # a port in use fails the start (grpc's default would share it)
             ("grpc.max_receive_message_length", self.max_message_bytes),
@@ -331,6 +333,10 @@ class GrpcEndpoint:
         metrics = getattr(self.broker, "metrics", None)
         if metrics is not None and hasattr(metrics, "listener_limits"):
             metrics.listener_limits["grpc"] = self.max_connections
+            ours = channelz_server_ids() - others
+            if len(ours) == 1:  # else (another server started meanwhile) the gauge is left out
+                sid = ours.pop()
+                metrics.listener_open["grpc"] = lambda: channelz_connections(sid)
         self._load_sessions()
         log.info("gRPC endpoint (RocketMQ 5.x clients) listening on %s:%d", host, bound)
         return bound
@@ -339,6 +345,7 @@ class GrpcEndpoint:
         if self._server is None:
             return
         self._stopping.set()
+        getattr(getattr(self.broker, "metrics", None), "listener_open", {}).pop("grpc", None)
         # what the sessions are before their streams end with the server (ending a stream removes its session)
         kept = [(x.client_id, x.language, x.sdk_version, x.settings) for x in self.sessions.values()
                 if x.settings is not None and not x.closing]

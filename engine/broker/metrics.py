@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import json
 import logging
 import time
 from collections import Counter, deque
@@ -45,6 +46,8 @@ class Metrics:
         #: listener -> its share of maxConnections; local port -> listener name (set as the listeners start)
         self.listener_limits: dict[str, int] = {}
         self.listener_ports: dict[int, str] = {}
+        #: listener -> a callable giving its open connections (read at scrape time)
+        self.listener_open: dict = {}
         self.overloaded = Counter()  # executor -> requests refused with SYSTEM_BUSY
         self.queue_timeouts = Counter()  # executor -> requests answered SYSTEM_BUSY after waiting too long
         #: kind -> requests answered SYSTEM_ERROR because they could not be served (bad_request, internal_error,
@@ -130,6 +133,9 @@ def render(metrics: Metrics, connections: int, group_stats=None, *, max_group_se
              [({"listener": k}, n) for k, n in sorted(metrics.accept_errors.items())])
     w.metric(p + "listener_connection_limit", "gauge", "Each listener's share of maxConnections.",
              [({"listener": k}, n) for k, n in sorted(metrics.listener_limits.items())])
+    open_now = [(k, fn()) for k, fn in sorted(metrics.listener_open.items())]
+    w.metric(p + "listener_connections", "gauge", "Open connections of each listener (gRPC: as grpcio's channelz sees "
+             "them).", [({"listener": k}, n) for k, n in open_now if n is not None])
     w.metric(p + "heartbeats_total", "counter", "HEART_BEAT requests processed.", [({}, metrics.heartbeats)])
     w.metric(p + "heartbeats_per_second", "gauge", f"HEART_BEAT rate over the last {metrics.window_s:g} s.",
              [({}, float(metrics.heartbeats_per_second))])
@@ -214,6 +220,7 @@ class MetricsEndpoint:
         if self.metrics is not None:
             self.metrics.listener_limits["metrics"] = self.max_connections
             self.metrics.listener_ports[self.port] = "metrics"
+            self.metrics.listener_open["metrics"] = lambda: self.active
         log.info("metrics endpoint on http://%s:%d/metrics", self.host, self.port)
         return self.port
 
@@ -250,3 +257,44 @@ class MetricsEndpoint:
         finally:
             self.active -= 1
             writer.close()
+
+
+# ---- the gRPC port's connections, as grpcio's channelz sees them (grpcio accepts them itself)
+
+
+def _cygrpc():
+    try:
+        from grpc._cython import cygrpc
+    except ImportError:
+        return None
+    return cygrpc
+
+
+def channelz_server_ids() -> set[int]:
+    """Ids of the gRPC servers of this process (channelz, on by default); empty when it cannot be read."""
+    cygrpc = _cygrpc()
+    if cygrpc is None:
+        return set()
+    try:
+        return {int(s["ref"]["serverId"]) for s in json.loads(cygrpc.channelz_get_servers(0)).get("server", ())}
+    except Exception:  # a grpcio without channelz, or another answer: the gauge is left out
+        return set()
+
+
+def channelz_connections(server_id: int) -> int | None:
+    """Open connections of one gRPC server (channelz's server sockets, a page of 1,000 at a time); None when they
+    cannot be read."""
+    cygrpc = _cygrpc()
+    if cygrpc is None:
+        return None
+    n, start = 0, 0
+    try:
+        while True:
+            page = json.loads(cygrpc.channelz_get_server_sockets(server_id, start, 1000))
+            refs = page.get("socketRef", ())
+            n += len(refs)
+            if page.get("end", True) or not refs:
+                return n
+            start = int(refs[-1]["socketId"]) + 1
+    except Exception:
+        return None

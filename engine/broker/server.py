@@ -628,6 +628,7 @@ class RemotingServer:
                      "broker's own files, %d connections for the gRPC and metrics ports)", cfg.max_connections,
                      self.max_connections, FD_RESERVE, others)
         self.metrics.listener_limits["remoting"] = self.max_connections
+        self.metrics.listener_open["remoting"] = lambda: len(self.connections)
         if getattr(cfg, "io_workers", 0):
             from engine.broker.ioworker import IOWorkerPool
 

@@ -8,7 +8,10 @@ them and tools read them (``rmqhb scan`` of broker logs among them, :mod:`engine
 the same lines, with the same ``toString()`` texts (ClientChannelInfo, SubscriptionData, ConsumerData,
 SubscriptionGroupConfig), to a logger of the same name. The wording is 4.9.x's, and 5.x's where 5.x changed it
 (``clientManagementRules=5``). ``rmqhb serve`` formats lines as logback's broker pattern (``%d %p %t - %m``, with
-the logger's name where Java has the thread), so one parser reads both brokers' logs.
+the logger's name where Java has the thread), so one parser reads both brokers' logs; with ``logFormat=java`` it
+writes 4.9.8's pattern itself (:class:`JavaBrokerFormatter`: whole seconds, GMT+8, the Java thread of each task,
+:class:`JavaThreads`), and with ``logDir`` a ``broker.log`` rolled as logback's appender rolls it
+(:class:`BrokerLogFile`).
 
 A client decides how often these lines come (connect, subscribe, close, in a loop) and how long they are (a
 heartbeat of a million tags), so they have a budget: at most ``clientManageLogLinesPerMinute`` lines of each kind

@@ -384,3 +384,17 @@ def test_a_syn_flood_at_the_default_budget_is_linear():
     took = time.perf_counter() - t
     assert d.connections_kept == twin.DEFAULT_MAX_CONNECTIONS and d.stats["connections_evicted"] == 200_000
     assert took < 20  # ~3 s; before: minutes
+
+
+def test_rotated_files_are_ordered_by_their_first_sane_packet(tmp_path):
+    """A rotated file whose first packet is stamped in 2106 is ordered by its first packet inside the window."""
+    d = tmp_path / "rotated"
+    d.mkdir()
+    early, late = Pcap(), Pcap()
+    early.packet(tcp(*client(1), *SERVER, 1, 0x10), sec=0xFFFFFF00)
+    early.packet(tcp(*client(1), *SERVER, 1, 0x10), us=T0 * 1_000_000)
+    late.packet(tcp(*client(1), *SERVER, 1, 0x10), us=(T0 + 100) * 1_000_000)
+    (d / "b.pcap").write_bytes(early.bytes())
+    (d / "a.pcap").write_bytes(late.bytes())
+    (cap,) = pcap.plan_captures([d])
+    assert [Path(f).name for f in cap.files] == ["b.pcap", "a.pcap"]

@@ -822,6 +822,12 @@ def _summary(findings: dict, lines: dict) -> str:
     else:
         worst = "none"
     add("Expired clients", "expired", len(ex), worst, "expired_clients.csv")
+    if "vanished_clients" in findings:
+        va = findings["vanished_clients"]
+        w = va[0] if va else None
+        add("Vanished clients", "vanished", len(va),
+            f"the first: <b>{e(_label(w, w['client_id']))}</b> ({e(', '.join(w['groups']))}) gone "
+            f"{e(_short(w['ended_ms']))} UTC without unregistering" if w else "none", "vanished_clients.csv")
     if "retry_topic_churn" in findings:
         ch = findings["retry_topic_churn"]
         w = max(ch, key=lambda r: (r["max_per_window"], r["adds"] + r["changes"] + r["removes"])) if ch else None
@@ -1244,7 +1250,7 @@ def expired_words(findings: dict) -> str:
     if not causes:
         causes = {"scan"} if findings.get("log") else {"inferred"}
     words = {"scan": "<i>removed by the broker's SCAN</i>: its channel-expiry scan removed the channel while the "
-                     "connection stayed open (a log's SCAN lines; silent since at most the expiry before).",
+                     "connection stayed open (from the brokers' SCAN lines; silent since at most the expiry before).",
              "idle_closed": "<i>closed idle by the broker</i>: its Netty idle handler closed the silent connection "
                             "first (a log's NETTY EVENT close whose lastUpdateTimestamp, the last heartbeat, is the "
                             "silent-since time).",
@@ -1715,7 +1721,15 @@ def print_summary(findings: dict, file) -> None:
         print(f"  gap: {r['client_id']} silent {r['gap_s']:.0f} s from {utc(r['start_ms'])}", file=file)
     for r in findings.get("expired_clients", [])[:5]:
         print(f"  expired: {r['client_id']} ({', '.join(r['groups'])}) at {utc(r['expired_ms'])}"
+              + (f" on {r['broker']}" if r.get("broker") else "")
+              + f" ({EXPIRY_CAUSES.get(expiry_cause(findings, r), expiry_cause(findings, r))})", file=file)
+    for r in findings.get("vanished_clients", [])[:5]:
+        print(f"  vanished (no unregister): {r['client_id']} ({', '.join(r['groups'])}) at {utc(r['ended_ms'])}"
               + (f" on {r['broker']}" if r.get("broker") else ""), file=file)
+    for r in findings.get("broker_boots", [])[:5]:
+        print(f"  broker {r['broker']} " + (f"stopped {utc(r['stopped_ms'])} " if r["stopped_ms"] else "")
+              + (f"started {utc(r['start_ms'])}" if r["start_ms"] else "(still stopped at the end)")
+              + f", {r['members_ended']} memberships ended", file=file)
     n = {k: len(findings[k]) for k in _keys(findings)}
     gaps = "heartbeat gaps not visible" if "heartbeat_gaps" in (findings.get("unsupported") or {}) else \
         f"{n['heartbeat_gaps']} heartbeat gaps"

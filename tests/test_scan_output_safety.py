@@ -29,7 +29,8 @@ from engine.recording.synth import FleetConfig, generate  # noqa: E402
 #: every CSV the report can write
 ALL_CSVS = {"inconsistent_subscriptions.csv", "subscription_differences.csv", "flapping_clients.csv",
             "flapping_timeline.csv", "flapping_connections.csv", "heartbeat_gaps.csv", "group_sizes.csv",
-            "expired_clients.csv", "retry_topic_churn.csv", "log_lines.csv"}
+            "expired_clients.csv", "retry_topic_churn.csv", "log_lines.csv", "vanished_clients.csv",
+            "broker_restarts.csv"}
 REPORT_FILES = ["findings.json", "index.html", "group_sizes.png", "gap_histogram.png", "flapping_timeline.png",
                 *sorted(ALL_CSVS)]
 CALC = "+cmd|' /C calc'!A0"  # the ids
@@ -95,6 +96,19 @@ def hostile_reports(tmp_path_factory):
     generate(d / "rec", FleetConfig(clients=30, groups=6, days=0.15, seed=5))
     bl.generate_broker_log(d / "logs" / "broker-a" / "broker.log", groups=3, members=4, restarts=1, seed=2)
     bl.generate_broker_log(d / "logs" / "broker-b" / "broker.log", groups=3, members=3, seed=3)
+    # broker-c: a boot, a client killed (NETTY EVENT close, a recent heartbeat), a restart: vanished_clients.csv and
+    # broker_restarts.csv get rows too
+    cci = ("ClientChannelInfo [channel=[id: 0x0000000a, L:/10.0.0.1:10911 - R:/10.0.0.9:40000], clientId=10.0.0.9@k, "
+           "language=JAVA, version=409, lastUpdateTimestamp=1795481286000]")
+    (d / "logs" / "broker-c").mkdir()
+    (d / "logs" / "broker-c" / "broker.log").write_text("\n".join([
+        "2026-11-24 08:47:00 INFO main - rocketmqHome=/opt/rocketmq",
+        "2026-11-24 08:47:03 INFO main - The broker[broker-c, 10.0.0.1:10911] boot success. serializeType=JSON",
+        f"2026-11-24 08:48:06 INFO HeartbeatThread_1 - new producer connected, group: PID_K channel: {cci}",
+        f"2026-11-24 08:48:10 INFO NettyEventExecutor - NETTY EVENT: remove channel[{cci}][10.0.0.9:40000] from "
+        "ProducerManager groupChannelTable, producer group: PID_K",
+        "2026-11-24 08:50:00 INFO ShutdownHook - Shutdown hook was invoked, 1",
+        "2026-11-24 08:51:00 INFO main - rocketmqHome=/opt/rocketmq"]) + "\n")
     outs = []
     for name, f in (("rec", scan_py.scan(d / "rec")), ("log", bl.scan_local([d / "logs"], log_tz="+08:00"))):
         write_report(_hostile(f), d / f"report-{name}", plots=False)

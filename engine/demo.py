@@ -9,6 +9,9 @@
 """
 import argparse
 import asyncio
+import contextlib
+import logging
+import os
 import struct
 import sys
 import tempfile
@@ -100,7 +103,8 @@ def demo_main(argv=None) -> int:
     args = p.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="rmqhb-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"engine.NATIVE = {engine.NATIVE}; working directory {work}")
+    # the one place the demo names its directory; everything it writes stays under it and is kept afterwards
+    print(f"engine.NATIVE = {engine.NATIVE}; working directory {work} (kept afterwards; --work DIR chooses it)")
 
     _section("1. real-client captures")
     if args.vectors.is_dir():
@@ -113,13 +117,15 @@ def demo_main(argv=None) -> int:
 
     live = work / "live-recording"
     cfg = engine.BrokerConfig(listen_port=0, store_path_root_dir=str(work / "store"), record_dir=str(live))
-    broker = engine.Broker(cfg).start()
-    try:
-        port = broker.ports["main"]
-        print(f"broker listening on 127.0.0.1:{port} (fast port {broker.ports.get('fast')})")
-        asyncio.run(_run_fleet(port))
-    finally:
-        broker.stop()
+    with _broker_log(work / "broker.log") as log_lines:
+        broker = engine.Broker(cfg).start()
+        try:
+            port = broker.ports["main"]
+            print(f"broker listening on 127.0.0.1:{port} (fast port {broker.ports.get('fast')})")
+            asyncio.run(_run_fleet(port))
+        finally:
+            broker.stop()
+    print(f"broker log: {log_lines()} lines in broker.log (the broker's own lines, kept out of this output)")
     print(f"recorder: {verify(live).format()}")
 
     _section("3. synthetic recording with injected anomalies")
@@ -131,11 +137,12 @@ def demo_main(argv=None) -> int:
     manifest = generate(synth_dir, FleetConfig(clients=clients, groups=100, days=args.records * interval / clients / 86400,
                                                interval_s=interval), progress=True)
     el = time.perf_counter() - t0
-    print(f"{manifest['records']:,} heartbeats in {el:.1f} s -> {synth_dir}")
+    print(f"{manifest['records']:,} heartbeats in {el:.1f} s -> {synth_dir.name}/")
     for kind, items in manifest["anomalies"].items():
         print(f"  injected {kind}: {len(items)}")
 
     if args.no_spark:
+        _files_left(work)
         return 0
     _section("4. Spark scan")
     try:
@@ -155,8 +162,31 @@ def demo_main(argv=None) -> int:
     print("scan vs injected anomalies: " + ("exact match" if not problems else f"{len(problems)} differences"))
     for line in problems[:10]:
         print("  " + line)
-    print(f"\nreport: {out / 'index.html'}")
+    _files_left(work)  # the scan printed the report's path
     return 0 if not problems else 1
+
+
+def _files_left(work: Path) -> None:
+    size = sum(f.stat().st_size for f in work.rglob("*") if f.is_file() and not f.is_symlink())
+    print(f"\nthe working directory above holds {size / 1e6:.0f} MB (recordings, broker store and log"
+          f"{', report' if (work / 'report').is_dir() else ''}); remove it when done")
+
+
+@contextlib.contextmanager
+def _broker_log(path: Path):
+    """The embedded broker logs into ``path`` (opened without following a symlink), not between the demo's lines.
+    Yields a function counting the lines written."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    stream = os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace")
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s - %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield lambda: path.read_bytes().count(b"\n")
+    finally:
+        root.removeHandler(handler)
+        stream.close()
 
 
 async def _run_fleet(port):

@@ -245,6 +245,8 @@ def _interrupt(signum, frame) -> None:
     and Java stacks and seconds of wait."""
     from pyspark import SparkContext
 
+    if SparkContext._gateway is None:  # the JVM being launched (spark-submit, then java): not ours to wait for
+        _kill_children()
     if SparkContext._gateway is None or SparkContext._active_spark_context is None:
         raise KeyboardInterrupt
     os.write(2, b"\nrmqhb scan: interrupted\n")
@@ -258,6 +260,23 @@ def _interrupt(signum, frame) -> None:
     if _private.get("pid") == os.getpid():
         shutil.rmtree(_private["dir"], ignore_errors=True)
     os._exit(130)
+
+
+def _kill_children() -> None:
+    """SIGKILL this process's child processes (Linux /proc; elsewhere a launched JVM ends at EOF on its stdin)."""
+    me = str(os.getpid())
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read().decode("ascii", "replace")
+            if stat[stat.rindex(")") + 2:].split()[1] == me:  # field 4, after "pid (comm) state"
+                os.kill(int(pid), 9)
+        except (OSError, ValueError, IndexError):
+            pass
 
 
 def _catch_interrupt() -> None:
@@ -1056,8 +1075,10 @@ EXIT_OK, EXIT_USAGE, EXIT_DAMAGED, EXIT_NOTHING, EXIT_STRICT = 0, 2, 3, 4, 5
 def cli_main(argv=None) -> int:
     """`rmqhb scan` from the command line: scan_main, and Ctrl-C ends it at once with one line (exit 130) also
     while Spark runs (not for an embedding program or a test calling scan_main: their SIGINT stays theirs)."""
+    from .scan_engine import reported
+
     _cli["interrupt"] = not os.environ.get("RMQHB_DEBUG")
-    return scan_main(argv)
+    return reported(scan_main, argv)  # and the closing line: engine, what was read, each part's time
 
 
 def scan_main(argv=None) -> int:
@@ -1240,6 +1261,8 @@ def _scan_main(argv) -> int:
             print("rmqhb scan: packet captures are not supported by this version", file=sys.stderr)
             return EXIT_USAGE
         return pcap_scan_main(argv)
+    from .scan_engine import add_arguments as add_engine_arguments
+
     d = ScanParams()
     p = argparse.ArgumentParser(prog="rmqhb scan", usage="rmqhb scan PATH... --out REPORT_DIR [options]",
                                 description=SCAN_HELP, epilog=SCAN_EPILOG,
@@ -1268,6 +1291,7 @@ def _scan_main(argv) -> int:
     p.add_argument("--debug", action="store_true", help="show the whole error (Java and Python stacks) on a failure")
     p.add_argument("--driver-memory", default="2g")
     p.add_argument("--no-plots", action="store_true")
+    add_engine_arguments(p)
     args = p.parse_args(argv)
     for directory in args.directories:
         if not directory.is_dir():
@@ -1293,15 +1317,25 @@ def _scan_main(argv) -> int:
             print(f"rmqhb scan: --strict: the recording is damaged ({first['segment']} at byte {first['offset']}: "
                   f"{first['reason']}); run `rmqhb segments verify {directory}`", file=sys.stderr)
             return EXIT_STRICT
-    running = SparkSession.getActiveSession()  # e.g. a notebook's or a test's: use it, leave it running
-    spark = running or spark_session(args.master, "rmqhb-scan", driver_memory=args.driver_memory)
-    try:
+    from .scan_engine import EngineError, local_recording_scan, recording_engine, run_scan
+
+    try:  # in this process or on Spark (a running session, e.g. a notebook's or a test's, is used and left running)
+        engine, what = recording_engine(args, plans)
+    except EngineError as e:
+        print(f"rmqhb scan: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+    def on_spark(spark):
         per = {name: scan(spark, plan.directory, params, method=args.method, split_records=args.split_records,
                           dedupe=not args.no_dedupe, on_corrupt="raise" if args.strict else "skip", plan=plan,
                           client_ids=len(plans) > 1)
                for name, plan in plans.items()}
-        findings = next(iter(per.values())) if len(per) == 1 else combine_brokers(per)
-        args.directory = args.directories[0] if len(per) == 1 else ", ".join(map(str, args.directories))
+        return next(iter(per.values())) if len(per) == 1 else combine_brokers(per)
+
+    try:
+        findings = run_scan(args, engine=engine, what=what, app="rmqhb-scan", spark_scan=on_spark,
+                            local_scan=lambda: local_recording_scan(next(iter(plans.values())), params))
+        args.directory = args.directories[0] if len(plans) == 1 else ", ".join(map(str, args.directories))
     except Exception as e:  # a task that met damage the plan did not see (--strict), or Spark failing
         if args.debug or os.environ.get("RMQHB_DEBUG"):
             raise
@@ -1309,9 +1343,6 @@ def _scan_main(argv) -> int:
         detail = next((ln for ln in cause if "SegmentError" in ln), cause[0] if cause else type(e).__name__)
         print(f"rmqhb scan: stopped: {detail[:300]} (--debug shows the whole error)", file=sys.stderr)
         return EXIT_STRICT if args.strict else 1
-    finally:
-        if running is None:
-            spark.stop()
     decodable = findings["summary"]["records"] - findings["summary"]["bad_bodies"]
     if decodable <= 0:
         print(f"rmqhb scan: nothing decodable in {args.directory}: {findings['summary']['records']} records, "

@@ -229,26 +229,32 @@ def test_generate_mistakes_are_one_line_and_write_nothing(tmp_path):
 
 
 def _interrupt_when(cmd, ready, env=None, cwd=None, timeout=120):
-    """Run cmd in its own process group, wait until a line of its stderr satisfies ready(line), then send SIGINT
-    to the group as a terminal's Ctrl-C does; returns (process, stdout, stderr, seconds from SIGINT to exit)."""
+    """Run cmd in its own process group, wait until ready(stderr lines so far) is true, then send SIGINT to the
+    group as a terminal's Ctrl-C does; returns (process, stdout, stderr, seconds from SIGINT to exit)."""
+    import threading
+
     e = {k: v for k, v in os.environ.items() if k != "RMQHB_DEBUG"}
     e.update(env or {})
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e, cwd=cwd,
                          start_new_session=True)
-    err = []
+    err, out = [], []
+    readers = [threading.Thread(target=lambda f=f, into=into: into.extend(f), daemon=True)
+               for f, into in ((p.stderr, err), (p.stdout, out))]
+    for t in readers:
+        t.start()
     deadline = time.monotonic() + timeout
     try:
-        for line in p.stderr:
-            err.append(line)
-            if ready(line):
-                break
+        while not ready(list(err)):
+            assert p.poll() is None, f"exited before it was ready: {''.join(err)}"
             assert time.monotonic() < deadline, "".join(err)
-        else:
-            raise AssertionError(f"exited before it was ready: {''.join(err)}")
+            time.sleep(0.05)
         t0 = time.monotonic()
         os.killpg(p.pid, signal.SIGINT)
-        out, rest = p.communicate(timeout=30)
-        return p, out, "".join(err) + rest, time.monotonic() - t0
+        p.wait(timeout=30)
+        seconds = time.monotonic() - t0
+        for t in readers:
+            t.join(10)
+        return p, "".join(out), "".join(err), seconds
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
@@ -262,7 +268,7 @@ def test_generate_interrupted_leaves_no_partial_recording(tmp_path):
             (out / "keep.txt").write_text("mine\n")
         p, stdout, stderr, seconds = _interrupt_when(
             [sys.executable, "-m", "engine", "generate", str(out), "--clients", "3000", "--days", "30"],
-            lambda line: "generating [" in line and "records" in line and not line.split("%")[1].strip().startswith("0 "))
+            lambda err: any("generating [" in ln and " 0 records" not in ln for ln in err))
         assert p.returncode == 130 and seconds < 5, stderr
         assert "Traceback" not in stderr and stdout == ""
         assert stderr.strip().splitlines()[-1] == f"rmqhb generate: interrupted; the partial output in {out} was removed"
@@ -305,8 +311,8 @@ def live_broker(tmp_path):
 def test_loadgen_interrupted_prints_the_partial_result(live_broker, tmp_path):
     port = live_broker.ports["main"]
 
-    def answering(line):
-        return line.startswith("loadgen steady") and " answered 0 " not in line
+    def answering(err):
+        return any(ln.startswith("loadgen steady") and " answered 0 " not in ln for ln in err)
 
     p, stdout, stderr, seconds = _interrupt_when(
         [sys.executable, "-m", "engine", "loadgen", "steady", "--broker", f"127.0.0.1:{port}", "--clients", "20",
@@ -389,21 +395,45 @@ def test_a_second_report_into_the_same_directory_leaves_no_stale_files(tmp_path)
 
 
 @pytest.mark.slow
-def test_scan_interrupted_while_spark_runs_is_one_line_and_130(tmp_path):
+@pytest.mark.parametrize("when", ["jvm-starting", "spark-running"])
+def test_scan_interrupted_while_spark_runs_is_one_line_and_130(tmp_path, when):
     require_module("pyspark")
     rec = a_recording(tmp_path / "rec")
     out = tmp_path / "out"
-    # Spark's JVM prints its incubator-module warning as it starts: the session is on its way
+    tmp = tmp_path / "tmp"  # the scan's private directory goes here (mkdtemp): Spark's block manager shows it is up
+    tmp.mkdir()
+
+    def ready(err):
+        if when == "jvm-starting":  # the JVM prints its incubator-module warning as it starts
+            return any("WARNING" in ln or "jdk" in ln for ln in err)
+        return any(tmp.glob("rmqhb-spark-*/blockmgr-*"))
+
     p, stdout, stderr, seconds = _interrupt_when(
-        [sys.executable, "-m", "engine", "scan", str(rec), "--out", str(out), "--no-plots"],
-        lambda line: "WARNING" in line or "jdk" in line, timeout=300)
+        [sys.executable, "-m", "engine", "scan", str(rec), "--out", str(out), "--no-plots"], ready,
+        env={"TMPDIR": str(tmp)}, timeout=300)
     assert p.returncode == 130 and seconds < 5, stderr
     assert "Traceback" not in stderr and "py4j" not in stderr and "Exception" not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == "rmqhb scan: interrupted"
     assert not out.exists() or not any(out.iterdir())  # no report that looks complete
-    time.sleep(1)
-    with pytest.raises(ProcessLookupError):  # the JVM and its Python workers ended with it
-        os.killpg(p.pid, 0)
+    deadline = time.monotonic() + 5
+    while _alive_in_group(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive_in_group(p.pid) == []  # the JVM and its Python workers ended with it
+    assert list(tmp.iterdir()) == []  # the private directory removed
+
+
+def _alive_in_group(pgid: int) -> list:
+    """Processes of process group pgid that are not zombies (Linux /proc)."""
+    alive = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append((pid, stat[:80]))
+    return alive
 
 
 @pytest.mark.slow

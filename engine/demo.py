@@ -101,6 +101,11 @@ def demo_main(argv=None) -> int:
     p.add_argument("--records", type=int, default=2_000_000, help="heartbeats in the synthetic recording")
     p.add_argument("--no-spark", action="store_true", help="stop before the Spark scan")
     args = p.parse_args(argv)
+    if not args.no_spark:  # what step 4 needs, checked before steps 1-3 run for minutes
+        missing = _spark_missing()
+        if missing:
+            print(f"rmqhb demo: {missing} (or run `rmqhb demo --no-spark`)", file=sys.stderr)
+            return 2
     work = args.work or Path(tempfile.mkdtemp(prefix="rmqhb-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     # the one place the demo names its directory; everything it writes stays under it and is kept afterwards
@@ -145,11 +150,7 @@ def demo_main(argv=None) -> int:
         _files_left(work)
         return 0
     _section("4. Spark scan")
-    try:
-        from engine.bindings.spark import scan_main
-    except ImportError as e:
-        print(f"Spark binding unavailable ({e}); install the `spark` extra", file=sys.stderr)
-        return 1
+    from engine.bindings.spark import cli_main as scan_main  # Ctrl-C while Spark runs: one line, 130
     from engine.recording.synth import compare_with_manifest
     import json
 
@@ -164,6 +165,21 @@ def demo_main(argv=None) -> int:
         print("  " + line)
     _files_left(work)  # the scan printed the report's path
     return 0 if not problems else 1
+
+
+def _spark_missing():
+    """Why the Spark scan cannot run here (one line: the spark extra, Java 17), or None."""
+    import importlib.util
+
+    from .cli import SCAN_DEPENDENCIES
+
+    missing = [m for m in SCAN_DEPENDENCIES if importlib.util.find_spec(m) is None]
+    if missing:
+        return (f"the scan needs the spark extra (missing: {', '.join(missing)}): "
+                "pip install 'rocketmq-heartbeat-engine[spark]'")
+    from engine.bindings.spark import java_problem
+
+    return java_problem()
 
 
 def _files_left(work: Path) -> None:

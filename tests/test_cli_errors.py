@@ -189,6 +189,14 @@ def test_a_directory_of_broker_logs_means_broker_logs(tmp_path):
     assert path_kind(other) is None and plan_files([other]) == []
 
 
+def test_demo_without_a_usable_java_says_so_before_any_work(tmp_path):
+    require_module("pyspark")
+    p = rmqhb("demo", "--work", tmp_path / "work", env={"JAVA_HOME": str(tmp_path / "nowhere")})
+    line = one_line(p)
+    assert p.returncode == 2 and line.startswith("rmqhb demo: JAVA_HOME=") and "--no-spark" in line
+    assert p.stdout == "" and not (tmp_path / "work").exists()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # rmqhb segments verify
 

@@ -79,8 +79,12 @@ def test_scan_matches_local_analyses_per_broker(spark, fleet):
     for r in f["flapping_clients"]:
         m = (ma if r["broker"] == "broker-a" else mb)["flapping"][0]
         assert (r["connect_ms"], r["closes"]) == (m["connect_ms"], m["closes"]) and len(r["closes"]) == 4
-    assert {(r["broker"], r["client_id"]) for r in f["member_addresses"]} == {("broker-a", "10.9.0.3@odd")}
-    assert not mb["inconsistent"]  # (broker-b's two groups leave no room for the odd member's disagreement)
+    assert {(r["broker"], r["client_id"]) for r in f["member_addresses"]} == {
+        ("broker-a", "10.9.0.3@odd"), ("broker-a", "10.9.0.4@broadcast"), ("broker-b", "10.9.0.4@broadcast")}
+    # (broker-b's two groups leave no room for the odd member's disagreement; the BROADCASTING one is in group 0)
+    assert [r["group"] for r in mb["inconsistent"]] == ["CID_G0"]
+    assert [(r["broker"], r["group"], r["adds"], r["removes"]) for r in f["retry_topic_churn"]] == [
+        ("broker-a", "CID_G0", 4, 4), ("broker-b", "CID_G0", 4, 4)]
     assert all(r["addrs"] for r in f["member_addresses"])
     assert sorted((r["broker"], r["addr"], r["expired_ms"]) for r in f["expired_clients"]) == [
         ("broker-a", ma["expired"][0]["addr"], ma["expired"][0]["expired_ms"]),

@@ -236,6 +236,44 @@ def test_one_address_cannot_fill_the_broker_wide_group_table(gbroker, stub):
     assert answer.status.code == Code.OK
 
 
+def test_a_refused_heartbeat_group_holds_no_share_of_the_address(tmp_path):
+    """A Heartbeat naming a group the registry does not take (5.x rules, autoCreateSubscriptionGroup=false: a
+    group without config is not registered) holds nothing, so it takes nothing of its address's
+    grpcMaxGroupsPerIp: junk group names heartbeated by one session do not lock the address's other clients out."""
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port(), auto_create_subscription_group=False,
+                           client_management_rules=5)).start()
+    try:
+        ep = b.grpc
+        stub = sg.MessagingServiceStub(channel_to(b.ports["grpc"]))
+        for group in ("GroupKept", "GroupGood"):
+            b.call(b.registry.update_subscription_group_config, SubscriptionGroupConfig(group))
+        ep.max_groups_per_ip = 3
+        t, answer = start_session(stub, "c@1", consumer_settings("GroupKept", [("TopicS", "*")]))
+        assert answer.status.code == Code.OK
+        for k in range(4):
+            hb = s.HeartbeatRequest(client_type=d.ClientType.PUSH_CONSUMER)
+            hb.group.name = f"NoSuch{k}"
+            assert stub.Heartbeat(hb, metadata=md("c@1")).status.code == Code.OK
+            assert consumers(b, f"NoSuch{k}") is None
+        assert b.call(lambda: dict(ep._ip_groups["127.0.0.1"])) == {("C", "GroupKept"): 1}
+        assert ep.refused["groups_per_ip"] == 0
+        t2, answer = start_session(stub, "c@2", consumer_settings("GroupGood", [("TopicS", "*")]))
+        assert answer.status.code == Code.OK
+        # a heartbeat group the registry takes is counted, and given back with the session
+        b.call(b.registry.update_subscription_group_config, SubscriptionGroupConfig("GroupMore"))
+        hb = s.HeartbeatRequest(client_type=d.ClientType.PUSH_CONSUMER)
+        hb.group.name = "GroupMore"
+        assert stub.Heartbeat(hb, metadata=md("c@1")).status.code == Code.OK
+        assert b.call(lambda: sorted(ep._ip_groups["127.0.0.1"])) == [("C", "GroupGood"), ("C", "GroupKept"),
+                                                                       ("C", "GroupMore")]
+        t.end()
+        t2.end()
+        wait_until(lambda: ep.sessions == {})
+        assert not ep._ip_groups
+    finally:
+        b.stop()
+
+
 def test_sessions_per_address(gbroker, stub):
     ep = gbroker.grpc
     ep.max_sessions_per_ip = 2

@@ -1096,16 +1096,17 @@ class _Servicer:
             if session is None or session.settings is None:
                 return ep.p.s.HeartbeatResponse(status=ep._status(
                     d.Code.UNRECOGNIZED_CLIENT_TYPE, "cannot find client settings for this client"))
-            group = None
+            group = added = None
             if session.client_type != d.ClientType.PRODUCER:
                 group = ep._group(request.group)
                 if ("C", group) not in session.groups:  # a group its Settings do not name: in the share too
-                    groups = session.groups | {("C", group)}
-                    ep._check_shares(session, groups, session.cost)
-                    ep._account(session, groups, session.cost)
+                    added = session.groups | {("C", group)}
+                    ep._check_shares(session, added, session.cost)
             session.last_seen = time.monotonic()
             beat = ep._beat_data(session, group)
             status = ep._register(session, group, beat)
+            if added is not None and group in ep.broker.registry.channel_groups(session)[0]:
+                ep._account(session, added, session.cost)  # counted once registered: one not taken holds none
             if status is not None:
                 return ep.p.s.HeartbeatResponse(status=status)
             token = ep.broker.registry.repeat_token(session, beat, session.language, session.version)

@@ -21,6 +21,7 @@ the capture missed (each loss also listed as damage, so heartbeat gaps over it m
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import gzip
 import json
@@ -507,6 +508,40 @@ def connection_events(results: Sequence[CaptureResult]) -> dict:
     return out
 
 
+#: A broker stop in a capture: every connection open at that moment (two or more) ended by the broker's side within
+#: this window (a stopping broker closes its channels; a killed one's kernel does).
+RESTART_WINDOW_MS = 2_000
+
+
+def broker_restarts(results: Sequence[CaptureResult]) -> List[dict]:
+    """The broker stops a capture shows (``broker_boots`` rows, as a log's): a time when every connection of the
+    capture open then -- two or more -- ended by the server's FIN / RST within ``RESTART_WINDOW_MS``; ``start_ms``
+    is the first connection opened after it (the broker accepting again), None if none. A broker that starts has no
+    channels: its members' intervals end at those closes already (member_left)."""
+    out = []
+    for r in results:
+        ends = connection_events([r])
+        server_ends = sorted({int(e["end"][0]) for e in ends.values()
+                              if e.get("end") is not None and str(e["end"][1]).endswith("_by_server")})
+        opens = sorted(int(e["open"]) for e in ends.values() if e.get("open") is not None)
+        after = -1
+        for t in server_ends:
+            if t <= after:
+                continue
+            live = [c for c, v in r.conns.items() if int(v[1]) < t and (
+                (ends.get(c) or {}).get("end") is None or int(ends[c]["end"][0]) >= t)]
+            if len(live) < 2 or not all(
+                    (ends.get(c) or {}).get("end") is not None and int(ends[c]["end"][0]) <= t + RESTART_WINDOW_MS
+                    and str(ends[c]["end"][1]).endswith("_by_server") for c in live):
+                continue
+            after = max(int(ends[c]["end"][0]) for c in live)
+            k = bisect.bisect_right(opens, after)
+            out.append({"broker": r.name, "start_ms": opens[k] if k < len(opens) else None, "ready_ms": None,
+                        "name": None, "addr": None, "stopped_ms": t, "members_ended": None,
+                        "clients_ended": len(live)})
+    return sorted(out, key=lambda x: (x["broker"], x["stopped_ms"]))
+
+
 def unregister_times(results: Sequence[CaptureResult]) -> dict:
     """{(client_id, role, group): [ms, ...]} of the captures' UNREGISTER_CLIENT requests (its producerGroup for the
     producer role, its consumerGroup for the consumer role): when the broker removed those members
@@ -921,6 +956,7 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
     findings["parameters"] = {k: getattr(params, k) for k in ScanParams.__dataclass_fields__}
     summary = capture_summary(results)
     findings["capture"] = summary
+    findings["broker_boots"] = broker_restarts(results)
     damage = loss_damage(summary)
     findings["scan"] = {"method": "pcap", "captures": len(results), "tasks": len(plan),
                         "files": sum(len(r.files) for r in results),
@@ -950,6 +986,7 @@ def scan_local(paths, params: ScanParams = ScanParams(), *, native: Optional[boo
         findings["_client_ids"] = sorted(i for i in ids if i is not None)
     summary = capture_summary(results)
     findings["capture"] = summary
+    findings["broker_boots"] = broker_restarts(results)
     damage = loss_damage(summary)
     findings["scan"] = {"torn_tails": [], "corrupt": damage}
     separate_data_loss(findings, [], damage)

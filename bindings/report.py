@@ -1281,16 +1281,21 @@ def _vanished_section(findings: dict, cols, row, link) -> List[str]:
         parts.append("</section>")
     if "broker_boots" in findings:
         boots = findings["broker_boots"]
+        how = ("In a capture: a time when every connection open then (two or more) was ended by the broker within "
+               "2 s; started: the first connection after it. " if findings.get("capture") else
+               "In a log: its stop is the shutdown hook's line, its start its first startup line (else its boot "
+               "success line). ")
         parts.append("<section id=restarts><h2>Broker restarts</h2><p>A broker that stops or starts has no channels: "
-                     "every membership still live ends there (its stop: the shutdown hook's line; else its start). "
+                     "every membership still live ends there. " + how
                      + ("No stop or start of a broker in the input." if not boots else "") + "</p>")
         if boots:
             parts.append(_table(
                 ["broker", "stopped (UTC)", "started (UTC)", "boot success (UTC)", "name, address",
                  "memberships ended", "clients"],
-                [[r["broker"], utc(r["stopped_ms"]) or "", utc(r["start_ms"]) or "(still stopped at the end)",
-                  utc(r["ready_ms"]) or "", ", ".join(x for x in (r["name"], r["addr"]) if x), r["members_ended"],
-                  r["clients_ended"]] for r in boots], csv_name="broker_restarts.csv"))
+                [[r["broker"], utc(r["stopped_ms"]) or "", utc(r["start_ms"]) or "(not started again in the input)",
+                  utc(r["ready_ms"]) or "", ", ".join(x for x in (r["name"], r["addr"]) if x),
+                  "" if r["members_ended"] is None else r["members_ended"], r["clients_ended"]] for r in boots],
+                csv_name="broker_restarts.csv"))
     return parts
 
 
@@ -1728,8 +1733,8 @@ def print_summary(findings: dict, file) -> None:
               + (f" on {r['broker']}" if r.get("broker") else ""), file=file)
     for r in findings.get("broker_boots", [])[:5]:
         print(f"  broker {r['broker']} " + (f"stopped {utc(r['stopped_ms'])} " if r["stopped_ms"] else "")
-              + (f"started {utc(r['start_ms'])}" if r["start_ms"] else "(still stopped at the end)")
-              + f", {r['members_ended']} memberships ended", file=file)
+              + (f"started {utc(r['start_ms'])}" if r["start_ms"] else "(not started again in the input)")
+              + f", {r['clients_ended']} clients' channels ended", file=file)
     n = {k: len(findings[k]) for k in _keys(findings)}
     gaps = "heartbeat gaps not visible" if "heartbeat_gaps" in (findings.get("unsupported") or {}) else \
         f"{n['heartbeat_gaps']} heartbeat gaps"

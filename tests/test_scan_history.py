@@ -434,6 +434,12 @@ def test_spark_capture_scan_gives_the_local_causes_and_vanished_clients(spark, t
     got, ref = pcap.scan(spark, [cap]), pcap.scan_local([cap])
     check_history_capture(got, a)
     assert got["expired_clients"] == ref["expired_clients"] and got["vanished_clients"] == ref["vanished_clients"]
+    assert got["broker_boots"] == ref["broker_boots"] == []
+    cap = tmp_path / "restart.pcap"
+    restart_capture(cap)
+    got, ref = pcap.scan(spark, [cap]), pcap.scan_local([cap])
+    check_restart_capture(got)
+    assert got["broker_boots"] == ref["broker_boots"] and got["group_sizes"] == ref["group_sizes"]
 
 
 def test_unattributed_lines_of_members_that_left_are_told_apart_from_missing_registers(tmp_path):
@@ -451,3 +457,32 @@ def test_unattributed_lines_of_members_that_left_are_told_apart_from_missing_reg
     html = _report_text(f)
     assert "1 for members whose register line the broker never wrote" in html
     assert "3 for members that had left already" in html and "older log files missing?" not in html
+
+
+def restart_capture(path):
+    """Three clients heartbeat every 30 s; at 100 s the broker closes all three connections (its FINs within 1 s:
+    a stop), the clients come back on new connections at 130 s. Earlier, at 45 s, the broker closed one other
+    connection alone (an idle close, not a restart)."""
+    a = {c: f"10.0.8.{i + 1}:4{i}000" for i, c in enumerate("ABC")}
+    steps = [(T0 + s * 1000, a[c], "hb", _hb(f"{c}@1")) for s in (0, 30, 60, 90) for c in "ABC"]
+    steps += [(T0 + s * 1000, f"10.0.8.{i + 1}:4{i}001", "hb", _hb(f"{c}@1")) for s in (130, 160)
+              for i, c in enumerate("ABC")]
+    steps += [(T0 + 0, "10.0.8.9:49000", "hb", _hb("Z@1")), (T0 + 45_000, "10.0.8.9:49000", "fin", "server")]
+    steps += [(T0 + 100_000 + i * 400, a[c], "fin", "server") for i, c in enumerate("ABC")]
+    pcap_tool.write_script(path, sorted(steps, key=lambda x: x[0]))
+
+
+def check_restart_capture(f):
+    assert [(r["stopped_ms"] - T0, r["start_ms"] - T0, r["clients_ended"]) for r in f["broker_boots"]] == [
+        (100_000, 130_000, 3)]
+
+
+def test_a_capture_names_a_broker_restart(tmp_path):
+    from engine.bindings import pcap
+
+    cap = tmp_path / "restart.pcap"
+    restart_capture(cap)
+    f = pcap.scan_local([cap])
+    check_restart_capture(f)
+    html = _report_text(f)
+    assert "Broker restarts" in html and ts(T0 + 100_000) in html

@@ -1075,10 +1075,18 @@ EXIT_OK, EXIT_USAGE, EXIT_DAMAGED, EXIT_NOTHING, EXIT_STRICT = 0, 2, 3, 4, 5
 def cli_main(argv=None) -> int:
     """`rmqhb scan` from the command line: scan_main, and Ctrl-C ends it at once with one line (exit 130) also
     while Spark runs (not for an embedding program or a test calling scan_main: their SIGINT stays theirs)."""
+    import signal
+
     from .scan_engine import reported
 
+    before = signal.getsignal(signal.SIGINT)
     _cli["interrupt"] = not os.environ.get("RMQHB_DEBUG")
-    return reported(scan_main, argv)  # and the closing line: engine, what was read, each part's time
+    try:
+        return reported(scan_main, argv)  # and the closing line: engine, what was read, each part's time
+    finally:  # a caller in this process (rmqhb demo, a test calling cli.main) gets its own handler back
+        _cli["interrupt"] = False
+        if before is not None and signal.getsignal(signal.SIGINT) is _interrupt:
+            signal.signal(signal.SIGINT, before)
 
 
 def scan_main(argv=None) -> int:

@@ -117,8 +117,8 @@ def parse_native(path, native, limit=None):
 def log():
     path = DIRECTORY / "broker-a" / "broker.log"
     if not ((DIRECTORY / bl.MANIFEST_NAME).exists() and path.exists()):  # generated once, kept in DIRECTORY
-        restarts = bl.lines_for_restarts(LINES, 400, noise=0)
-        m = bl.generate_broker_log(path, groups=20, members=20, restarts=restarts, duration_s=86400, noise=0, seed=1)
+        groups = bl.groups_for_lines(LINES, 20, 2, noise=0)  # a fleet of that size, each client restarting twice
+        m = bl.generate_broker_log(path, groups=groups, members=20, restarts=2, duration_s=86400, noise=0, seed=1)
         (DIRECTORY / bl.MANIFEST_NAME).write_text(json.dumps({"format": bl.MANIFEST_FORMAT, "log_tz": TZ,
                                                               "brokers": {"broker-a": m}}))
     m = bl.load_manifest(DIRECTORY)["brokers"]["broker-a"]

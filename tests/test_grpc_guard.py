@@ -439,6 +439,36 @@ def test_the_sessions_file_keeps_what_fits_and_a_start_restores_what_fits(tmp_pa
         b.stop()
 
 
+def test_a_restore_that_fails_inside_leaves_no_session(tmp_path, monkeypatch):
+    """A restore whose registration fails with an internal error (not a bad request) answers INTERNAL_ERROR and
+    leaves nothing behind: a restored session has no stream, so one left there would never be reaped and would
+    hold its slot of grpcMaxSessions and its address's shares for ever."""
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port())).start()
+    ports = b.ports
+    try:
+        stub = sg.MessagingServiceStub(channel_to(b.ports["grpc"]))
+        t, answer = start_session(stub, "back@1", producer_settings("TopicBack"))
+        assert answer.status.code == Code.OK
+    finally:
+        b.stop()
+    b = Broker(make_config(tmp_path, listen_port=ports["main"], grpc_server_port=ports["grpc"])).start()
+    try:
+        ep = b.grpc
+        assert list(ep.dormant) == ["back@1"]
+
+        def boom(*args, **kw):
+            raise RuntimeError("registry failure")
+
+        monkeypatch.setattr(ge.GrpcEndpoint, "_register", boom)
+        stub = sg.MessagingServiceStub(channel_to(b.ports["grpc"]))
+        r = stub.Heartbeat(s.HeartbeatRequest(client_type=d.ClientType.PRODUCER), metadata=md("back@1"))
+        assert (r.status.code, r.status.message) == (Code.INTERNAL_ERROR, "internal error")
+        assert b.call(lambda: (dict(ep.sessions), ep.settings_cost, dict(ep._ip_sessions), dict(ep._ip_groups))) \
+            == ({}, 0, {}, {})
+    finally:
+        b.stop()
+
+
 # ------------------------------------------------------------------------------------------ issue 27 §5
 
 

@@ -477,7 +477,7 @@ class GrpcEndpoint:
         session = self._session(context, create=True)
         try:
             status = self._update_settings(session, settings)
-        except _BadRequest:
+        except Exception:  # whatever failed: a session without a stream left here would never be reaped
             self.close_session(session, "restore failed", logging.DEBUG)
             raise
         if status is not None:  # its group cannot register any more: the client's Settings will tell

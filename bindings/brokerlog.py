@@ -1257,7 +1257,8 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
         manifest["inconsistent"].append({
             "group": "CID_G0", "start_ms": t3, "end_ms": t3 + 300_000,
             "variants": [{"subscriptions": [["%RETRY%CID_G0", "TAG", "*"], ["Topic_G0", "TAG", "TagA || TagB"]],
-                          "clients": sorted([c2["client"] for g2, c2 in fleet if g2 == g] + ["10.9.0.1@flapper"])},
+                          "clients": sorted([c2["client"] for g2, c2 in fleet if g2 == g] + ["10.9.0.1@flapper"]
+                                            + (["10.9.0.2@frozen"] if 1 % groups == g else []))},
                          {"subscriptions": [["Topic_G0", "TAG", "TagA || TagB"]], "clients": [client]}]})
         if groups >= 3:
             # an extra member of group 2 subscribing with another tag for 10 minutes

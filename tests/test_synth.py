@@ -308,3 +308,15 @@ def test_generated_broker_log_restarts_stay_rare(tmp_path, capsys):
     assert bl.compare_with_generated(f, doc) == []
     assert [r["client_id"] for r in f["flapping_clients"]] == ["10.9.0.1@flapper"]
     assert bl.max_restarts(600, 20) == 0 and bl.groups_for_lines(1_000_000, 20, 2) > 1000
+
+
+@pytest.mark.parametrize("groups,members,restarts", [(1, 1, 3), (1, 3, 2), (2, 1, 0), (3, 2, 5)])
+def test_generated_broker_log_of_a_small_fleet_is_found_exactly(tmp_path, groups, members, restarts):
+    """Every injection lands in a group of the fleet however small (one group: the frozen and the BROADCASTING
+    member share group 0, so the frozen one is among the majority), and the scan finds exactly the manifest."""
+    from engine.bindings import brokerlog as bl
+
+    m = bl.generate_broker_log(tmp_path / "b" / "broker.log", groups=groups, members=members, restarts=restarts,
+                               seed=1)
+    f = bl.scan_local([tmp_path / "b"], log_tz="+08:00")
+    assert bl.compare_with_manifest(f, m) == [] and m["retry_churn"] and m["inconsistent"]

@@ -606,6 +606,15 @@ EXPIRY_CAUSES = {"scan": "removed by the broker's SCAN",
                  "inferred": "inferred: last heartbeat + the expiry, no close seen"}
 
 
+#: What a recording (heartbeats only) cannot tell, named in its report.
+RECORDING_CANNOT = {
+    "vanished_clients": "a recording holds heartbeats only, no connection ends nor UNREGISTER_CLIENT: a client "
+                        "killed or cut off is listed as an expired client (cause inferred), as is one that shut down "
+                        "cleanly",
+    "broker_restarts": "a recording holds no broker stop or start: members count as live across a restart until "
+                       "their expiry"}
+
+
 def expiry_cause(findings: dict, r: dict) -> str:
     """An expiry's cause: its own, else a log's SCAN line or a recording's / capture's inference."""
     return r.get("cause") or ("scan" if findings.get("log") else "inferred")
@@ -1544,9 +1553,12 @@ def write_html(findings: dict, out: "ReportFiles", csvs: List[str], plots: List[
         parts += _log_section(findings)
     if cap:
         parts += _capture_section(findings)
-    if unsupported:
+    cannot = dict(unsupported)
+    if not log and not cap:  # a recording: heartbeats only
+        cannot.update(RECORDING_CANNOT)
+    if cannot:
         parts.append("<h2>What this input cannot show</h2>" + _table(
-            ["analysis", "why"], [[k, v] for k, v in sorted(unsupported.items())]))
+            ["analysis", "why"], [[k, v] for k, v in sorted(cannot.items())]))
     parts.append("<h2>Parameters and files</h2>")
     parts.append("<p>Parameters: " + ", ".join(f"{e(k)} = {e(str(v))}" for k, v in p.items()) + "</p>")
     scan = findings.get("scan")

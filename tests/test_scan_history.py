@@ -486,3 +486,14 @@ def test_a_capture_names_a_broker_restart(tmp_path):
     check_restart_capture(f)
     html = _report_text(f)
     assert "Broker restarts" in html and ts(T0 + 100_000) in html
+
+
+def test_a_recording_report_says_what_it_cannot_show(tmp_path):
+    from engine.recording import scan_py
+    from engine.recording.synth import FleetConfig, generate
+
+    generate(tmp_path / "rec", FleetConfig(clients=6, groups=2, days=0.02, seed=3))
+    f = scan_py.scan(tmp_path / "rec")
+    assert "vanished_clients" not in f and all(r["cause"] == "inferred" for r in f["expired_clients"])
+    html = _report_text(f)
+    assert "What this input cannot show" in html and "vanished_clients" in html and "broker_restarts" in html

@@ -1293,7 +1293,8 @@ def _vanished_section(findings: dict, cols, row, link) -> List[str]:
         how = ("In a capture: a time when every connection open then (two or more) was ended by the broker within "
                "2 s; started: the first connection after it. " if findings.get("capture") else
                "In a log: its stop is the shutdown hook's line, its start its first startup line (else its boot "
-               "success line). ")
+               "success line); a start with no stop logged before it (a killed broker) ends the memberships at the "
+               "start: when the broker died is not in the log. ")
         parts.append("<section id=restarts><h2>Broker restarts</h2><p>A broker that stops or starts has no channels: "
                      "every membership still live ends there. " + how
                      + ("No stop or start of a broker in the input." if not boots else "") + "</p>")

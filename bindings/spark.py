@@ -136,6 +136,10 @@ def _default_java_home() -> None:
                 break
 
 
+class JavaUnavailable(RuntimeError):
+    """Spark's JVM cannot start here: the message is one line saying why and how to point at a Java 17."""
+
+
 def java_problem() -> Optional[str]:
     """Why Spark's JVM cannot start here (one line: what is wrong and how to point at a Java 17), or None. Checked
     before a session starts: without it a missing or old Java is a py4j traceback after the launcher failed."""
@@ -182,6 +186,12 @@ def spark_session(master: Optional[str] = None, app_name: str = "rmqhb", *, test
     master = master or os.environ.get("RMQHB_SPARK_MASTER") or "local[*]"
     local = master.startswith("local")
     prepare_environment(local)
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is None:  # a JVM is to start: a missing or old Java is one line, not
+        problem = java_problem()                      # a py4j traceback after the launcher failed
+        if problem:
+            raise JavaUnavailable(problem)
     java_opts = f"-Dlog4j2.configurationFile=file:{_log4j2_file()}"
     if local:  # the JVM's own temporary files (native libraries it unpacks, ...) in the private directory too
         java_opts += f" -Djava.io.tmpdir={private_dir()}"
@@ -1109,6 +1119,9 @@ def scan_main(argv=None) -> int:
     except ReportOutputError as e:
         print(f"rmqhb scan: --out {e}", file=sys.stderr)
         return EXIT_USAGE
+    except JavaUnavailable as e:  # found as Spark was to start (an in-process scan needs no Java)
+        print(f"rmqhb scan: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 #: bytes read from the start of each log file given to tell a text log from binary data (bounded: a .gz is
@@ -1252,9 +1265,6 @@ def _scan_main(argv) -> int:
         _catch_interrupt()
     if not any(a in ("-h", "--help") for a in argv):
         problem = input_problem(argv, kind, explicit=why in ("--format", "--input"))
-        if problem is None and SparkSession.getActiveSession() is None:
-            java = java_problem()
-            problem = (EXIT_USAGE, java) if java else None
         if problem:
             print(f"rmqhb scan: {problem[1]}", file=sys.stderr)
             return problem[0]
@@ -1345,7 +1355,7 @@ def _scan_main(argv) -> int:
                             local_scan=lambda: local_recording_scan(next(iter(plans.values())), params))
         args.directory = args.directories[0] if len(plans) == 1 else ", ".join(map(str, args.directories))
     except Exception as e:  # a task that met damage the plan did not see (--strict), or Spark failing
-        if args.debug or os.environ.get("RMQHB_DEBUG"):
+        if args.debug or os.environ.get("RMQHB_DEBUG") or isinstance(e, JavaUnavailable):
             raise
         cause = str(e).strip().splitlines()
         detail = next((ln for ln in cause if "SegmentError" in ln), cause[0] if cause else type(e).__name__)

@@ -160,11 +160,14 @@ def test_scan_mistakes_are_one_line_before_any_work(tmp_path, fake_java):
 def test_scan_without_a_usable_java_says_so_before_spark(tmp_path, fake_java):
     home, marker = fake_java
     rec = a_recording(tmp_path / "rec")
-    p = rmqhb("scan", rec, "--out", tmp_path / "out", env={"JAVA_HOME": str(tmp_path / "nowhere")})
+    # --engine spark: a small input is scanned in this process by default, without Java
+    p = rmqhb("scan", rec, "--out", tmp_path / "out", "--engine", "spark", "--no-progress",
+              env={"JAVA_HOME": str(tmp_path / "nowhere")})
     line = one_line(p)
     assert p.returncode == 2 and f"JAVA_HOME={tmp_path / 'nowhere'} has no bin/java" in line
     assert "Java 17" in line and "JAVA_HOME" in line
-    p = rmqhb("scan", rec, "--out", tmp_path / "out", env={"JAVA_HOME": str(home)})
+    p = rmqhb("scan", rec, "--out", tmp_path / "out", "--engine", "spark", "--no-progress",
+              env={"JAVA_HOME": str(home)})
     line = one_line(p)
     assert p.returncode == 2 and "is Java 11" in line and "Java 17" in line and marker.exists()
     assert not (tmp_path / "out").exists()
@@ -417,7 +420,8 @@ def test_scan_interrupted_while_spark_runs_is_one_line_and_130(tmp_path, when):
         return any(tmp.glob("rmqhb-spark-*/blockmgr-*"))
 
     p, stdout, stderr, seconds = _interrupt_when(
-        [sys.executable, "-m", "engine", "scan", str(rec), "--out", str(out), "--no-plots"], ready,
+        [sys.executable, "-m", "engine", "scan", str(rec), "--out", str(out), "--no-plots",
+         "--engine", "spark"], ready,
         env={"TMPDIR": str(tmp)}, timeout=300)
     assert p.returncode == 130 and seconds < 5, stderr
     assert "Traceback" not in stderr and "py4j" not in stderr and "Exception" not in stderr, stderr

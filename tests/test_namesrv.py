@@ -183,6 +183,14 @@ def test_standalone_routes_a_retry_topic_only_once_its_heartbeat_created_it(brok
     assert queue_data(route_of(c, "%DLQ%G")[1]) == q(2, 1)
 
 
+def test_a_start_topic_named_twice_is_the_later_one_as_in_javas_constructor(brokers, tmp_path):
+    """TopicConfigManager's constructor puts its topics in order into one map: a broker named as its cluster has
+    the broker-name topic (1 queue, perm by brokerTopicEnable), which replaced the cluster-name topic."""
+    b = start(brokers, tmp_path, broker_name="same", broker_cluster_name="same", broker_topic_enable=False)
+    c = Client(b.ports["main"])
+    assert queue_data(route_of(c, "same")[1]) == q(1, 1)
+
+
 def test_standalone_without_auto_create_routes_only_known_topics(brokers, tmp_path):
     b = start(brokers, tmp_path, auto_create_topic_enable=False)
     c = Client(b.ports["main"])

@@ -134,7 +134,9 @@ class TopicConfigManager(KeyedConfigManager):
         (the auto-create budget does not apply) and are not reported to ``on_topic_created`` (the broker registers
         them at start). Returns the names added."""
         added = []
-        for tc in configs:
+        # Java puts them in order into one map: a later one of the same name (a broker named as its cluster)
+        # replaces the earlier one
+        for tc in {tc.topic_name: tc for tc in configs}.values():
             self.start_topics.add(tc.topic_name)
             if tc.topic_name and tc.topic_name not in self.table:
                 self.table[tc.topic_name] = tc

@@ -526,7 +526,10 @@ def check_fleet_capture_findings(f, ref, rec, manifest):
         assert [{x: v for x, v in r.items() if x not in marks} for r in f[k]] == [
             {x: v for x, v in r.items() if x not in marks} for r in ref[k]], k
     assert len(f["expired_clients"]) == len(manifest["anomalies"]["expired_clients"]) > 0
-    assert f["summary"] == ref["summary"]
+    # a capture has no clipped records (the recorder's clip): the Spark scan's summary does not name a zero count
+    assert {k: v for k, v in f["summary"].items() if k != "clipped_bodies"} == {
+        k: v for k, v in ref["summary"].items() if k != "clipped_bodies"}
+    assert f["summary"].get("clipped_bodies", 0) == ref["summary"].get("clipped_bodies", 0) == 0
     sizes = {(g["group"], g["role"]): g["series"] for g in f["group_sizes"]}
     assert sizes == sizes_with_closes(rec)
     assert [(g["group"], g["role"], g["members"]) for g in f["group_sizes"]] == [

@@ -1631,7 +1631,7 @@ def looks_like_logs(paths) -> bool:
 INPUT_FORMATS = ("recording", "broker-log", "pcap")
 _PCAP_MAGIC = (b"\xd4\xc3\xb2\xa1", b"\xa1\xb2\xc3\xd4", b"\x4d\x3c\xb2\xa1", b"\xa1\xb2\x3c\x4d", b"\x0a\x0d\x0d\x0a")
 _OPTIONS_WITHOUT_VALUE = ("--no-plots", "--no-dedupe", "--strict", "--allow-damage", "--debug", "--twin", "-h",
-                          "--help")
+                          "--help", "--no-progress")
 
 
 def _file_kind(f: Path) -> Optional[str]:
@@ -1728,6 +1728,8 @@ def scan_main(argv=None) -> int:
     import argparse
     import sys
 
+    from .scan_engine import add_arguments as add_engine_arguments
+
     d = ScanParams()
     p = argparse.ArgumentParser(prog="rmqhb scan", description=scan_main.__doc__)
     p.add_argument("paths", nargs="*", type=Path, help="broker.log files or directories (one per broker)")
@@ -1752,6 +1754,7 @@ def scan_main(argv=None) -> int:
                         f"(default {MAX_LINE_BYTES})")
     p.add_argument("--allow-damage", action="store_true",
                    help="exit 0 when some input could not be read (default 3)")
+    add_engine_arguments(p)
     args = p.parse_args(argv)
     if args.max_line_bytes < 1:
         print("rmqhb scan: --max-line-bytes must be positive", file=sys.stderr)
@@ -1773,19 +1776,20 @@ def scan_main(argv=None) -> int:
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)
         return 2
-    from pyspark.sql import SparkSession
-
     from .report import damage_line, print_summary, write_report
-    from .spark import spark_session
+    from .scan_engine import EngineError, local_log_scan, log_engine, run_scan
 
-    running = SparkSession.getActiveSession()
-    spark = running or spark_session(args.master, "rmqhb-scan-logs", driver_memory=args.driver_memory)
-    try:
-        findings = scan(spark, args.paths, params, log_tz=args.log_tz, brokers=brokers,
-                        native=False if args.twin else None, max_line_bytes=args.max_line_bytes)
-    finally:
-        if running is None:
-            spark.stop()
+    try:  # in this process or on Spark: engine.bindings.scan_engine
+        engine, what = log_engine(args, plan_files(args.paths, brokers))
+    except EngineError as e:
+        print(f"rmqhb scan: {e}", file=sys.stderr)
+        return 2
+    kw = dict(log_tz=args.log_tz, brokers=brokers, native=False if args.twin else None,
+              max_line_bytes=args.max_line_bytes)
+    findings = run_scan(args, engine=engine, what=what, app="rmqhb-scan-logs",
+                        spark_scan=lambda spark: scan(spark, args.paths, params, **kw),
+                        local_scan=lambda: local_log_scan(args.paths, params, **kw),
+                        count=lambda f: (f["log"]["lines"], "lines"))
     log = findings["log"]
     if log["lines"] - log["unparseable"] - log["counts"].get("continuation", 0) <= 0:  # no line with a log header
         write_report(findings, args.out, plots=False)

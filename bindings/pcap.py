@@ -1055,6 +1055,8 @@ def scan_main(argv=None) -> int:
     import argparse
     import sys
 
+    from .scan_engine import add_arguments as add_engine_arguments
+
     d = ScanParams()
     p = argparse.ArgumentParser(prog="rmqhb scan", description=scan_main.__doc__)
     p.add_argument("paths", nargs="*", type=Path, help="capture files, or directories of rotated capture files")
@@ -1087,6 +1089,7 @@ def scan_main(argv=None) -> int:
     p.add_argument("--allow-damage", action="store_true", help="exit 0 when the capture missed data (default 3)")
     p.add_argument("--driver-memory", default="2g")
     p.add_argument("--no-plots", action="store_true")
+    add_engine_arguments(p)
     args = p.parse_args(argv)
     try:
         params = ScanParams(args.expiry, args.gap_threshold, args.min_duration, args.flap_window,
@@ -1103,25 +1106,30 @@ def scan_main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)
         return 2
-    from pyspark.sql import SparkSession
-
     from .report import damage_line, print_summary, write_report
-    from .spark import spark_session
+    from .scan_engine import EngineError, capture_engine, local_capture_scan, run_scan
 
-    running = SparkSession.getActiveSession()
-    spark = running or spark_session(args.master, "rmqhb-scan-pcap", driver_memory=args.driver_memory)
-    try:
-        kw = dict(native=False if args.twin else None, ports=args.port or None, shards=args.shards,
-                  reorder_window_ms=args.reorder_window_ms, max_connections=args.max_connections,
-                  max_record_bytes=args.max_record_bytes, max_buffered_bytes=args.max_buffered_bytes)
+    given = brokers or {None: args.paths}
+    try:  # in this process or on Spark: engine.bindings.scan_engine
+        engine, what = capture_engine(args, {b: plan_captures(paths, args.shards) for b, paths in given.items()})
+    except EngineError as e:
+        print(f"rmqhb scan: {e}", file=sys.stderr)
+        return 2
+    kw = dict(native=False if args.twin else None, ports=args.port or None, shards=args.shards,
+              reorder_window_ms=args.reorder_window_ms, max_connections=args.max_connections,
+              max_record_bytes=args.max_record_bytes, max_buffered_bytes=args.max_buffered_bytes)
+
+    def scan_with(one):  # one(paths, client_ids) -> findings
         if brokers:
-            findings = combine_capture_brokers({b: scan(spark, paths, params, client_ids=True, **kw)
-                                                for b, paths in brokers.items()})
-        else:
-            findings = scan(spark, args.paths, params, **kw)
-    finally:
-        if running is None:
-            spark.stop()
+            return combine_capture_brokers({b: one(paths, True) for b, paths in brokers.items()})
+        return one(args.paths, False)
+
+    findings = run_scan(args, engine=engine, what=what, app="rmqhb-scan-pcap",
+                        spark_scan=lambda spark: scan_with(lambda paths, ids: scan(spark, paths, params,
+                                                                                   client_ids=ids, **kw)),
+                        local_scan=lambda: scan_with(lambda paths, ids: local_capture_scan(paths, params,
+                                                                                           client_ids=ids, **kw)),
+                        count=lambda f: (f["capture"]["stats"]["packets"], "packets"))
     cap = findings["capture"]
     st = cap["stats"]
     if findings["summary"]["records"] == 0:

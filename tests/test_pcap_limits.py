@@ -398,3 +398,13 @@ def test_rotated_files_are_ordered_by_their_first_sane_packet(tmp_path):
     (d / "a.pcap").write_bytes(late.bytes())
     (cap,) = pcap.plan_captures([d])
     assert [Path(f).name for f in cap.files] == ["b.pcap", "a.pcap"]
+
+
+def test_pcapng_interfaces_are_bounded():
+    """Every pcapng interface block is kept (its link type and time resolution): a file of them grew the list
+    without end. Past MAX_INTERFACES per section the file is damaged (CaptureError naming the byte)."""
+    idb = struct.pack("<IIHHII", 1, 20, 1, 0, 262144, 20)
+    shb = struct.pack("<IIIHHqI", 0x0A0D0D0A, 28, 0x1A2B3C4D, 1, 0, -1, 28)
+    out = both([shb + idb * (twin.MAX_INTERFACES + 1)])
+    assert out[:2] == ("error", "CaptureError") and "more than 4096 pcapng interfaces" in out[2]
+    assert both([shb + idb * twin.MAX_INTERFACES + shb + idb * 3])[0] != "error"  # a new section starts anew

@@ -66,7 +66,7 @@ from engine.codec.errors import FrameError, RemotingError
 __all__ = ["CaptureDecoder", "CaptureError", "STAT_NAMES", "EVENT_KINDS", "conn_hash", "DEFAULT_REORDER_WINDOW_MS",
            "DEFAULT_MAX_PENDING_BYTES", "MAX_PACKET_BYTES", "DEFAULT_MAX_PENDING_SEGMENTS", "DEFAULT_MAX_RECORD_BYTES",
            "DEFAULT_MAX_CONNECTIONS", "DEFAULT_MAX_BUFFERED_BYTES", "MIN_TIME_MS", "MAX_TIME_AHEAD_MS",
-           "MAX_HEADER_BYTES", "SEARCH_HEADER_BYTES", "DAMAGE_KINDS"]
+           "MAX_HEADER_BYTES", "SEARCH_HEADER_BYTES", "DAMAGE_KINDS", "MAX_INTERFACES"]
 
 
 class CaptureError(RemotingError, ValueError):
@@ -93,6 +93,8 @@ MAX_TIME_AHEAD_MS = 86_400_000
 #: the longest header read of a frame too large to buffer; the longest a resynchronisation candidate may have
 MAX_HEADER_BYTES = 64 << 10
 SEARCH_HEADER_BYTES = 4096
+#: pcapng interfaces per section (each interface block is kept: a file of them would grow the list without end)
+MAX_INTERFACES = 4096
 #: the budgets' damage, each with the time range it covers (CaptureDecoder.damage_times)
 DAMAGE_KINDS = ("records_too_large", "connections_evicted", "buffers_shed")
 
@@ -364,6 +366,8 @@ class CaptureDecoder:
             elif btype == 1:  # interface description
                 if end - body < 8:
                     raise CaptureError(f"short pcapng interface block at byte {self._file_offset + pos}")
+                if len(self._ifaces) >= MAX_INTERFACES:
+                    raise CaptureError(f"more than {MAX_INTERFACES} pcapng interfaces at byte {self._file_offset + pos}")
                 (link,) = struct.unpack_from(e + "H", data, body)
                 res = self._tsresol(data, body + 8, end, e)
                 if (res & 0x80 and res & 0x7F > 63) or (not res & 0x80 and res > 18):

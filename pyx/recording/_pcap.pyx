@@ -22,7 +22,7 @@ import numpy as np
 from engine.recording._pcap_py import (CaptureError, DEFAULT_MAX_PENDING_BYTES, DEFAULT_REORDER_WINDOW_MS, MAX_PACKET_BYTES,
                              STAT_NAMES, DEFAULT_MAX_PENDING_SEGMENTS, DEFAULT_MAX_RECORD_BYTES,
                              DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_BUFFERED_BYTES, MIN_TIME_MS, MAX_TIME_AHEAD_MS,
-                             MAX_HEADER_BYTES, SEARCH_HEADER_BYTES)
+                             MAX_HEADER_BYTES, SEARCH_HEADER_BYTES, MAX_INTERFACES)
 import heapq
 import time
 from collections import OrderedDict
@@ -607,6 +607,8 @@ cdef class CaptureDecoder:
             elif btype == 1:
                 if end - body < 8:
                     raise CaptureError(f"short pcapng interface block at byte {self._file_offset + pos}")
+                if len(self._ifaces) >= MAX_INTERFACES:
+                    raise CaptureError(f"more than {MAX_INTERFACES} pcapng interfaces at byte {self._file_offset + pos}")
                 res = self._tsresol(p, body + 8, end, big)
                 if (res & 0x80 and res & 0x7F > 63) or (not res & 0x80 and res > 18):
                     raise CaptureError(f"bad pcapng time stamp resolution at byte {self._file_offset + pos}")

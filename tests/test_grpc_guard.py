@@ -323,6 +323,28 @@ def test_streams_without_settings_hold_no_session_and_end(gbroker, stub):
     assert list(ep.sessions) == ["good@1"]
 
 
+def test_an_unauthenticated_stream_ends_as_a_stream_without_settings(tmp_path):
+    """With aclEnable a stream that fails authentication gets each command answered with the refusal; it never
+    has Settings accepted, so it ends after grpcSettingsTimeoutMs as any stream without Settings (it was kept open
+    for as long as the client wished)."""
+    from test_grpc_acl import ACL
+
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(ACL)
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port(), acl_enable=True, acl_file=str(acl))).start()
+    try:
+        ep = b.grpc
+        ep.settings_timeout_ms = 600
+        stub = sg.MessagingServiceStub(channel_to(b.ports["grpc"]))
+        streams = [Telemetry(stub, md(f"anon@{k}")) for k in range(3)]
+        streams[0].send(settings=producer_settings("TopicX"))
+        assert streams[0].recv().status.code == Code.UNAUTHORIZED
+        wait_until(lambda: all(t.call.done() for t in streams), timeout=5)
+        assert ep.refused["settings_timeout"] == 3 and ep.sessions == {}
+    finally:
+        b.stop()
+
+
 def test_a_silent_session_ends_with_its_stream(tmp_path):
     """A session the registry holds no registration of (under the 5.x rules a group without config is not
     registered with autoCreateSubscriptionGroup=false: nothing for the housekeeping to expire) still ends when

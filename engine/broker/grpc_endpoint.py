@@ -1194,10 +1194,17 @@ class _Servicer:
 
     async def _refuse_stream(self, context, error: _BadRequest) -> None:
         """Each command of a Telemetry stream that failed the ACL is answered with its status until the client
-        ends the stream (no session)."""
+        ends the stream (no session), or grpcSettingsTimeoutMs after it opened: a stream that never has Settings
+        accepted ends then, as the others without Settings."""
         ep = self.ep
+        deadline = time.monotonic() + ep.settings_timeout_ms / 1000.0
         while True:
-            command = await context.read()
+            try:
+                command = await asyncio.wait_for(context.read(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                ep._refuse("settings_timeout", "gRPC Telemetry stream of %s ended: no Settings in %d ms",
+                           echo(peer_address(context.peer())), ep.settings_timeout_ms)
+                return
             if command is ep.p.aio.EOF:
                 return
             ep.trace("Telemetry", command, context)

@@ -206,7 +206,11 @@ def _lock_body(group="lock_group", client_id="10.0.0.1@lock"):
 ANSWERS = [
     (RequestCode.UNREGISTER_CLIENT, {"clientID": "10.0.0.1@gone", "producerGroup": "p", "consumerGroup": "c"}, b"",
      ResponseCode.SUCCESS, None, {}),
-    (RequestCode.CHECK_CLIENT_CONFIG, {}, b"", ResponseCode.SUCCESS, None, None),
+    # with the body a client sends (4.9.8 decodes a missing body as null: a NullPointerException, SYSTEM_ERROR)
+    (RequestCode.CHECK_CLIENT_CONFIG, {}, json.dumps({
+        "clientId": "10.0.0.1@check", "group": "check_group", "subscriptionData": {
+            "classFilterMode": False, "topic": "T", "subString": "*", "tagsSet": [], "codeSet": [], "subVersion": 1,
+            "expressionType": "TAG"}}).encode(), ResponseCode.SUCCESS, None, None),
     (RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "nobody"}, b"",
      ResponseCode.SYSTEM_ERROR, "no consumer for this group, nobody", {}),
     (RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": "nobody"}, b"",

@@ -73,7 +73,7 @@ run_logged() {
   local rc
   echo "\$ $*" >>"$LOG"
   set +e
-  "$@" 2>&1 | tee -a "$LOG" | grep --line-buffered -E \
+  PYTHONUNBUFFERED=1 "$@" 2>&1 | tee -a "$LOG" | grep --line-buffered -E \
     '^(Collecting|  Downloading|Successfully installed|Installing collected|  Building|Building|ERROR|error:)|^Compiling |Cythonizing|^building .* extension|Error'
   rc=${PIPESTATUS[0]}
   set -e
@@ -116,7 +116,8 @@ build() {
   local force=()
   [ "$PLAN_BUILD" = all ] && force=(--force)
   step "building the Cython extensions in place (${PLAN_BUILD} modules; the compiler's output is in $LOG)"
-  run_logged env -u ENGINE_NO_EXTENSIONS "$VENV/bin/python" setup.py build_ext --inplace "${force[@]}"
+  run_logged env -u ENGINE_NO_EXTENSIONS -u ENGINE_BUILD_ONLY \
+    "$VENV/bin/python" setup.py build_ext --inplace --parallel "$(nproc 2>/dev/null || echo 2)" "${force[@]}"
 }
 
 native_check() {

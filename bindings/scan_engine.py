@@ -116,6 +116,7 @@ class Progress:
         self.parts: list = []  # (stage, seconds)
         self.spark = None
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the ticker thread and enter() both draw
         self._thread: Optional[threading.Thread] = None
         self._width = 0
 
@@ -166,15 +167,16 @@ class Progress:
         if not self.enabled:
             return
         text = self.line()
-        try:
-            if self.tty:
-                self.stream.write("\r" + text.ljust(self._width))
-                self._width = len(text)
-            else:
-                self.stream.write(text + "\n")
-            self.stream.flush()
-        except (OSError, ValueError):
-            self.enabled = False
+        with self._lock:
+            try:
+                if self.tty:
+                    self.stream.write("\r" + text.ljust(self._width))
+                    self._width = len(text)
+                else:
+                    self.stream.write(text + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):
+                self.enabled = False
 
     def _run(self) -> None:
         while not self._stop.wait(PROGRESS_TTY_S if self.tty else PROGRESS_PLAIN_S):
@@ -187,11 +189,12 @@ class Progress:
         if self._thread is not None:
             self._thread.join(2)
         if self.enabled and self.tty and self._width:
-            try:
-                self.stream.write("\r" + " " * self._width + "\r")
-                self.stream.flush()
-            except (OSError, ValueError):
-                pass
+            with self._lock:
+                try:
+                    self.stream.write("\r" + " " * self._width + "\r")
+                    self.stream.flush()
+                except (OSError, ValueError):
+                    pass
         return self.parts
 
 

@@ -92,7 +92,8 @@ def test_empty_and_garbage_directories_are_errors(spark, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     rc, _, stderr = run(spark, [str(empty), "--out", str(tmp_path / "o1")], capsys)
-    assert rc == 2 and stderr.strip() == f"rmqhb scan: no recording in {empty} (no *.seg segment files)"
+    assert rc == 2 and stderr.strip() == (f"rmqhb scan: {empty} holds no recording (*.seg), broker log "
+                                          "(broker*.log*) or packet capture (.pcap, .pcapng)")
     garbage = tmp_path / "garbage"
     garbage.mkdir()
     (garbage / "hb-0000000000001-000001.seg").write_bytes(os.urandom(4096))

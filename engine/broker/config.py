@@ -117,6 +117,10 @@ class BrokerConfig:
     #: topics (the start topics, TBW102 and the other system topics, not counted); a route query or send for a topic
     #: that cannot be created answers TOPIC_NOT_EXIST (0 = no limit)
     auto_create_max_topics: int = 20_000
+    #: engine: topics that route queries and sends from one client address (an IPv4 address, an IPv6 /64) may
+    #: auto-create, so that one host cannot fill `autoCreateMaxTopics` for everyone; past it that host's route
+    #: query or send for a new topic answers TOPIC_NOT_EXIST (0 = no share)
+    auto_create_topics_per_ip: int = 1024
     default_topic_queue_nums: int = 4  # RocketMQ defaults to 8; 4 halves the idle long polls of real clients
     #: register TBW102 (`defaultTopicQueueNums` queues, perm 7) at start: behind a name server the route a producer
     #: of a topic with no route uses to find this broker; standalone, a route query creates an unknown topic
@@ -385,7 +389,7 @@ class BrokerConfig:
         for name in ("maxConnectionsPerIp", "notifyCoalesceWindowMs", "clientManageLogLinesPerMinute", "clientManageLogBytesPerMinute",
                      "waitTimeMillsInPullQueue",
                      "waitTimeMillsInQueue", "ioWorkers", "ioCoreConnections", "maxHeartbeatCacheBytesTotal",
-                     "consumerListCacheBytes", "recordConnectionShareBytes"):
+                     "consumerListCacheBytes", "recordConnectionShareBytes", "autoCreateTopicsPerIp"):
             if getattr(self, PROPERTIES[name].attr) < 0:
                 raise ConfigError(f"{name} must be >= 0")
         from engine.registry.client_registry import (MAX_CHANNEL_EXPIRED_TIMEOUT_MS, MAX_GROUPS_PER_CHANNEL,

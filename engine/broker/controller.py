@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from engine import RemotingCommand
 from engine.registry import clientlog
 from engine.registry.clientlog import JavaLogFormatter
 from engine.broker.config import PROPERTIES, BrokerConfig, ConfigError, ConfigFileError, parse_overrides
+from engine.codec.errors import clip
 from engine.codec.enums import BROKER_VERSION, RequestCode, ResponseCode
 from engine.broker.ioworker import new_event_loop
 from engine.broker.metrics import Metrics, MetricsEndpoint, render
@@ -69,6 +71,17 @@ def valid_topic_name(topic: str) -> bool:
     return 0 < len(topic) <= 127 and _TOPIC_CHARS.issuperset(topic)
 
 
+def auto_create_share_key(ip: str) -> str:
+    """The address a per-address share counts under: an IPv4 address itself, an IPv6 address's /64 (one host is
+    commonly given a whole /64, so its single addresses cost an attacker nothing)."""
+    if ":" not in ip:
+        return ip
+    try:
+        return str(ipaddress.IPv6Network(f"{ip.strip('[]').split('%')[0]}/64", strict=False))
+    except ValueError:
+        return ip
+
+
 #: TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET (4.9.8)
 NOT_ALLOWED_SEND_TOPICS = frozenset({"SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
                                      "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"})
@@ -88,6 +101,10 @@ class Broker:
         self.ports: dict[str, int] = {}
         self.registry = registry if registry is not None else self._build_registry()
         self._add_system_topics()
+        #: topics auto-created by route queries and sends, per client address share key (auto_create_share_key):
+        #: at most autoCreateTopicsPerIp each; an entry exists only for an address that created one, so the table
+        #: holds at most autoCreateMaxTopics entries
+        self._auto_created_topics: dict[str, int] = {}
         self.acl = None
         if self.config.acl_enable:
             from engine.broker.acl import AclValidator
@@ -222,7 +239,7 @@ class Broker:
             ip = f"[{ip}]"
         return f"{ip}:{self.ports.get('main', self.config.listen_port)}"
 
-    def ensure_topic(self, topic: str):
+    def ensure_topic(self, topic: str, remote_ip: str = ""):
         """The TopicConfig a standalone broker routes ``topic`` with, as a name server would answer from this
         broker's registrations; None: no route (TOPIC_NOT_EXIST).
 
@@ -231,24 +248,47 @@ class Broker:
         a name server knows it only from the REGISTER_BROKER that follows. Another unknown topic is created with
         ``defaultTopicQueueNums`` queues, perm 6, as a producer's first send creates it from TBW102 when
         ``autoCreateTopicEnable`` (so offsets can be committed for it); with autoCreateTopicEnable=false, past
-        ``autoCreateMaxTopics`` or for a name TopicValidator refuses there is no route."""
+        ``autoCreateMaxTopics``, past the asking address's ``autoCreateTopicsPerIp`` or for a name TopicValidator
+        refuses there is no route."""
         tc = self.registry.topic_config(topic)
         if tc is not None:
             return tc
         from engine.registry.store import TopicConfig
 
         if (topic.startswith(("%RETRY%", "%DLQ%")) or not self.config.auto_create_topic_enable
-                or not valid_topic_name(topic)
+                or not valid_topic_name(topic) or not self._may_auto_create_topic(remote_ip, topic)
                 or not self.registry.store.may_auto_create(self.registry.store.topics, topic)):
             return None
         n = self.config.default_topic_queue_nums
         tc = TopicConfig(topic, read_queue_nums=n, write_queue_nums=n)
         # derivable: the next route query creates it again, so its write may be deferred (Store)
         self.registry.update_topic_config(tc, derivable=True)
+        self._charge_auto_created_topic(remote_ip)
         return tc
 
+    def _may_auto_create_topic(self, remote_ip: str, topic: str) -> bool:
+        """Whether the client at ``remote_ip`` may auto-create one more topic (``autoCreateTopicsPerIp``): route
+        queries and sends prove nothing, so one host may not fill the table every client shares. A refusal is
+        counted (``auto_create_refused_total{kind="topic_ip_share"}``) and logged at most once a minute."""
+        limit = self.config.auto_create_topics_per_ip
+        if not limit or not remote_ip:
+            return True
+        key = auto_create_share_key(remote_ip)
+        if self._auto_created_topics.get(key, 0) < limit:
+            return True
+        store = self.registry.store
+        store.auto_create_refused["topic_ip_share"] += 1
+        store._refusal_log.log(logging.WARNING, "topic_ip_share", "not auto-creating topic %s for %s: that address "
+                               "created %d topics (autoCreateTopicsPerIp=%d)", clip(topic, 64), key, limit, limit)
+        return False
+
+    def _charge_auto_created_topic(self, remote_ip: str) -> None:
+        if self.config.auto_create_topics_per_ip and remote_ip:
+            key = auto_create_share_key(remote_ip)
+            self._auto_created_topics[key] = self._auto_created_topics.get(key, 0) + 1
+
     def msg_check(self, topic, default_topic, client_default_topic_queue_nums: int, unit_mode: bool,
-                  remote_address: str):
+                  remote_address: str, remote_ip: str = ""):
         """The topic part of AbstractSendMessageProcessor.msgCheck (4.9.8): the topic name is checked, and a topic
         the broker does not have is created from the default topic (createTopicInSendMessageMethod; a retry topic
         that cannot be is created with 1 queue, perm 6) and registered with the name servers at once. This is how
@@ -269,6 +309,9 @@ class Broker:
         if topics.get(topic) is not None:
             return None
         retry = topic.startswith("%RETRY%")
+        if not self._may_auto_create_topic(remote_ip, topic):
+            return (ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!"
+                    "\nSee http://rocketmq.apache.org/docs/faq/ for further details.")
         sys_flag = (FLAG_UNIT_SUB if retry else FLAG_UNIT) if unit_mode else 0  # TopicSysFlag.buildSysFlag
         tc = topics.create_topic_in_send_message_method(topic, default_topic or "", remote_address,
                                                         client_default_topic_queue_nums, sys_flag,
@@ -278,6 +321,7 @@ class Broker:
         if tc is None:
             return (ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!"
                     "\nSee http://rocketmq.apache.org/docs/faq/ for further details.")
+        self._charge_auto_created_topic(remote_ip)
         return None
 
     # ------------------------------------------------------------------ lifecycle (asyncio)

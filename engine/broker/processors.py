@@ -427,7 +427,8 @@ class Processors:
         default_topic = _required(cmd, "c" if v2 else "defaultTopic")
         queue_nums = _int_field(cmd, "d" if v2 else "defaultTopicQueueNums")
         unit_mode = (_optional(cmd, "k" if v2 else "unitMode") or "").lower() == "true"
-        refused = self.broker.msg_check(topic, default_topic, queue_nums, unit_mode, conn.remote_addr)
+        refused = self.broker.msg_check(topic, default_topic, queue_nums, unit_mode, conn.remote_addr,
+                                         conn.remote_ip)
         if refused is not None:
             return cmd.response(refused[0], remark=refused[1])
         return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, remark=f" request type {cmd.code} not supported")
@@ -468,7 +469,7 @@ class Processors:
     def get_route_info_by_topic(self, conn, cmd):
         # no extFields: the name server finds no route for a null topic (TOPIC_NOT_EXIST, not an error)
         topic = _required(cmd, "topic") if cmd.ext_fields is not None else None
-        tc = self.broker.ensure_topic(topic) if topic else None
+        tc = self.broker.ensure_topic(topic, conn.remote_ip) if topic else None
         if tc is None:
             return cmd.response(ResponseCode.TOPIC_NOT_EXIST,
                                 remark=f"No topic route info in name server for the topic: {_name(topic or '')}")

@@ -309,8 +309,9 @@ class Processors:
         return cmd.response(code, remark=remark, ext_fields={} if code == ResponseCode.SUCCESS else None)
 
     def check_client_config(self, conn, cmd):
-        body = _check_client_body(cmd.body) if cmd.body else None
-        code, remark = self.registry.check_client_config(body)
+        if not cmd.body:  # Java decodes a missing body as null: a NullPointerException, SYSTEM_ERROR (own remark)
+            raise RequestError("CheckClientRequestBody: the request has no body")
+        code, remark = self.registry.check_client_config(_check_client_body(cmd.body))
         return cmd.response(code, remark=remark)
 
     # ------------------------------------------------------------------ ConsumerManageProcessor
@@ -375,7 +376,8 @@ class Processors:
         # carries the (empty) QueryConsumerOffsetResponseHeader as Java's does.
         if self.config.client_management_rules == 4:
             return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": "0"})
-        if (_optional(cmd, "setZeroIfNotFound") or "").lower() == "false":
+        set_zero = _optional(cmd, "setZeroIfNotFound")  # Boolean.parseBoolean: any value but "true" (any case) is false
+        if set_zero is not None and set_zero.lower() != "true":
             return cmd.response(QUERY_NOT_FOUND, remark="Not found, do not set to zero, maybe this group boot first",
                                 ext_fields={})
         return cmd.response(QUERY_NOT_FOUND, remark="Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first",

@@ -195,6 +195,10 @@ class BrokerConfig:
     #: arming does not fit keeps nothing (decoded again next time, no repeat route): same answer, only slower.
     #: 0 = nothing kept, no repeat route
     max_heartbeat_cache_bytes_total: int = 256 * 1024 * 1024
+    #: engine: decoded elements of one heartbeat body (tags, codes, subscriptions, consumer and producer groups) at
+    #: most, so a body decodes to at most its size plus a bounded overhead per element; past it the heartbeat is
+    #: answered SYSTEM_ERROR naming the element and not registered (a bad body: decode_errors_total{kind="heartbeat"})
+    max_heartbeat_elements: int = 65_536
     #: engine: consumer lists (GET_CONSUMER_LIST_BY_GROUP) of groups of 64 or more members kept encoded for the
     #: next ask, all groups together, each counted as twice its encoded size (the ids kept to compare with): after
     #: a change every member of a group asks for the same list; the oldest kept lists make room, a list larger
@@ -382,7 +386,8 @@ class BrokerConfig:
                     "defaultTopicQueueNums", "pullMaxSuspendMillis", "flushConsumerOffsetInterval",
                     "grpcMaxSessions", "grpcMaxConcurrentRpcs", "grpcMaxStreamsPerConnection", "grpcMaxConnections",
                     "grpcMaxSessionsPerIp", "grpcMaxGroupsPerIp", "grpcMaxSettingsBytesTotal",
-                    "grpcMaxSettingsBytesPerIp", "grpcMaxTagsPerSubscription", "grpcSettingsTimeoutMs")
+                    "grpcMaxSettingsBytesPerIp", "grpcMaxTagsPerSubscription", "grpcSettingsTimeoutMs",
+                    "maxHeartbeatElements")
         for name in positive:
             if getattr(self, PROPERTIES[name].attr) <= 0:
                 raise ConfigError(f"{name} must be > 0")

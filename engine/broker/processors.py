@@ -246,7 +246,7 @@ class Processors:
             kept = True
         else:
             try:
-                hb = decode_heartbeat(body)
+                hb = decode_heartbeat(body, self.config.max_heartbeat_elements)  # the decode's size bounded
             except HeartbeatError as e:
                 if recorder is not None:  # recorded clipped, with its size and the reason
                     recorder.record(int(time.time() * 1000), conn.id, conn.remote_addr, cmd.language, cmd.version,

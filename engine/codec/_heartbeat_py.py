@@ -9,6 +9,9 @@ PROTOCOL.md 4.5:
   clientID and names None, a missing subVersion the current time in ms, as Java's constructor does);
 * ``isWithoutSub`` is an alias of ``withoutSub``; enums by name or ordinal (unknown -> None);
 * codeSet elements and subVersion as JSON integers or numeric strings (int32 / int64 range);
+* at most ``max_elements`` (DEFAULT_MAX_ELEMENTS) decoded elements per body: the tags, codes, subscriptions,
+  consumers and producers the decoder builds as objects, every occurrence of a repeated key counted; past it
+  HeartbeatError names the first element over the budget (the broker's maxHeartbeatElements);
 * anything else, including invalid UTF-8, lone surrogate escapes and nesting deeper than MAX_DEPTH,
   raises HeartbeatError with the native decoder's message for the first error in document order (JSON path,
   problem, byte offset, echo): a rejected body is walked again by _Locator, a port of the native traversal.
@@ -32,6 +35,7 @@ from engine.codec.heartbeat import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_ELEMENTS",
     "ConsumerData",
     "HeartbeatData",
     "ProducerData",
@@ -42,6 +46,18 @@ __all__ = [
 
 #: Deepest nesting of arrays/objects accepted anywhere in a body (the top-level object is depth 1).
 MAX_DEPTH = 64
+#: Decoded elements (tags, codes, subscriptions, consumers, producers) of one body at most, by default. Each costs
+#: its bytes of the body plus at most ELEMENT_OVERHEAD_BYTES, so a body at the budget decodes to at most its size
+#: plus 16 MiB, where a body of small tags decoded to ~4 times its size and one of empty subscriptions ("{},": 104
+#: bytes each) to ~35 times.
+#: Real clients send a few dozen (the captured vectors: 13 at most; 1,024 groups of a few subscriptions of a
+#: few tags stay far below).
+DEFAULT_MAX_ELEMENTS = 65_536
+#: What a decoded element adds beyond its own bytes of the body, at most (the object, its strings' headers, its
+#: tuple slot; measured with tracemalloc: ~210 for a subscription of three one-character strings). A body of
+#: ASCII strings decodes to at most len(body) + elements x ELEMENT_OVERHEAD_BYTES; a string mixing characters
+#: beyond U+FFFF with ASCII takes up to 4 bytes per body byte (Python's UCS-4 strings).
+ELEMENT_OVERHEAD_BYTES = 256
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -58,6 +74,19 @@ _ENUM_TABLES = {
 
 # --------------------------------------------------------------------------------------------------------------
 # Model. Immutable (__slots__, no assignment), compared and hashed by fields, equal to the native classes.
+
+
+def _max_elements(value):
+    """The max_elements argument of the decoders: an int >= 1 (TypeError / ValueError as the native)."""
+    if type(value) is not int:
+        value = int(operator.index(value))
+    if value < 1:
+        raise ValueError(f"max_elements must be at least 1, got {value}")
+    return value
+
+
+def _too_many(max_elements):
+    return f"more than {max_elements} elements (tags, codes, subscriptions, groups)"
 
 
 def _check_str(value, name):
@@ -431,12 +460,21 @@ def _to_object(value, path):
 
 
 class _Clock:
-    """Current time in ms, read once per body and only when a subVersion is missing (Java's constructor default)."""
+    """Current time in ms, read once per body and only when a subVersion is missing (Java's constructor default);
+    and the body's element budget (``left``: elements it may still decode)."""
 
-    __slots__ = ("ms",)
+    __slots__ = ("ms", "left")
 
-    def __init__(self):
+    def __init__(self, max_elements):
         self.ms = None
+        self.left = max_elements
+
+    def take(self, items):
+        """Count an array's elements against the budget (the exact place of the error is _Locator's to find)."""
+        self.left -= len(items)
+        if self.left < 0:
+            raise HeartbeatError("too many elements")
+        return items
 
     def now(self):
         if self.ms is None:
@@ -457,10 +495,11 @@ def _subscription(obj, path, clock):
         elif key == "subString":
             sub_string = _to_str(value, p)
         elif key == "tagsSet":
-            tags = tuple(_to_str_item(v, f"{p}[{i}]") for i, v in enumerate(_to_array(value, p)))
+            tags = tuple(_to_str_item(v, f"{p}[{i}]") for i, v in enumerate(clock.take(_to_array(value, p))))
         elif key == "codeSet":
             codes = tuple(
-                _to_int(v, f"{p}[{i}]", INT32_MIN, INT32_MAX, "int32", True) for i, v in enumerate(_to_array(value, p))
+                _to_int(v, f"{p}[{i}]", INT32_MIN, INT32_MAX, "int32", True)
+                for i, v in enumerate(clock.take(_to_array(value, p)))
             )
         elif key == "subVersion":
             sub_version = None if value is None else _to_int(value, p, INT64_MIN, INT64_MAX, "int64", True)
@@ -498,7 +537,8 @@ def _consumer(obj, path, clock):
         elif key == "unitMode":
             unit_mode = _to_bool(value, p)
         elif key == "subscriptionDataSet":
-            subscriptions = tuple(_subscription(v, f"{p}[{i}]", clock) for i, v in enumerate(_to_array(value, p)))
+            subscriptions = tuple(_subscription(v, f"{p}[{i}]", clock)
+                                  for i, v in enumerate(clock.take(_to_array(value, p))))
     return _new(
         ConsumerData, group=group, consume_type=consume_type, message_model=message_model,
         consume_from_where=consume_from_where, unit_mode=unit_mode, subscriptions=subscriptions,
@@ -513,10 +553,10 @@ def _producer(obj, path):
     return _new(ProducerData, group=group)
 
 
-def _heartbeat(doc):
+def _heartbeat(doc, max_elements):
     if type(doc) is not _Object:
         _fail("$", "an object", doc)
-    clock = _Clock()
+    clock = _Clock(max_elements)
     client_id = None
     producers = consumers = ()
     fingerprint = 0
@@ -526,9 +566,9 @@ def _heartbeat(doc):
         if key == "clientID":
             client_id = _to_str(value, p)
         elif key == "producerDataSet":
-            producers = tuple(_producer(v, f"{p}[{i}]") for i, v in enumerate(_to_array(value, p)))
+            producers = tuple(_producer(v, f"{p}[{i}]") for i, v in enumerate(clock.take(_to_array(value, p))))
         elif key == "consumerDataSet":
-            consumers = tuple(_consumer(v, f"{p}[{i}]", clock) for i, v in enumerate(_to_array(value, p)))
+            consumers = tuple(_consumer(v, f"{p}[{i}]", clock) for i, v in enumerate(clock.take(_to_array(value, p))))
         elif key == "heartbeatFingerprint":
             fingerprint = 0 if value is None else _to_int(value, p, INT32_MIN, INT32_MAX, "int32", False)
         elif key == "withoutSub" or key == "isWithoutSub":
@@ -551,32 +591,34 @@ def _as_bytes(body) -> bytes:
     return view.tobytes()
 
 
-def decode_heartbeat(body) -> HeartbeatData:
+def decode_heartbeat(body, max_elements=DEFAULT_MAX_ELEMENTS) -> HeartbeatData:
     """A HEART_BEAT body (bytes-like, UTF-8 JSON in any client dialect) -> HeartbeatData.
 
-    Raises HeartbeatError for a malformed body (the message names the JSON path or byte offset) and TypeError
-    when ``body`` is not a contiguous bytes-like object.
+    Raises HeartbeatError for a malformed body (the message names the JSON path or byte offset) or one of more than
+    ``max_elements`` decoded elements, and TypeError when ``body`` is not a contiguous bytes-like object.
     """
     data = _as_bytes(body)
+    max_elements = _max_elements(max_elements)
     try:
-        return _heartbeat(_parse(data))
+        return _heartbeat(_parse(data), max_elements)
     except HeartbeatError:
-        located = _locate(data)
+        located = _locate(data, max_elements)
         if located is None:   # the two walks disagree (a bug the parity tests exist to catch): keep this message
             raise
     raise HeartbeatError(located)
 
 
-def decode_heartbeats(bodies) -> HeartbeatBatch:
+def decode_heartbeats(bodies, max_elements=DEFAULT_MAX_ELEMENTS) -> HeartbeatBatch:
     """Decode many bodies into columns (see HeartbeatBatch for the layout). Never raises for a bad row: it gets
-    ok=False and its error message, and no child rows."""
+    ok=False and its error message, and no child rows. ``max_elements`` bounds each body as in decode_heartbeat."""
+    max_elements = _max_elements(max_elements)
     hb_cols = {name: [] for name, _ in HEARTBEAT_COLUMNS}
     p_cols = {name: [] for name, _ in PRODUCER_COLUMNS}
     c_cols = {name: [] for name, _ in CONSUMER_COLUMNS}
     s_cols = {name: [] for name, _ in SUBSCRIPTION_COLUMNS}
     for row, body in enumerate(bodies):
         try:
-            hb = decode_heartbeat(body)
+            hb = decode_heartbeat(body, max_elements)
         except (HeartbeatError, TypeError) as e:
             for name, value in (("ok", False), ("error", str(e)), ("client_id", None), ("fingerprint", 0),
                                 ("without_sub", False), ("n_producers", 0), ("n_consumers", 0)):
@@ -642,10 +684,11 @@ class _Located(Exception):
 
 
 class _Locator:
-    __slots__ = ("s", "n", "pos", "depth", "path")
+    __slots__ = ("s", "n", "pos", "depth", "path", "elements", "max_elements")
 
-    def __init__(self, s: bytes):
+    def __init__(self, s: bytes, max_elements=DEFAULT_MAX_ELEMENTS):
         self.s, self.n, self.pos, self.depth, self.path = s, len(s), 0, 0, []
+        self.elements, self.max_elements = 0, max_elements
 
     # -- errors
     def fail(self, at, what):
@@ -755,6 +798,12 @@ class _Locator:
             i = _DIGIT_RUN.match(s, i).end()
         self.pos = i
         return None if real else _bounded_int(s[start:int_end])
+
+    def count(self):
+        """One decoded element (at its start, its index on the path), against the body's budget."""
+        self.elements += 1
+        if self.elements > self.max_elements:
+            self.fail(self.pos, _too_many(self.max_elements))
 
     # -- structure
     def enter(self):
@@ -948,7 +997,7 @@ class _Locator:
                 self.items(self._tag)
             elif name == b"codeSet":
                 self._known(name)
-                self.items(lambda: self.integer(INT32_MIN, INT32_MAX, "int32", True))
+                self.items(self._code)
             elif name == b"subVersion":
                 self._known(name)
                 self.null_or_integer(INT64_MIN, INT64_MAX, "int64", True)
@@ -957,12 +1006,18 @@ class _Locator:
                 self.opt_bool()
             else:
                 self.skip()
+        self.count()
         self.members("an object", on_key)
 
     def _tag(self):
+        self.count()
         if self.peek() != 0x22:
             self.wrong_type("a string")
         self.string()
+
+    def _code(self):
+        self.count()
+        self.integer(INT32_MIN, INT32_MAX, "int32", True)
 
     def _known(self, name):
         # a known key is on the path by its name, whatever escapes spelled it
@@ -984,6 +1039,7 @@ class _Locator:
                 self.items(self.subscription)
             else:
                 self.skip()
+        self.count()
         self.members("an object", on_key)
 
     def producer(self):
@@ -993,6 +1049,7 @@ class _Locator:
                 self.opt_string()
             else:
                 self.skip()
+        self.count()
         self.members("an object", on_key)
 
     def heartbeat(self):
@@ -1044,10 +1101,10 @@ def _utf8_len(s: bytes, i: int, n: int) -> int:
     return k
 
 
-def _locate(data: bytes):
+def _locate(data: bytes, max_elements=DEFAULT_MAX_ELEMENTS):
     """The native parser's message for the first error of ``data``, or None if it finds none."""
     try:
-        _Locator(data).heartbeat()
+        _Locator(data, max_elements).heartbeat()
     except _Located as e:
         return str(e)
     return None

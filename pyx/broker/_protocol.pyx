@@ -251,7 +251,7 @@ cdef class ProtocolCore:
             hb = route.hb
         else:
             try:
-                hb = _processors.decode_heartbeat(body)
+                hb = _processors.decode_heartbeat(body, procs.config.max_heartbeat_elements)
             except HeartbeatError as e:
                 metrics.heartbeat_errors += 1
                 procs.broker.server.client_log.log(_INFO, "bad_heartbeat", "bad heartbeat from %s: %s",

@@ -8,7 +8,9 @@ because no Cython-indexed buffer is used.
 
 Design: one parser fills a ``_Sink`` of C records (producers, consumers, subscriptions) holding the decoded
 strings; ``decode_heartbeat`` turns the records of one body into model objects, ``decode_heartbeats`` keeps the
-records of every good body and turns them into numpy columns, without model objects. Repeated short strings
+records of every good body and turns them into numpy columns, without model objects. A body decodes at most
+``max_elements`` elements (tags, codes, subscriptions, consumers, producers: one counter increment each), so what
+it builds is bounded by its size plus a bounded overhead per element. Repeated short strings
 (client ids, groups, topics, tags, expression types) come from a bounded direct-mapped cache keyed by their raw
 bytes, so a steady-state heartbeat allocates little besides its result.
 """
@@ -31,11 +33,13 @@ import numpy as np
 from .enums import ConsumeFromWhere, ConsumeType, MessageModel
 from .errors import HeartbeatError, echo
 from .heartbeat import CONSUMER_COLUMNS, HEARTBEAT_COLUMNS, PRODUCER_COLUMNS, SUBSCRIPTION_COLUMNS, HeartbeatBatch
-from ._heartbeat_py import _check_int, _check_items, _check_str, _coerce_enum, _enum_repr
+from ._heartbeat_py import DEFAULT_MAX_ELEMENTS, _check_int, _check_items, _check_str, _coerce_enum, _enum_repr
+from ._heartbeat_py import _max_elements, _too_many
 
 cnp.import_array()
 
 __all__ = [
+    "DEFAULT_MAX_ELEMENTS",
     "ConsumerData",
     "HeartbeatData",
     "ProducerData",
@@ -52,6 +56,9 @@ cdef enum:
     CACHE_SLOTS = 4096      # string cache entries (power of two)
     CACHE_MAX_LEN = 160     # longer strings are not cached
     KEY_MAX = 32            # escaped keys longer than this cannot be a known key
+
+cdef object _DEFAULT_MAX_ELEMENTS = DEFAULT_MAX_ELEMENTS
+cdef Py_ssize_t C_DEFAULT_MAX_ELEMENTS = DEFAULT_MAX_ELEMENTS
 
 cdef int64_t INT32_MIN_ = -2147483648
 cdef int64_t INT32_MAX_ = 2147483647
@@ -500,6 +507,8 @@ cdef struct Parser:
     Py_ssize_t raw_key_len
     int64_t now_ms                        # Java's default subVersion, read lazily; -1 = not read yet
     int32_t row
+    Py_ssize_t elements                   # decoded elements so far (tags, codes, subscriptions, groups)
+    Py_ssize_t max_elements               # ... at most (decode_heartbeat's max_elements)
 
 
 cdef inline unsigned char _peek(Parser* p) noexcept:
@@ -1004,6 +1013,22 @@ cdef int _skip_value(Parser* p) except -1:
     return 0
 
 
+cdef inline int _count(Parser* p) except -1:
+    """One decoded element (at its start, its index on the path), against the body's budget (the twin's count)."""
+    p.elements += 1
+    if p.elements > p.max_elements:
+        return _fail(p, p.pos, _too_many(p.max_elements))
+    return 0
+
+
+cdef Py_ssize_t _limit(object max_elements) except -1:
+    """decode_heartbeat's max_elements as a C size (TypeError / ValueError exactly as the twin)."""
+    if max_elements is _DEFAULT_MAX_ELEMENTS:
+        return C_DEFAULT_MAX_ELEMENTS
+    max_elements = _max_elements(max_elements)
+    return min(max_elements, 1 << 62)   # no body has that many: the same as no limit
+
+
 cdef inline int _enter(Parser* p) except -1:
     p.depth += 1
     if p.depth > C_MAX_DEPTH:
@@ -1092,6 +1117,7 @@ cdef int _parse_tags(Parser* p, _Sink sink, PyObject** slot) except -1:
         try:
             while True:
                 _set_index(p, count)
+                _count(p)
                 if _peek(p) != b'"':
                     _wrong_type(p, "a string")
                 item = _read_string(p, sink)
@@ -1126,6 +1152,7 @@ cdef int _parse_codes(Parser* p, _Sink sink, PyObject** slot) except -1:
         _push_index(p)
         while True:
             _set_index(p, count)
+            _count(p)
             v = <int32_t>_read_int(p, sink, INT32_MIN_, INT32_MAX_, "int32", True)
             if count == sink.cap_iscratch:
                 sink.iscratch = <int32_t*>_grow(sink.iscratch, &sink.cap_iscratch, sizeof(int32_t))
@@ -1151,6 +1178,7 @@ cdef int _parse_subscription(Parser* p, _Sink sink, int32_t consumer) except -1:
     cdef const unsigned char* key
     cdef Py_ssize_t n
     cdef SubRec* r
+    _count(p)
     sink.add_sub(consumer, p.row)
     if _open(p, b'{', "an object"):
         while True:
@@ -1202,6 +1230,7 @@ cdef int _parse_consumer(Parser* p, _Sink sink) except -1:
     cdef const unsigned char* key
     cdef Py_ssize_t n
     cdef ConsRec* r
+    _count(p)
     sink.add_cons(p.row)
     if _open(p, b'{', "an object"):
         while True:
@@ -1251,6 +1280,7 @@ cdef int _parse_producer(Parser* p, _Sink sink) except -1:
     cdef Py_ssize_t index = sink.np_
     cdef const unsigned char* key
     cdef Py_ssize_t n
+    _count(p)
     sink.add_prod(p.row)
     if _open(p, b'{', "an object"):
         while True:
@@ -1345,7 +1375,10 @@ cdef int _parse_heartbeat(Parser* p, _Sink sink, Top* top) except -1:
     return 0
 
 
-cdef inline void _init_parser(Parser* p, const unsigned char* s, Py_ssize_t n, int32_t row) noexcept:
+cdef inline void _init_parser(Parser* p, const unsigned char* s, Py_ssize_t n, int32_t row,
+                              Py_ssize_t max_elements) noexcept:
+    p.elements = 0
+    p.max_elements = max_elements
     p.s = s
     p.n = n
     p.pos = 0
@@ -1365,15 +1398,15 @@ cdef int _get_buffer(object body, Py_buffer* view) except -1:
     return 0
 
 
-cdef int _parse_body(object body, Parser* p, _Sink sink, Top* top, int32_t row) except -1:
+cdef int _parse_body(object body, Parser* p, _Sink sink, Top* top, int32_t row, Py_ssize_t max_elements) except -1:
     """Parse one body (bytes fast path, else the buffer protocol) into sink/top."""
     cdef Py_buffer view
     if type(body) is bytes:
-        _init_parser(p, <const unsigned char*>PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body), row)
+        _init_parser(p, <const unsigned char*>PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body), row, max_elements)
         return _parse_heartbeat(p, sink, top)
     _get_buffer(body, &view)
     try:
-        _init_parser(p, <const unsigned char*>view.buf, view.len, row)
+        _init_parser(p, <const unsigned char*>view.buf, view.len, row, max_elements)
         _parse_heartbeat(p, sink, top)
     finally:
         PyBuffer_Release(&view)
@@ -1434,20 +1467,21 @@ cdef HeartbeatData _build(_Sink sink, Top* top):
     return hb
 
 
-def decode_heartbeat(body):
+def decode_heartbeat(body, max_elements=DEFAULT_MAX_ELEMENTS):
     """A HEART_BEAT body (bytes-like, UTF-8 JSON in any client dialect) -> HeartbeatData.
 
-    Raises HeartbeatError for a malformed body (the message names the JSON path and byte offset) and TypeError
-    when ``body`` is not a contiguous bytes-like object.
+    Raises HeartbeatError for a malformed body (the message names the JSON path and byte offset) or one of more than
+    ``max_elements`` decoded elements, and TypeError when ``body`` is not a contiguous bytes-like object.
     """
     cdef Parser p
     cdef Top top
+    cdef Py_ssize_t limit = _limit(max_elements)
     cdef _Sink sink = _acquire_sink()
     top.client_id = NULL
     top.fingerprint = 0
     top.without_sub = False
     try:
-        _parse_body(body, &p, sink, &top, 0)
+        _parse_body(body, &p, sink, &top, 0, limit)
         return _build(sink, &top)
     finally:
         Py_XDECREF(top.client_id)
@@ -1469,9 +1503,11 @@ cdef inline void _set_obj(cnp.ndarray arr, Py_ssize_t i, PyObject* value) noexce
     Py_XDECREF(old)
 
 
-def decode_heartbeats(bodies):
+def decode_heartbeats(bodies, max_elements=DEFAULT_MAX_ELEMENTS):
     """Decode many bodies into columns (see engine.codec.heartbeat.HeartbeatBatch for the layout). Never raises for a bad
-    row: it gets ok=False and its error message, and no child rows."""
+    row: it gets ok=False and its error message, and no child rows. ``max_elements`` bounds each body as in
+    decode_heartbeat."""
+    cdef Py_ssize_t limit = _limit(max_elements)
     cdef _Sink sink = _Sink()   # a private sink: its records become the columns
     cdef Parser p
     cdef Top top
@@ -1498,7 +1534,7 @@ def decode_heartbeats(bodies):
             top.fingerprint = 0
             top.without_sub = False
             try:
-                _parse_body(body, &p, sink, &top, <int32_t>rows)
+                _parse_body(body, &p, sink, &top, <int32_t>rows, limit)
             except (HeartbeatError, TypeError) as e:
                 sink.truncate(base_p, base_c, base_s)
                 client_ids.append(None)

@@ -259,7 +259,7 @@ def _interrupt(signum, frame) -> None:
         _kill_children()
     if SparkContext._gateway is None or SparkContext._active_spark_context is None:
         raise KeyboardInterrupt
-    os.write(2, b"\nrmqhb scan: interrupted\n")
+    os.write(2, (b"\n" if os.isatty(2) else b"") + b"rmqhb scan: interrupted\n")
     proc = getattr(SparkContext._gateway, "proc", None)  # ended first: it would write on into the private directory
     if proc is not None:
         try:

@@ -196,7 +196,8 @@ def main(argv=None) -> int:
 
 def interrupted(name: str, what: str = "") -> int:
     """Ctrl-C: one line and status 130 (128 + SIGINT, as shells report it)."""
-    print(f"\nrmqhb {name}: interrupted{what}", file=sys.stderr)
+    lead = "\n" if sys.stderr.isatty() else ""  # after the terminal's ^C (or a progress line)
+    print(f"{lead}rmqhb {name}: interrupted{what}", file=sys.stderr)
     return EXIT_INTERRUPTED
 
 

@@ -282,7 +282,8 @@ def test_generate_interrupted_leaves_no_partial_recording(tmp_path):
             lambda err: any("generating [" in ln and " 0 records" not in ln for ln in err))
         assert p.returncode == 130 and seconds < 5, stderr
         assert "Traceback" not in stderr and stdout == ""
-        assert stderr.strip().splitlines()[-1] == f"rmqhb generate: interrupted; the partial output in {out} was removed"
+        last = stderr.strip().splitlines()[-1]
+        assert last == f"rmqhb generate: interrupted; the partial output in {out} was removed"
         assert (sorted(x.name for x in out.iterdir()) == ["keep.txt"]) if existed else not out.exists()
 
 

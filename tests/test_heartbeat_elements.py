@@ -8,7 +8,7 @@ import re
 import tracemalloc
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import HeartbeatError
@@ -116,7 +116,7 @@ def test_parity_with_small_budgets_on_mutated_bodies(body, max_elements):
 
 
 @needs_native
-@SETTINGS
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(bodies=st.lists(mutated() | st.sampled_from(SEEDS), max_size=8), max_elements=st.integers(1, 12))
 def test_batch_error_column_parity_with_a_budget(bodies, max_elements):
     a, b = native.decode_heartbeats(bodies, max_elements), twin.decode_heartbeats(bodies, max_elements)
@@ -128,11 +128,14 @@ def test_batch_error_column_parity_with_a_budget(bodies, max_elements):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The bound: a body at the budget decodes within its size plus ELEMENT_OVERHEAD_BYTES per element
+# The bound: a body at the budget decodes within its size plus ELEMENT_OVERHEAD_BYTES per element (scaled down to a
+# budget of 4,096: the bound is per element)
+
+BUDGET = 4096
 
 
 def _at_budget_bodies(n):
-    """Bodies of exactly n elements, each the worst kind for overhead per body byte, or a body near 16 MiB."""
+    """Bodies of exactly n elements, each the worst kind for overhead per body byte, or one near 16 MiB."""
     names = (format(i, "x") for i in range(10 * n))
     subs = [{"topic": next(names), "subString": next(names), "expressionType": next(names)} for _ in range(n - 1)]
     yield "subscriptions of three distinct one-character strings", {"consumerDataSet": [{"subscriptionDataSet": subs}]}
@@ -140,17 +143,17 @@ def _at_budget_bodies(n):
     yield "empty producers", {"producerDataSet": [{}] * n}
     yield "consumers with distinct groups", {"consumerDataSet": [{"groupName": f"g{i}"} for i in range(n)]}
     yield "distinct codes", {"consumerDataSet": [{"subscriptionDataSet": [{"codeSet": list(range(10**9, 10**9 + n - 2))}]}]}
-    # a body near the 16 MiB frame limit: n distinct tags of ~250 bytes each
-    tags = [f"{i:08x}" + "t" * 240 for i in range(n - 2)]
-    yield "distinct 248-byte tags (a ~16 MiB body)", {"consumerDataSet": [{"subscriptionDataSet": [{"tagsSet": tags}]}]}
+    # a body near the 16 MiB frame limit: n distinct tags of 4 KiB each
+    tags = [f"{i:08x}" + "t" * 4000 for i in range(n - 2)]
+    yield "distinct 4 KiB tags (a ~16 MiB body)", {"consumerDataSet": [{"subscriptionDataSet": [{"tagsSet": tags}]}]}
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
 def test_a_body_at_the_budget_decodes_within_its_size_plus_the_overhead_per_element(module):
-    n = twin.DEFAULT_MAX_ELEMENTS
+    n = BUDGET
     for label, doc in _at_budget_bodies(n):
         body = json.dumps(doc, separators=(",", ":")).encode()
-        hb = module.decode_heartbeat(body)
+        hb = module.decode_heartbeat(body, n)
         assert elements(hb) == n, label
         with pytest.raises(HeartbeatError, match=f"more than {n - 1} "):
             module.decode_heartbeat(body, n - 1)
@@ -158,7 +161,7 @@ def test_a_body_at_the_budget_decodes_within_its_size_plus_the_overhead_per_elem
         bound = len(body) + n * twin.ELEMENT_OVERHEAD_BYTES
         tracemalloc.start()
         try:
-            hb = module.decode_heartbeat(body)
+            hb = module.decode_heartbeat(body, n)
             held, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
@@ -171,11 +174,11 @@ def test_a_body_at_the_budget_decodes_within_its_size_plus_the_overhead_per_elem
 
 def test_the_same_body_past_the_budget_unbounded_before():
     """The attack: a body of many tiny tags decodes to many times its size (the reason for the budget)."""
-    n = 4 * twin.DEFAULT_MAX_ELEMENTS
+    n = 4 * BUDGET
     body = json.dumps({"consumerDataSet": [{"subscriptionDataSet": [{}] * n}]}, separators=(",", ":")).encode()
     for module in MODULES:
-        with pytest.raises(HeartbeatError, match=f"subscriptionDataSet\\[{twin.DEFAULT_MAX_ELEMENTS - 1}\\]: more than"):
-            module.decode_heartbeat(body)
+        with pytest.raises(HeartbeatError, match=re.escape(f"subscriptionDataSet[{BUDGET - 1}]: more than {BUDGET} ")):
+            module.decode_heartbeat(body, BUDGET)
         tracemalloc.start()
         try:
             hb = module.decode_heartbeat(body, n + 1)   # what the budget prevents: ~35 times the body
@@ -231,3 +234,21 @@ def test_max_heartbeat_elements_is_a_positive_property():
     for bad in ("0", "-1"):
         with pytest.raises(ConfigError, match="maxHeartbeatElements must be > 0"):
             BrokerConfig().apply({"maxHeartbeatElements": bad}).validate()
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_strings_mixing_astral_characters_take_at_most_four_bytes_per_body_byte(module):
+    """Python keeps such a string in UCS-4: its ASCII characters cost 4 bytes each, the body 1 (README's bound)."""
+    n = 256
+    tags = [f"\U0001F600{i:08x}" + "a" * 4000 for i in range(n - 2)]
+    body = json.dumps({"consumerDataSet": [{"subscriptionDataSet": [{"tagsSet": tags}]}]}, ensure_ascii=False,
+                      separators=(",", ":")).encode()
+    module.decode_heartbeat(body, n)
+    tracemalloc.start()
+    try:
+        hb = module.decode_heartbeat(body, n)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert elements(hb) == n
+    assert 3 * len(body) < held <= 4 * len(body) + n * twin.ELEMENT_OVERHEAD_BYTES

@@ -1025,6 +1025,8 @@ cdef Py_ssize_t _limit(object max_elements) except -1:
     """decode_heartbeat's max_elements as a C size (TypeError / ValueError exactly as the twin)."""
     if max_elements is _DEFAULT_MAX_ELEMENTS:
         return C_DEFAULT_MAX_ELEMENTS
+    if type(max_elements) is int and 0 < max_elements < (1 << 62):   # the broker's property: no Python call
+        return max_elements
     max_elements = _max_elements(max_elements)
     return min(max_elements, 1 << 62)   # no body has that many: the same as no limit
 

@@ -123,7 +123,7 @@ class Capture:
 #: statistics every shard of a capture counts alike (each reads every packet): merged from one shard only
 PACKET_STATS = ("files", "packets", "tcp_packets", "non_tcp_packets", "unsupported_link_packets", "ip_fragments",
                 "truncated_packets", "malformed_packets", "filtered_packets", "truncated_file_tails",
-                "bad_time_packets")
+                "bad_time_packets", "time_jump_packets")
 
 
 def plan_captures(paths, shards: int = 1) -> List[Capture]:
@@ -458,6 +458,8 @@ def capture_summary(results: Sequence[CaptureResult]) -> dict:
 LIMIT_REASONS = {
     "bad_time_packets": "{n:,} packets stamped outside the sane time window (before 2000 or after the scan's "
                         "time + 1 day) not read: their times are damage, not events",
+    "time_jump_packets": "{n:,} packets stamped more than a day before or after the packets around them in their file "
+                         "not read: their times are damage, not events",
     "records_too_large": "{n:,} heartbeat / unregister / notify frames over the reader's max_record_bytes not read",
     "connections_evicted": "{n:,} open connections closed out at the reader's max_connections (their later "
                            "packets read as new connections)",

@@ -55,7 +55,8 @@ def options_for(data):
     return {"max_connections": 1 + x % 8, "max_pending_segments": 1 + (x >> 3) % 64,
             "max_pending_bytes": (x >> 9) % 4096, "max_buffered_bytes": (x >> 13) % 8192,
             "max_record_bytes": 12 + (x >> 18) % 2048, "reorder_window_ms": (x >> 20) % 3000,
-            "shard": (1, 0) if (x >> 29) % 4 else (2, (x >> 28) & 1), "max_time_ms": MAX_TIME_MS}
+            "shard": (1, 0) if (x >> 29) % 4 else (2, (x >> 28) & 1), "max_time_ms": MAX_TIME_MS,
+            "max_time_jump_ms": 1 + zlib.crc32(data, 13) % 3000}
 
 
 def verdict(mod, data, cuts, options):
@@ -136,6 +137,7 @@ def _made_up():
            _pcap(plain[:1] + plain[1:][::-1] + fins),  # reordered
            _pcap(plain[:2] + plain[3:] + fins),  # a hole
            _pcap(plain[:3] + [(0xFFFFFF00, _tcp(*c, *SERVER, 1, 0x10))] + plain[3:]),  # a packet in 2106
+           _pcap(plain[:3] + [(T0 + 3 * 365 * 86_400, plain[3][1])] + plain[3:]),  # a time jump of 3 years
            _pcap([(T0, _tcp(bytes([10, 0, 1, i]), 40000 + i, *SERVER, i, 0x02)) for i in range(12)])]  # SYNs
     hl = 3000
     cand = struct.pack(">iB", hl + 40, 0) + hl.to_bytes(3, "big") + b"{"

@@ -37,6 +37,13 @@ a budget leaves unread is counted, and ``damage_times`` holds the time range of 
 
 * a packet stamped outside ``[min_time_ms, max_time_ms]`` (default 2000-01-01 to now + 1 day) is not read
   (``bad_time_packets``): its time is damage, not an event;
+* a packet stamped more than ``max_time_jump_ms`` (default 1 day) before or after the packet read before it in the
+  same file is a *time jump* (one packet stamped three years after the others would stretch the capture's span and
+  make every client's heartbeats look stopped): it is not read (``time_jump_packets``) unless ``TIME_JUMP_AGREE``
+  consecutive packets agree on the new time (within ``max_time_jump_ms`` of each other), as after a clock step or
+  a capture silent for more than a day: the packet that makes them agree is read and becomes the file's time, the
+  ones before it stay damage. A capture file is monotonic up to small reordering, so it never trips this but
+  after a silence of more than a day (its first ``TIME_JUMP_AGREE - 1`` packets after it are named as damage);
 * a frame of more than ``max_record_bytes`` is not buffered: its header is read (``MAX_HEADER_BYTES`` at most) and
   its bytes passed; a HEART_BEAT, UNREGISTER_CLIENT or NOTIFY that large is counted (``records_too_large``), not
   read; a resynchronisation candidate's header is read only up to ``SEARCH_HEADER_BYTES`` (each candidate costs a
@@ -66,6 +73,7 @@ from engine.codec.errors import FrameError, RemotingError
 __all__ = ["CaptureDecoder", "CaptureError", "STAT_NAMES", "EVENT_KINDS", "conn_hash", "DEFAULT_REORDER_WINDOW_MS",
            "DEFAULT_MAX_PENDING_BYTES", "MAX_PACKET_BYTES", "DEFAULT_MAX_PENDING_SEGMENTS", "DEFAULT_MAX_RECORD_BYTES",
            "DEFAULT_MAX_CONNECTIONS", "DEFAULT_MAX_BUFFERED_BYTES", "MIN_TIME_MS", "MAX_TIME_AHEAD_MS",
+           "MAX_TIME_JUMP_MS", "TIME_JUMP_AGREE",
            "MAX_HEADER_BYTES", "SEARCH_HEADER_BYTES", "DAMAGE_KINDS", "MAX_INTERFACES"]
 
 
@@ -90,6 +98,10 @@ DEFAULT_MAX_BUFFERED_BYTES = 256 << 20
 #: packets stamped before this (2000-01-01 UTC) or more than MAX_TIME_AHEAD_MS after the reader's start are damage
 MIN_TIME_MS = 946_684_800_000
 MAX_TIME_AHEAD_MS = 86_400_000
+#: a packet stamped this much before or after the previous packet of its file is a time jump (damage) ...
+MAX_TIME_JUMP_MS = 86_400_000
+#: ... unless this many consecutive packets agree on the new time (a clock step, a silence of more than a day)
+TIME_JUMP_AGREE = 4
 #: the longest header read of a frame too large to buffer; the longest a resynchronisation candidate may have
 MAX_HEADER_BYTES = 64 << 10
 SEARCH_HEADER_BYTES = 4096
@@ -105,6 +117,7 @@ STAT_NAMES = (
     "holes", "hole_bytes", "frames_cut", "discarded_bytes", "resyncs", "bad_lengths", "frames",
     "frames_bad", "heartbeats", "unregisters", "notifies", "tail_bytes", "truncated_file_tails",
     "bad_time_packets", "records_too_large", "connections_evicted", "buffers_shed", "buffer_shed_bytes",
+    "time_jump_packets",
 )
 EVENT_KINDS = ("open", "fin", "rst", "unregister", "notify")
 
@@ -193,7 +206,8 @@ class CaptureDecoder:
                  reorder_window_ms=DEFAULT_REORDER_WINDOW_MS, max_pending_bytes=DEFAULT_MAX_PENDING_BYTES,
                  shard=(1, 0), max_pending_segments=DEFAULT_MAX_PENDING_SEGMENTS,
                  max_record_bytes=DEFAULT_MAX_RECORD_BYTES, max_connections=DEFAULT_MAX_CONNECTIONS,
-                 max_buffered_bytes=DEFAULT_MAX_BUFFERED_BYTES, min_time_ms=MIN_TIME_MS, max_time_ms=None):
+                 max_buffered_bytes=DEFAULT_MAX_BUFFERED_BYTES, min_time_ms=MIN_TIME_MS, max_time_ms=None,
+                 max_time_jump_ms=MAX_TIME_JUMP_MS):
         """``shard=(n, i)``: read only the connections whose 4-tuple hashes to i modulo n (n readers of one
         capture split its connections between them; packet-level statistics are the same in each). The budgets:
         see the module docstring (``max_time_ms`` None: now + MAX_TIME_AHEAD_MS)."""
@@ -216,10 +230,11 @@ class CaptureDecoder:
         self.max_buffered_bytes = int(max_buffered_bytes)
         self.min_time_ms = int(min_time_ms)
         self.max_time_ms = int(time.time() * 1000) + MAX_TIME_AHEAD_MS if max_time_ms is None else int(max_time_ms)
+        self.max_time_jump_ms = int(max_time_jump_ms)
         if self.max_pending_segments < 1 or self.max_record_bytes < 12 or self.max_connections < 1 \
-                or self.max_buffered_bytes < 0:
-            raise ValueError("max_pending_segments >= 1, max_record_bytes >= 12, max_connections >= 1 and "
-                             "max_buffered_bytes >= 0 required")
+                or self.max_buffered_bytes < 0 or self.max_time_jump_ms < 1:
+            raise ValueError("max_pending_segments >= 1, max_record_bytes >= 12, max_connections >= 1, "
+                             "max_buffered_bytes >= 0 and max_time_jump_ms >= 1 required")
         self.stats = dict.fromkeys(STAT_NAMES, 0)
         #: {kind of DAMAGE_KINDS: [first ms, last ms]} of what the budgets left unread
         self.damage_times = {}
@@ -292,6 +307,9 @@ class CaptureDecoder:
         self._link = 0
         self._snaplen = 0
         self._ifaces = []  # pcapng: (link type, ts units per second as (kind, value))
+        self._time_ms = -1  # the file's time: its last packet read (-1: none yet)
+        self._jump_ms = -1  # the last time jump's time, and how many consecutive jumps agree with it
+        self._jumps = 0
 
     def feed(self, data) -> int:
         """Read the complete records (pcap) or blocks (pcapng) at the start of ``data`` (the file's bytes from
@@ -428,11 +446,29 @@ class CaptureDecoder:
             st.buf.clear()
 
     # -- packet level --
+    def _in_time(self, ms) -> bool:
+        """Whether a packet stamped ``ms`` follows its file's time (see the module docstring: time jumps)."""
+        if self._time_ms < 0 or abs(ms - self._time_ms) <= self.max_time_jump_ms:
+            self._time_ms, self._jumps = ms, 0
+            return True
+        if self._jumps and abs(ms - self._jump_ms) <= self.max_time_jump_ms:
+            self._jumps += 1
+        else:
+            self._jumps = 1
+        self._jump_ms = ms
+        if self._jumps >= TIME_JUMP_AGREE:  # a stream at the new time: it is the file's time now
+            self._time_ms, self._jumps = ms, 0
+            return True
+        return False
+
     def _packet(self, link, data, pos, end, orig_len, ms):
         st = self.stats
         st["packets"] += 1
         if ms < self.min_time_ms or ms > self.max_time_ms:  # a clock no capture had: damage, not an event
             st["bad_time_packets"] += 1
+            return
+        if not self._in_time(ms):
+            st["time_jump_packets"] += 1
             return
         if self.first_packet_ms < 0:
             self.first_packet_ms = ms

@@ -11,7 +11,7 @@ header shapes, UNREGISTER_CLIENT / NOTIFY frames, resynchronisation candidates) 
 """
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport free, llabs, malloc, realloc
 from libc.string cimport memcmp, memcpy, memmove
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
@@ -22,7 +22,8 @@ import numpy as np
 from engine.recording._pcap_py import (CaptureError, DEFAULT_MAX_PENDING_BYTES, DEFAULT_REORDER_WINDOW_MS, MAX_PACKET_BYTES,
                              STAT_NAMES, DEFAULT_MAX_PENDING_SEGMENTS, DEFAULT_MAX_RECORD_BYTES,
                              DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_BUFFERED_BYTES, MIN_TIME_MS, MAX_TIME_AHEAD_MS,
-                             MAX_HEADER_BYTES, SEARCH_HEADER_BYTES, MAX_INTERFACES)
+                             MAX_HEADER_BYTES, SEARCH_HEADER_BYTES, MAX_INTERFACES, MAX_TIME_JUMP_MS,
+                             TIME_JUMP_AGREE)
 import heapq
 import time
 from collections import OrderedDict
@@ -35,7 +36,7 @@ cdef enum:
     S_CONNECTIONS, S_MIDSTREAM, S_RETRANS, S_RETRANS_BYTES, S_OOO, S_AFTER_CLOSE, S_HOLES, S_HOLE_BYTES,
     S_FRAMES_CUT, S_DISCARDED, S_RESYNCS, S_BAD_LENGTHS, S_FRAMES, S_FRAMES_BAD, S_HEARTBEATS, S_UNREGISTERS,
     S_NOTIFIES, S_TAIL_BYTES, S_TRUNCATED_TAILS, S_BAD_TIME, S_RECORDS_TOO_LARGE, S_EVICTED, S_SHED, S_SHED_BYTES,
-    N_STATS
+    S_TIME_JUMP, N_STATS
 
 assert N_STATS == len(STAT_NAMES)
 
@@ -48,6 +49,7 @@ cdef uint64_t FNV_OFFSET = 0xCBF29CE484222325ULL
 cdef uint64_t FNV_PRIME = 0x100000001B3ULL
 cdef long long C_MAX_HEADER_BYTES = MAX_HEADER_BYTES
 cdef long long C_SEARCH_HEADER_BYTES = SEARCH_HEADER_BYTES
+cdef long long C_TIME_JUMP_AGREE = TIME_JUMP_AGREE
 
 
 
@@ -381,6 +383,8 @@ cdef class CaptureDecoder:
     cdef unsigned char _port_set[8192]
     cdef readonly long long max_frame_size, reorder_window_ms, max_pending_bytes, max_pending_segments
     cdef readonly long long max_record_bytes, max_connections, max_buffered_bytes, min_time_ms, max_time_ms
+    cdef readonly long long max_time_jump_ms
+    cdef long long _time_ms, _jump_ms, _jumps  # time jumps (see the twin's _in_time)
     cdef readonly dict damage_times
     cdef long long _tick, _held
     cdef uint64_t _shard_n, _shard_i
@@ -408,7 +412,8 @@ cdef class CaptureDecoder:
                  reorder_window_ms=DEFAULT_REORDER_WINDOW_MS, max_pending_bytes=DEFAULT_MAX_PENDING_BYTES,
                  shard=(1, 0), max_pending_segments=DEFAULT_MAX_PENDING_SEGMENTS,
                  max_record_bytes=DEFAULT_MAX_RECORD_BYTES, max_connections=DEFAULT_MAX_CONNECTIONS,
-                 max_buffered_bytes=DEFAULT_MAX_BUFFERED_BYTES, min_time_ms=MIN_TIME_MS, max_time_ms=None):
+                 max_buffered_bytes=DEFAULT_MAX_BUFFERED_BYTES, min_time_ms=MIN_TIME_MS, max_time_ms=None,
+                 max_time_jump_ms=MAX_TIME_JUMP_MS):
         import engine
 
         n, i = (int(x) for x in shard)
@@ -433,10 +438,11 @@ cdef class CaptureDecoder:
         self.max_buffered_bytes = int(max_buffered_bytes)
         self.min_time_ms = int(min_time_ms)
         self.max_time_ms = int(time.time() * 1000) + MAX_TIME_AHEAD_MS if max_time_ms is None else int(max_time_ms)
+        self.max_time_jump_ms = int(max_time_jump_ms)
         if self.max_pending_segments < 1 or self.max_record_bytes < 12 or self.max_connections < 1 \
-                or self.max_buffered_bytes < 0:
-            raise ValueError("max_pending_segments >= 1, max_record_bytes >= 12, max_connections >= 1 and "
-                             "max_buffered_bytes >= 0 required")
+                or self.max_buffered_bytes < 0 or self.max_time_jump_ms < 1:
+            raise ValueError("max_pending_segments >= 1, max_record_bytes >= 12, max_connections >= 1, "
+                             "max_buffered_bytes >= 0 and max_time_jump_ms >= 1 required")
         self.damage_times = {}
         self._flows = OrderedDict()
         self._generation = OrderedDict()
@@ -521,6 +527,9 @@ cdef class CaptureDecoder:
         self._link = 0
         self._snaplen = 0
         self._ifaces = []
+        self._time_ms = -1
+        self._jump_ms = -1
+        self._jumps = 0
 
     def feed(self, data):
         """Read the complete records (pcap) or blocks (pcapng) at the start of ``data``; returns the bytes used."""
@@ -668,6 +677,22 @@ cdef class CaptureDecoder:
             self._close_dir(flow, 1, flow.d1.last_ms)
 
     # -- packet level --
+    cdef inline bint _in_time(self, long long ms):
+        if self._time_ms < 0 or llabs(ms - self._time_ms) <= self.max_time_jump_ms:
+            self._time_ms = ms
+            self._jumps = 0
+            return True
+        if self._jumps and llabs(ms - self._jump_ms) <= self.max_time_jump_ms:
+            self._jumps += 1
+        else:
+            self._jumps = 1
+        self._jump_ms = ms
+        if self._jumps >= C_TIME_JUMP_AGREE:  # a stream at the new time: it is the file's time now
+            self._time_ms = ms
+            self._jumps = 0
+            return True
+        return False
+
     cdef int _packet(self, int link, const unsigned char* data, Py_ssize_t pos, Py_ssize_t end, uint32_t orig_len,
                      long long ms) except -1:
         cdef long long* st = self.st
@@ -679,6 +704,9 @@ cdef class CaptureDecoder:
         st[S_PACKETS] += 1
         if ms < self.min_time_ms or ms > self.max_time_ms:
             st[S_BAD_TIME] += 1
+            return 0
+        if not self._in_time(ms):
+            st[S_TIME_JUMP] += 1
             return 0
         if self.first_packet_ms < 0:
             self.first_packet_ms = ms

@@ -9,6 +9,8 @@ Every input goes through both implementations (engine.codec._heartbeat, engine.c
 * for a decoded heartbeat: encode_heartbeat() must decode back to an equal heartbeat, and heartbeat_fingerprint()
   must be a Java int (the registry calls both on every heartbeat);
 * for one input in eight: ``decode_heartbeats([data, data[:n]])`` (the batch path) must give the same rows in both;
+* for one input in four: ``decode_heartbeat(data, max_elements)`` with a small element budget (1-16): the same
+  result or the same error (the first element over the budget, as maxHeartbeatElements refuses it) in both;
 * ``body_digest(data)`` (the repeat route's digest of a heartbeat body, engine.codec._frame / _frame_py): the same
   value or None in both.
 
@@ -47,10 +49,10 @@ def masked(d, t0, t1):
     return d
 
 
-def verdict(mod, data):
+def verdict(mod, data, max_elements=None):
     t0 = now_ms()
     try:
-        hb = mod.decode_heartbeat(data)
+        hb = mod.decode_heartbeat(data) if max_elements is None else mod.decode_heartbeat(data, max_elements)
     except Exception as exc:  # noqa: BLE001 - check_error re-raises anything that is not a typed error
         # class and message must agree (the twin re-walks a rejected body as the native parser does)
         return fuzzlib.check_error(exc), None
@@ -99,7 +101,12 @@ def test_one_input(data):
         check_round_trip(hb)
     if FRAME_NATIVE is not None and FRAME_NATIVE.body_digest(data) != FRAME_TWIN.body_digest(data):
         raise fuzzlib.Divergence(f"body_digest differs for {data[:80]!r}")
-    if len(IMPLS) == 2 and fuzzlib.zlib.crc32(data) % 8 == 0:
+    crc = fuzzlib.zlib.crc32(data)
+    if len(IMPLS) == 2 and crc % 4 == 1:
+        small = [verdict(mod, data, 1 + (crc >> 8) % 16)[0] for mod in IMPLS]
+        if small[0] != small[1]:
+            raise fuzzlib.Divergence(f"with max_elements: native {small[0]!r} != twin {small[1]!r} for {data[:80]!r}")
+    if len(IMPLS) == 2 and crc % 8 == 0:
         bodies = [data, data[: len(data) // 2]]
         a, b = (batch_rows(mod, bodies) for mod in IMPLS)
         if a != b:

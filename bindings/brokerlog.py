@@ -72,6 +72,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
+from engine.bindings.gzinput import BoundedGzip
 from engine.codec.errors import RemotingError
 from engine.recording.scan_py import (CLIENT_INNER_PRODUCER, FINDING_KEYS, IDLE_CLOSE_MIN_MS, ScanParams, _inconsistent,
                             deviating_members, fleet_findings, parse_key)
@@ -276,10 +277,13 @@ class LineReader:
     the reader ends where it now ends, named as damage. ``damage``: [{"kind", "offset", "bytes", "reason"}]
     (offsets into the file's bytes; a ``.gz``'s decompressed bytes), complete once the iteration ends; kinds
     ``overlong_line`` (one entry per file: the first such line, the bytes and lines skipped), ``truncated``,
-    ``unreadable``. ``fileobj``: read this binary file object instead of opening ``path`` (fuzzing, tests)."""
+    ``unreadable``, ``gzip_budget`` (a ``.gz`` read up to ``gzinput.gzip_budget`` decompressed bytes: a gzip bomb
+    costs time linear in its compressed size; ``max_gzip_ratio``, ``min_gzip_bytes``). ``fileobj``: read this
+    binary file object instead of opening ``path`` (fuzzing, tests)."""
 
     def __init__(self, path, batch_lines: int = BATCH_LINES, chunk_bytes: int = 8 << 20,
-                 native: Optional[bool] = None, max_line_bytes: Optional[int] = None, fileobj=None):
+                 native: Optional[bool] = None, max_line_bytes: Optional[int] = None, fileobj=None,
+                 max_gzip_ratio: Optional[int] = None, min_gzip_bytes: Optional[int] = None):
         if batch_lines < 1 or chunk_bytes < 1:
             raise ValueError("batch_lines and chunk_bytes must be positive")
         self.path = str(path)
@@ -289,6 +293,7 @@ class LineReader:
             raise ValueError("max_line_bytes must be positive")
         self.ends_of = _line_ends(native)
         self.fileobj = fileobj
+        self.gzip_budget = (max_gzip_ratio, min_gzip_bytes)
         self.damage: List[dict] = []
         self.overlong = 0          # lines skipped
         self._over_first = None    # (offset, bytes) of the first
@@ -319,7 +324,7 @@ class LineReader:
             if self.fileobj is not None:
                 f = contextlib.nullcontext(self.fileobj)
             elif self.path.endswith(".gz"):
-                f = gzip.open(self.path, "rb")
+                f = BoundedGzip(self.path, *self.gzip_budget)
             else:
                 f = open(self.path, "rb", buffering=0)
                 limit = os.fstat(f.fileno()).st_size
@@ -343,6 +348,8 @@ class LineReader:
                     except READ_ERRORS as exc:
                         broken = {"kind": "unreadable", "reason": f"read failed at byte {pos + n0:,}: "
                                                                   f"{_read_error(exc)}"}
+                if not got and broken is None and getattr(fh, "over", False):  # the rest: past the gzip budget
+                    broken = {"kind": "gzip_budget", "reason": f"at byte {pos + n0:,}: {fh.reason()}"}
                 if not got and broken is None and limit is not None and pos + n0 < limit:
                     broken = {"kind": "truncated", "reason": f"the file ended at byte {pos + n0:,} of the "
                                                              f"{limit:,} it had when the read began (truncated while "
@@ -941,8 +948,9 @@ def _retry(retry, params, broker) -> list:
     return out
 
 
-def combine(per_broker: List[dict], info: dict, params: ScanParams) -> dict:
-    """One findings dict (recording-scan format + log keys) from per-broker findings and the log info."""
+def combine(per_broker: List[dict], info: dict, params: ScanParams, client_ids: bool = False) -> dict:
+    """One findings dict (recording-scan format + log keys) from per-broker findings and the log info.
+    ``client_ids``: also list the distinct clients (``_client_ids``, for merging with a capture: bindings.merge)."""
     findings = {k: [] for k in LOG_FINDING_KEYS}
     findings["member_addresses"] = []
     findings["broker_boots"] = []
@@ -982,10 +990,13 @@ def combine(per_broker: List[dict], info: dict, params: ScanParams) -> dict:
     # what could not be read (overlong lines, truncated or unreadable files, impossible times) is damage, named as
     # a recording's is: the DAMAGED INPUT banner, one stderr line, exit 3
     findings["scan"] = {"torn_tails": [], "corrupt": list(info.get("damage") or [])}
+    if client_ids:
+        findings["_client_ids"] = sorted(clients)
     return findings
 
 
-def analyze_events(events: Iterable[dict], info: Optional[dict] = None, params: ScanParams = ScanParams()) -> dict:
+def analyze_events(events: Iterable[dict], info: Optional[dict] = None, params: ScanParams = ScanParams(),
+                   client_ids: bool = False) -> dict:
     """Findings over events of any number of brokers (the reference the Spark scan reproduces)."""
     params.validate()
     per: Dict[str, list] = defaultdict(list)
@@ -996,14 +1007,14 @@ def analyze_events(events: Iterable[dict], info: Optional[dict] = None, params: 
     info.setdefault("first_ms", min(all_ts) if all_ts else None)
     info.setdefault("last_ms", max(all_ts) if all_ts else None)
     info.setdefault("events", len(all_ts))
-    return combine([analyze_broker(per[b], params) for b in sorted(per)], info, params)
+    return combine([analyze_broker(per[b], params) for b in sorted(per)], info, params, client_ids)
 
 
 def scan_local(paths, *, log_tz=None, brokers=None, params: ScanParams = ScanParams(), native=None,
-               max_line_bytes: Optional[int] = None) -> dict:
+               max_line_bytes: Optional[int] = None, client_ids: bool = False) -> dict:
     """Read and analyse logs in this process (no Spark)."""
     table, info = read_local(paths, log_tz=log_tz, brokers=brokers, native=native, max_line_bytes=max_line_bytes)
-    return analyze_events(table.to_pylist(), info, params)
+    return analyze_events(table.to_pylist(), info, params, client_ids)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1585,7 +1596,7 @@ def _analyze_task(params: ScanParams, table):
 
 def scan(spark, paths, params: ScanParams = ScanParams(), *, log_tz: Optional[str] = None,
          brokers: Optional[Dict[str, str]] = None, native: Optional[bool] = None,
-         max_line_bytes: Optional[int] = None) -> dict:
+         max_line_bytes: Optional[int] = None, client_ids: bool = False) -> dict:
     """Every analysis over broker logs on Spark: the recording scan's findings format plus ``expired_clients``,
     ``retry_topic_churn``, ``unsupported`` and ``log`` (files, zone, line counts by kind, examples)."""
     import functools
@@ -1615,7 +1626,7 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, log_tz: Optional[st
     info = _log_info(plan, stats, samples[:256], tz, label, source)
     info["first_ms"], info["last_ms"] = span["lo"], span["hi"]
     found = [json.loads(r["findings"]) for r in per if r["findings"] != "null"]
-    findings = combine(found, info, params)
+    findings = combine(found, info, params, client_ids)
     findings["scan"].update({"method": "broker-log", "files": len(plan),
                              "seconds": round(time.perf_counter() - t0, 3),
                              "parser": "native" if parser(native) is _parse_native else "twin"})

@@ -1252,7 +1252,15 @@ exit status: 0 all input read; 3 completed over damaged input (named in the repo
 
 def _scan_main(argv) -> int:
     from .brokerlog import INPUT_FORMATS, input_format
+    from .merge import route, scan_main as merged_scan_main
 
+    argv, mixed, notice = route(argv)  # each file's kind from its content (engine.bindings.merge)
+    if mixed:  # a broker's log and its capture: one timeline; a combination that cannot merge: one line
+        if _cli.get("interrupt"):
+            _catch_interrupt()
+        return merged_scan_main(argv)
+    if notice:
+        print(f"rmqhb scan: {notice}", file=sys.stderr)
     kind, why = input_format(argv)
     if kind is None:
         print(f"rmqhb scan: the inputs are of different kinds ({why}); scan them separately or give --format",

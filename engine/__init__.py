@@ -1,7 +1,7 @@
 """RocketMQ broker client management: frame codec, heartbeat decoding, client registry, server.
 
 Every hot path has a Cython module (``engine.codec._frame``, ``engine.codec._heartbeat``, ``engine.registry._expiry``,
-``engine.registry._digest``, ``engine.registry._channel_table``, ``engine.registry._intern``, ``engine.registry._rules``, ``engine.recording._segment``, ``engine.recording._brokerlog``, ``engine.recording._pcap``, the connection protocol
+``engine.registry._digest``, ``engine.registry._channel_table``, ``engine.registry._intern``, ``engine.registry._rules``, ``engine.recording._segment``, ``engine.recording._brokerlog``, ``engine.recording._pcap``, ``engine.http2._hpack``, the connection protocol
 ``engine.broker._protocol``, built from ``pyx/``) and a pure-Python twin with the same inputs, outputs and errors. The compiled modules are used when they are built;
 ``ENGINE_NO_EXTENSIONS=1`` forces the twins. ``engine.native_modules()`` says, per module, which one is in use;
 ``engine.NATIVE`` is true only when every compiled module is.
@@ -96,6 +96,7 @@ COMPILED_MODULES = {
     "_segment": ("engine.recording._segment", "engine.bindings.segments"),
     "_brokerlog": ("engine.recording._brokerlog", "engine.recording._brokerlog_py"),
     "_pcap": ("engine.recording._pcap", "engine.recording._pcap_py"),
+    "_hpack": ("engine.http2._hpack", "engine.http2._hpack_py"),
     "_protocol": ("engine.broker._protocol", "engine.broker.server"),  # twin: server.PyConnection
 }
 _native_modules: dict | None = None

@@ -35,6 +35,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from engine.bindings.gzinput import BoundedGzip
 from engine.recording import _pcap_py as twin
 from engine.recording._pcap_py import STAT_NAMES, CaptureError, conn_hash
 from engine.recording.scan_py import FINDING_KEYS, ScanParams, deviating_members, separate_data_loss
@@ -188,9 +189,10 @@ def looks_like_captures(paths) -> bool:
 
 
 def _open(path):
+    """A capture file's bytes (a gzip one's within gzinput's budget of decompressed bytes: ``over`` past it)."""
     with open(path, "rb") as f:
         gz = f.read(2) == GZIP_MAGIC
-    return gzip.open(path, "rb") if gz else open(path, "rb")
+    return BoundedGzip(path) if gz else open(path, "rb")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -321,6 +323,8 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
                     with memoryview(buf) as mv:
                         n = f.readinto(mv[fill:])
                         if not n:
+                            if getattr(f, "over", False):  # a gzip bomb: the rest of the file is damage
+                                damaged.append({"file": path, "reason": f"at byte {f.read_bytes:,}: {f.reason()}"})
                             dec.end_file(fill)
                             break
                         fill += n

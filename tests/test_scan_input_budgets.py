@@ -78,3 +78,83 @@ def test_committed_captures_have_no_time_jump():
             raw = gzip.decompress(raw)
         out = both([raw])
         assert out[0] == "error" or out[3]["time_jump_packets"] == 0, path
+
+
+# -- gzip bombs ---------------------------------------------------------------------------------------------------
+
+def _bomb(path: Path, head: bytes, mib: int, tail: bytes = b"") -> int:
+    """A .gz of ``head``, ``mib`` MiB of one repeated log-like line (deflate's best case: ~1,000:1), ``tail``."""
+    line = b"2023-11-14 22:13:20 INFO x - " + b"a" * 34 + b"\n"  # 64 bytes
+    with gzip.open(path, "wb", compresslevel=9) as f:
+        f.write(head)
+        block = line * (1 << 14)  # 1 MiB
+        for _ in range(mib):
+            f.write(block)
+        f.write(tail)
+    return path.stat().st_size
+
+
+def test_gzip_bomb_log_is_cut_at_the_budget_and_named(tmp_path, monkeypatch):
+    """A .log.gz decompressing ~1,000:1 cost time in proportion to its decompressed size (3.8 MB of gzip: > 4 GB).
+    Scaled: 64 MiB behind ~200 KB of gzip (~340:1) with a budget of 50:1 past 1 MiB: the reader stops at 50:1 of
+    the compressed size, names the rest as damage (gzip_budget, never the file's bytes), and a good broker's log beside it keeps
+    the findings of a scan of it alone."""
+    from engine.bindings import gzinput
+
+    from test_brokerlog_limits import _findings_of, _good_logs
+
+    bad = tmp_path / "broker-bad"
+    bad.mkdir()
+    size = _bomb(bad / "broker.log.gz", b"2023-11-14 22:13:19 INFO first - SECRET-HEAD\n", 64, b"LAST\n")
+    for native_cut in (False, True):
+        r = brokerlog.LineReader(bad / "broker.log.gz", native=native_cut, chunk_bytes=1 << 20,
+                                 max_gzip_ratio=50, min_gzip_bytes=1 << 20)
+        lines = sum(len(a) for a in r)
+        budget = gzinput.gzip_budget(size, 50, 1 << 20)
+        assert budget < 16 << 20 and lines <= budget // 64 + 1
+        (d,) = r.damage
+        assert d["kind"] == "gzip_budget" and d["offset"] <= budget and "gzip bomb" in d["reason"]
+        assert f"{budget:,} bytes" in d["reason"]
+    monkeypatch.setattr(gzinput, "GZIP_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(gzinput, "GZIP_MAX_RATIO", 50)
+    _good_logs(tmp_path / "broker-good")
+    f = brokerlog.scan_local([tmp_path / "broker-good", bad], log_tz="UTC")
+    alone = brokerlog.scan_local([tmp_path / "broker-good"], log_tz="UTC")
+    assert _findings_of(f, "broker-good") == _findings_of(alone, "broker-good")
+    kinds = [(d["broker"], d["kind"]) for d in f["scan"]["corrupt"]]
+    assert ("broker-bad", "gzip_budget") in kinds and "SECRET" not in str(f["scan"]["corrupt"])
+
+
+def test_gzip_under_its_budget_is_read_whole(tmp_path):
+    """A small .gz is never cut (GZIP_MIN_BYTES), nor one compressing at a real log's ratio."""
+    path = tmp_path / "broker.log.gz"
+    _bomb(path, b"", 4, b"LAST\n")
+    r = brokerlog.LineReader(path, max_gzip_ratio=200, min_gzip_bytes=8 << 20)
+    assert sum(len(a) for a in r) == 4 * (1 << 14) + 1 and r.damage == []
+
+
+def test_gzip_bomb_capture_is_cut_at_the_budget_and_named(tmp_path, monkeypatch):
+    """The issue's 3.8 MB .pcap.gz of > 4 GB, scaled: a capture whose heartbeat is padded with 48 MiB of spaces
+    (~100 KB of gzip) with a budget of 50:1 past 1 MiB: read up to the budget, the rest named as damage (the file listed
+    under capture.damaged_files, scan.corrupt), a good capture given with it read whole."""
+    from engine.bindings import gzinput
+
+    monkeypatch.setattr(gzinput, "GZIP_MIN_BYTES", 1 << 20)
+    monkeypatch.setattr(gzinput, "GZIP_MAX_RATIO", 50)
+    p = Pcap()
+    p.stream(client(1), heartbeat("first@1") + heartbeat("big@1", pad=48 << 20) + heartbeat("last@1"), mss=65000)
+    bomb = tmp_path / "bomb.pcap.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        f.write(p.bytes())
+    assert bomb.stat().st_size * 50 < 16 << 20
+    good = tmp_path / "good.pcap"
+    good.write_bytes(_clients_capture())
+    (cap,) = pcap.plan_captures([bomb])
+    items = list(pcap.iter_capture(cap))
+    res = items[-1]
+    assert len(res.damaged) == 1 and "gzip bomb" in res.damaged[0]["reason"]
+    assert res.stats["heartbeats"] == 1  # the first; the rest was past the budget
+    f = pcap.scan_local([bomb, good])
+    ref = pcap.scan_local([good])
+    assert f["summary"]["records"] == ref["summary"]["records"] + 1
+    assert any("gzip bomb" in str(c.get("reason")) for c in f["scan"]["corrupt"])

@@ -252,3 +252,32 @@ def test_strings_mixing_astral_characters_take_at_most_four_bytes_per_body_byte(
         tracemalloc.stop()
     assert elements(hb) == n
     assert 3 * len(body) < held <= 4 * len(body) + n * twin.ELEMENT_OVERHEAD_BYTES
+
+
+def test_acl_decodes_a_heartbeat_within_the_same_property(broker_factory, tmp_path):
+    """An account with resource permissions has its heartbeat's body decoded by the ACL check too: within
+    maxHeartbeatElements, not the decoder's default (a raised property would otherwise be refused by the ACL)."""
+    from engine import RemotingCommand
+    from engine.broker.acl import sign_request
+
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text("accounts:\n  - accessKey: rocketmq2\n    secretKey: 12345678\n    admin: false\n"
+                   "    defaultTopicPerm: SUB\n    defaultGroupPerm: SUB\n    topicPerms:\n      - TopicTest=SUB\n")
+    limit = twin.DEFAULT_MAX_ELEMENTS + 100
+    broker = broker_factory(acl_enable=True, acl_file=str(acl), max_heartbeat_elements=limit)
+    c = Client(broker.ports["main"])
+    for opaque, client_id, group, tags in ((1, "10.0.0.9@1#1", "at_limit", limit - 5),
+                                           (2, "10.0.0.9@1#2", "over_limit", limit - 4)):
+        cmd = RemotingCommand(RequestCode.HEART_BEAT, opaque=opaque, ext_fields={},
+                              body=_big_body(client_id, group, tags))
+        sign_request(cmd, "rocketmq2", "12345678")
+        c.sock.sendall(cmd.encode())
+        r = c.read(timeout=20, pred=lambda x, o=opaque: x.is_response and x.opaque == o)
+        if opaque == 1:
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            assert consumer_ids(broker, "at_limit") == [client_id]
+        else:  # refused by the ACL check, which cannot know its resources: NO_PERMISSION, as any undecodable body
+            assert r.code == ResponseCode.NO_PERMISSION
+            assert r.remark.startswith("Cannot read the resources of request code=34: $.producerDataSet[1]: more than")
+            assert consumer_ids(broker, "over_limit") == []
+    c.close()

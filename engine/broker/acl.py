@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.codec._heartbeat_py import DEFAULT_MAX_ELEMENTS
 from engine.codec.errors import RemotingError, echo
 from engine.codec.enums import RequestCode
 
@@ -75,11 +76,12 @@ def _resource_name(resource: str) -> str:
     return "topic:" + echo(resource)
 
 
-def request_resources(code: int, ext: dict, body) -> dict:
+def request_resources(code: int, ext: dict, body, max_heartbeat_elements: int = DEFAULT_MAX_ELEMENTS) -> dict:
     """PlainAccessValidator.parse: the resources a request names and the permission each needs.
 
     Later entries replace earlier ones for the same resource, as in Java's map. Raises engine.HeartbeatError for a
-    HEART_BEAT body that does not decode (the request is refused: its resources cannot be known).
+    HEART_BEAT body that does not decode, or decodes to more than ``max_heartbeat_elements`` elements (the
+    broker's maxHeartbeatElements; the request is refused: its resources cannot be known).
     """
     out: dict = {}
 
@@ -103,7 +105,7 @@ def request_resources(code: int, ext: dict, body) -> dict:
     elif code == RequestCode.HEART_BEAT:
         from engine import decode_heartbeat  # the facade's native or twin decoder
 
-        for consumer in decode_heartbeat(bytes(body or b"")).consumers:
+        for consumer in decode_heartbeat(bytes(body or b""), max_heartbeat_elements).consumers:
             add(retry_topic(consumer.group), SUB)
             for sub in consumer.subscriptions:
                 add(sub.topic, SUB)
@@ -198,6 +200,8 @@ class AclValidator:
     """Checks requests against the accounts of a plain_acl.yml file."""
 
     def __init__(self, accounts, global_white_remote_addresses=()):
+        #: the broker's maxHeartbeatElements: a heartbeat's body is decoded here within the same budget
+        self.max_heartbeat_elements = DEFAULT_MAX_ELEMENTS
         self.accounts: dict[str, Account] = {}
         for a in accounts:
             self.accounts[a.access_key] = a
@@ -301,7 +305,7 @@ class AclValidator:
                     and check_permission(SUB, account.default_group_perm)):
                 return None  # a heartbeat needs SUB only and the defaults grant it: no need to decode the body
         try:
-            needed = request_resources(code, ext, body)
+            needed = request_resources(code, ext, body, self.max_heartbeat_elements)
         except RemotingError as e:
             return f"Cannot read the resources of request code={code}: {e}"
         return self._check_needed(account, needed)

@@ -110,6 +110,7 @@ class Broker:
             from engine.broker.acl import AclValidator
 
             self.acl = AclValidator.from_file(self.config.acl_file)
+            self.acl.max_heartbeat_elements = self.config.max_heartbeat_elements
             log.info("ACL enabled with %d accounts from %s", len(self.acl.accounts), self.config.acl_file)
         self.recorder = None
         if self.config.record_dir:

@@ -362,6 +362,12 @@ def _label(r: dict, name: str) -> str:
     return f"{r['broker']}: {name}" if r.get("broker") else name
 
 
+def _plot_label(r: dict, name: str) -> str:
+    """A PNG plot's label of client data: control characters escaped (matplotlib drew them as missing glyphs) and
+    ``$`` quoted (a pair of them would be parsed as mathtext, and a bad one fails the plot)."""
+    return escape_text(_label(r, name)).replace("$", r"\$")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # PNG plots (for tickets and chats; the page draws its own SVG)
 
@@ -389,7 +395,7 @@ def write_plots(findings: dict, out: "ReportFiles") -> List[str]:
         series = [(t, n) for t, n in g["series"] if last is None or t <= last]
         if series:
             ax.step([dt(t) for t, _ in series], [n for _, n in series], where="post", linewidth=1.2, color="#1f5fa8")
-        ax.set_title(_label(g, f"{g['group']} ({g['role']})") + (" *" if f else ""), fontsize=8)
+        ax.set_title(_plot_label(g, f"{g['group']} ({g['role']})") + (" *" if f else ""), fontsize=8)
         ax.tick_params(labelsize=7)
         ax.set_ylim(bottom=0)
     for ax in list(axes.flat)[len(charted):]:
@@ -441,7 +447,7 @@ def _flapping_plot(findings, out, plt, mdates, dt) -> List[str]:
         else:
             ax.plot([dt(t) for t in r["reconnect_ms"]], [i] * len(r["reconnect_ms"]), "|", markersize=12)
     ax.set_yticks(range(len(flapping)))
-    ax.set_yticklabels([_label(r, r["client_id"]) for r in flapping], fontsize=7)
+    ax.set_yticklabels([_plot_label(r, r["client_id"]) for r in flapping], fontsize=7)
     if not flapping:
         ax.text(0.5, 0.5, "no flapping clients", ha="center", va="center", transform=ax.transAxes)
     ax.set_title("Connects and closes of flapping clients" if marked else "Reconnects of flapping clients", loc="left")

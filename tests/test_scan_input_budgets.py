@@ -158,3 +158,44 @@ def test_gzip_bomb_capture_is_cut_at_the_budget_and_named(tmp_path, monkeypatch)
     ref = pcap.scan_local([good])
     assert f["summary"]["records"] == ref["summary"]["records"] + 1
     assert any("gzip bomb" in str(c.get("reason")) for c in f["scan"]["corrupt"])
+
+
+# -- the report's PNG plots ---------------------------------------------------------------------------------------
+
+def test_plot_labels_escape_control_characters_and_mathtext(tmp_path, monkeypatch):
+    """The PNG plots drew client data raw: a BEL in a client id gave matplotlib's 'Glyph 7 missing' warning and a
+    pair of '$' is parsed as mathtext (a bad one fails the plot). Labels are escaped (engine.logutil.escape_text)
+    and '$' quoted: no warning, every label shows the escaped text."""
+    import warnings
+
+    from conftest import require_module
+
+    require_module("matplotlib")
+    import matplotlib.text
+
+    from engine.bindings import report
+    from engine.recording import scan_py
+    from engine.recording.synth import FleetConfig, generate
+    from test_scan_output_safety import _hostile
+
+    generate(tmp_path / "rec", FleetConfig(clients=30, groups=6, days=0.15, seed=5))
+    f = scan_py.scan(tmp_path / "rec")
+    assert f["flapping_clients"] and f["group_sizes"]
+    monkeypatch.setattr("test_scan_output_safety.CALC", "bell\x07$\\frac{$x")
+    monkeypatch.setattr("test_scan_output_safety.SUM", "G\x1b[31m$\\sqrt$")
+    hostile = _hostile(f)
+    texts = []
+    real = report._savefig
+
+    def savefig(fig, out, name, dpi):
+        real(fig, out, name, dpi)
+        texts.extend(t.get_text() for t in fig.findobj(matplotlib.text.Text))
+
+    monkeypatch.setattr(report, "_savefig", savefig)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Glyph 7 (\x07) missing from font(s)" is a UserWarning
+        report.write_report(hostile, tmp_path / "report", plots=True)
+    assert (tmp_path / "report" / "flapping_timeline.png").stat().st_size > 0
+    assert not any(ch in t for t in texts for ch in "\x07\x1b")
+    assert any("bell\\x07\\$\\frac{\\$x" in t for t in texts)  # a flapping client's tick label
+    assert any("G\\x1b[31m\\$\\sqrt\\$" in t for t in texts)  # a group's title

@@ -177,10 +177,10 @@ def same_broker_problem(log: dict, cap: dict) -> Optional[str]:
     return None
 
 
-def _expiries(log_rows: list, cap_rows: list, vanished_addrs: set, broker: str) -> Tuple[list, int]:
+def _expiries(log_rows: list, cap_rows: list, vanished: Dict[str, int], broker: str) -> Tuple[list, int]:
     """(rows, matched): the log's expiries, each matched to the capture's inferred expiry of the same connection
     (address) when that exists (one row: the capture's, with the log's time and cause), plus the capture's
-    expiries the log did not see end otherwise."""
+    expiries the log did not see end before them (``vanished``: {addr: the log's end of that connection})."""
     by_addr: Dict[str, list] = {}
     for r in cap_rows:
         by_addr.setdefault(r["addr"], []).append(r)
@@ -202,11 +202,17 @@ def _expiries(log_rows: list, cap_rows: list, vanished_addrs: set, broker: str) 
                else lr.get("returned_ms"), "source": "capture+log"}
         out.append(row)
     for cr in cap_rows:
-        if id(cr) in used or cr["addr"] in vanished_addrs:
-            continue  # matched, or the log saw this connection end without an expiry
+        if id(cr) in used or _ended_before(vanished.get(cr["addr"]), cr["expired_ms"]):
+            continue  # matched, or the log saw this connection end (a kill) before the capture's expiry
         out.append({**cr, "broker": broker, "cause": cr.get("cause") or "inferred", "source": "capture"})
     out.sort(key=lambda r: (r["expired_ms"], r["addr"]))
     return out, len(used)
+
+
+def _ended_before(ended_ms: Optional[int], expired_ms: int) -> bool:
+    """Whether a connection the log saw end at ``ended_ms`` (a whole second: the end is within the next 1,000 ms)
+    ended before ``expired_ms``."""
+    return ended_ms is not None and ended_ms + 1000 <= expired_ms
 
 
 def _by_key(log_rows: list, cap_rows: list, key, broker: str, prefer: str) -> list:
@@ -229,10 +235,13 @@ def merge_log_and_heartbeats(log: dict, cap: dict, broker: str) -> dict:
     ``client_ids=True``): see the module's docstring for which input gives what."""
     out = {k: v for k, v in log.items() if not k.startswith("_")}
     vanished, _ = _vanished(log.get("vanished_clients", []), cap.get("vanished_clients", []), broker)
-    ended_otherwise = {r["addr"] for r in vanished}
     out["expired_clients"], matched = _expiries(log.get("expired_clients", []), cap.get("expired_clients", []),
-                                                ended_otherwise, broker)
-    out["vanished_clients"] = vanished
+                                                {r["addr"]: r["ended_ms"] for r in vanished}, broker)
+    # a connection the log saw end without an unregister after the capture's expiry of it: the broker closing the
+    # expired channel (its SCAN line missing: dropped INFO lines), not a vanished client
+    expired_at = {r["addr"]: r["expired_ms"] for r in out["expired_clients"]}
+    out["vanished_clients"] = [r for r in vanished if r["addr"] not in expired_at
+                               or _ended_before(r["ended_ms"], expired_at[r["addr"]])]
     out["heartbeat_gaps"] = [{**r, "broker": broker, "source": "capture"} for r in cap.get("heartbeat_gaps", [])]
     for k in ("gaps_over_data_loss", "expired_over_data_loss"):
         if k in cap:

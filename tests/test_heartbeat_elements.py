@@ -15,7 +15,8 @@ from engine import HeartbeatError
 from engine.codec import _heartbeat_py as twin
 from engine.codec.enums import RequestCode, ResponseCode
 
-from test_heartbeat_parity import MODULES, SEEDS, SETTINGS, dialect_bodies, masked, mutated, native, needs_native, now_ms
+from test_heartbeat_parity import (MODULES, SEEDS, SETTINGS, dialect_bodies, masked, mutated, native, needs_native,
+                                   now_ms)
 from test_server import Client, broker_factory, consumer_ids, hb_body, wait_until  # noqa: F401  (fixtures)
 
 TOO_MANY = "elements (tags, codes, subscriptions, groups)"
@@ -142,7 +143,8 @@ def _at_budget_bodies(n):
     yield "empty subscriptions", {"consumerDataSet": [{"subscriptionDataSet": [{}] * (n - 1)}]}
     yield "empty producers", {"producerDataSet": [{}] * n}
     yield "consumers with distinct groups", {"consumerDataSet": [{"groupName": f"g{i}"} for i in range(n)]}
-    yield "distinct codes", {"consumerDataSet": [{"subscriptionDataSet": [{"codeSet": list(range(10**9, 10**9 + n - 2))}]}]}
+    codes = list(range(10**9, 10**9 + n - 2))
+    yield "distinct codes", {"consumerDataSet": [{"subscriptionDataSet": [{"codeSet": codes}]}]}
     # a body near the 16 MiB frame limit: n distinct tags of 4 KiB each
     tags = [f"{i:08x}" + "t" * 4000 for i in range(n - 2)]
     yield "distinct 4 KiB tags (a ~16 MiB body)", {"consumerDataSet": [{"subscriptionDataSet": [{"tagsSet": tags}]}]}

@@ -132,7 +132,7 @@ def split_inputs(paths) -> Dict[str, List[Path]]:
 _KIND_WORDS = {"recording": "a recording", "broker-log": "a broker log", "pcap": "a packet capture"}
 
 
-def mix_problem(kinds: Dict[str, List[Path]]) -> Optional[str]:
+def mix_problem(kinds: Dict[str, List[Path]], subject: str = "the inputs mix") -> Optional[str]:
     """Why these kinds cannot be scanned together (one line naming the files and what to do), or None: broker
     logs with captures are merged; a recording with a capture holds the same heartbeats twice; a recording with
     broker logs is not merged (the recording's expiries are inferred as a capture's: a later merge could match
@@ -149,9 +149,9 @@ def mix_problem(kinds: Dict[str, List[Path]]) -> Optional[str]:
         rest = ("the log and the capture together: rmqhb scan " + " ".join(
             str(f) for k in ("broker-log", "pcap") for f in kinds.get(k, [])[:2])) if "broker-log" in kinds else \
             "the capture alone"
-        return (f"the inputs hold {found}: a recording and a capture of a broker hold the same heartbeats and are "
+        return (f"{subject} input kinds ({found}): a recording and a capture of a broker hold the same heartbeats and are "
                 f"not scanned together; scan the recording alone, or {rest}")
-    return (f"the inputs hold {found}: a recording and broker logs are not scanned together; scan the recording "
+    return (f"{subject} input kinds ({found}): a recording and broker logs are not scanned together; scan the recording "
             "and the logs apart (or the logs with a capture of the broker)")
 
 
@@ -389,7 +389,7 @@ def scan_main(argv) -> int:
         unknown = kinds.pop(None, [])
         if unknown:
             raise MergeRefused(f"{unknown[0]} is no broker log, packet capture or recording")
-        problem = mix_problem(kinds)
+        problem = mix_problem(kinds, f"{args.paths[0]} mixes" if len(args.paths) == 1 else "the inputs mix")
         if problem:
             raise MergeRefused(problem)
         logs, caps = kinds.get("broker-log", []), kinds.get("pcap", [])
@@ -400,7 +400,11 @@ def scan_main(argv) -> int:
                                f"({', '.join(brokers[:3])}): scan each broker's logs and captures apart")
         params = ScanParams(args.expiry, args.gap_threshold, args.min_duration, args.flap_window,
                             args.flap_min).validate()
-        bl.resolve_tz(args.log_tz)
+        try:
+            bl.resolve_tz(args.log_tz)
+        except Exception:  # timedelta's range, ZoneInfo's KeyError or ValueError: as the log scan's check says
+            raise MergeRefused(f"--log-tz {args.log_tz!r} is not a zone: give an IANA name (e.g. Asia/Shanghai) or "
+                               "an offset from -23:59 to +23:59 (e.g. +08:00)") from None
         cap_plan = pcap.plan_captures(caps, args.shards)
     except (MergeRefused, ValueError, FileNotFoundError) as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)

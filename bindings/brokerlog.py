@@ -1548,7 +1548,7 @@ def _read_task(plan, tz_label, native, batches, with_stats=True, columns=None, w
 
 
 def _raw_frame(spark, plan, tz_label: str, native: Optional[bool], with_stats: bool = True,
-               columns: Optional[Tuple[str, ...]] = None, max_line_bytes: Optional[int] = None):
+               columns: Optional[Tuple[str, ...]] = None, max_line_bytes: Optional[int] = None, window=None):
     """The tasks' output: event rows (``columns`` of them, default all), plus (``with_stats``) one ``STATS_KIND``
     row per file for the scan (then ``kind`` and ``sub_key`` must be among the columns)."""
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -1561,12 +1561,41 @@ def _raw_frame(spark, plan, tz_label: str, native: Optional[bool], with_stats: b
     # the time window is the driver's (one clock for every task)
     return ids.mapInArrow(functools.partial(_read_task, plan, tz_label, native, with_stats=with_stats,
                                             columns=None if cols == tuple(events_schema().names) else cols,
-                                            window=ts_window(), max_line_bytes=max_line_bytes),
+                                            window=window or ts_window(), max_line_bytes=max_line_bytes),
                           from_arrow_schema(_frame_schema(cols)))
 
 
+def damage_schema():
+    """``read_broker_logs(damage=True)``'s damage frame: one row per damage entry of a file, as ``scan`` names it in
+    ``scan.corrupt`` (``file``: its ``segment``; kinds ``overlong_line``, ``truncated``, ``unreadable``,
+    ``gzip_budget``, ``bad_timestamp``)."""
+    import pyarrow as pa
+
+    return pa.schema([("broker", pa.string()), ("file", pa.string()), ("kind", pa.string()), ("offset", pa.int64()),
+                      ("bytes", pa.int64()), ("reason", pa.string())])
+
+
+def _damage_task(plan, tz_label, native, window, max_line_bytes, batches):
+    """The damage of each file of ``plan`` the batches name (read as the event tasks read it), as damage_schema rows."""
+    import pyarrow as pa
+
+    tz = resolve_tz(tz_label)[0]
+    sch = damage_schema()
+    for batch in batches:
+        for i in batch.column(0).to_pylist():
+            broker, path, rank = plan[i]
+            rows = []
+            for _, s, _ in file_events(broker, path, rank, tz, native=native, columns=("kind",), samples=False,
+                                       window=window, max_line_bytes=max_line_bytes,
+                                       batch_lines=READER_BATCH_LINES, chunk_bytes=READER_CHUNK_BYTES):
+                rows += [{**{k: d.get(k) for k in sch.names}, "file": d["segment"]} for d in s.get("damage", ())]
+            if rows:
+                yield pa.RecordBatch.from_pylist(rows, schema=sch)
+
+
 def read_broker_logs(spark, paths, *, log_tz: Optional[str] = None, brokers: Optional[Dict[str, str]] = None,
-                     native: Optional[bool] = None, columns: Optional[Iterable[str]] = None):
+                     native: Optional[bool] = None, columns: Optional[Iterable[str]] = None, damage: bool = False,
+                     max_line_bytes: Optional[int] = None):
     """The client-management events of broker logs as a DataFrame (one task per file; see the module doc).
     ``paths``: log files or directories (one per broker, rolled and ``.gz`` files included); ``log_tz``: the
     logs' zone (default: this machine's); ``brokers``: {name: path} (default: a file's directory name);
@@ -1574,8 +1603,11 @@ def read_broker_logs(spark, paths, *, log_tz: Optional[str] = None, brokers: Opt
     prune columns out of a mapInArrow's output, so the tasks emit only these: each column left out saves Spark's
     per-row work on it (``SCAN_COLUMNS``, what the scan's analyses read, costs about three quarters of the CPU
     of all 23; BENCHMARKS.md, broker-log section). EventColumnsError for a name the frame does not have. What a
-    file's reader could not use (``file_events``' damage: overlong lines, unreadable or truncated files, events
-    out of the time window) is left out of the frame and not reported here; ``scan`` names it."""
+    file's reader could not use (``file_events``' damage: overlong lines, unreadable or truncated files, a gzip
+    past its budget, events out of the time window) is left out of the events; ``damage=True`` returns
+    ``(events, damage)``, ``damage`` a DataFrame naming it (``damage_schema``: the entries ``scan`` puts in
+    ``scan.corrupt``, for the same time window; ``max_line_bytes`` as ``scan``'s). Each frame reads the files when an action runs it (persist the
+    events to read them once for both: the damage frame's tasks parse the files again, emitting only damage)."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     cols = event_columns(columns)
@@ -1583,7 +1615,18 @@ def read_broker_logs(spark, paths, *, log_tz: Optional[str] = None, brokers: Opt
     plan = plan_files(paths, brokers)
     # no per-file stats rows, so no filter over every row (measured: a filter's pass costs the JVM ~0.15 CPU-s
     # per million rows here)
-    return _raw_frame(spark, plan, label, native, with_stats=False, columns=cols)
+    window = ts_window()  # the driver's clock, one for both frames
+    events = _raw_frame(spark, plan, label, native, with_stats=False, columns=cols, window=window,
+                        max_line_bytes=max_line_bytes)
+    if not damage:
+        return events
+    import functools
+
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    ids = spark.range(0, len(plan), 1, numPartitions=max(1, len(plan)))
+    return events, ids.mapInArrow(functools.partial(_damage_task, plan, label, native, window, max_line_bytes),
+                                  from_arrow_schema(damage_schema()))
 
 
 def _analyze_task(params: ScanParams, table):

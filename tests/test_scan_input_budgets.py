@@ -4,6 +4,8 @@ not an event. What a budget leaves unread is named (scan.corrupt) and the other 
 import gzip
 from pathlib import Path
 
+import pytest
+
 from conftest import require_native
 
 from engine.bindings import brokerlog, pcap
@@ -199,3 +201,35 @@ def test_plot_labels_escape_control_characters_and_mathtext(tmp_path, monkeypatc
     assert not any(ch in t for t in texts for ch in "\x07\x1b")
     assert any("bell\\x07\\$\\frac{\\$x" in t for t in texts)  # a flapping client's tick label
     assert any("G\\x1b[31m\\$\\sqrt\\$" in t for t in texts)  # a group's title
+
+
+# -- read_broker_logs names its damage ----------------------------------------------------------------------------
+
+@pytest.mark.spark
+def test_read_broker_logs_names_its_damage(spark, tmp_path):
+    """read_broker_logs left damaged lines out of its frame without naming them: with damage=True it returns a
+    damage frame too, the entries the scan puts in scan.corrupt (an overlong line, a .gz that is no gzip, an event
+    stamped in 2106), and the events are the local reader's; a good log gives an empty damage frame."""
+    from conftest import require_module
+
+    require_module("pyspark")
+    good, bad = tmp_path / "broker-good", tmp_path / "broker-bad"
+    brokerlog.generate_broker_log(good / "broker.log", groups=2, members=3, seed=4, tz_offset_min=0)
+    bad.mkdir()
+    cci = ("ClientChannelInfo [channel=[id: 0x1, L:/10.0.0.1:10911 - R:/10.0.0.7:5555], clientId=10.0.0.7@c, "
+           "language=JAVA, version=409, lastUpdateTimestamp=1795400000000]")
+    (bad / "broker.log").write_text(f"2106-02-07 06:28:16 INFO t - new producer connected, group: PG channel: {cci}\n"
+                                    f"2026-11-20 10:00:00 INFO t - new producer connected, group: PG channel: {cci}\n"
+                                    + "x" * 70000 + "\n")
+    (bad / "broker.1.log.gz").write_bytes(b"NOTGZIP root:x:0:0:root:/root:/bin/bash\n")
+    events, damage = brokerlog.read_broker_logs(spark, [good, bad], log_tz="UTC", damage=True, max_line_bytes=65536)
+    got = sorted(damage.toArrow().to_pylist(), key=lambda d: (d["file"], d["kind"]))
+    ref = brokerlog.scan_local([good, bad], log_tz="UTC", max_line_bytes=65536)["scan"]["corrupt"]
+    want = sorted(({"broker": d["broker"], "file": d["segment"], "kind": d["kind"], "offset": d["offset"],
+                    "bytes": d["bytes"], "reason": d["reason"]} for d in ref), key=lambda d: (d["file"], d["kind"]))
+    assert [(Path(d["file"]).name, d["kind"]) for d in got] == [
+        ("broker.1.log.gz", "unreadable"), ("broker.log", "bad_timestamp"), ("broker.log", "overlong_line")]
+    assert got == want and "root:x" not in str(got)
+    table, _ = brokerlog.read_local([good, bad], log_tz="UTC", max_line_bytes=65536)
+    assert events.count() == table.num_rows
+    assert brokerlog.read_broker_logs(spark, [good], log_tz="UTC", damage=True)[1].count() == 0

@@ -200,10 +200,10 @@ for _i, (_name, _value) in enumerate(STATIC_TABLE, 1):
     _STATIC_FIELDS.setdefault((_name, _value), _i)
     _STATIC_NAMES.setdefault(_name, _i)
 del _i, _name, _value
-#: fields the encoder never indexes (RFC 7541 7.1.3: credentials), and fields whose values change from one message to
-#: the next (indexing them would only churn the table)
-NEVER_INDEXED = frozenset((b"authorization", b"proxy-authorization", b"cookie", b"set-cookie"))
-NOT_INDEXED = frozenset((b"grpc-message", b"grpc-timeout", b"grpc-status-details-bin", b"content-length", b"date"))
+#: fields the encoder never indexes (RFC 7541 7.1.3: credentials; a 5.x client's ACL signature changes every call),
+#: and fields whose values change from one message to the next (indexing them would only churn the table)
+NEVER_INDEXED = frozenset((b"authorization", b"proxy-authorization"))
+NOT_INDEXED = frozenset((b"grpc-message", b"grpc-timeout", b"grpc-status-details-bin", b"content-length"))
 
 
 def huffman_decode(data, start=0):
@@ -389,7 +389,7 @@ def _write_int(out, first, prefix_bits, value):
 
 def _write_string(out, data):
     n = huffman_length(data)
-    if n < len(data):
+    if data and n <= len(data):  # Huffman unless longer (ties too, as RFC 7541 C.4 / C.6 do)
         _write_int(out, 128, 7, n)
         out += huffman_encode(data)
     else:
@@ -400,7 +400,7 @@ def _write_string(out, data):
 class HpackEncoder:
     """The encoding context of one connection. Fields of the static table are indexed; other fields are literals
     with incremental indexing (later repeats are one byte), except credentials (never indexed) and fields whose
-    values vary per message (NOT_INDEXED: without indexing). Strings are Huffman-coded when that is shorter."""
+    values vary per message (NOT_INDEXED: without indexing). Strings are Huffman-coded unless that is longer."""
 
     def __init__(self, max_table_size: int = DEFAULT_MAX_TABLE_SIZE):
         if max_table_size < 0:
@@ -414,6 +414,11 @@ class HpackEncoder:
         self._names = {}  # name -> number of its newest entry
         # the peer starts at 4096 (RFC 7540 6.5.2): a smaller table of ours is announced in the first block
         self._pending = (self.table_size_limit, self.table_size_limit) if max_table_size < 4096 else None
+
+    @property
+    def entries(self):
+        """The dynamic table as the peer's decoder holds it, newest first."""
+        return list(self._entries)
 
     def set_max_table_size(self, n: int) -> None:
         """The peer's SETTINGS_HEADER_TABLE_SIZE: our table shrinks now if needed, and the next block starts with the

@@ -321,7 +321,7 @@ cdef class _Out:
         for i in range(n):
             bits += HLEN[s[i]]
         hn = (bits + 7) >> 3
-        if hn < n:
+        if n and hn <= n:
             self.write_int(128, 7, hn)
             self.reserve(hn)
             for i in range(n):

@@ -1,6 +1,7 @@
 """`rmqhb scan --engine local|spark|auto` (engine.bindings.scan_engine): which engine auto picks and why, the
 progress line, and the same findings.json from both engines for every input kind (recording, broker logs,
 captures; one broker and several), through the scan's command-line entry. Speed is measured in bench/, not here."""
+import gzip
 import io
 import json
 import os
@@ -111,6 +112,22 @@ def inputs(tmp_path_factory):
     bl.generate_broker_log(d / "broker-a" / "broker.log", groups=3, members=4, restarts=1, seed=11)
     bl.generate_broker_log(d / "b-logs" / "broker.log", groups=2, members=3, seed=12)
     captures = [PCAP / "lo-eth-ipv4.pcap", PCAP / "any-sll-ipv4.pcap.gz", PCAP / "rotated-ipv6"]
+    # damaged inputs: 64 bytes XORed in the middle of a segment; a log with an overlong line and a cut .log.gz; a
+    # cut .pcap.gz
+    FleetGenerator(FleetConfig(clients=12, groups=3, days=0.05, seed=7)).write(d / "rec-bad", block_records=256)
+    seg = max((d / "rec-bad").glob("*.seg"), key=lambda p: p.stat().st_size)
+    data = bytearray(seg.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 64):
+        data[i] ^= 0x5A
+    seg.write_bytes(bytes(data))
+    lines = (d / "broker-a" / "broker.log").read_bytes().splitlines(keepends=True)
+    (d / "long").mkdir()
+    (d / "long" / "broker.log").write_bytes(b"".join(lines[:50]) + b"x" * 10_000 + b"\n" + b"".join(lines[50:]))
+    packed = gzip.compress((d / "broker-a" / "broker.log").read_bytes())
+    (d / "cut").mkdir()
+    (d / "cut" / "broker.log.gz").write_bytes(packed[: len(packed) // 2])
+    packed = gzip.compress((PCAP / "any-sll2-ipv6.pcap").read_bytes())
+    (d / "cut.pcap.gz").write_bytes(packed[: len(packed) * 6 // 10])
     return {
         "recording": [d / "rec-a"],
         "recordings of two brokers": [d / "rec-a", d / "rec-b"],
@@ -118,6 +135,10 @@ def inputs(tmp_path_factory):
         "broker logs of two brokers": [d / "broker-a", "--broker", f"broker-b={d / 'b-logs'}", "--log-tz", "+08:00"],
         "captures": captures,
         "captures of two brokers": ["--broker", f"a={captures[0]}", "--broker", f"b={captures[2]}"],
+        "damaged recording": [d / "rec-bad"],
+        "broker log with an overlong line": [d / "long", "--log-tz", "UTC", "--max-line-bytes", "4096"],
+        "cut broker log .gz": [d / "cut", "--log-tz", "UTC"],
+        "cut capture .gz": [d / "cut.pcap.gz"],
     }
 
 
@@ -130,7 +151,8 @@ def _scan(argv, engine, out):
 
 @pytest.mark.spark
 @pytest.mark.parametrize("kind", ["recording", "broker log", "broker logs of two brokers", "captures",
-                                  "captures of two brokers"])
+                                  "captures of two brokers", "damaged recording", "broker log with an overlong line",
+                                  "cut broker log .gz", "cut capture .gz"])
 def test_both_engines_write_the_same_findings(spark, inputs, kind, tmp_path, capsys):
     """`rmqhb scan ... --engine local` and `--engine spark` (the running test session): findings.json equal but
     for the fields that say how the scan ran (scan_engine.ENGINE_FIELDS), which say which engine ran and why."""
@@ -141,7 +163,9 @@ def test_both_engines_write_the_same_findings(spark, inputs, kind, tmp_path, cap
         assert findings["scan"]["engine"] == engine and findings["scan"]["engine_reason"] == f"--engine {engine}"
         got[engine] = (status, se.without_engine_fields(findings))
     assert got["local"] == got["spark"]
-    assert got["local"][0] == 0
+    status, findings = got["local"]
+    damaged = kind.startswith(("damaged", "cut")) or "overlong" in kind
+    assert (status in (3, 4) if damaged else status == 0) and bool(findings["scan"]["corrupt"]) == damaged
 
 
 @pytest.mark.spark

@@ -327,7 +327,7 @@ def recording_engine(args, plans: dict) -> Tuple[Tuple[str, str], str]:
     --method other than the default names a Spark reader: Spark."""
     records = sum(p.n_records for p in plans.values())
     segments = sum(p.segments for p in plans.values())
-    what = f"{len(plans)} recording{'s' if len(plans) != 1 else ''} ({segments} segments)"
+    what = f"{len(plans)} recording{'s' if len(plans) != 1 else ''} ({segments} segments, {records:,} records)"
     if args.engine == "auto" and getattr(args, "method", "arrow") != "arrow":
         return ("spark", f"--method {args.method}"), what
     return choose_engine(args.engine, master=args.master, brokers=len(plans), size=records,

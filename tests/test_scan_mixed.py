@@ -40,9 +40,11 @@ def run(java_run, tmp_path_factory):  # noqa: F811
 def _scans(log, cap, spark=None):
     from engine.bindings import brokerlog, merge, pcap
 
-    if spark is None:
-        lf = brokerlog.scan_local([log], log_tz="+08:00", params=PARAMS, client_ids=True)
-        cf = pcap.scan_local([cap], PARAMS, client_ids=True)
+    if spark is None:  # as `rmqhb scan --engine local` runs them (the Spark scans' ``scan`` sections)
+        from engine.bindings.scan_engine import local_capture_scan, local_log_scan
+
+        lf = local_log_scan([log], PARAMS, log_tz="+08:00", client_ids=True)
+        cf = local_capture_scan([cap], PARAMS, client_ids=True)
     else:
         lf = brokerlog.scan(spark, [log], PARAMS, log_tz="+08:00", client_ids=True)
         cf = pcap.scan(spark, [cap], PARAMS, client_ids=True)
@@ -185,7 +187,7 @@ def test_a_log_and_a_capture_of_two_brokers_are_refused(run):
 def test_spark_merged_scan_is_the_local_one(spark, run):
     """The same log and capture on Spark: the merged findings equal the local merge's (scan timings aside)."""
     require_module("pyspark")
-    from engine.bindings.scan_engine import without_engine_fields
+    from engine.bindings.scan_engine import ENGINE_FIELDS, without_engine_fields
 
     log, cap, _ = run
     on_spark, local = _scans(log, cap, spark)[2], _scans(log, cap)[2]
@@ -193,7 +195,7 @@ def test_spark_merged_scan_is_the_local_one(spark, run):
     def comparable(f):
         f = without_engine_fields(f)
         for k in ("log", "capture"):
-            f["scan"][k] = {x: v for x, v in f["scan"][k].items() if x not in ("seconds", "parser", "reader")}
+            f["scan"][k] = {x: v for x, v in f["scan"][k].items() if x not in ENGINE_FIELDS}
         return f
 
     assert comparable(on_spark) == comparable(local)

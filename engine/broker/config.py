@@ -247,6 +247,10 @@ class BrokerConfig:
     #: engine: distinct consumer and producer groups the gRPC sessions of one IP address register (a producer's
     #: topics are its groups); Settings or a Heartbeat that would pass it are refused RESOURCE_EXHAUSTED
     grpc_max_groups_per_ip: int = 4096
+    #: engine: gRPC sessions one connection creates at most (clients behind one address, a NAT, share its
+    #: grpcMaxSessionsPerIp: one connection may not take it all); the 5.x SDKs open a connection per client, or,
+    #: Go and grpcio, share one among the clients of a process: far fewer than this. Past it RESOURCE_EXHAUSTED
+    grpc_max_sessions_per_connection: int = 256
     #: engine: what the Settings of all gRPC sessions are counted to cost in memory, bytes (the decoded
     #: subscriptions and tags, not the wire size); Settings that would pass it are refused RESOURCE_EXHAUSTED
     grpc_max_settings_bytes_total: int = 256 * 1024 * 1024
@@ -279,6 +283,11 @@ class BrokerConfig:
     # ---- derived values ----
     @property
     def fast_listen_port(self) -> int:
+    #: engine: body bytes of all connections waiting for the recorder's writer at most (its queue's bytes: N
+    #: connections have N shares); a heartbeat past it is recorded clipped; from 3/4 of it on, one of a connection
+    #: at or above the connections' average of what waits is clipped, past 7/8 dropped (a gap marker), so a flood
+    #: of connections cannot crowd out the others' records
+    record_queue_bytes: int = 256 << 20
         """The VIP port: listenPort - 2, or 0 (an ephemeral port) when that is negative, as in Java."""
         return max(0, self.listen_port - 2)
 
@@ -385,7 +394,8 @@ class BrokerConfig:
                     "maxWriteBufferBytes", "writeStallTimeoutMs", "maxInflightPerConnection", "serverChannelMaxIdleTimeSeconds",
                     "defaultTopicQueueNums", "pullMaxSuspendMillis", "flushConsumerOffsetInterval",
                     "grpcMaxSessions", "grpcMaxConcurrentRpcs", "grpcMaxStreamsPerConnection", "grpcMaxConnections",
-                    "grpcMaxSessionsPerIp", "grpcMaxGroupsPerIp", "grpcMaxSettingsBytesTotal",
+                    "grpcMaxSessionsPerIp", "grpcMaxSessionsPerConnection", "recordQueueBytes",
+                    "grpcMaxGroupsPerIp", "grpcMaxSettingsBytesTotal",
                     "grpcMaxSettingsBytesPerIp", "grpcMaxTagsPerSubscription", "grpcSettingsTimeoutMs",
                     "maxHeartbeatElements")
         for name in positive:

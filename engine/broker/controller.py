@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
 import logging
 import os
@@ -42,6 +41,7 @@ from engine.broker.metrics import Metrics, MetricsEndpoint, render
 from engine.broker.processors import NAMESRV_TABLE, PROCESSOR_TABLE, Processors
 from engine.registry.rebalance import RebalanceLockManager
 from engine.broker.server import RemotingServer
+from engine.broker.shares import share_key as auto_create_share_key  # an IPv4 address, an IPv6 /64
 
 log = logging.getLogger("engine.broker.controller")
 
@@ -69,17 +69,6 @@ _TOPIC_CHARS = frozenset("%|_-abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWX
 def valid_topic_name(topic: str) -> bool:
     """TopicValidator: 1-127 characters of ``[%|a-zA-Z0-9_-]``."""
     return 0 < len(topic) <= 127 and _TOPIC_CHARS.issuperset(topic)
-
-
-def auto_create_share_key(ip: str) -> str:
-    """The address a per-address share counts under: an IPv4 address itself, an IPv6 address's /64 (one host is
-    commonly given a whole /64, so its single addresses cost an attacker nothing)."""
-    if ":" not in ip:
-        return ip
-    try:
-        return str(ipaddress.IPv6Network(f"{ip.strip('[]').split('%')[0]}/64", strict=False))
-    except ValueError:
-        return ip
 
 
 #: TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET (4.9.8)
@@ -119,7 +108,8 @@ class Broker:
             # its own thread compresses and writes: recording never blocks the loop or fails a heartbeat
             self.recorder = HeartbeatRecorder(self.config.record_dir, background=True,
                                               queue_blocks=self.config.record_queue_blocks,
-                                              connection_share_bytes=self.config.record_connection_share_bytes)
+                                              connection_share_bytes=self.config.record_connection_share_bytes,
+                                              queue_bytes=self.config.record_queue_bytes)
         namesrv_codes = frozenset(int(c) for c, _, _ in NAMESRV_TABLE)
         # the name-server role does no ACL (as a RocketMQ name server), so a refused client still finds the broker
         self.server = RemotingServer(self.config, self.metrics, on_close=self._on_connection_closed, acl=self.acl,
@@ -128,7 +118,8 @@ class Broker:
         # no ACL signature to check on every request)
         self.server.repeats = self.acl is None and self.recorder is None
         self.rebalance_lock_manager = RebalanceLockManager(self.config.rebalance_lock_max_live_time,
-                                                           self.config.rebalance_lock_max_entries)
+                                                           self.config.rebalance_lock_max_entries,
+                                                           client_log=getattr(self.registry, "client_log", None))
         self.processors = Processors(self)
         caps = _executor_capacities(self.config)
         table = PROCESSOR_TABLE + (NAMESRV_TABLE if not self.config.namesrv_addr.strip() else ())

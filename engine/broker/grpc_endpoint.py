@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
+import traceback
 import types
 from collections import Counter
 from urllib.parse import unquote
@@ -42,6 +44,7 @@ from urllib.parse import unquote
 from engine.codec.enums import BROKER_VERSION, ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel, ResponseCode
 from engine.codec.errors import RemotingError, echo
 from engine.logutil import RateLimitedLog
+from engine.broker.shares import share_key
 
 log = logging.getLogger("engine.grpc")
 
@@ -150,9 +153,10 @@ def _client_id(context) -> str | None:
 
 
 def ip_of(address: str) -> str:
-    """``1.2.3.4:5`` / ``[::1]:5`` without the port."""
+    """The key of an address's shares (grpcMax*PerIp): ``1.2.3.4:5`` without the port, ``[2001:db8::1]:5`` as its
+    /64 ``2001:db8::/64`` (engine.broker.shares: one host commonly holds a whole /64)."""
     host, colon, port = address.rpartition(":")
-    return (host.strip("[]") if colon and port.isdigit() else address) or address
+    return share_key((host.strip("[]") if colon and port.isdigit() else address) or address)
 
 
 def peer_address(peer: str) -> str:
@@ -173,7 +177,7 @@ class GrpcSession:
     """
 
     __slots__ = ("client_id", "language", "version", "sdk_version", "remote_addr", "settings", "client_type",
-                 "stream", "closing", "close_reason", "id", "ip", "groups", "cost", "last_seen", "_endpoint", "_hb",
+                 "stream", "closing", "close_reason", "id", "ip", "peer", "groups", "cost", "last_seen", "_endpoint", "_hb",
                  "_hb_group", "_hb_body", "_hb_repeat", "_beat", "__weakref__")
     grpc_session = True
 
@@ -185,7 +189,7 @@ class GrpcSession:
         # ClientActivity.parseClientVersion: a 5.x SDK sends "5.1.2", not a MQVersion.Version name: CURRENT_VERSION
         self.version = BROKER_VERSION
         self.remote_addr = remote_addr
-        #: the peer's address without its port: the key of the per-address shares (grpcMax*PerIp)
+        #: the peer's address without its port (an IPv6 address's /64): the key of the per-address shares
         self.ip = ip_of(remote_addr)
         #: the groups counted against the address's share (its Settings' and its heartbeats', ("C" | "P", name):
         #: consumer and producer groups are two tables, as in the registry's budget), and the bytes its
@@ -196,6 +200,8 @@ class GrpcSession:
         #: with its stream even when the registry holds none of its groups (e.g. a refused registration)
         self.last_seen = time.monotonic()
         self.settings = None  # the client's raw Settings (GrpcClientSettingsManager's CLIENT_SETTINGS_MAP entry)
+        #: the connection (grpc's context.peer()) that created it: its grpcMaxSessionsPerConnection share
+        self.peer = None
         self.client_type = 0
         self.stream = None  # its current Telemetry stream (_Stream)
         self.closing = False
@@ -255,16 +261,19 @@ class GrpcEndpoint:
         self._ip_sessions: Counter = Counter()
         self._ip_groups: dict[str, Counter] = {}
         self._ip_cost: Counter = Counter()
+        self.max_sessions_per_connection = int(cfg.grpc_max_sessions_per_connection)
         #: Settings bytes counted over all sessions (grpcMaxSettingsBytesTotal)
         self.settings_cost = 0
         #: reason -> requests or streams refused to protect what clients share (also the broker's
-        #: rocketmq_broker_grpc_refused_total): foreign_client_id, sessions_per_ip, groups_per_ip, settings_bytes,
-        #: tags_per_subscription, settings_timeout, idle_session
+        #: rocketmq_broker_grpc_refused_total): foreign_client_id, sessions_per_ip, sessions_per_connection,
+        #: groups_per_ip, settings_bytes, tags_per_subscription, settings_timeout, idle_session
         self.refused: Counter = Counter()
         self._refusal_log = RateLimitedLog(log, 60.0, 5)
         self.min_long_polling_ms = min_long_polling_ms
         self.max_long_polling_ms = max_long_polling_ms
         self.sessions: dict[str, GrpcSession] = {}
+        #: per connection (context.peer()): the sessions it created (grpcMaxSessionsPerConnection)
+        self._conn_sessions: Counter = Counter()
         self.bound_port = 0
         self._server = None
         self._loop = None
@@ -274,6 +283,8 @@ class GrpcEndpoint:
         self.internal_errors = 0
         #: calls refused by the ACL (UNAUTHORIZED, FORBIDDEN)
         self.acl_denied = 0
+        #: handler failures: a client may cause one with every call (see :meth:`internal_error`)
+        self._error_log = RateLimitedLog(log, 60.0, 5, max_arg=8192)
         #: ``fn(method, metadata, request)`` called with every request before it is handled (captures, tests);
         #: its failures are logged, never the client's problem
         self.on_request = None
@@ -484,8 +495,9 @@ class GrpcEndpoint:
             self.close_session(session, "restore failed", logging.DEBUG)
             return None
         self.restored += 1
-        log.info("gRPC client %s (%s) restored from its Settings before the broker's restart", client_id,
-                 session.remote_addr)
+        self.broker.registry.client_log.log(log, logging.INFO, "grpc_session_restored", "gRPC client %s (%s) "
+                                            "restored from its Settings before the broker's restart", client_id,
+                                            session.remote_addr)
         return session
 
     # ------------------------------------------------------------------ sessions
@@ -524,9 +536,12 @@ class GrpcEndpoint:
             raise _BadRequest(self.p.d.Code.BAD_REQUEST, f"client id longer than {MAX_CLIENT_ID} characters")
         return client_id, language_of(md.get("x-mq-language")), md.get("x-mq-client-version", "")[:64]
 
+            self._conn_sessions[session.peer] -= 1
+            if self._conn_sessions[session.peer] <= 0:
+                del self._conn_sessions[session.peer]
     def _session(self, context, create: bool) -> GrpcSession | None:
         """The session of the call's client id (``create``: a new one when it has none, within grpcMaxSessions and
-        the address's grpcMaxSessionsPerIp). A call from a connection other than the one of the session's live
+        the address's grpcMaxSessionsPerIp and the connection's grpcMaxSessionsPerConnection). A call from a connection other than the one of the session's live
         Telemetry stream is refused (:meth:`_check_owner`)."""
         client_id, language, version = self._metadata(context)
         session = self.sessions.get(client_id)
@@ -564,9 +579,17 @@ class GrpcEndpoint:
         metrics = getattr(self.broker, "metrics", None)
         counter = getattr(metrics, "grpc_refused", None)
         if counter is not None:
+            peer = context.peer()
+            if self._conn_sessions[peer] >= self.max_sessions_per_connection:
+                # clients behind one address (a NAT) share its share: one of their connections may not take it all
+                self._refuse("sessions_per_connection", "gRPC client %s (%s) refused: its connection holds %d "
+                             "sessions", echo(client_id), echo(remote_addr), self.max_sessions_per_connection)
+                raise _BadRequest(self.p.d.Code.TOO_MANY_REQUESTS, "too many client sessions on this connection")
             counter[reason] += 1
+            session.peer = peer
         self._refusal_log.log(logging.WARNING, reason, msg, *args)
 
+            self._conn_sessions[peer] += 1
     def _account(self, session: GrpcSession, groups: frozenset, cost: int) -> None:
         """Move the session's share of its address's budgets to ``groups`` and ``cost`` (checked before)."""
         ip = session.ip
@@ -629,6 +652,16 @@ class GrpcEndpoint:
         if not _legal_name(name, _GROUP_MAX):
             raise _BadRequest(self.p.d.Code.ILLEGAL_CONSUMER_GROUP,
                               f"consumer group name is illegal: {_short(name, 40)!r}")
+    def internal_error(self, what: str) -> None:
+        """The exception being handled, a failure of ``what``: counted (``internal_errors``) and logged within a
+        budget (a client may cause one with every call), its text and traceback on one line with control
+        characters escaped (its message may hold a client's text; an embedder's formatter may escape nothing)."""
+        self.internal_errors += 1
+        exc = sys.exc_info()[1]
+        summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        self._error_log.log(logging.ERROR, "internal_error", "gRPC %s failed: %s; traceback: %s", what, summary,
+                            "".join(traceback.format_tb(exc.__traceback__)) if exc is not None else "")
+
         return name
 
     def trace(self, method: str, request, context) -> None:
@@ -1036,8 +1069,7 @@ class _Servicer:
         except asyncio.CancelledError:
             raise
         except Exception:
-            ep.internal_errors += 1
-            log.exception("gRPC %s failed", response_type[:-8])
+            ep.internal_error(response_type[:-8])
             return make(status=ep._status(ep.p.d.Code.INTERNAL_ERROR, "internal error"))
 
     # -- served
@@ -1175,8 +1207,7 @@ class _Servicer:
         except asyncio.CancelledError:
             raise
         except Exception:
-            ep.internal_errors += 1
-            log.exception("gRPC ReceiveMessage failed")
+            ep.internal_error("ReceiveMessage")
             status = ep._status(d.Code.INTERNAL_ERROR, "internal error")
         await context.write(ep.p.s.ReceiveMessageResponse(status=status))
 
@@ -1308,8 +1339,7 @@ class _Servicer:
         except Exception as e:
             if isinstance(e, p.aio.AbortError):
                 raise
-            ep.internal_errors += 1
-            log.exception("gRPC Telemetry failed")
+            ep.internal_error("Telemetry")
             await context.abort(p.grpc.StatusCode.INTERNAL, "internal error")
         finally:
             for task in (reader, done_wait):

@@ -41,6 +41,7 @@ from engine.codec.errors import RemotingError, clip
 from engine.logutil import RateLimitedLog
 from engine.broker.metrics import METRICS_MAX_CONNECTIONS
 from engine.broker.repeat import CacheBudget, RepeatRoute
+from engine.broker.shares import share_key
 
 log = logging.getLogger("engine.broker.server")
 
@@ -699,12 +700,13 @@ class RemotingServer:
             conn.close("broker shutting down", level=logging.DEBUG)
             return
         reason = None
+        key = share_key(conn.remote_ip)  # maxConnectionsPerIp: an IPv6 client's /64, one host's, not 2^64 shares
         if len(self.connections) >= self.max_connections:
             reason = f"too many connections ({len(self.connections)}, maxConnections={self.max_connections})"
             self.metrics.connections_rejected["max_connections"] += 1
-        elif cfg.max_connections_per_ip and self.per_ip[conn.remote_ip] >= cfg.max_connections_per_ip:
-            reason = (f"too many connections from {conn.remote_ip} "
-                      f"({self.per_ip[conn.remote_ip]}, maxConnectionsPerIp={cfg.max_connections_per_ip})")
+        elif cfg.max_connections_per_ip and self.per_ip[key] >= cfg.max_connections_per_ip:
+            reason = (f"too many connections from {key} "
+                      f"({self.per_ip[key]}, maxConnectionsPerIp={cfg.max_connections_per_ip})")
             self.metrics.connections_rejected["max_connections_per_ip"] += 1
         if reason is not None:
             self.metrics.connections_refused["remoting"] += 1
@@ -720,7 +722,7 @@ class RemotingServer:
             self.loop.call_later(2.0, lambda: conn.close(reason, level=logging.DEBUG))
             return
         self.connections.add(conn)
-        self.per_ip[conn.remote_ip] += 1
+        self.per_ip[key] += 1
 
     def _on_connection_lost(self, conn: Connection, exc) -> None:
         self.refused.discard(conn)
@@ -728,11 +730,12 @@ class RemotingServer:
         self.stalled.discard(conn)
         if conn in self.connections:
             self.connections.discard(conn)
-            n = self.per_ip[conn.remote_ip] - 1
+            key = share_key(conn.remote_ip)
+            n = self.per_ip[key] - 1
             if n > 0:
-                self.per_ip[conn.remote_ip] = n
+                self.per_ip[key] = n
             else:
-                del self.per_ip[conn.remote_ip]
+                del self.per_ip[key]
             if conn.close_reason is None:
                 self.metrics.connections_closed["peer" if exc is None else "error"] += 1
                 log.debug("connection %s closed by peer%s", conn.remote_addr, f" ({exc})" if exc else "")

@@ -41,7 +41,9 @@ A *clipped record* keeps a heartbeat's time, connection and address but only the
 body's size and the reason (see :func:`clip_body`): the broker's recorder clips a body it could not decode (a client
 sending 15 MB of garbage costs the recording ~1 KB), and, in background mode, a body that would take its
 connection past its share of the bytes waiting for the writer (``connection_share_bytes``: one connection cannot
-take the queue). Its body starts with :data:`CLIPPED_MAGIC`, a NUL byte no heartbeat (JSON) starts with, so a
+take the queue) or the bytes of all connections past ``queue_bytes`` (from 3/4 of it on, a connection at or
+above the average of what waits is clipped first, past 7/8 its records are dropped and marked as a gap: many
+connections cannot take the queue either). Its body starts with :data:`CLIPPED_MAGIC`, a NUL byte no heartbeat (JSON) starts with, so a
 reader from before it reads an undecodable body (what it is); the scans name it as clipped (:func:`parse_clipped`),
 not as damage.
 """
@@ -167,6 +169,9 @@ class SegmentScan:
     torn_tail: Optional[Damage] = None
     corrupt: List[Damage] = field(default_factory=list)
     gaps: List[Gap] = field(default_factory=list)
+    #: records the recorder clipped, by the kind of reason (``undecodable``, ``connection share``, ``queue bytes``):
+    #: counted when the payloads are checked (``check_payload``)
+    clipped: Counter = field(default_factory=Counter)
 
     @property
     def n_records(self) -> int:
@@ -427,7 +432,9 @@ def scan_segment(path, *, check_payload: bool = False) -> SegmentScan:
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             magic, version, header_size, _ = FILE_HEADER.unpack_from(buf, 0)
             if magic != FILE_MAGIC or version != FORMAT_VERSION or header_size != FILE_HEADER_SIZE:
-                scan.corrupt.append(Damage(0, size, f"not a version-{FORMAT_VERSION} segment: starts {echo(buf[:16])}"))
+                # named by its size and reason only: a .seg linked to another file (/etc/passwd) is not quoted
+                scan.corrupt.append(Damage(0, size, f"not a version-{FORMAT_VERSION} segment (no segment file header; "
+                                                    f"{size:,} bytes not read)"))
                 return scan
             pos = FILE_HEADER_SIZE
             pending: Optional[Damage] = None  # damage not yet known to be in the middle
@@ -449,7 +456,8 @@ def scan_segment(path, *, check_payload: bool = False) -> SegmentScan:
                         info = None
                     elif check_payload:
                         try:
-                            decode_block(info, buf[pos + BLOCK_HEADER_SIZE : info.end], f"{path.name}@{pos}")
+                            _count_clipped(decode_block(info, buf[pos + BLOCK_HEADER_SIZE : info.end],
+                                                        f"{path.name}@{pos}"), scan.clipped)
                         except SegmentError as exc:
                             reason = str(exc).split(": ", 1)[-1]
                             info = None
@@ -479,6 +487,19 @@ def scan_segment(path, *, check_payload: bool = False) -> SegmentScan:
                 pos = nxt.offset
             scan.torn_tail = pending
     return scan
+
+
+def _count_clipped(block: Block, counts: Counter) -> None:
+    """Count the block's clipped records by the kind of their reason (the text before its ':', as the scans do).
+    Only records whose body starts with a NUL byte (never a heartbeat's JSON) are parsed."""
+    starts = block.body_offsets[:-1]
+    lengths = block.body_offsets[1:] - starts
+    data = np.frombuffer(block.body_data, np.uint8)
+    candidates = starts[lengths >= _CLIPPED_HEAD.size]
+    for start in candidates[data[candidates] == 0].tolist():
+        c = parse_clipped(block.body_data[start : start + _CLIPPED_HEAD.size + MAX_CLIP_REASON])
+        if c is not None:
+            counts[c.reason.split(":", 1)[0]] += 1
 
 
 def payloads_intact(path, blocks) -> List[BlockInfo]:
@@ -607,7 +628,11 @@ class HeartbeatRecorder:
     then waits until what was queued is written (or dropped); ``close()`` waits at most ``close_timeout_s``.
     Each connection then has a share of the body bytes waiting (pending and queued): a record that would take
     its connection past ``connection_share_bytes`` is recorded clipped (``clipped["connection_share"]``), so one
-    connection cannot fill the queue and make the others' records drop.
+    connection cannot fill the queue and make the others' records drop. All connections together have
+    ``queue_bytes`` (``clipped["queue_bytes"]`` past it): N connections have N shares, so the queue's bytes are
+    bounded by this budget, not by N; once 3/4 of it waits, a record that would take its connection to or above
+    the average of the connections waiting is clipped, and past 7/8 dropped (``dropped["queue_bytes"]``, a gap
+    marker in the recording), so a flood of connections is clipped and dropped before the others.
 
     ``record(..., error=REASON)``: a body the broker could not decode is recorded clipped to
     ``clipped_body_bytes`` (with its size and the reason; ``clipped["undecodable"]``).
@@ -630,6 +655,7 @@ class HeartbeatRecorder:
         close_timeout_s: float = 30.0,
         connection_share_bytes: int = 16 * 1024 * 1024,
         clipped_body_bytes: int = CLIPPED_BODY_BYTES,
+        queue_bytes: int = 256 * 1024 * 1024,
     ):
         if max_segment_bytes < FILE_HEADER_SIZE + BLOCK_HEADER_SIZE:
             raise ValueError("max_segment_bytes too small")
@@ -637,8 +663,8 @@ class HeartbeatRecorder:
             raise ValueError(f"block_records must be in 1..{MAX_BLOCK_RECORDS}")
         if max_segment_age_s <= 0 or block_bytes <= 0:
             raise ValueError("max_segment_age_s and block_bytes must be positive")
-        if connection_share_bytes < 0 or clipped_body_bytes < 0:
-            raise ValueError("connection_share_bytes and clipped_body_bytes must be >= 0")
+        if connection_share_bytes < 0 or clipped_body_bytes < 0 or queue_bytes < 0:
+            raise ValueError("connection_share_bytes, clipped_body_bytes and queue_bytes must be >= 0")
         if not re.fullmatch(r"[A-Za-z0-9_.]+", prefix):
             raise ValueError("prefix may hold letters, digits, '_' and '.' only")
         self.directory = Path(directory)
@@ -659,10 +685,13 @@ class HeartbeatRecorder:
         self._addr_cache: dict = {}
         self.connection_share_bytes = int(connection_share_bytes)
         self.clipped_body_bytes = int(clipped_body_bytes)
-        #: reason -> records recorded clipped (undecodable, connection_share)
+        self.queue_bytes = int(queue_bytes)
+        #: reason -> records recorded clipped (undecodable, connection_share, queue_bytes)
         self.clipped: Counter = Counter()
-        #: connection -> body bytes waiting for the writer (pending and queued; background mode), under _share_lock
+        #: connection -> body bytes waiting for the writer (pending and queued; background mode), and their sum,
+        #: under _share_lock
         self._waiting: dict = {}
+        self.waiting_bytes = 0
         self._share_lock = threading.Lock()
         self._reset_pending()
         self.closed = False
@@ -723,8 +752,12 @@ class HeartbeatRecorder:
         if error is not None:
             body = clip_body(body, f"undecodable: {error}", self.clipped_body_bytes)
             self.clipped["undecodable"] += 1
+            if self._queue is not None:
+                self._charge(conn_id, len(body))  # released with its block as every record's
         elif self._queue is not None:
-            body = self._within_share(conn_id, body)
+            body = self._within_share(conn_id, body, recv_ms)
+            if body is None:
+                return
         else:
             body = bytes(body)
         if self._queue is not None:
@@ -743,24 +776,58 @@ class HeartbeatRecorder:
         ):
             self._write_pending()
 
-    def _within_share(self, conn_id: int, body) -> bytes:
-        """``body``, or its clipped record when it would take its connection past connection_share_bytes."""
+    def _within_share(self, conn_id: int, body, recv_ms: int) -> Optional[bytes]:
+        """``body``, its clipped record, or None (dropped: counted, and marked as a gap in the recording).
+
+        Clipped: past its connection's connection_share_bytes; past queue_bytes for all connections; from 3/4 of
+        queue_bytes on, when its connection is at or above the connections' average of what waits. A clipped
+        record of such a connection that would take what waits past 7/8 of queue_bytes is dropped instead, so
+        the last eighth stays for the connections below the average (a good client among a flood of
+        connections); theirs keep their size and reason only past queue_bytes."""
+        n = len(body)
+        budget = self.queue_bytes
         with self._share_lock:
-            waiting = self._waiting.get(conn_id, 0)
-            fits = waiting + len(body) <= self.connection_share_bytes
-            if fits:
-                self._waiting[conn_id] = waiting + len(body)
-        if fits:
-            return bytes(body)
-        self.clipped["connection_share"] += 1
-        self._log.log(logging.WARNING, "connection_share", "recorder: a heartbeat of %d bytes from connection %d "
-                      "recorded clipped: %d bytes of the connection wait for the writer (connection share %d bytes)",
-                      len(body), conn_id, waiting, self.connection_share_bytes)
-        clipped = clip_body(body, f"connection share: {waiting} bytes waiting, share {self.connection_share_bytes}",
-                            self.clipped_body_bytes)
-        with self._share_lock:
-            self._waiting[conn_id] = self._waiting.get(conn_id, 0) + len(clipped)
+            waiting, total = self._waiting.get(conn_id, 0), self.waiting_bytes
+            k = len(self._waiting) + (conn_id not in self._waiting)  # connections waiting, this one included
+            above = (waiting + n) * k >= total + n  # at or above their average once this record waits
+            why = None
+            if waiting + n > self.connection_share_bytes:
+                kind, why = "connection_share", (f"connection share: {waiting} bytes waiting, share "
+                                                 f"{self.connection_share_bytes}")
+            elif total + n > budget or (above and 4 * (total + n) > 3 * budget):
+                kind, why = "queue_bytes", f"queue bytes: {total} bytes waiting, budget {budget}"
+                if above:
+                    why += f", connection above the average {(total + n) // k}"
+            if why is None:
+                self._waiting[conn_id] = waiting + n
+                self.waiting_bytes = total + n
+                return bytes(body)
+        keep = self.clipped_body_bytes
+        head = _CLIPPED_HEAD.size + min(len(why), MAX_CLIP_REASON)  # the reason is ASCII
+        if above and 4 * (total + n) > 3 * budget:
+            if 8 * (total + head) > 7 * budget:
+                with self._loss_lock:  # the writer thread merges losses too
+                    self.dropped["queue_bytes"] += 1
+                    self._merge_loss([1, recv_ms, recv_ms, "queue_full"])
+                self._log.log(logging.WARNING, "queue_bytes_drop", "recorder: a heartbeat of %d bytes from "
+                              "connection %d dropped (%s): %d dropped so far", n, conn_id, why,
+                              self.dropped["queue_bytes"])
+                return None
+            if 8 * (total + head + keep) > 7 * budget:
+                keep = 0
+        elif total + head + keep > budget:
+            keep = 0  # the budget is spent: its size and reason only
+        self.clipped[kind] += 1
+        self._log.log(logging.WARNING, kind, "recorder: a heartbeat of %d bytes from connection %d recorded "
+                      "clipped (%s)", n, conn_id, why)
+        clipped = clip_body(body, why, keep)
+        self._charge(conn_id, len(clipped))
         return clipped
+
+    def _charge(self, conn_id: int, n: int) -> None:
+        with self._share_lock:
+            self._waiting[conn_id] = self._waiting.get(conn_id, 0) + n
+            self.waiting_bytes += n
 
     def _release(self, share: dict) -> None:
         """The writer is done with a block (written or dropped): its connections' bytes no longer wait."""
@@ -769,6 +836,7 @@ class HeartbeatRecorder:
         with self._share_lock:
             for conn_id, n in share.items():
                 left = self._waiting.get(conn_id, 0) - n
+                self.waiting_bytes -= n + min(0, left)
                 if left > 0:
                     self._waiting[conn_id] = left
                 else:
@@ -1032,6 +1100,11 @@ class VerifyReport:
         return [s for s in self.segments if s.corrupt]
 
     @property
+    def clipped(self) -> Counter:
+        """Records the recorder clipped (kept their time, connection, address, size and reason), by reason kind."""
+        return sum((s.clipped for s in self.segments), Counter())
+
+    @property
     def data_loss(self) -> List[tuple]:
         """(segment, Gap) for every gap marker: records the recorder lost (failed writes, a full queue)."""
         return [(s, g) for s in self.segments for g in s.gaps]
@@ -1059,6 +1132,7 @@ class VerifyReport:
                 for d in s.corrupt
             ],
             "data_loss": [g.to_dict(s.path.name) for s, g in self.data_loss],
+            "clipped": dict(sorted(self.clipped.items())),
         }
 
     def format(self, verbose: bool = False) -> str:
@@ -1078,12 +1152,17 @@ class VerifyReport:
         for s, g in self.data_loss:
             lines.append(f"DATA LOSS {s.path.name} at byte {g.offset}: {g.records_lost} records received between "
                          f"{g.first_ms} and {g.last_ms} ms were not recorded ({g.reason})")
+        clipped = self.clipped
+        if clipped:
+            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(clipped.items()))
+            lines.append(f"CLIPPED {sum(clipped.values())} records clipped by the recorder ({kinds}): their time, "
+                         f"connection, address, size and reason kept, not their whole body")
         status = "OK" if self.ok else "CORRUPT"
         lost = sum(g.records_lost for _, g in self.data_loss)
         lines.append(
             f"{status}: {len(self.segments)} segments, {self.blocks} blocks, {self.records} records, "
             f"{len(self.torn_tails)} torn tails, {sum(len(s.corrupt) for s in self.segments)} corrupt ranges, "
-            f"{len(self.data_loss)} data-loss markers ({lost} records lost)"
+            f"{len(self.data_loss)} data-loss markers ({lost} records lost), {sum(clipped.values())} clipped records"
         )
         return "\n".join(lines)
 

@@ -14,11 +14,15 @@ A message queue is (topic, brokerName, queueId), as MessageQueue.equals. Unlike 
 entries forever, this one is bounded for untrusted clients: expired entries are purged by :meth:`purge_expired`
 (the broker's housekeeping calls it) and at most ``max_entries`` locks exist at once; a lock that would pass the
 budget is simply not granted (the client retries at its next renewal, as when another client holds the queue).
+Its lines name a client's group, id and queue: they are written within the client-management log budget
+(:class:`engine.registry.clientlog.ClientEventLog`, the broker's), those texts escaped and clipped.
 """
 from __future__ import annotations
 
 import logging
 import time
+
+from engine.registry.clientlog import ClientEventLog
 
 log = logging.getLogger("engine.registry.rebalance")
 
@@ -30,7 +34,7 @@ class RebalanceLockManager:
     """group -> {(topic, brokerName, queueId): [clientId, last update (monotonic s)]}."""
 
     def __init__(self, lock_max_live_time_ms: int = LOCK_MAX_LIVE_TIME_MS, max_entries: int = 1_000_000,
-                 clock=time.monotonic):
+                 clock=time.monotonic, client_log: ClientEventLog | None = None):
         self.live_s = lock_max_live_time_ms / 1000.0
         self.max_entries = max_entries
         self.clock = clock
@@ -38,6 +42,8 @@ class RebalanceLockManager:
         self.entries = 0
         #: locks not granted because the table was at max_entries
         self.refused = 0
+        #: the budget of its lines (the broker's client-management log budget; its own one otherwise)
+        self.client_log = client_log if client_log is not None else ClientEventLog()
 
     def _expired(self, entry: list, now: float) -> bool:
         return now - entry[1] > self.live_s
@@ -58,20 +64,22 @@ class RebalanceLockManager:
                     group_locks = self.table[group] = {}
                 group_locks[mq] = [client_id, now]
                 self.entries += 1
-                log.debug("tryLockBatch: lock a message queue which has not been locked yet, group=%s, clientId=%s, "
-                          "mq=%s", group, client_id, mq)
+                self.client_log.log(log, logging.DEBUG, "lock_batch_new", "tryLockBatch: lock a message queue which "
+                                    "has not been locked yet, group=%s, clientId=%s, mq=%s", group, client_id, mq)
                 locked.append(mq)
             elif entry[0] == client_id and not self._expired(entry, now):
                 entry[1] = now
                 locked.append(mq)
             elif self._expired(entry, now):
-                log.info("tryLockBatch: try to lock a expired message queue, group=%s, mq=%s, old client id=%s, "
-                         "new client id=%s", group, mq, entry[0], client_id)
+                self.client_log.log(log, logging.INFO, "lock_batch_expired", "tryLockBatch: try to lock a expired "
+                                    "message queue, group=%s, mq=%s, old client id=%s, new client id=%s", group, mq,
+                                    entry[0], client_id)
                 entry[0], entry[1] = client_id, now
                 locked.append(mq)
             else:
-                log.debug("tryLockBatch: message queue has been locked by other client, group=%s, mq=%s, locked "
-                          "client id=%s, current client id=%s", group, mq, entry[0], client_id)
+                self.client_log.log(log, logging.DEBUG, "lock_batch_held", "tryLockBatch: message queue has been "
+                                    "locked by other client, group=%s, mq=%s, locked client id=%s, current client "
+                                    "id=%s", group, mq, entry[0], client_id)
         return locked
 
     def unlock_batch(self, group: str, mqs, client_id: str) -> int:

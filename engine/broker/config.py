@@ -244,13 +244,13 @@ class BrokerConfig:
     #: engine: gRPC sessions of one IP address at most (counted once their Settings arrive); past it a new client's
     #: Settings end its Telemetry stream RESOURCE_EXHAUSTED
     grpc_max_sessions_per_ip: int = 1024
-    #: engine: distinct consumer and producer groups the gRPC sessions of one IP address register (a producer's
-    #: topics are its groups); Settings or a Heartbeat that would pass it are refused RESOURCE_EXHAUSTED
-    grpc_max_groups_per_ip: int = 4096
     #: engine: gRPC sessions one connection creates at most (clients behind one address, a NAT, share its
     #: grpcMaxSessionsPerIp: one connection may not take it all); the 5.x SDKs open a connection per client, or,
     #: Go and grpcio, share one among the clients of a process: far fewer than this. Past it RESOURCE_EXHAUSTED
     grpc_max_sessions_per_connection: int = 256
+    #: engine: distinct consumer and producer groups the gRPC sessions of one IP address register (a producer's
+    #: topics are its groups); Settings or a Heartbeat that would pass it are refused RESOURCE_EXHAUSTED
+    grpc_max_groups_per_ip: int = 4096
     #: engine: what the Settings of all gRPC sessions are counted to cost in memory, bytes (the decoded
     #: subscriptions and tags, not the wire size); Settings that would pass it are refused RESOURCE_EXHAUSTED
     grpc_max_settings_bytes_total: int = 256 * 1024 * 1024
@@ -275,6 +275,11 @@ class BrokerConfig:
     #: engine: body bytes of one connection waiting for the recorder's writer at most; a heartbeat past it is
     #: recorded clipped (its first 1 KiB, its size and the reason), so one connection cannot fill the queue
     record_connection_share_bytes: int = 16 << 20
+    #: engine: body bytes of all connections waiting for the recorder's writer at most (its queue's bytes: N
+    #: connections have N shares); a heartbeat past it is recorded clipped; from 3/4 of it on, one of a connection
+    #: at or above the connections' average of what waits is clipped, past 7/8 dropped (a gap marker), so a flood
+    #: of connections cannot crowd out the others' records
+    record_queue_bytes: int = 256 << 20
     #: names of the properties set explicitly (file or command line), for `-p` and for defaults that depend on them
     explicit: set = field(default_factory=set, repr=False, compare=False)
     #: properties this engine does not use (kept, as Java keeps them, so -p can show them)
@@ -283,11 +288,6 @@ class BrokerConfig:
     # ---- derived values ----
     @property
     def fast_listen_port(self) -> int:
-    #: engine: body bytes of all connections waiting for the recorder's writer at most (its queue's bytes: N
-    #: connections have N shares); a heartbeat past it is recorded clipped; from 3/4 of it on, one of a connection
-    #: at or above the connections' average of what waits is clipped, past 7/8 dropped (a gap marker), so a flood
-    #: of connections cannot crowd out the others' records
-    record_queue_bytes: int = 256 << 20
         """The VIP port: listenPort - 2, or 0 (an ephemeral port) when that is negative, as in Java."""
         return max(0, self.listen_port - 2)
 

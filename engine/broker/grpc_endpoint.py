@@ -177,8 +177,8 @@ class GrpcSession:
     """
 
     __slots__ = ("client_id", "language", "version", "sdk_version", "remote_addr", "settings", "client_type",
-                 "stream", "closing", "close_reason", "id", "ip", "peer", "groups", "cost", "last_seen", "_endpoint", "_hb",
-                 "_hb_group", "_hb_body", "_hb_repeat", "_beat", "__weakref__")
+                 "stream", "closing", "close_reason", "id", "ip", "peer", "groups", "cost", "last_seen", "_endpoint",
+                 "_hb", "_hb_group", "_hb_body", "_hb_repeat", "_beat", "__weakref__")
     grpc_session = True
 
     def __init__(self, endpoint, client_id: str, language, sdk_version: str, remote_addr: str):
@@ -191,6 +191,8 @@ class GrpcSession:
         self.remote_addr = remote_addr
         #: the peer's address without its port (an IPv6 address's /64): the key of the per-address shares
         self.ip = ip_of(remote_addr)
+        #: the connection (grpc's context.peer()) that created it: its grpcMaxSessionsPerConnection share
+        self.peer = None
         #: the groups counted against the address's share (its Settings' and its heartbeats', ("C" | "P", name):
         #: consumer and producer groups are two tables, as in the registry's budget), and the bytes its
         #: Settings are counted to cost (SESSION_COST...): both released when the session closes
@@ -200,8 +202,6 @@ class GrpcSession:
         #: with its stream even when the registry holds none of its groups (e.g. a refused registration)
         self.last_seen = time.monotonic()
         self.settings = None  # the client's raw Settings (GrpcClientSettingsManager's CLIENT_SETTINGS_MAP entry)
-        #: the connection (grpc's context.peer()) that created it: its grpcMaxSessionsPerConnection share
-        self.peer = None
         self.client_type = 0
         self.stream = None  # its current Telemetry stream (_Stream)
         self.closing = False
@@ -252,6 +252,7 @@ class GrpcEndpoint:
         # the shares one client, connection or address may take of what all clients share (issue 26), read per
         # request (tests lower them on a running endpoint)
         self.max_sessions_per_ip = int(cfg.grpc_max_sessions_per_ip)
+        self.max_sessions_per_connection = int(cfg.grpc_max_sessions_per_connection)
         self.max_groups_per_ip = int(cfg.grpc_max_groups_per_ip)
         self.max_settings_bytes_total = int(cfg.grpc_max_settings_bytes_total)
         self.max_settings_bytes_per_ip = int(cfg.grpc_max_settings_bytes_per_ip)
@@ -261,7 +262,8 @@ class GrpcEndpoint:
         self._ip_sessions: Counter = Counter()
         self._ip_groups: dict[str, Counter] = {}
         self._ip_cost: Counter = Counter()
-        self.max_sessions_per_connection = int(cfg.grpc_max_sessions_per_connection)
+        #: per connection (context.peer()): the sessions it created (grpcMaxSessionsPerConnection)
+        self._conn_sessions: Counter = Counter()
         #: Settings bytes counted over all sessions (grpcMaxSettingsBytesTotal)
         self.settings_cost = 0
         #: reason -> requests or streams refused to protect what clients share (also the broker's
@@ -269,11 +271,11 @@ class GrpcEndpoint:
         #: groups_per_ip, settings_bytes, tags_per_subscription, settings_timeout, idle_session
         self.refused: Counter = Counter()
         self._refusal_log = RateLimitedLog(log, 60.0, 5)
+        #: handler failures: a client may cause one with every call (see :meth:`internal_error`)
+        self._error_log = RateLimitedLog(log, 60.0, 5, max_arg=8192)
         self.min_long_polling_ms = min_long_polling_ms
         self.max_long_polling_ms = max_long_polling_ms
         self.sessions: dict[str, GrpcSession] = {}
-        #: per connection (context.peer()): the sessions it created (grpcMaxSessionsPerConnection)
-        self._conn_sessions: Counter = Counter()
         self.bound_port = 0
         self._server = None
         self._loop = None
@@ -283,8 +285,6 @@ class GrpcEndpoint:
         self.internal_errors = 0
         #: calls refused by the ACL (UNAUTHORIZED, FORBIDDEN)
         self.acl_denied = 0
-        #: handler failures: a client may cause one with every call (see :meth:`internal_error`)
-        self._error_log = RateLimitedLog(log, 60.0, 5, max_arg=8192)
         #: ``fn(method, metadata, request)`` called with every request before it is handled (captures, tests);
         #: its failures are logged, never the client's problem
         self.on_request = None
@@ -516,6 +516,9 @@ class GrpcEndpoint:
             self._ip_sessions[ip] -= 1
             if self._ip_sessions[ip] <= 0:
                 del self._ip_sessions[ip]
+            self._conn_sessions[session.peer] -= 1
+            if self._conn_sessions[session.peer] <= 0:
+                del self._conn_sessions[session.peer]
         self.broker.registry.close_channel(session)
         stream, session.stream = session.stream, None
         if stream is not None and end_stream:
@@ -536,13 +539,10 @@ class GrpcEndpoint:
             raise _BadRequest(self.p.d.Code.BAD_REQUEST, f"client id longer than {MAX_CLIENT_ID} characters")
         return client_id, language_of(md.get("x-mq-language")), md.get("x-mq-client-version", "")[:64]
 
-            self._conn_sessions[session.peer] -= 1
-            if self._conn_sessions[session.peer] <= 0:
-                del self._conn_sessions[session.peer]
     def _session(self, context, create: bool) -> GrpcSession | None:
         """The session of the call's client id (``create``: a new one when it has none, within grpcMaxSessions and
-        the address's grpcMaxSessionsPerIp and the connection's grpcMaxSessionsPerConnection). A call from a connection other than the one of the session's live
-        Telemetry stream is refused (:meth:`_check_owner`)."""
+        the address's grpcMaxSessionsPerIp and the connection's grpcMaxSessionsPerConnection). A call from a
+        connection other than the one of the session's live Telemetry stream is refused (:meth:`_check_owner`)."""
         client_id, language, version = self._metadata(context)
         session = self.sessions.get(client_id)
         if session is not None:
@@ -556,9 +556,17 @@ class GrpcEndpoint:
                 self._refuse("sessions_per_ip", "gRPC client %s (%s) refused: its address holds %d sessions",
                              echo(client_id), echo(remote_addr), self.max_sessions_per_ip)
                 raise _BadRequest(self.p.d.Code.TOO_MANY_REQUESTS, "too many client sessions from this address")
+            peer = context.peer()
+            if self._conn_sessions[peer] >= self.max_sessions_per_connection:
+                # clients behind one address (a NAT) share its share: one of their connections may not take it all
+                self._refuse("sessions_per_connection", "gRPC client %s (%s) refused: its connection holds %d "
+                             "sessions", echo(client_id), echo(remote_addr), self.max_sessions_per_connection)
+                raise _BadRequest(self.p.d.Code.TOO_MANY_REQUESTS, "too many client sessions on this connection")
             session = GrpcSession(self, client_id, language, version, remote_addr)
+            session.peer = peer
             self.sessions[client_id] = session
             self._ip_sessions[ip] += 1
+            self._conn_sessions[peer] += 1
             self.broker.registry.open_channel(session, session.remote_addr)
         return session
 
@@ -579,17 +587,19 @@ class GrpcEndpoint:
         metrics = getattr(self.broker, "metrics", None)
         counter = getattr(metrics, "grpc_refused", None)
         if counter is not None:
-            peer = context.peer()
-            if self._conn_sessions[peer] >= self.max_sessions_per_connection:
-                # clients behind one address (a NAT) share its share: one of their connections may not take it all
-                self._refuse("sessions_per_connection", "gRPC client %s (%s) refused: its connection holds %d "
-                             "sessions", echo(client_id), echo(remote_addr), self.max_sessions_per_connection)
-                raise _BadRequest(self.p.d.Code.TOO_MANY_REQUESTS, "too many client sessions on this connection")
             counter[reason] += 1
-            session.peer = peer
         self._refusal_log.log(logging.WARNING, reason, msg, *args)
 
-            self._conn_sessions[peer] += 1
+    def internal_error(self, what: str) -> None:
+        """The exception being handled, a failure of ``what``: counted (``internal_errors``) and logged within a
+        budget (a client may cause one with every call), its text and traceback on one line with control
+        characters escaped (its message may hold a client's text; an embedder's formatter may escape nothing)."""
+        self.internal_errors += 1
+        exc = sys.exc_info()[1]
+        summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        self._error_log.log(logging.ERROR, "internal_error", "gRPC %s failed: %s; traceback: %s", what, summary,
+                            "".join(traceback.format_tb(exc.__traceback__)) if exc is not None else "")
+
     def _account(self, session: GrpcSession, groups: frozenset, cost: int) -> None:
         """Move the session's share of its address's budgets to ``groups`` and ``cost`` (checked before)."""
         ip = session.ip
@@ -652,16 +662,6 @@ class GrpcEndpoint:
         if not _legal_name(name, _GROUP_MAX):
             raise _BadRequest(self.p.d.Code.ILLEGAL_CONSUMER_GROUP,
                               f"consumer group name is illegal: {_short(name, 40)!r}")
-    def internal_error(self, what: str) -> None:
-        """The exception being handled, a failure of ``what``: counted (``internal_errors``) and logged within a
-        budget (a client may cause one with every call), its text and traceback on one line with control
-        characters escaped (its message may hold a client's text; an embedder's formatter may escape nothing)."""
-        self.internal_errors += 1
-        exc = sys.exc_info()[1]
-        summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        self._error_log.log(logging.ERROR, "internal_error", "gRPC %s failed: %s; traceback: %s", what, summary,
-                            "".join(traceback.format_tb(exc.__traceback__)) if exc is not None else "")
-
         return name
 
     def trace(self, method: str, request, context) -> None:

@@ -52,6 +52,19 @@ def test_rfc7541_c1_integers():
     assert out == h("2a") and _hpack_py._read_int(out, 0, 8) == (42, 1)
 
 
+def test_huffman_code_is_the_rfcs():
+    """RFC 7541 Appendix B: a complete prefix code (Kraft sum 1, 256 internal nodes), sampled codes, EOS 30 ones;
+    every byte value encodes and decodes back."""
+    codes = _hpack_py.HUFFMAN_CODES
+    assert len(codes) == 257 and sum(2.0 ** -n for _, n in codes) == 1.0
+    assert codes[ord("0")] == (0x0, 5) and codes[ord(" ")] == (0x14, 6) and codes[ord("a")] == (0x3, 5)
+    assert codes[0] == (0x1FF8, 13) and codes[255] == (0x3FFFFEE, 26) and codes[256] == (0x3FFFFFFF, 30)
+    assert len(_hpack_py._huffman_tree()) == 256
+    every = bytes(range(256)) * 2
+    assert _hpack_py.huffman_decode(_hpack_py.huffman_encode(every)) == every
+    assert len(_hpack_py.huffman_encode(every)) == _hpack_py.huffman_length(every)
+
+
 C2 = [  # (block, fields, dynamic table after it)
     ("400a637573746f6d2d6b65790d637573746f6d2d686561646572", [(b"custom-key", b"custom-header")],
      [(b"custom-key", b"custom-header")]),

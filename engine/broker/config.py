@@ -262,6 +262,11 @@ class BrokerConfig:
     #: engine: a gRPC Telemetry stream that has sent no Settings after this long is ended (it has no session and
     #: counts for none); a session silent (no Settings, no Heartbeat) past channelExpiredTimeout ends with its stream
     grpc_settings_timeout_ms: int = 30_000
+    #: engine: a gRPC session whose Telemetry stream's connection has been silent (no Settings, Heartbeat or other
+    #: call of the session) this long may be taken over by another connection of its client id (a client that
+    #: reconnects after its connection died without a close; 3 x the 5.x clients' 10 s heartbeat interval); before
+    #: it, another connection is refused FORBIDDEN / PERMISSION_DENIED
+    grpc_session_takeover_silence_ms: int = 30_000
     #: engine: address of the Prometheus endpoint
     metrics_host: str = "127.0.0.1"
     #: engine: per-group series (group_clients / group_channels) on /metrics at most: the groups with the most
@@ -397,7 +402,7 @@ class BrokerConfig:
                     "grpcMaxSessionsPerIp", "grpcMaxSessionsPerConnection", "recordQueueBytes",
                     "grpcMaxGroupsPerIp", "grpcMaxSettingsBytesTotal",
                     "grpcMaxSettingsBytesPerIp", "grpcMaxTagsPerSubscription", "grpcSettingsTimeoutMs",
-                    "maxHeartbeatElements")
+                    "grpcSessionTakeoverSilenceMs", "maxHeartbeatElements")
         for name in positive:
             if getattr(self, PROPERTIES[name].attr) <= 0:
                 raise ConfigError(f"{name} must be > 0")

@@ -73,6 +73,15 @@ MAX_SESSIONS_FILE_BYTES = 64 * 1024 * 1024
 SESSION_COST = 4096
 SUBSCRIPTION_COST = 512
 TAG_COST = 160
+#: HTTP/2 keepalive, ms: the server pings each connection after this long without a frame from it and closes it
+#: when no answer came within KEEPALIVE_TIMEOUT_MS, so a client's connection that died without a close (a NAT, a
+#: crashed host) ends its Telemetry stream and frees its session within ~30 s instead of channelExpiredTimeout
+KEEPALIVE_TIME_MS = 20_000
+KEEPALIVE_TIMEOUT_MS = 10_000
+#: clients' own keepalive pings are accepted this often (grpc-java's and grpc-go's shortest keepalive time is
+#: 10 s; grpcio's default, 5 minutes, answers more frequent pings with a GOAWAY that drops the client's streams),
+#: with or without calls in progress
+MIN_CLIENT_PING_INTERVAL_MS = 10_000
 #: long polling of ReceiveMessage, ms (the proxy's grpcClientConsumerMin/MaxLongPollingTimeoutMillis)
 MIN_LONG_POLLING_MS = 5_000
 MAX_LONG_POLLING_MS = 20_000
@@ -258,6 +267,7 @@ class GrpcEndpoint:
         self.max_settings_bytes_per_ip = int(cfg.grpc_max_settings_bytes_per_ip)
         self.max_tags_per_subscription = int(cfg.grpc_max_tags_per_subscription)
         self.settings_timeout_ms = int(cfg.grpc_settings_timeout_ms)
+        self.takeover_silence_ms = int(cfg.grpc_session_takeover_silence_ms)
         #: per address: sessions, groups (name -> sessions of the address counting it), Settings bytes counted
         self._ip_sessions: Counter = Counter()
         self._ip_groups: dict[str, Counter] = {}
@@ -270,6 +280,8 @@ class GrpcEndpoint:
         #: rocketmq_broker_grpc_refused_total): foreign_client_id, sessions_per_ip, sessions_per_connection,
         #: groups_per_ip, settings_bytes, tags_per_subscription, settings_timeout, idle_session
         self.refused: Counter = Counter()
+        #: sessions taken over by another connection after grpcSessionTakeoverSilenceMs of silence of their owner's
+        self.takeovers = 0
         self._refusal_log = RateLimitedLog(log, 60.0, 5)
         #: handler failures: a client may cause one with every call (see :meth:`internal_error`)
         self._error_log = RateLimitedLog(log, 60.0, 5, max_arg=8192)
@@ -320,6 +332,14 @@ class GrpcEndpoint:
             # this port's share of maxConnections (engine.broker.server.listener_budget): grpcio closes a connection
             # past it at accept, so a flood here cannot take the descriptors of the other ports and the store
             ("grpc.max_allowed_incoming_connections", self.max_connections),
+            # a connection that died without a close is found by the keepalive ping it does not answer
+            ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+            ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),  # grpc core's own ping timeout (default 1 min)
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),  # keepalive pings also on a connection sending no data
+            # the clients' own keepalive pings are welcome (not counted as ping abuse)
+            ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
         ]
         server = p.aio.server(maximum_concurrent_rpcs=self.max_concurrent_rpcs, options=options)
         servicer = _Servicer(self)
@@ -573,13 +593,52 @@ class GrpcEndpoint:
     def _check_owner(self, session: GrpcSession, context) -> None:
         """A session belongs to the connection of its live Telemetry stream: another connection presenting its
         client id (to end it, take its stream over, or heartbeat it into other groups) is refused FORBIDDEN while
-        that stream lives; once it is gone, any connection of the client may take the session on."""
+        that stream lives and its connection is heard from; once it is gone, or its connection has been silent for
+        grpcSessionTakeoverSilenceMs (a live client heartbeats every 10 s: this one's connection died without a
+        close), any connection of the client may take the session on."""
         stream = session.stream
-        if stream is None or stream.done.is_set() or stream.peer == context.peer():
+        if stream is None or stream.done.is_set():
+            return
+        now = time.monotonic()
+        if stream.peer == context.peer():
+            stream.last_active = now
+            return
+        if (now - max(stream.last_active, session.last_seen)) * 1000 > self.takeover_silence_ms:
+            self.takeovers += 1
+            self._refusal_log.log(logging.INFO, "takeover", "gRPC client %s (%s) silent for "
+                                  "grpcSessionTakeoverSilenceMs: its session taken over by %s",
+                                  echo(session.client_id), echo(session.remote_addr),
+                                  echo(peer_address(context.peer())))
+            session.stream = None  # the silent stream's handler ends it, and leaves the session to the new owner
+            stream.done.set()
             return
         self._refuse("foreign_client_id", "gRPC client id %s of %s presented by another connection (%s): refused",
                      echo(session.client_id), echo(session.remote_addr), echo(peer_address(context.peer())))
         raise _BadRequest(self.p.d.Code.FORBIDDEN, "this client id belongs to another connection")
+
+    def move_session(self, session: GrpcSession, remote_addr: str) -> None:
+        """The session taken on by a connection from ``remote_addr``: its address (the registry's too) and its
+        shares of the per-address budgets move there, checked as a new session's of that address would be
+        (_BadRequest TOO_MANY_REQUESTS past them: the session stays where it was)."""
+        ip = ip_of(remote_addr)
+        if ip != session.ip:
+            table = self._ip_groups.get(ip) or {}
+            if (self._ip_sessions[ip] >= self.max_sessions_per_ip
+                    or len(table) + sum(1 for g in session.groups if g not in table) > self.max_groups_per_ip
+                    or self._ip_cost[ip] + session.cost > self.max_settings_bytes_per_ip):
+                self._refuse("sessions_per_ip", "gRPC client %s (%s) refused: its session does not fit the shares "
+                             "of %s", echo(session.client_id), echo(session.remote_addr), echo(remote_addr))
+                raise _BadRequest(self.p.d.Code.TOO_MANY_REQUESTS, "too many client sessions from this address")
+            groups, cost = session.groups, session.cost
+            self._account(session, frozenset(), 0)  # released by the old address...
+            self._ip_sessions[session.ip] -= 1
+            if self._ip_sessions[session.ip] <= 0:
+                del self._ip_sessions[session.ip]
+            session.ip = ip
+            self._ip_sessions[ip] += 1
+            self._account(session, groups, cost)  # ... and counted for the new one
+        session.remote_addr = remote_addr
+        self.broker.registry.open_channel(session, remote_addr)
 
     def _refuse(self, reason: str, msg: str, *args) -> None:
         """Count a refusal (``refused``, the broker's grpc_refused_total) and log it within the budget."""
@@ -1041,14 +1100,16 @@ def _unsupported(name: str, response_type: str):
 
 class _Stream:
     """One Telemetry stream of a session; ``done`` set: its handler ends it (replaced, terminated, expired).
-    ``peer``: its connection (grpc's ``context.peer()``, one per HTTP/2 connection), the session's owner."""
+    ``peer``: its connection (grpc's ``context.peer()``, one per HTTP/2 connection), the session's owner;
+    ``last_active``: time.monotonic() of the last command or call of the session from that connection."""
 
-    __slots__ = ("context", "done", "peer")
+    __slots__ = ("context", "done", "peer", "last_active")
 
     def __init__(self, context):
         self.context = context
         self.done = asyncio.Event()
         self.peer = context.peer()
+        self.last_active = time.monotonic()
 
 
 class _Servicer:
@@ -1140,6 +1201,10 @@ class _Servicer:
             if added is not None and group in ep.broker.registry.channel_groups(session)[0]:
                 ep._account(session, added, session.cost)  # counted once registered: one not taken holds none
             if status is not None:
+                if session.stream is None and not any(ep.broker.registry.channel_groups(session)):
+                    # no stream and nothing registered (a refused heartbeat of a session taken over): nothing
+                    # would ever end it; the client's Settings make it a session again
+                    ep.close_session(session, "heartbeat refused, no Telemetry stream", logging.DEBUG)
                 return ep.p.s.HeartbeatResponse(status=status)
             token = ep.broker.registry.repeat_token(session, beat, session.language, session.version)
             session._hb_repeat = None if token is None else (raw, token)
@@ -1266,6 +1331,9 @@ class _Servicer:
         def attach(new):
             if new.stream is not None and new.stream is not stream:
                 new.stream.done.set()  # a newer stream of the same client (same connection) replaces the older one
+            remote_addr = peer_address(context.peer())
+            if remote_addr != new.remote_addr:  # taken on by another connection: the session is at its address
+                ep.move_session(new, remote_addr)
             new.stream = stream
             return new
 
@@ -1278,10 +1346,10 @@ class _Servicer:
                 return
             try:
                 session = ep._session(context, create=False)
+                if session is not None:
+                    attach(session)
             except _BadRequest as e:
                 await fail(e)
-            if session is not None:
-                attach(session)
             while True:
                 if reader is None:
                     reader = asyncio.ensure_future(context.read())
@@ -1315,6 +1383,7 @@ class _Servicer:
                 reader = None
                 if command is p.aio.EOF:
                     break
+                stream.last_active = time.monotonic()
                 ep.trace("Telemetry", command, context)
                 which = command.WhichOneof("command")
                 if which != "settings":

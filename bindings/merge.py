@@ -320,7 +320,16 @@ def route(argv) -> Tuple[list, bool, Optional[str]]:
     from .brokerlog import _paths_of, input_format
 
     argv = list(argv)
-    if any(a in ("-h", "--help") or a.startswith(("--format", "--input", "--broker")) for a in argv):
+    if any(a in ("-h", "--help") or a.startswith(("--format", "--input")) for a in argv):
+        return argv, False, None
+    named = [(a.split("=", 1)[1] if a.startswith("--broker=") else argv[i + 1] if i + 1 < len(argv) else "")
+             .partition("=")[2] for i, a in enumerate(argv) if a == "--broker" or a.startswith("--broker=")]
+    if named:  # brokers' logs or brokers' captures; a broker's log with its capture: given as paths
+        kinds = split_inputs([x for x in named + _paths_of(argv) if x and Path(x).exists()])
+        if len([k for k in kinds if k is not None]) > 1:
+            raise MergeRefused("--broker NAME=PATH names several brokers' logs or several brokers' captures; a "
+                               "broker's log and its capture are scanned together when given as paths, without "
+                               "--broker: rmqhb scan LOG CAPTURE --out REPORT_DIR")
         return argv, False, None
     paths = _paths_of(argv)
     if not paths or not all(Path(x).exists() for x in paths):
@@ -424,6 +433,13 @@ def scan_main(argv) -> int:
     cap_kw = dict(native=native, ports=args.port or None, shards=args.shards, client_ids=True)
 
     def merged(log, cap):
+        zc = log["log"].get("zone_check")
+        if zc and not zc["agrees"]:  # the log's times would miss the capture's: an expiry in both seen twice
+            off = zc["inferred_utc_offset_min"]
+            raise MergeRefused(
+                f"the log lines' own timestamps imply UTC{off / 60:+g}, not the zone in use "
+                f"(UTC{zc['log_tz_offset_min'] / 60:+g}, {log['log']['log_tz_source']}): its events would not line "
+                f"up with the capture's; give --log-tz {'+' if off >= 0 else '-'}{abs(off) // 60:02d}:{abs(off) % 60:02d}")
         problem = same_broker_problem(log, cap)
         if problem:
             raise MergeRefused(problem)
@@ -448,6 +464,9 @@ def scan_main(argv) -> int:
           f"{m['clients']['capture_only']} only in the capture; expiries {m['expiries']['both']} in both, "
           f"{m['expiries']['log_only']} only in the log, {m['expiries']['capture_only']} only in the capture",
           file=sys.stdout)
+    log = findings["log"]
+    print(f"broker logs: {log['lines']:,} lines in {len(log['files'])} files, zone {log['log_tz']} "
+          f"({log['log_tz_source']}); {log['unparseable']:,} unparseable lines", file=sys.stdout)
     print(f"report: {index}")
     damage = damage_line(findings)
     if damage:

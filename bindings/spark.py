@@ -1252,9 +1252,13 @@ exit status: 0 all input read; 3 completed over damaged input (named in the repo
 
 def _scan_main(argv) -> int:
     from .brokerlog import INPUT_FORMATS, input_format
-    from .merge import route, scan_main as merged_scan_main
+    from .merge import MergeRefused, route, scan_main as merged_scan_main
 
-    argv, mixed, notice = route(argv)  # each file's kind from its content (engine.bindings.merge)
+    try:
+        argv, mixed, notice = route(argv)  # each file's kind from its content (engine.bindings.merge)
+    except MergeRefused as e:
+        print(f"rmqhb scan: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if mixed:  # a broker's log and its capture: one timeline; a combination that cannot merge: one line
         if _cli.get("interrupt"):
             _catch_interrupt()

@@ -199,3 +199,44 @@ def test_spark_merged_scan_is_the_local_one(spark, run):
         return f
 
     assert comparable(on_spark) == comparable(local)
+
+
+def test_a_log_in_another_zone_than_given_is_refused_not_doubled(run, tmp_path, capsys):
+    """The log's zone wrong (UTC instead of its GMT+8): its events would miss the capture's by 8 h and D's expiry
+    would be two; the scan says which zone its lines imply, in one line, and writes no report."""
+    log, cap, _ = run
+    status, out, err = _cli([log, cap, "--log-tz", "UTC", "--out", tmp_path / "r", "--engine", "local", *OPTIONS],
+                            capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+    assert "imply UTC+8" in err and "give --log-tz +08:00" in err
+
+
+def test_broker_names_over_a_log_and_a_capture_are_refused(run, tmp_path, capsys):
+    """--broker a=LOG --broker a=CAPTURE: the capture was read as log lines; now one line saying how to merge."""
+    log, cap, _ = run
+    status, out, err = _cli(["--broker", f"a={log}", "--broker", f"a={cap}", "--out", tmp_path / "r"], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "rmqhb scan LOG CAPTURE" in err
+
+
+def test_a_connection_the_log_saw_end_decides_against_the_captures_inference(run):
+    """A kill the capture did not see (no FIN/RST in it: the capture stops, a filter): the capture infers C
+    expired at its last heartbeat + the expiry; the log saw C's channel close before that: C is a vanished
+    client, not an expiry. And a close the log saw after the capture's expiry of it (the broker closing an
+    expired channel whose SCAN line it dropped) is that expiry, not a vanished client."""
+    from engine.bindings import merge
+
+    log, cap, _ = run
+    lf, cf, _ = _scans(log, cap)
+    [c] = lf["vanished_clients"]
+    inferred = {"client_id": c["client_id"], "addr": c["addr"], "conn_id": 7, "groups": c["groups"],
+                "connected_ms": c["connected_ms"], "last_heartbeat_ms": c["last_heartbeat_ms"],
+                "expired_ms": c["last_heartbeat_ms"] + EXPIRY_MS, "silent_since_before_ms": c["last_heartbeat_ms"],
+                "returned_ms": None, "cause": "inferred"}
+    m = merge.merge_log_and_heartbeats(lf, {**cf, "expired_clients": cf["expired_clients"] + [inferred]}, "broker-a")
+    assert [r["client_id"] for r in m["expired_clients"]] == ["127.0.0.1@Driver-D"]
+    assert [r["client_id"] for r in m["vanished_clients"]] == ["127.0.0.1@Driver-C"]
+    early = {**inferred, "expired_ms": c["ended_ms"] - 5000, "last_heartbeat_ms": c["ended_ms"] - 7000}
+    m = merge.merge_log_and_heartbeats(lf, {**cf, "expired_clients": cf["expired_clients"] + [early]}, "broker-a")
+    assert sorted((r["client_id"], r["cause"]) for r in m["expired_clients"]) == [
+        ("127.0.0.1@Driver-C", "inferred"), ("127.0.0.1@Driver-D", "scan")]
+    assert m["vanished_clients"] == []

@@ -1,7 +1,8 @@
 """A 5.x client whose connection died without a close (a NAT dropping it, a host gone) comes back on a new
 connection: the server's keepalive ping finds the dead connection, and the session of a connection silent for
 grpcSessionTakeoverSilenceMs may be taken over by the client's new connection (its address and shares move with
-it); before that the new connection is refused. Scaled down: lower silences, keepalive times and timeouts."""
+it); before that the new connection is refused. A terminated session's stream ends after grpcSettingsTimeoutMs.
+Scaled down: lower silences, keepalive times and timeouts."""
 import socket
 import threading
 import time
@@ -181,3 +182,27 @@ def test_clients_own_keepalive_pings_are_accepted(relay_broker, monkeypatch):
     assert "pinger@1" in b.grpc.sessions
     assert states[-1] == grpc.ChannelConnectivity.READY and states.count(grpc.ChannelConnectivity.READY) == 1
     channel.close()
+
+
+def test_a_terminated_sessions_stream_ends_after_the_settings_timeout(relay_broker):
+    """After NotifyClientTermination the stream is the client's to close; one it leaves open ends after
+    grpcSettingsTimeoutMs (it was kept for channelExpiredTimeout)."""
+    b, _ = relay_broker(grpc_settings_timeout_ms=500)
+    stub = sg.MessagingServiceStub(channel_to(b.ports["grpc"]))
+    t, answer = start_session(stub, "bye@1", consumer_settings("GroupBye", [("TopicBye", "*")]))
+    assert answer.status.code == Code.OK
+    term = s.NotifyClientTerminationRequest()
+    term.group.name = "GroupBye"
+    assert stub.NotifyClientTermination(term, metadata=md("bye@1")).status.code == Code.OK
+    assert not t.call.done()  # left to the client at first
+    wait_until(t.call.done, timeout=5)
+    assert list(t.call) == [] and "bye@1" not in b.grpc.sessions
+    # Settings again on a terminated session's stream make it a session again, and it is not ended then
+    t2, answer = start_session(stub, "again@1", consumer_settings("GroupBye", [("TopicBye", "*")]))
+    term.group.name = "GroupBye"
+    assert stub.NotifyClientTermination(term, metadata=md("again@1")).status.code == Code.OK
+    t2.send(settings=consumer_settings("GroupBye", [("TopicBye", "*")]))
+    assert t2.recv().status.code == Code.OK
+    time.sleep(1.0)
+    assert not t2.call.done() and "again@1" in b.grpc.sessions
+    t2.end()

@@ -541,8 +541,11 @@ class GrpcEndpoint:
                 del self._conn_sessions[session.peer]
         self.broker.registry.close_channel(session)
         stream, session.stream = session.stream, None
-        if stream is not None and end_stream:
-            stream.done.set()  # its Telemetry handler ends the stream
+        if stream is not None:
+            if end_stream:
+                stream.done.set()  # its Telemetry handler ends the stream
+            elif self._loop is not None:  # the client closes it; if it does not, it ends as a stream without Settings
+                stream.linger = self._loop.call_later(self.settings_timeout_ms / 1000.0, stream.done.set)
         # clients decide how often a session closes: the client-management log's budget, texts escaped
         self.broker.registry.client_log.log(log, level, "grpc_session_removed", "gRPC client %s (%s) removed: %s",
                                             session.client_id, session.remote_addr, reason)
@@ -1101,15 +1104,17 @@ def _unsupported(name: str, response_type: str):
 class _Stream:
     """One Telemetry stream of a session; ``done`` set: its handler ends it (replaced, terminated, expired).
     ``peer``: its connection (grpc's ``context.peer()``, one per HTTP/2 connection), the session's owner;
-    ``last_active``: time.monotonic() of the last command or call of the session from that connection."""
+    ``last_active``: time.monotonic() of the last command or call of the session from that connection;
+    ``linger``: the timer ending it after its session was terminated (the client's to close it first)."""
 
-    __slots__ = ("context", "done", "peer", "last_active")
+    __slots__ = ("context", "done", "peer", "last_active", "linger")
 
     def __init__(self, context):
         self.context = context
         self.done = asyncio.Event()
         self.peer = context.peer()
         self.last_active = time.monotonic()
+        self.linger = None
 
 
 class _Servicer:
@@ -1331,6 +1336,9 @@ class _Servicer:
         def attach(new):
             if new.stream is not None and new.stream is not stream:
                 new.stream.done.set()  # a newer stream of the same client (same connection) replaces the older one
+            if stream.linger is not None:  # Settings again after a termination: a session again
+                stream.linger.cancel()
+                stream.linger = None
             remote_addr = peer_address(context.peer())
             if remote_addr != new.remote_addr:  # taken on by another connection: the session is at its address
                 ep.move_session(new, remote_addr)
@@ -1414,6 +1422,8 @@ class _Servicer:
             for task in (reader, done_wait):
                 if task is not None and not task.done():
                     task.cancel()
+            if stream.linger is not None:
+                stream.linger.cancel()
             if session is not None and session.stream is stream and not session.closing:
                 session.stream = None
                 ep.close_session(session, "telemetry stream ended")

@@ -121,6 +121,28 @@ def test_one_connection_cannot_take_the_queue(tmp_path, monkeypatch, share):
     assert f["summary"]["clipped_bodies"] == len(clipped) and f["scan"]["data_loss"] == []
 
 
+def test_undecodable_records_are_charged_to_their_connections_share(tmp_path):
+    """Records clipped as undecodable count in their connection's waiting bytes as every record does, and are
+    given back with their block: 50 of them on one connection (with 5 good ones) are its share until written, and
+    it is 0 after (they were given back without being charged, undercounting the connection's other bytes)."""
+    rec = HeartbeatRecorder(tmp_path / "rec", background=True, block_bytes=1 << 30, block_records=10_000,
+                            max_block_delay_s=3600)
+    try:
+        good = hb_body(client_id="10.0.0.1@good")
+        for i in range(5):
+            rec.record(1000 + i, 9, "1.2.3.4:5", None, 1, good)
+        for i in range(50):
+            rec.record(2000 + i, 9, "1.2.3.4:5", None, 1, b"{" * 3000, error=f"too deep {i}")
+        clipped = [clip_body(b"{" * 3000, f"undecodable: too deep {i}", rec.clipped_body_bytes) for i in range(50)]
+        assert rec.clipped["undecodable"] == 50
+        assert rec._waiting == {9: 5 * len(good) + sum(map(len, clipped))} == {9: rec.waiting_bytes}
+        rec.flush()
+        assert rec._waiting == {} and rec.waiting_bytes == 0
+    finally:
+        rec.close()
+    assert [parse_clipped(r.body) is not None for r in iter_records(tmp_path / "rec")] == [False] * 5 + [True] * 50
+
+
 def test_share_is_given_back_when_a_block_is_dropped(tmp_path, monkeypatch):
     stalled = StalledWriter(monkeypatch)
     rec = HeartbeatRecorder(tmp_path / "rec", background=True, queue_blocks=1, block_bytes=10_000,

@@ -1235,7 +1235,8 @@ inconsistent subscriptions, retry-topic churn), written to REPORT_DIR as index.h
 PNG plots. PATH is any of (the kind is detected; --format KIND forces it):
   recording    a directory of *.seg segments (rmqhb serve --recordDir, rmqhb generate); several: one per broker
   broker-log   Apache RocketMQ 4.x/5.x broker logs: files, or a directory per broker (broker*.log*, otherdays/)
-  pcap         packet captures (.pcap, .pcapng, .gz) of the brokers' remoting port: files or directories"""
+  pcap         packet captures (.pcap, .pcapng, .gz) of the brokers' remoting port: files or directories
+A broker's log and its capture given together (files, or one directory) scan as one timeline."""
 SCAN_EPILOG = """\
 broker logs (rmqhb scan --format broker-log -h for all):
   --log-tz ZONE         zone of the lines' times: IANA name or +HH:MM (default this machine's)

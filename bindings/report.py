@@ -21,6 +21,7 @@ import math
 import os
 import re
 import secrets
+import stat
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -1671,11 +1672,13 @@ class ReportFiles:
     LISTING = ".rmqhb-files"
 
     def _previous_names(self) -> List[str]:
-        try:
-            fd = os.open(self.LISTING, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
+        try:  # O_NONBLOCK: a FIFO planted under the listing's name must not hang the open (nor the read)
+            fd = os.open(self.LISTING, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.dir_fd)
         except OSError:
             return []
         with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return []  # not a listing this class wrote (a FIFO, a device): ignored, replaced at commit
             data = f.read(1 << 20)
         names = data.decode("utf-8", "replace").splitlines()
         # only plain names this class writes: never a path, a hidden file or the listing itself

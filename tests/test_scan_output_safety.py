@@ -196,6 +196,31 @@ def test_planted_symlinks_in_the_report_directory_are_replaced_not_followed(tmp_
     _no_private_dir_left(out)
 
 
+def test_a_fifo_planted_as_the_files_listing_is_ignored_without_a_hang(tmp_path, findings):
+    """``mkfifo OUT/.rmqhb-files``: reading the previous report's listing blocked for ever on the FIFO's open.
+    Now it is not read (not a regular file: not a listing this scan wrote) and the report replaces it."""
+    import threading
+    out = tmp_path / "report"
+    out.mkdir()
+    fifo = out / ".rmqhb-files"
+    os.mkfifo(fifo)
+    (out / "stale.csv").write_text("kept: the FIFO names nothing\n")
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(index=write_report(findings, out, plots=False)),
+                              daemon=True)
+    worker.start()
+    worker.join(20)
+    if worker.is_alive():  # release the blocked open before failing (a writer end opened once)
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(5)
+        pytest.fail("the report hung on a FIFO planted as its files listing")
+    assert result["index"] == out / "index.html"
+    st = os.lstat(fifo)
+    assert stat.S_ISREG(st.st_mode) and "index.html" in fifo.read_text().splitlines()
+    assert (out / "stale.csv").exists()
+    _no_private_dir_left(out)
+
+
 def test_a_planted_hard_link_is_replaced_not_written(tmp_path, findings):
     victim = _victim(tmp_path)
     out = tmp_path / "report"

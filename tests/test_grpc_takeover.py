@@ -107,19 +107,19 @@ def test_a_silent_connections_session_is_taken_over_by_its_clients_new_connectio
     assert heartbeat(near, "back@1", "GroupBack") == Code.OK
     assert ep.takeovers == 1 and ep.refused["foreign_client_id"] == 2
     session = ep.sessions["back@1"]
-    assert session.stream is not None and session.stream.peer != old.call  # the new connection's stream
-    # the address moved (the registry's too), and with it the address's shares
+    # the address moved (the registry's too), and with it the address's and the connection's shares
     assert session.remote_addr.startswith("127.0.0.1:") and session.ip == "127.0.0.1"
+    assert session.stream.peer == session.peer and ge.peer_address(session.peer) == session.remote_addr
     assert [c["clientAddr"] for c in consumers(b, "GroupBack")["connectionSet"]] == [session.remote_addr]
-    assert b.call(lambda: (dict(ep._ip_sessions), set(ep._ip_groups), set(ep._ip_cost))) == (
-        {"127.0.0.1": 1}, {"127.0.0.1"}, {"127.0.0.1"})
+    assert b.call(lambda: (dict(ep._ip_sessions), set(ep._ip_groups), set(ep._ip_cost), dict(ep._conn_sessions))) \
+        == ({"127.0.0.1": 1}, {"127.0.0.1"}, {"127.0.0.1"}, {session.peer: 1})
     # the new connection owns it now: the new stream serves it
     new.send(settings=consumer_settings("GroupBack", [("TopicBack", "TagB")]))
     assert new.recv().status.code == Code.OK
     new.end()
     wait_until(lambda: "back@1" not in ep.sessions, timeout=5)
-    assert b.call(lambda: (dict(ep._ip_sessions), ep._ip_groups, dict(ep._ip_cost), ep.settings_cost)) == (
-        {}, {}, {}, 0)
+    assert b.call(lambda: (dict(ep._ip_sessions), ep._ip_groups, dict(ep._ip_cost), ep.settings_cost,
+                           dict(ep._conn_sessions))) == ({}, {}, {}, 0, {})
 
 
 def test_a_heartbeat_takes_over_a_silent_session_too(relay_broker):
@@ -136,6 +136,28 @@ def test_a_heartbeat_takes_over_a_silent_session_too(relay_broker):
     t, answer = start_session(near, "hb@1", consumer_settings("GroupHb", [("TopicHb", "*")]))
     assert answer.status.code == Code.OK
     assert b.grpc.sessions["hb@1"].remote_addr.startswith("127.0.0.1:")
+
+
+def test_a_takeover_that_does_not_fit_the_new_address_is_refused(relay_broker):
+    """The shares move with a taken-over session, checked as a new session's: into an address at its
+    grpcMaxSessionsPerIp the takeover ends RESOURCE_EXHAUSTED and the session keeps its old address's shares."""
+    b, relay = relay_broker(grpc_session_takeover_silence_ms=300)
+    ep = b.grpc
+    near = sg.MessagingServiceStub(channel_to(b.ports["grpc"], own_connection=True))
+    other, answer = start_session(near, "other@1", consumer_settings("GroupOther", [("TopicO", "*")]))
+    assert answer.status.code == Code.OK
+    far = sg.MessagingServiceStub(channel_to(relay.port, own_connection=True))
+    _, answer = start_session(far, "mv@1", consumer_settings("GroupMv", [("TopicMv", "*")]))
+    assert answer.status.code == Code.OK
+    ep.max_sessions_per_ip = 1
+    relay.frozen.set()
+    time.sleep(0.5)
+    t = Telemetry(near, md("mv@1"))
+    t.send(settings=consumer_settings("GroupMv", [("TopicMv", "*")]))
+    assert refused_stream(t).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert ep.refused["sessions_per_ip"] == 1
+    session = ep.sessions["mv@1"]
+    assert session.ip == "127.0.0.2" and b.call(lambda: dict(ep._ip_sessions)) == {"127.0.0.1": 1, "127.0.0.2": 1}
 
 
 def test_keepalive_ends_the_session_of_a_connection_that_died_silently(relay_broker, monkeypatch):

@@ -619,10 +619,14 @@ class GrpcEndpoint:
                      echo(session.client_id), echo(session.remote_addr), echo(peer_address(context.peer())))
         raise _BadRequest(self.p.d.Code.FORBIDDEN, "this client id belongs to another connection")
 
-    def move_session(self, session: GrpcSession, remote_addr: str) -> None:
-        """The session taken on by a connection from ``remote_addr``: its address (the registry's too) and its
-        shares of the per-address budgets move there, checked as a new session's of that address would be
-        (_BadRequest TOO_MANY_REQUESTS past them: the session stays where it was)."""
+    def move_session(self, session: GrpcSession, remote_addr: str, peer: str) -> None:
+        """The session taken on by the connection ``peer`` from ``remote_addr``: its address (the registry's too),
+        its shares of the per-address budgets and its connection's session share move there, checked as a new
+        session's would be (_BadRequest TOO_MANY_REQUESTS past them: the session stays where it was)."""
+        if peer != session.peer and self._conn_sessions[peer] >= self.max_sessions_per_connection:
+            self._refuse("sessions_per_connection", "gRPC client %s (%s) refused: its connection holds %d sessions",
+                         echo(session.client_id), echo(remote_addr), self.max_sessions_per_connection)
+            raise _BadRequest(self.p.d.Code.TOO_MANY_REQUESTS, "too many client sessions on this connection")
         ip = ip_of(remote_addr)
         if ip != session.ip:
             table = self._ip_groups.get(ip) or {}
@@ -640,6 +644,12 @@ class GrpcEndpoint:
             session.ip = ip
             self._ip_sessions[ip] += 1
             self._account(session, groups, cost)  # ... and counted for the new one
+        if peer != session.peer:
+            self._conn_sessions[session.peer] -= 1
+            if self._conn_sessions[session.peer] <= 0:
+                del self._conn_sessions[session.peer]
+            session.peer = peer
+            self._conn_sessions[peer] += 1
         session.remote_addr = remote_addr
         self.broker.registry.open_channel(session, remote_addr)
 
@@ -1339,9 +1349,10 @@ class _Servicer:
             if stream.linger is not None:  # Settings again after a termination: a session again
                 stream.linger.cancel()
                 stream.linger = None
-            remote_addr = peer_address(context.peer())
-            if remote_addr != new.remote_addr:  # taken on by another connection: the session is at its address
-                ep.move_session(new, remote_addr)
+            peer = context.peer()
+            remote_addr = peer_address(peer)
+            if peer != new.peer or remote_addr != new.remote_addr:  # taken on by another connection: it is there
+                ep.move_session(new, remote_addr, peer)
             new.stream = stream
             return new
 

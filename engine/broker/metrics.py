@@ -176,8 +176,9 @@ def render(metrics: Metrics, connections: int, group_stats=None, *, max_group_se
                  "Heartbeats not recorded (served all the same), by reason; the loss is marked in the recording.",
                  [({"reason": r}, n) for r, n in sorted(recorder.dropped.items())])
         w.metric(p + "recorder_records_clipped_total", "counter",
-                 "Heartbeats recorded clipped (their first bytes, size and reason), by reason: undecodable, or past "
-                 "their connection's share (recordConnectionShareBytes).",
+                 "Heartbeats recorded clipped (their first bytes, size and reason), by reason: undecodable, past "
+                 "their connection's share (recordConnectionShareBytes), or past all connections' total "
+                 "(recordQueueBytes, queue_bytes).",
                  [({"reason": r}, n) for r, n in sorted(recorder.clipped.items())])
         w.metric(p + "recorder_queue_blocks", "gauge", "Blocks waiting for the recorder's writer thread.",
                  [({}, recorder.queued_blocks)])

@@ -134,9 +134,8 @@ _KIND_WORDS = {"recording": "a recording", "broker-log": "a broker log", "pcap":
 
 def mix_problem(kinds: Dict[str, List[Path]], subject: str = "the inputs mix") -> Optional[str]:
     """Why these kinds cannot be scanned together (one line naming the files and what to do), or None: broker
-    logs with captures are merged; a recording with a capture holds the same heartbeats twice; a recording with
-    broker logs is not merged (the recording's expiries are inferred as a capture's: a later merge could match
-    them as here)."""
+    logs with captures, or with one recording of the broker, are merged; a recording with a capture holds the same
+    heartbeats twice; several recordings are several brokers'."""
     if "recording" not in kinds or len(kinds) < 2:
         return None
 
@@ -149,10 +148,12 @@ def mix_problem(kinds: Dict[str, List[Path]], subject: str = "the inputs mix") -
         rest = ("the log and the capture together: rmqhb scan " + " ".join(
             str(f) for k in ("broker-log", "pcap") for f in kinds.get(k, [])[:2])) if "broker-log" in kinds else \
             "the capture alone"
-        return (f"{subject} input kinds ({found}): a recording and a capture of a broker hold the same heartbeats and are "
-                f"not scanned together; scan the recording alone, or {rest}")
-    return (f"{subject} input kinds ({found}): a recording and broker logs are not scanned together; scan the recording "
-            "and the logs apart (or the logs with a capture of the broker)")
+        return (f"{subject} input kinds ({found}): a recording and a capture of a broker hold the same heartbeats "
+                f"and are not scanned together; scan the recording alone, or {rest}")
+    if len(kinds["recording"]) > 1:
+        return (f"{subject} input kinds ({found}): broker logs are merged with one broker's recording; scan each "
+                "broker's recording and logs together, one broker at a time")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -231,8 +232,11 @@ def _by_key(log_rows: list, cap_rows: list, key, broker: str, prefer: str) -> li
 
 def merge_log_and_heartbeats(log: dict, cap: dict, broker: str) -> dict:
     """One findings dict (the log scan's format plus the capture's sections) of broker ``broker``'s log scan
-    (brokerlog.scan / scan_local with ``client_ids=True``) and capture scan (pcap.scan / scan_local with
-    ``client_ids=True``): see the module's docstring for which input gives what."""
+    (brokerlog.scan / scan_local with ``client_ids=True``) and its heartbeats' scan: a capture's (pcap.scan /
+    scan_local with ``client_ids=True``) or a recording's (spark.scan with ``client_ids=True``, scan_py.scan plus
+    ``_client_ids``; a recording sees no close: its expiries are inferred as a capture's). See the module's
+    docstring for which input gives what."""
+    source = "pcap" if "capture" in cap else "recording"
     out = {k: v for k, v in log.items() if not k.startswith("_")}
     vanished, _ = _vanished(log.get("vanished_clients", []), cap.get("vanished_clients", []), broker)
     out["expired_clients"], matched = _expiries(log.get("expired_clients", []), cap.get("expired_clients", []),
@@ -271,7 +275,8 @@ def merge_log_and_heartbeats(log: dict, cap: dict, broker: str) -> dict:
     unsupported = dict(log.get("unsupported") or {})
     unsupported.pop("heartbeat_gaps", None)  # the capture has every heartbeat
     out["unsupported"] = unsupported
-    out["capture"] = cap["capture"]
+    if "capture" in cap:
+        out["capture"] = cap["capture"]
     ls, cs = log["summary"], cap["summary"]
     ids_l, ids_c = set(log.get("_client_ids") or ()), set(cap.get("_client_ids") or ())
     firsts = [x for x in (ls.get("first_ms"), cs.get("first_ms")) if x is not None]
@@ -285,20 +290,29 @@ def merge_log_and_heartbeats(log: dict, cap: dict, broker: str) -> dict:
         if k in out:
             out["summary"][k] = len(out[k])
     lsc, csc = log.get("scan") or {}, cap.get("scan") or {}
-    out["scan"] = {"method": "broker-log+pcap",
+    out["scan"] = {"method": f"broker-log+{source}",
                    "torn_tails": list(lsc.get("torn_tails") or []) + list(csc.get("torn_tails") or []),
                    "corrupt": list(lsc.get("corrupt") or []) + list(csc.get("corrupt") or []),
                    "data_loss": list(csc.get("data_loss") or []), "not_captured": list(csc.get("not_captured") or []),
-                   "log": lsc, "capture": csc}
+                   "log": lsc, "capture" if source == "pcap" else "recording": csc}
     out["merged"] = {
-        "broker": broker, "inputs": {"broker-log": log["log"]["files"],
-                                     "pcap": [f for c in cap["capture"]["captures"] for f in c["files"]]},
-        "sources": dict(SOURCES),
-        "log_events": ls["records"], "capture_heartbeats": cs["records"],
-        "clients": {"both": len(ids_l & ids_c), "log_only": len(ids_l - ids_c), "capture_only": len(ids_c - ids_l)},
+        "broker": broker, "heartbeats_from": source,
+        "inputs": {"broker-log": log["log"]["files"],
+                   source: [f for c in cap["capture"]["captures"] for f in c["files"]] if source == "pcap"
+                   else [str(cap.get("_directory", ""))]},
+        "sources": {k: v.replace("capture", source) for k, v in SOURCES.items()},
+        "log_events": ls["records"], "heartbeats": cs["records"],
+        "clients": {"both": len(ids_l & ids_c), "log_only": len(ids_l - ids_c), "heartbeats_only": len(ids_c - ids_l)},
         "expiries": {"both": matched, "log_only": sum(r["source"] == "log" for r in out["expired_clients"]),
-                     "capture_only": sum(r["source"] == "capture" for r in out["expired_clients"])},
+                     "heartbeats_only": sum(r["source"] == "capture" for r in out["expired_clients"])},
     }
+    if source == "recording":  # the rows say which input they come from
+        for k in ("expired_clients", "heartbeat_gaps", "flapping_clients", "member_addresses", "group_sizes",
+                  "vanished_clients", "inconsistent_subscriptions"):
+            for r in out[k]:
+                for f in ("source", "source_input"):
+                    if f in r:
+                        r[f] = r[f].replace("capture", "recording")
     return out
 
 
@@ -308,6 +322,26 @@ def _vanished(log_rows: list, cap_rows: list, broker: str) -> Tuple[list, int]:
     rows = _by_key(log_rows, cap_rows, lambda r: r["addr"], broker, "log")
     rows.sort(key=lambda r: (r["ended_ms"], r["addr"]))
     return rows, len(rows)
+
+
+def recording_client_ids(directory) -> List[str]:
+    """The distinct client ids of a recording's heartbeats (each distinct body decoded once), as the Spark scan's
+    ``client_ids=True`` lists them."""
+    from engine import decode_heartbeat
+    from engine.recording.recorder import iter_records
+
+    ids, seen = set(), set()
+    for r in iter_records(directory):
+        if r.body in seen:
+            continue
+        seen.add(r.body)
+        try:
+            cid = decode_heartbeat(r.body).client_id
+        except ValueError:
+            continue
+        if cid is not None:
+            ids.add(cid)
+    return sorted(ids)
 
 
 def route(argv) -> Tuple[list, bool, Optional[str]]:
@@ -358,9 +392,10 @@ def route(argv) -> Tuple[list, bool, Optional[str]]:
 
 
 def scan_main(argv) -> int:
-    """`rmqhb scan LOG... CAPTURE... --out REPORT_DIR [--log-tz ZONE]`: one broker's logs and captures as one
-    timeline (merge_log_and_heartbeats), on the engine scan_engine chooses (their bytes together). Exit statuses
-    as the log and capture scans'; 2 inputs that cannot be merged (one line: MergeRefused)."""
+    """`rmqhb scan LOG... CAPTURE|RECORDING --out REPORT_DIR [--log-tz ZONE]`: one broker's logs and its captures
+    (or its recording) as one timeline (merge_log_and_heartbeats), on the engine scan_engine chooses (their bytes
+    together; a recording's records too). Exit statuses as the log and capture scans'; 2 inputs that cannot be
+    merged (one line: MergeRefused)."""
     import argparse
     import sys
 
@@ -369,12 +404,14 @@ def scan_main(argv) -> int:
     from . import brokerlog as bl
     from . import pcap
     from .report import damage_line, print_summary, write_report
-    from .scan_engine import (EngineError, add_arguments, choose_engine, local_capture_scan, local_log_scan,
-                              run_scan, total_bytes, LOCAL_MAX_BYTES, _files)
+    from . import segments as seg
+    from .scan_engine import (LOCAL_MAX_BYTES, LOCAL_MAX_RECORDS, EngineError, _files, add_arguments, choose_engine,
+                              local_capture_scan, local_log_scan, local_recording_scan, run_scan, total_bytes)
 
     d = ScanParams()
     p = argparse.ArgumentParser(prog="rmqhb scan", description=scan_main.__doc__)
-    p.add_argument("paths", nargs="+", type=Path, help="broker logs and captures of one broker (files, directories)")
+    p.add_argument("paths", nargs="+", type=Path,
+                   help="one broker's logs and its captures or its recording (files, directories)")
     p.add_argument("--out", type=Path, required=True, help="report directory (created)")
     p.add_argument("--log-tz", default=None, help="zone of the logs' wall-clock times (the captures' are UTC)")
     p.add_argument("--master", default=None)
@@ -401,7 +438,10 @@ def scan_main(argv) -> int:
         problem = mix_problem(kinds, f"{args.paths[0]} mixes" if len(args.paths) == 1 else "the inputs mix")
         if problem:
             raise MergeRefused(problem)
-        logs, caps = kinds.get("broker-log", []), kinds.get("pcap", [])
+        logs, caps, recs = kinds.get("broker-log", []), kinds.get("pcap", []), kinds.get("recording", [])
+        rec_plan = seg.plan_splits(recs[0], seg.DEFAULT_SPLIT_RECORDS) if recs else None
+        if rec_plan is not None and rec_plan.segments == 0:
+            raise MergeRefused(f"no recording in {recs[0]} (no *.seg segment files)")
         plan = bl.plan_files(logs)
         brokers = sorted({b for b, _, _ in plan})
         if len(brokers) != 1:
@@ -423,11 +463,17 @@ def scan_main(argv) -> int:
     size = total_bytes(files)
     try:
         engine = choose_engine(args.engine, master=args.master, brokers=1, size=size, limit=LOCAL_MAX_BYTES)
+        if rec_plan is not None and args.engine == "auto" and engine[0] == "local" \
+                and rec_plan.n_records > LOCAL_MAX_RECORDS:
+            engine = ("spark", f"a recording of {rec_plan.n_records:,} records, more than the in-process limit of "
+                               f"{LOCAL_MAX_RECORDS:,}")
     except EngineError as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)
         return 2
-    what = f"{_files(len(plan), 'broker log', total_bytes(f for _, f, _ in plan))} and " \
-           f"{_files(len(files) - len(plan), 'capture', size - total_bytes(f for _, f, _ in plan))} of {broker}"
+    logged = total_bytes(f for _, f, _ in plan)
+    what = f"{_files(len(plan), 'broker log', logged)} and " + (
+        f"{_files(len(files) - len(plan), 'capture', size - logged)}" if rec_plan is None else
+        f"a recording ({rec_plan.segments} segments)") + f" of {broker}"
     native = False if args.twin else None
     log_kw = dict(log_tz=args.log_tz, native=native, max_line_bytes=args.max_line_bytes, client_ids=True)
     cap_kw = dict(native=native, ports=args.port or None, shards=args.shards, client_ids=True)
@@ -445,24 +491,37 @@ def scan_main(argv) -> int:
             raise MergeRefused(problem)
         return merge_log_and_heartbeats(log, cap, broker)
 
+    def spark_heartbeats(spark):
+        if rec_plan is None:
+            return pcap.scan(spark, caps, params, **cap_kw)
+        from .spark import scan as recording_scan
+
+        return {**recording_scan(spark, rec_plan.directory, params, plan=rec_plan, client_ids=True),
+                "_directory": str(rec_plan.directory)}
+
+    def local_heartbeats():
+        if rec_plan is None:
+            return local_capture_scan(caps, params, **cap_kw)
+        return {**local_recording_scan(rec_plan, params), "_client_ids": recording_client_ids(rec_plan.directory),
+                "_directory": str(rec_plan.directory)}
+
     try:
         findings = run_scan(
             args, engine=engine, what=what, app="rmqhb-scan-merged",
-            spark_scan=lambda spark: merged(bl.scan(spark, logs, params, **log_kw),
-                                            pcap.scan(spark, caps, params, **cap_kw)),
-            local_scan=lambda: merged(local_log_scan(logs, params, **log_kw),
-                                      local_capture_scan(caps, params, **cap_kw)),
-            count=lambda f: (f["log"]["lines"] + f["capture"]["stats"]["packets"], "lines and packets"))
+            spark_scan=lambda spark: merged(bl.scan(spark, logs, params, **log_kw), spark_heartbeats(spark)),
+            local_scan=lambda: merged(local_log_scan(logs, params, **log_kw), local_heartbeats()),
+            count=lambda f: (f["log"]["lines"] + f["merged"]["heartbeats"], "log lines and heartbeats"))
     except MergeRefused as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)
         return 2
     index = write_report(findings, args.out, plots=not args.no_plots)
     print_summary(findings, sys.stdout)
     m = findings["merged"]
-    print(f"merged {broker}'s broker log ({m['log_events']:,} events) and capture ({m['capture_heartbeats']:,} "
+    other = "capture" if m["heartbeats_from"] == "pcap" else "recording"
+    print(f"merged {broker}'s broker log ({m['log_events']:,} events) and {other} ({m['heartbeats']:,} "
           f"heartbeats): clients {m['clients']['both']} in both, {m['clients']['log_only']} only in the log, "
-          f"{m['clients']['capture_only']} only in the capture; expiries {m['expiries']['both']} in both, "
-          f"{m['expiries']['log_only']} only in the log, {m['expiries']['capture_only']} only in the capture",
+          f"{m['clients']['heartbeats_only']} only in the {other}; expiries {m['expiries']['both']} in both, "
+          f"{m['expiries']['log_only']} only in the log, {m['expiries']['heartbeats_only']} only in the {other}",
           file=sys.stdout)
     log = findings["log"]
     print(f"broker logs: {log['lines']:,} lines in {len(log['files'])} files, zone {log['log_tz']} "

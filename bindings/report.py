@@ -1448,9 +1448,10 @@ def write_html(findings: dict, out: "ReportFiles", csvs: List[str], plots: List[
     unsupported = findings.get("unsupported") or {}
     merged = findings.get("merged")  # a broker's log and its capture as one timeline (engine.bindings.merge)
     if merged:
-        kind = "a broker log and a packet capture of one broker"
+        other = "packet capture" if merged["heartbeats_from"] == "pcap" else "heartbeat recording"
+        kind = f"a broker log and a {other} of one broker"
         what = (f"{merged['log_events']:,} client-management events from {log['lines']:,} broker-log lines and "
-                f"{merged['capture_heartbeats']:,} captured heartbeats about {s['clients']:,} clients of "
+                f"{merged['heartbeats']:,} heartbeats of the {other} about {s['clients']:,} clients of "
                 f"{e(merged['broker'])}, {e(utc(s['first_ms']))} to {e(utc(s['last_ms']))} UTC (log zone "
                 f"{e(str(log['log_tz']))}).")
     elif log:
@@ -1567,10 +1568,10 @@ def write_html(findings: dict, out: "ReportFiles", csvs: List[str], plots: List[
     if merged:
         parts.append("<h2>Two inputs, one timeline</h2><p>Every event once: "
                      f"clients {merged['clients']['both']} seen in both inputs, {merged['clients']['log_only']} "
-                     f"only in the log, {merged['clients']['capture_only']} only in the capture; expiries "
-                     f"{merged['expiries']['both']} in both (the log's time and cause, the capture's connection "
+                     f"only in the log, {merged['clients']['heartbeats_only']} only in the {other}; expiries "
+                     f"{merged['expiries']['both']} in both (the log's time and cause, the {other}'s connection "
                      f"times), {merged['expiries']['log_only']} only in the log, "
-                     f"{merged['expiries']['capture_only']} only in the capture (cause inferred).</p>")
+                     f"{merged['expiries']['heartbeats_only']} only in the {other} (cause inferred).</p>")
         parts.append(_table(["finding", "from"], [[k, v] for k, v in merged["sources"].items()]))
     if log:
         parts += _log_section(findings)
@@ -1742,8 +1743,8 @@ def print_summary(findings: dict, file) -> None:
     what = ("client-management events", "unparseable lines") if log else ("heartbeats", "undecodable")
     merged = findings.get("merged")  # a broker's log and its capture (engine.bindings.merge)
     if merged:
-        what = (f"broker-log events and capture heartbeats ({merged['log_events']:,} + "
-                f"{merged['capture_heartbeats']:,})", "unreadable lines or bodies")
+        what = (f"broker-log events and heartbeats ({merged['log_events']:,} + {merged['heartbeats']:,})",
+                "unreadable lines or bodies")
     print(f"{s['records']:,} {what[0]} from {s['clients']:,} clients ({s['bad_bodies']:,} {what[1]}), "
           f"{utc(s['first_ms'])} .. {utc(s['last_ms'])} UTC", file=file)
     scan = findings.get("scan") or {}

@@ -37,6 +37,26 @@ def run(java_run, tmp_path_factory):  # noqa: F811
     return logs / "broker.log", cap, d_addr
 
 
+def _recording_scans(log, rec, spark=None):
+    """(log findings, recording findings, merged) of the run's log and its recording, as `rmqhb scan` runs them."""
+    from engine.bindings import merge
+    from engine.bindings import segments as seg
+    from engine.bindings.scan_engine import local_log_scan, local_recording_scan
+
+    plan = seg.plan_splits(rec)
+    if spark is None:
+        lf = local_log_scan([log], PARAMS, log_tz="+08:00", client_ids=True)
+        rf = {**local_recording_scan(plan, PARAMS), "_client_ids": merge.recording_client_ids(rec),
+              "_directory": str(rec)}
+    else:
+        from engine.bindings import brokerlog
+        from engine.bindings.spark import scan
+
+        lf = brokerlog.scan(spark, [log], PARAMS, log_tz="+08:00", client_ids=True)
+        rf = {**scan(spark, rec, PARAMS, plan=plan, client_ids=True), "_directory": str(rec)}
+    return lf, rf, merge.merge_log_and_heartbeats(lf, rf, "broker-a")
+
+
 def _scans(log, cap, spark=None):
     from engine.bindings import brokerlog, merge, pcap
 
@@ -87,12 +107,27 @@ def test_a_log_and_its_capture_are_one_timeline(run):
     assert [r["client_id"] for r in m["vanished_clients"]] == ["127.0.0.1@Driver-C"]
     assert m["heartbeat_gaps"] == [{**cf["heartbeat_gaps"][0], "broker": "broker-a", "source": "capture"}]
     assert "heartbeat_gaps" not in m["unsupported"]
-    assert m["summary"]["clients"] == 4 and m["merged"]["clients"] == {"both": 4, "log_only": 0, "capture_only": 0}
-    assert m["merged"]["expiries"] == {"both": 1, "log_only": 0, "capture_only": 0}
+    assert m["summary"]["clients"] == 4 and m["merged"]["clients"] == {"both": 4, "log_only": 0, "heartbeats_only": 0}
+    assert m["merged"]["expiries"] == {"both": 1, "log_only": 0, "heartbeats_only": 0}
     assert m["summary"]["records"] == lf["summary"]["records"] + cf["summary"]["records"]
     assert m["summary"]["expired_clients"] == 1 and m["summary"]["heartbeat_gaps"] == 1
     assert m["group_sizes"] == [{**r, "source": "log"} for r in lf["group_sizes"]]
     assert m["broker_boots"] == lf["broker_boots"] and m["capture"] == cf["capture"] and m["log"] == lf["log"]
+
+
+def test_a_log_and_the_recording_of_one_run_are_one_timeline(run, java_run):  # noqa: F811
+    """This broker's recording and its Java-format log (the pair test_java_log_format compares): as with the
+    capture, D's expiry once (the log's time and cause, the recording's connection times), C's kill from the log
+    (the recording, heartbeats only, cannot see it), D's gap from the recording, four clients."""
+    log, _, d_addr = run
+    lf, rf, m = _recording_scans(log, java_run[0])
+    [x] = m["expired_clients"]
+    assert (x["addr"], x["cause"], x["source"]) == (d_addr, "scan", "recording+log")
+    assert x["connected_ms"] == rf["expired_clients"][0]["connected_ms"]
+    assert [r["client_id"] for r in m["vanished_clients"]] == ["127.0.0.1@Driver-C"]
+    assert [(r["client_id"], r["source"]) for r in m["heartbeat_gaps"]] == [("127.0.0.1@Driver-D", "recording")]
+    assert m["summary"]["clients"] == 4 and "capture" not in m and m["merged"]["heartbeats_from"] == "recording"
+    assert m["merged"]["expiries"] == {"both": 1, "log_only": 0, "heartbeats_only": 0}
 
 
 def test_an_expiry_whose_scan_line_the_log_lost_keeps_the_captures_inference(run, tmp_path):
@@ -108,7 +143,7 @@ def test_an_expiry_whose_scan_line_the_log_lost_keeps_the_captures_inference(run
     [x] = m["expired_clients"]
     assert (x["addr"], x["cause"], x["source"]) == (d_addr, "inferred", "capture")
     assert [r["client_id"] for r in m["vanished_clients"]] == ["127.0.0.1@Driver-C"]
-    assert m["merged"]["expiries"] == {"both": 0, "log_only": 0, "capture_only": 1}
+    assert m["merged"]["expiries"] == {"both": 0, "log_only": 0, "heartbeats_only": 1}
 
 
 def _cli(argv, capsys):
@@ -148,7 +183,7 @@ def test_log_tz_with_only_a_capture_is_ignored_with_one_line(run, tmp_path, caps
 def test_mixed_directories(run, java_run, tmp_path, capsys):  # noqa: F811
     """A directory of a broker log and a capture is scanned whole (the log's zone given); with a recording too it
     is refused with one line naming the files and what to do (a recording and a capture hold the same
-    heartbeats); a recording with a log alone likewise."""
+    heartbeats); a recording with its broker's log is scanned whole again."""
     log, cap, _ = run
     rec = java_run[0]
     d = tmp_path / "broker-a"
@@ -165,9 +200,14 @@ def test_mixed_directories(run, java_run, tmp_path, capsys):  # noqa: F811
     status, out, err = _cli([d, "--out", tmp_path / "r2", *OPTIONS], capsys)
     assert status == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "r2").exists()
     assert "a recording" in err and "tcpdump.out" in err and "broker.log" in err and "same heartbeats" in err
-    (d / "tcpdump.out").unlink()
-    status, out, err = _cli([d, "--out", tmp_path / "r2", *OPTIONS], capsys)
-    assert status == 2 and len(err.strip().splitlines()) == 1 and "not scanned together" in err
+    (d / "tcpdump.out").unlink()  # the recording and the log of one run: one timeline as with a capture
+    status, out, err = _cli([d, "--log-tz", "+08:00", "--out", tmp_path / "r3", "--engine", "local", *OPTIONS],
+                            capsys)
+    assert status == 0, err
+    f = json.loads((tmp_path / "r3" / "findings.json").read_text())
+    assert f["merged"]["heartbeats_from"] == "recording" and f["scan"]["method"] == "broker-log+recording"
+    assert f["merged"]["expiries"] == {"both": 1, "log_only": 0, "heartbeats_only": 0}
+    assert "merged broker-a's broker log" in out and "only in the recording" in out
 
 
 def test_a_log_and_a_capture_of_two_brokers_are_refused(run):
@@ -195,6 +235,25 @@ def test_spark_merged_scan_is_the_local_one(spark, run):
     def comparable(f):
         f = without_engine_fields(f)
         for k in ("log", "capture"):
+            f["scan"][k] = {x: v for x, v in f["scan"][k].items() if x not in ENGINE_FIELDS}
+        return f
+
+    assert comparable(on_spark) == comparable(local)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_spark_merged_recording_scan_is_the_local_one(spark, run, java_run):  # noqa: F811
+    """The log and the recording on Spark: the local merge's findings (scan timings aside)."""
+    require_module("pyspark")
+    from engine.bindings.scan_engine import ENGINE_FIELDS, without_engine_fields
+
+    log, _, _ = run
+    on_spark, local = _recording_scans(log, java_run[0], spark)[2], _recording_scans(log, java_run[0])[2]
+
+    def comparable(f):
+        f = without_engine_fields(f)
+        for k in ("log", "recording"):
             f["scan"][k] = {x: v for x, v in f["scan"][k].items() if x not in ENGINE_FIELDS}
         return f
 

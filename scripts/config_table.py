@@ -1,8 +1,8 @@
-"""The README's broker configuration table, made from engine.broker.config.BrokerConfig (its fields, defaults and comments).
+"""The broker configuration table of docs/configuration.md, made from engine.broker.config.BrokerConfig (its fields, defaults and comments).
 
     python scripts/config_table.py            # print the table
-    python scripts/config_table.py --write    # replace the table between the README's markers
-    python scripts/config_table.py --check    # exit 1 if the README's table is not the current one (a test runs it)
+    python scripts/config_table.py --write    # replace the table between docs/configuration.md's markers
+    python scripts/config_table.py --check    # exit 1 if docs/configuration.md's table is not the current one (a test runs it)
 """
 from __future__ import annotations
 
@@ -67,21 +67,22 @@ def table() -> str:
 
 
 def main(argv) -> int:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
+    page = ROOT / "docs" / "configuration.md"
+    text = page.read_text()
     if BEGIN not in text or END not in text:
-        print("README.md has no config-table markers", file=sys.stderr)
+        print("docs/configuration.md has no config-table markers", file=sys.stderr)
         return 1
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     new = f"{head}{BEGIN}\n{table()}\n{END}{tail}"
     if "--check" in argv:
         if new != text:
-            print("README.md's config table is stale: run python scripts/config_table.py --write", file=sys.stderr)
+            print("docs/configuration.md's config table is stale: run python scripts/config_table.py --write",
+                  file=sys.stderr)
             return 1
         return 0
     if "--write" in argv:
-        readme.write_text(new)
+        page.write_text(new)
         return 0
     print(table())
     return 0

@@ -74,10 +74,10 @@ class BrokerConfig:
     #: a connection with no traffic this long is closed
     server_channel_max_idle_time_seconds: int = 120
     # -- client management (BrokerConfig) --
-    #: engine: 4 = the seeds' RocketMQ 4.9.x client-management rules (a consumer whose group has no config is
+    #: engine: 4 = Apache RocketMQ 4.9.8's client-management rules (a consumer whose group has no config is
     #: registered, BROADCASTING groups are notified, no heartbeat V2 and no ext fields in its answer); 5 = RocketMQ
     #: 5.1.3+ rules (such a consumer is answered SUCCESS and not registered, no CHANGE for BROADCASTING, heartbeat
-    #: V2). README: conformance table
+    #: V2). docs/conformance.md
     client_management_rules: int = 4
     #: a client silent this long (ms) is removed by the expiry scan (every 10 s)
     channel_expired_timeout: int = 120_000
@@ -101,8 +101,8 @@ class BrokerConfig:
     #: engine: `java` = the log lines of `rmqhb serve` as 4.9.8's logback_broker.xml writes broker.log,
     #: `yyyy-MM-dd HH:mm:ss LEVEL THREAD - message` (whole seconds, GMT+8 whatever the machine's zone, the Java
     #: thread that would write it: HeartbeatThread_N, ClientManageThread_N, NettyEventExecutor...), for tools made
-    #: for a Java broker's log; `rmqhb` = milliseconds, the local zone and the logger's name. README: Java's
-    #: client-management log lines
+    #: for a Java broker's log; `rmqhb` = milliseconds, the local zone and the logger's name. docs/configuration.md:
+    #: Java's client-management log lines
     log_format: str = "rmqhb"
     #: engine: directory where `rmqhb serve` also writes `broker.log` in the `logFormat` (Java's is
     #: `~/logs/rocketmqlogs`), rolled as logback's broker appender rolls it: at 128 MiB into

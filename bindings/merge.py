@@ -238,7 +238,7 @@ def merge_log_and_heartbeats(log: dict, cap: dict, broker: str) -> dict:
     docstring for which input gives what."""
     source = "pcap" if "capture" in cap else "recording"
     out = {k: v for k, v in log.items() if not k.startswith("_")}
-    vanished, _ = _vanished(log.get("vanished_clients", []), cap.get("vanished_clients", []), broker)
+    vanished = _vanished(log.get("vanished_clients", []), cap.get("vanished_clients", []), broker)
     out["expired_clients"], matched = _expiries(log.get("expired_clients", []), cap.get("expired_clients", []),
                                                 {r["addr"]: r["ended_ms"] for r in vanished}, broker)
     # a connection the log saw end without an unregister after the capture's expiry of it: the broker closing the
@@ -300,7 +300,7 @@ def merge_log_and_heartbeats(log: dict, cap: dict, broker: str) -> dict:
         "inputs": {"broker-log": log["log"]["files"],
                    source: [f for c in cap["capture"]["captures"] for f in c["files"]] if source == "pcap"
                    else [str(cap.get("_directory", ""))]},
-        "sources": {k: v.replace("capture", source) for k, v in SOURCES.items()},
+        "sources": {k: v if source == "pcap" else v.replace("capture", "recording") for k, v in SOURCES.items()},
         "log_events": ls["records"], "heartbeats": cs["records"],
         "clients": {"both": len(ids_l & ids_c), "log_only": len(ids_l - ids_c), "heartbeats_only": len(ids_c - ids_l)},
         "expiries": {"both": matched, "log_only": sum(r["source"] == "log" for r in out["expired_clients"]),
@@ -316,12 +316,12 @@ def merge_log_and_heartbeats(log: dict, cap: dict, broker: str) -> dict:
     return out
 
 
-def _vanished(log_rows: list, cap_rows: list, broker: str) -> Tuple[list, int]:
+def _vanished(log_rows: list, cap_rows: list, broker: str) -> list:
     """One row per connection (address) that ended without an unregister: the log's (it names the groups the
     broker removed it from), the capture's where the log has none."""
     rows = _by_key(log_rows, cap_rows, lambda r: r["addr"], broker, "log")
     rows.sort(key=lambda r: (r["ended_ms"], r["addr"]))
-    return rows, len(rows)
+    return rows
 
 
 def recording_client_ids(directory) -> List[str]:

@@ -299,3 +299,19 @@ def test_a_connection_the_log_saw_end_decides_against_the_captures_inference(run
     assert sorted((r["client_id"], r["cause"]) for r in m["expired_clients"]) == [
         ("127.0.0.1@Driver-C", "inferred"), ("127.0.0.1@Driver-D", "scan")]
     assert m["vanished_clients"] == []
+
+
+def test_the_merged_findings_say_which_input_gave_what(run, java_run):  # noqa: F811
+    """findings.json ``merged.sources`` names the capture or the recording, and every row its input."""
+    from engine.bindings.merge import SOURCES
+
+    log, cap, _ = run
+    m = _scans(log, cap)[2]
+    assert m["merged"]["sources"] == SOURCES and m["merged"]["heartbeats_from"] == "pcap"
+    r = _recording_scans(log, java_run[0])[2]
+    assert "recording" in r["merged"]["sources"]["heartbeat_gaps"]
+    assert not any("capture" in v for v in r["merged"]["sources"].values())
+    for f, words in ((m, {"capture", "log", "capture+log"}), (r, {"recording", "log", "recording+log"})):
+        got = {x["source"] for k in ("expired_clients", "heartbeat_gaps", "vanished_clients", "group_sizes")
+               for x in f[k]}
+        assert got and got <= words, got

@@ -24,6 +24,7 @@ without names: such combinations are refused with one line (``MergeRefused``), n
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import zlib
 from pathlib import Path
@@ -189,7 +190,8 @@ def _expiries(log_rows: list, cap_rows: list, vanished: Dict[str, int], broker: 
     for lr in log_rows:
         match = None
         for cr in by_addr.get(lr["addr"], []):
-            if id(cr) not in used and cr["connected_ms"] - 1000 <= lr["expired_ms"] <= cr["expired_ms"] + EXPIRY_MATCH_MS:
+            if id(cr) not in used and \
+                    cr["connected_ms"] - 1000 <= lr["expired_ms"] <= cr["expired_ms"] + EXPIRY_MATCH_MS:
                 match = cr
                 break
         if match is None:
@@ -268,7 +270,8 @@ def merge_log_and_heartbeats(log: dict, cap: dict, broker: str) -> dict:
     # group sizes: the broker's own table (the log) per group; a group the log never named keeps the capture's
     logged = {(r["group"], r["role"]) for r in log["group_sizes"]}
     out["group_sizes"] = [{**r, "source": "log"} for r in log["group_sizes"]] + [
-        {**r, "broker": broker, "source": "capture"} for r in cap["group_sizes"] if (r["group"], r["role"]) not in logged]
+        {**r, "broker": broker, "source": "capture"} for r in cap["group_sizes"]
+        if (r["group"], r["role"]) not in logged]
     out["group_sizes"].sort(key=lambda r: (r["group"], r["role"]))
     boots = list(log.get("broker_boots", []))
     out["broker_boots"] = boots or [{**r, "broker": broker} for r in cap.get("broker_boots", [])]
@@ -330,11 +333,12 @@ def recording_client_ids(directory) -> List[str]:
     from engine import decode_heartbeat
     from engine.recording.recorder import iter_records
 
-    ids, seen = set(), set()
+    ids, seen = set(), set()  # seen: 16-byte digests of the bodies decoded (a client repeats its body)
     for r in iter_records(directory):
-        if r.body in seen:
+        digest = hashlib.blake2b(r.body, digest_size=16).digest()
+        if digest in seen:
             continue
-        seen.add(r.body)
+        seen.add(digest)
         try:
             cid = decode_heartbeat(r.body).client_id
         except ValueError:
@@ -485,7 +489,8 @@ def scan_main(argv) -> int:
             raise MergeRefused(
                 f"the log lines' own timestamps imply UTC{off / 60:+g}, not the zone in use "
                 f"(UTC{zc['log_tz_offset_min'] / 60:+g}, {log['log']['log_tz_source']}): its events would not line "
-                f"up with the capture's; give --log-tz {'+' if off >= 0 else '-'}{abs(off) // 60:02d}:{abs(off) % 60:02d}")
+                f"up with the capture's; give --log-tz "
+                f"{'+' if off >= 0 else '-'}{abs(off) // 60:02d}:{abs(off) % 60:02d}")
         problem = same_broker_problem(log, cap)
         if problem:
             raise MergeRefused(problem)

@@ -4,6 +4,7 @@ import json
 import logging
 import queue
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -48,6 +49,18 @@ def wait_until(fn, timeout=20.0):
 
 #: topics the tests route: a gRPC route query creates no topic (it answers TOPIC_NOT_FOUND, as the proxy)
 TOPICS = ("TopicC", "TopicD", "TopicS", "TopicX", "StillServing", "TopicCapture", "TopicHook")
+
+
+_make_config = make_config
+
+
+@pytest.fixture(autouse=True, params=["grpcio", "native"])
+def grpc_transport(request, monkeypatch):
+    """Every test on both transports of the gRPC port (grpcTransport): grpcio's and engine.http2's (issue 30);
+    the brokers of this module are made with make_config."""
+    monkeypatch.setattr(sys.modules[__name__], "make_config",
+                        lambda tmp_path, **kw: _make_config(tmp_path, **{"grpc_transport": request.param, **kw}))
+    return request.param
 
 
 @pytest.fixture

@@ -225,6 +225,9 @@ class BrokerConfig:
     #: engine: port of the gRPC endpoint of RocketMQ 5.x clients (the proxy's grpcServerPort; needs the grpc extra);
     #: 0 = off
     grpc_server_port: int = 0
+    #: engine: the gRPC port's transport: "grpcio" (grpc.aio, the reference) or "native" (engine.http2: HTTP/2 and
+    #: gRPC on the broker's own loop, no grpc threads)
+    grpc_transport: str = "grpcio"
     #: engine: gRPC client sessions (5.x client ids) at most; past it a new client's Telemetry stream ends
     #: RESOURCE_EXHAUSTED
     grpc_max_sessions: int = 100_000
@@ -373,6 +376,8 @@ class BrokerConfig:
                               "clientManagementRules=5")
         if self.log_format not in ("rmqhb", "java"):
             raise ConfigError(f"logFormat must be rmqhb or java, not {echo(self.log_format)}")
+        if self.grpc_transport not in ("grpcio", "native"):
+            raise ConfigError(f"grpcTransport must be grpcio or native, not {echo(self.grpc_transport)}")
         if self.broker_role not in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"):
             raise ConfigError(f"brokerRole must be ASYNC_MASTER, SYNC_MASTER or SLAVE, not {echo(self.broker_role)}")
         if self.broker_role in ("ASYNC_MASTER", "SYNC_MASTER"):

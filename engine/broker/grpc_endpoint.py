@@ -320,6 +320,8 @@ class GrpcEndpoint:
         from engine.broker.server import listener_budget
 
         self.max_connections = listener_budget(self.broker.config)["grpc"]
+        if getattr(self.broker.config, "grpc_transport", "grpcio") == "native":  # issue 30: engine.http2
+            return await self._start_native()
         others = channelz_server_ids()  # the gRPC servers before this one (its open connections: channelz)
         options = [
             ("grpc.so_reuseport", 0),  # a port in use fails the start (grpc's default would share it)
@@ -370,6 +372,28 @@ class GrpcEndpoint:
                 metrics.listener_open["grpc"] = lambda: channelz_connections(sid)
         self._load_sessions()
         log.info("gRPC endpoint (RocketMQ 5.x clients) listening on %s:%d", host, bound)
+        return bound
+
+    async def _start_native(self) -> int:
+        """grpcTransport=native: engine.http2's server on this loop, the same _Servicer (Heartbeat with bytes in
+        and out); its accepts within this port's share of maxConnections (connections_refused_total{grpc})."""
+        from engine.http2.server import H2Server
+
+        server = H2Server(self, _Servicer(self), SERVICE)
+        host = self.host or "0.0.0.0"
+        try:
+            bound = await server.start(self.host or None, self.port)
+        except OSError as e:
+            raise GrpcEndpointError(f"grpcServerPort {self.port}: cannot bind {host}:{self.port}: "
+                                    f"{_short(e.strerror or e, 80)}") from None
+        self._server = server
+        self.bound_port = bound
+        metrics = getattr(self.broker, "metrics", None)
+        if metrics is not None and hasattr(metrics, "listener_limits"):
+            metrics.listener_limits["grpc"] = self.max_connections
+            metrics.listener_open["grpc"] = lambda: len(server.connections)
+        self._load_sessions()
+        log.info("gRPC endpoint (RocketMQ 5.x clients, native HTTP/2) listening on %s:%d", host, bound)
         return bound
 
     async def stop(self, grace: float = 1.0) -> None:

@@ -153,7 +153,7 @@ def usage() -> str:
     lines = ["usage: rmqhb COMMAND [args]   (rmqhb COMMAND -h: the command's options)", "", "commands:"]
     lines += [f"  {name:<{width}}  {SUMMARIES[name]}" for name in COMMANDS]
     lines += ["", "--debug (any command): show the whole error (Python and Java stacks) on a failure",
-              "exit status: 0 done; 2 a bad command line (serve: mqbroker's 255); 130 interrupted (Ctrl-C); "
+              "exit status: 0 done; 2 a bad command line (serve: mqbroker's 253 / 255); 130 interrupted (Ctrl-C); "
               "the others: rmqhb COMMAND -h"]
     return "\n".join(lines)
 

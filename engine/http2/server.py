@@ -306,7 +306,7 @@ class _Call:
     __slots__ = ("sid", "conn", "method", "headers", "metadata", "deadline", "partial", "need", "inbox",
                  "held", "waiter", "send_window", "recv_window", "pending", "pending_size", "trailers",
                  "headers_sent", "remote_closed", "closed", "task", "status", "encoding", "timer", "started",
-                 "messages", "length")
+                 "messages", "length", "coro")
 
     def __init__(self, sid, conn, method, headers, send_window):
         self.sid = sid
@@ -331,6 +331,7 @@ class _Call:
         self.remote_closed = False
         self.closed = False
         self.task = None
+        self.coro = None  # the handler while its task has not started
         self.status = None  # (code, message) set by abort
         self.encoding = None
         self.timer = None
@@ -847,12 +848,14 @@ class H2Connection(asyncio.Protocol):
         except Exception:
             self.server.ep.internal_error("native gRPC call")
             return self._finish(call, (_UNKNOWN, "Unexpected error"))
+        call.coro = coro
         call.task = self.loop.create_task(self._rest(call, coro, yielded))
         if call.deadline is not None:
             call.timer = self.loop.call_at(self.loop.time() + max(0.0, call.deadline - time.monotonic()),
                                            self._deadline, call)
 
     async def _rest(self, call, coro, yielded):
+        call.coro = None  # started: a cancellation reaches the handler through _resume
         try:
             result = await _resume(coro, yielded)
         except asyncio.CancelledError:
@@ -980,6 +983,13 @@ class H2Connection(asyncio.Protocol):
         task = call.task
         if task is not None and not task.done() and task is not asyncio.current_task():
             task.cancel()
+            coro, call.coro = call.coro, None
+            if coro is not None:  # its task never ran: the handler is told here (its finally blocks run)
+                try:
+                    coro.throw(asyncio.CancelledError())
+                except BaseException:  # noqa: B902 - the cancellation (or the handler's end)
+                    pass
+                coro.close()
         if self.going_away and not self.streams and not self.closed and self._out is None \
                 and self.server.stopping:
             self.closed = True

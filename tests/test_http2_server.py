@@ -1,0 +1,342 @@
+"""The native gRPC transport's HTTP/2 layer (engine.http2.server, grpcTransport=native) with raw sockets: a bad
+preface, frames past SETTINGS_MAX_FRAME_SIZE, stream-state errors, CONTINUATION floods, rapid reset, ping floods,
+header lists past the budget, windows a client never opens, too many streams or connections, deadlines, keepalive
+and GOAWAY on stop; each attack scaled down (lowered budgets) and the broker still serving after it."""
+import socket
+import time
+
+import pytest
+
+from conftest import require_module
+from engine.broker.controller import Broker
+from engine.http2 import HpackDecoder, HpackEncoder
+from engine.http2 import frames as F
+from engine.http2 import server as H
+
+grpc = require_module("grpc")
+require_module("rocketmq.grpc_protocol")
+from rocketmq.grpc_protocol import service_pb2 as s  # noqa: E402
+from rocketmq.grpc_protocol import service_pb2_grpc as sg  # noqa: E402
+
+from test_grpc_endpoint import free_port, md  # noqa: E402
+from test_server import make_config  # noqa: E402
+
+PATH = "/apache.rocketmq.v2.MessagingService/"
+
+
+@pytest.fixture
+def nbroker(tmp_path):
+    started = []
+
+    def make(**kw):
+        b = Broker(make_config(tmp_path, grpc_server_port=free_port(), grpc_transport="native", **kw)).start()
+        started.append(b)
+        return b
+    yield make
+    for b in started:
+        b.stop()
+
+
+class Raw:
+    """A raw HTTP/2 client connection."""
+
+    def __init__(self, port, preface=True, settings=()):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.reader = F.FrameReader(F.MAX_MAX_FRAME_SIZE)
+        self.enc = HpackEncoder()
+        self.dec = HpackDecoder(4096, 1 << 20)
+        self.got = []
+        self.eof = False
+        if preface:
+            self.send(F.PREFACE + F.settings(settings))
+
+    def send(self, *data):
+        try:
+            self.sock.sendall(b"".join(data))
+        except OSError:
+            self.eof = True
+
+    def headers(self, sid, method="QueryRoute", extra=(), end_stream=False, timeout=None):
+        hs = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", (PATH + method).encode()),
+              (b":authority", b"localhost"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+        if timeout:
+            hs.append((b"grpc-timeout", timeout.encode()))
+        hs += [(k.encode(), v.encode()) for k, v in md()] + list(extra)
+        flags = F.FLAG_END_HEADERS | (F.FLAG_END_STREAM if end_stream else 0)
+        return F.frame(F.HEADERS, flags, sid, self.enc.encode(hs))
+
+    @staticmethod
+    def message(data: bytes, flag=0):
+        return bytes((flag,)) + len(data).to_bytes(4, "big") + data
+
+    def read(self, timeout=3.0, until=None):
+        """Frames until ``until(frame)`` holds, the connection closes, or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.eof:
+            if until is not None and any(until(f) for f in self.got):
+                break
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                self.eof = True
+                break
+            self.got.extend(self.reader.feed(data))
+        return self.got
+
+    def goaway(self, timeout=3.0):
+        self.read(timeout, until=lambda f: f[0] == F.GOAWAY)
+        codes = [F.u32(f[3], 4) for f in self.got if f[0] == F.GOAWAY]
+        return codes[0] if codes else None
+
+    def trailers(self, sid, timeout=3.0):
+        """The decoded header blocks the server sent on ``sid`` once its END_STREAM arrived."""
+        self.read(timeout, until=lambda f: f[0] == F.HEADERS and f[2] == sid and f[1] & F.FLAG_END_STREAM)
+        out = {}
+        for ftype, flags, fsid, payload in self.got:
+            if ftype == F.HEADERS and fsid == sid:
+                out.update(dict(self.dec.decode(payload)))
+        return out
+
+    def close(self):
+        self.sock.close()
+
+
+def query_route_works(b):
+    """A grpcio client still gets answers: the attack cost the broker nothing else."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{b.ports['grpc']}")
+    try:
+        req = s.QueryRouteRequest()
+        req.topic.name = "Nope"
+        return sg.MessagingServiceStub(channel).QueryRoute(req, metadata=md(), timeout=5).status.code != 0
+    finally:
+        channel.close()
+
+
+def route_request():
+    req = s.QueryRouteRequest()
+    req.topic.name = "Nope"
+    return req.SerializeToString()
+
+
+def test_a_unary_call_over_raw_frames(nbroker):
+    b = nbroker()
+    c = Raw(b.ports["grpc"])
+    c.send(F.settings(ack=True), c.headers(1), F.frame(F.DATA, F.FLAG_END_STREAM, 1, c.message(route_request())))
+    t = c.trailers(1)
+    assert t[b":status"] == b"200" and t[b"grpc-status"] == b"0"
+    data = b"".join(f[3] for f in c.got if f[0] == F.DATA and f[2] == 1)
+    answer = s.QueryRouteResponse.FromString(data[5:])
+    assert answer.status.message.startswith("topic not found")
+    # the server's SETTINGS came first and acknowledged ours
+    assert c.got[0][0] == F.SETTINGS and any(f[0] == F.SETTINGS and f[1] & F.FLAG_ACK for f in c.got)
+    c.close()
+
+
+def test_a_bad_preface_is_a_protocol_error(nbroker):
+    b = nbroker()
+    c = Raw(b.ports["grpc"], preface=False)
+    c.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert c.goaway() == F.PROTOCOL_ERROR
+    c.read(1.0)
+    assert c.eof
+    assert query_route_works(b)
+
+
+def test_a_frame_past_max_frame_size_ends_the_connection_before_its_payload(nbroker):
+    b = nbroker()
+    c = Raw(b.ports["grpc"])
+    # a header announcing 1 MiB: the answer comes without the payload being sent
+    c.send(F.settings(ack=True), bytes((0x10, 0, 0, F.DATA, 0, 0, 0, 0, 1)))
+    assert c.goaway() == F.FRAME_SIZE_ERROR
+    assert query_route_works(b)
+
+
+@pytest.mark.parametrize("frame, code", [
+    (F.frame(F.DATA, 0, 7, b"x"), F.PROTOCOL_ERROR),  # DATA on an idle stream
+    (F.frame(F.HEADERS, F.FLAG_END_HEADERS, 2, b"\x88"), F.PROTOCOL_ERROR),  # a client stream id must be odd
+    (F.frame(F.PING, 0, 1, b"12345678"), F.PROTOCOL_ERROR),  # PING on a stream
+    (F.frame(F.PING, 0, 0, b"1234"), F.FRAME_SIZE_ERROR),
+    (F.frame(F.WINDOW_UPDATE, 0, 0, b"\0\0\0\0"), F.PROTOCOL_ERROR),  # a zero increment
+    (F.frame(F.WINDOW_UPDATE, 0, 0, b"\x7f\xff\xff\xff"), F.FLOW_CONTROL_ERROR),  # a window past 2^31-1
+    (F.frame(F.PUSH_PROMISE, F.FLAG_END_HEADERS, 1, b"\0\0\0\2"), F.PROTOCOL_ERROR),
+    (F.frame(F.CONTINUATION, F.FLAG_END_HEADERS, 1, b""), F.PROTOCOL_ERROR),  # without its HEADERS
+    (F.frame(F.RST_STREAM, 0, 9, b"\0\0\0\0"), F.PROTOCOL_ERROR),  # on an idle stream
+    (F.frame(F.SETTINGS, 0, 0, b"\0\5\0\0\0\1"), F.PROTOCOL_ERROR),  # MAX_FRAME_SIZE below 16384
+    (F.frame(F.HEADERS, F.FLAG_END_HEADERS, 1, b"\xff\xff\xff\xff\xff\xff\xff"), F.COMPRESSION_ERROR),
+])
+def test_protocol_errors_end_the_connection_with_goaway(nbroker, frame, code):
+    b = nbroker()
+    c = Raw(b.ports["grpc"])
+    c.send(F.settings(ack=True), frame)
+    assert c.goaway() == code
+    assert query_route_works(b)
+
+
+def test_the_first_frame_must_be_settings(nbroker):
+    b = nbroker()
+    c = Raw(b.ports["grpc"], preface=False)
+    c.send(F.PREFACE + F.ping(b"12345678"))
+    assert c.goaway() == F.PROTOCOL_ERROR
+
+
+def test_a_continuation_flood_is_cut(nbroker):
+    b = nbroker()
+    c = Raw(b.ports["grpc"])
+    block = c.headers(1)[9:]
+    c.send(F.settings(ack=True), F.frame(F.HEADERS, 0, 1, block[:1]))
+    c.send(*(F.frame(F.CONTINUATION, 0, 1, b"") for _ in range(H.MAX_CONTINUATIONS + 5)))
+    assert c.goaway() == F.ENHANCE_YOUR_CALM
+    # the same by bytes: 16 KiB continuations past the hard header block budget
+    c = Raw(b.ports["grpc"])
+    c.send(F.settings(ack=True), F.frame(F.HEADERS, 0, 1, block[:1]))
+    c.send(*(F.frame(F.CONTINUATION, 0, 1, b"a" * 16000) for _ in range(10)))
+    assert c.goaway() == F.ENHANCE_YOUR_CALM
+    assert query_route_works(b)
+
+
+def test_metadata_past_the_budget_is_refused_and_the_connection_lives(nbroker):
+    b = nbroker(grpc_max_metadata_bytes=4096)
+    c = Raw(b.ports["grpc"])
+    c.send(F.settings(ack=True), c.headers(1, extra=[(b"x-pad", b"p" * 4500)], end_stream=True))
+    t = c.trailers(1)
+    assert t[b"grpc-status"] == b"8" and b"metadata" in t[b"grpc-message"]
+    c.send(c.headers(3), F.frame(F.DATA, F.FLAG_END_STREAM, 3, c.message(route_request())))
+    assert c.trailers(3)[b"grpc-status"] == b"0"
+    # past the hard budget (4 x, at least 64 KiB): the connection ends
+    big = [(b"x-pad%d" % i, b"p" * 8000) for i in range(10)]
+    block = c.headers(5, extra=big, end_stream=True)[9:]
+    chunks = [block[i:i + 16000] for i in range(0, len(block), 16000)]
+    c.send(F.frame(F.HEADERS, F.FLAG_END_STREAM, 5, chunks[0]),
+           *(F.frame(F.CONTINUATION, F.FLAG_END_HEADERS if i == len(chunks) - 1 else 0, 5, x)
+             for i, x in enumerate(chunks) if i))
+    assert c.goaway() in (F.COMPRESSION_ERROR, F.ENHANCE_YOUR_CALM)
+    assert query_route_works(b)
+
+
+def test_rapid_reset_is_answered_enhance_your_calm(nbroker, monkeypatch):
+    monkeypatch.setattr(H, "MAX_RESETS_PER_WINDOW", 20)
+    b = nbroker()
+    c = Raw(b.ports["grpc"])
+    c.send(F.settings(ack=True))
+    for i in range(30):
+        sid = 1 + 2 * i
+        c.send(c.headers(sid, method="Telemetry"), F.rst_stream(sid, F.CANCEL))
+    assert c.goaway() == F.ENHANCE_YOUR_CALM
+    assert b.grpc._server.calls == 0 or time.sleep(0.2) or b.grpc._server.calls == 0
+    assert query_route_works(b)
+
+
+def test_a_ping_flood_is_answered_enhance_your_calm(nbroker, monkeypatch):
+    monkeypatch.setattr(H, "MAX_CONTROL_FRAMES_PER_WINDOW", 50)
+    b = nbroker()
+    c = Raw(b.ports["grpc"])
+    c.send(F.settings(ack=True), *(F.ping(b"%08d" % i) for i in range(100)))
+    assert c.goaway() == F.ENHANCE_YOUR_CALM
+    assert sum(1 for f in c.got if f[0] == F.PING) <= 51
+    c = Raw(b.ports["grpc"])  # and a SETTINGS flood
+    c.send(F.settings(ack=True), *(F.settings() for _ in range(100)))
+    assert c.goaway() == F.ENHANCE_YOUR_CALM
+    assert query_route_works(b)
+
+
+def test_a_window_never_opened_ends_the_connection(nbroker, monkeypatch):
+    monkeypatch.setattr(H, "FLOW_STALL_MS", 300)
+    b = nbroker()
+    c = Raw(b.ports["grpc"], settings=[(F.SETTINGS_INITIAL_WINDOW_SIZE, 0)])
+    c.send(F.settings(ack=True), c.headers(1), F.frame(F.DATA, F.FLAG_END_STREAM, 1, c.message(route_request())))
+    start = time.monotonic()
+    assert c.goaway(5.0) == F.FLOW_CONTROL_ERROR
+    assert time.monotonic() - start < 3.0
+    assert not any(f[0] == F.DATA for f in c.got)  # nothing past the window
+    assert b.grpc._server.calls == 0
+    assert query_route_works(b)
+
+
+def test_messages_past_the_budget_and_compressed_ones_are_answered_as_grpc_does(nbroker):
+    b = nbroker(grpc_max_message_bytes=65536)
+    c = Raw(b.ports["grpc"])
+    c.send(F.settings(ack=True), c.headers(1), F.frame(F.DATA, 0, 1, b"\0" + (70_000).to_bytes(4, "big")))
+    t = c.trailers(1)
+    assert t[b"grpc-status"] == b"8" and b"larger than max" in t[b"grpc-message"]
+    c.send(c.headers(3), F.frame(F.DATA, F.FLAG_END_STREAM, 3, c.message(route_request(), flag=1)))
+    assert c.trailers(3)[b"grpc-status"] == b"13"
+    c.send(c.headers(5, method="NoSuchMethod", end_stream=True))
+    assert c.trailers(5)[b"grpc-status"] == b"12"
+    c.send(c.headers(7), F.frame(F.DATA, F.FLAG_END_STREAM, 7, c.message(b"\xff\xff")))  # not a protobuf
+    assert c.trailers(7)[b"grpc-status"] == b"13"
+
+
+def test_streams_past_max_concurrent_streams_are_refused(nbroker):
+    b = nbroker(grpc_max_streams_per_connection=2)
+    c = Raw(b.ports["grpc"])
+    c.send(F.settings(ack=True), c.headers(1, method="Telemetry"), c.headers(3, method="Telemetry"),
+           c.headers(5, method="Telemetry"))
+    c.read(2.0, until=lambda f: f[0] == F.RST_STREAM)
+    assert [(f[2], F.u32(f[3])) for f in c.got if f[0] == F.RST_STREAM] == [(5, F.REFUSED_STREAM)]
+    assert F.frame(F.SETTINGS, 0, 0, b"")[:3]  # (the server's SETTINGS announced 2)
+    announced = dict(F.parse_settings(c.got[0][3]))
+    assert announced[F.SETTINGS_MAX_CONCURRENT_STREAMS] == 2
+
+
+def test_connections_past_the_ports_share_are_closed_at_accept(nbroker):
+    b = nbroker(grpc_max_connections=2)
+    conns = [Raw(b.ports["grpc"]) for _ in range(2)]
+    for c in conns:
+        c.read(0.5, until=lambda f: f[0] == F.SETTINGS)
+        assert c.got and c.got[0][0] == F.SETTINGS
+    extra = Raw(b.ports["grpc"])
+    extra.read(2.0)
+    assert extra.eof and not extra.got
+    assert b.metrics.connections_refused["grpc"] >= 1
+
+
+def test_a_deadline_ends_a_call_deadline_exceeded(nbroker):
+    b = nbroker()
+    c = Raw(b.ports["grpc"])
+    start = time.monotonic()
+    c.send(F.settings(ack=True), c.headers(1, method="Telemetry", timeout="300m"))
+    t = c.trailers(1, timeout=5.0)
+    assert t[b"grpc-status"] == b"4"
+    assert 0.25 < time.monotonic() - start < 3.0
+
+
+def test_keepalive_closes_a_connection_that_does_not_answer_pings(tmp_path, monkeypatch):
+    import engine.broker.grpc_endpoint as ge
+    monkeypatch.setattr(ge, "KEEPALIVE_TIME_MS", 300)
+    monkeypatch.setattr(ge, "KEEPALIVE_TIMEOUT_MS", 300)
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port(), grpc_transport="native")).start()
+    try:
+        c = Raw(b.ports["grpc"])
+        c.send(F.settings(ack=True))
+        c.read(3.0)
+        assert any(f[0] == F.PING and not f[1] & F.FLAG_ACK for f in c.got)
+        assert c.eof  # the ping unanswered: closed
+        live = Raw(b.ports["grpc"])  # one that answers stays
+        live.send(F.settings(ack=True))
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            for f in live.read(0.1):
+                if f[0] == F.PING and not f[1] & F.FLAG_ACK:
+                    live.send(F.ping(f[3], ack=True))
+            live.got.clear()
+        assert not live.eof
+    finally:
+        b.stop()
+
+
+def test_stop_sends_goaway_with_the_last_stream(tmp_path):
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port(), grpc_transport="native")).start()
+    c = Raw(b.ports["grpc"])
+    c.send(F.settings(ack=True), c.headers(1), F.frame(F.DATA, F.FLAG_END_STREAM, 1, c.message(route_request())))
+    assert c.trailers(1)[b"grpc-status"] == b"0"
+    c.send(c.headers(3, method="Telemetry"))
+    time.sleep(0.2)
+    b.stop()
+    goaways = [f for f in c.read(3.0) if f[0] == F.GOAWAY]
+    assert goaways and F.u32(goaways[0][3], 4) == F.NO_ERROR and F.u32(goaways[0][3]) == 3
+    assert c.eof

@@ -9,6 +9,7 @@ it. A block that cannot run here carries a visible marker on the line above its 
 """
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -79,9 +80,21 @@ def test_command_block_runs(block, tmp_path):
         if lang == "console":
             text = "\n".join(ln[2:] for ln in text.splitlines() if ln.startswith("$ ")) + "\n"
         argv = ["bash", "-e", "-o", "pipefail", "-c", text]
-    p = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+    # a session of its own: what a block starts in the background (a broker) is stopped with it, even on failure
+    p = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=BLOCK_TIMEOUT_S)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        if p.returncode is None:
+            p.kill()
+            out, err = p.communicate()
     assert p.returncode == 0, (f"{page.relative_to(ROOT)}:{line} exited {p.returncode}\n--- block\n{text}"
-                               f"--- stdout\n{p.stdout[-3000:]}--- stderr\n{p.stderr[-3000:]}")
+                               f"--- stdout\n{out[-3000:]}--- stderr\n{err[-3000:]}")
 
 
 def test_every_block_names_its_language_and_few_are_left_out():

@@ -442,6 +442,13 @@ def scan_main(argv) -> int:
         problem = mix_problem(kinds, f"{args.paths[0]} mixes" if len(args.paths) == 1 else "the inputs mix")
         if problem:
             raise MergeRefused(problem)
+        from .spark import input_problem
+
+        for kind, given in kinds.items():  # each file as its kind's scan checks it: empty, no header, binary
+            problem = input_problem([str(f) for f in given if not f.is_dir()], kind, explicit=True)
+            if problem:
+                print(f"rmqhb scan: {problem[1]}", file=sys.stderr)
+                return problem[0]
         logs, caps, recs = kinds.get("broker-log", []), kinds.get("pcap", []), kinds.get("recording", [])
         rec_plan = seg.plan_splits(recs[0], seg.DEFAULT_SPLIT_RECORDS) if recs else None
         if rec_plan is not None and rec_plan.segments == 0:
@@ -519,9 +526,14 @@ def scan_main(argv) -> int:
     except MergeRefused as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)
         return 2
+    m = findings["merged"]
+    if m["log_events"] == 0 and m["heartbeats"] == 0:
+        write_report(findings, args.out, plots=False)
+        print(f"rmqhb scan: nothing decodable: no client event in {findings['log']['lines']:,} broker-log lines and no "
+              f"heartbeat in the {'capture' if m['heartbeats_from'] == 'pcap' else 'recording'}", file=sys.stderr)
+        return 4
     index = write_report(findings, args.out, plots=not args.no_plots)
     print_summary(findings, sys.stdout)
-    m = findings["merged"]
     other = "capture" if m["heartbeats_from"] == "pcap" else "recording"
     print(f"merged {broker}'s broker log ({m['log_events']:,} events) and {other} ({m['heartbeats']:,} "
           f"heartbeats): clients {m['clients']['both']} in both, {m['clients']['log_only']} only in the log, "
@@ -533,7 +545,7 @@ def scan_main(argv) -> int:
           f"({log['log_tz_source']}); {log['unparseable']:,} unparseable lines", file=sys.stdout)
     print(f"report: {index}")
     damage = damage_line(findings)
-    if damage:
-        print(f"rmqhb scan: {damage}", file=sys.stderr)
+    if damage or (findings.get("capture") or {}).get("damaged_files"):  # as the capture scan's exit
+        print(f"rmqhb scan: {damage or 'damaged capture files'}", file=sys.stderr)
         return 0 if args.allow_damage else 3
     return 0

@@ -315,3 +315,22 @@ def test_the_merged_findings_say_which_input_gave_what(run, java_run):  # noqa: 
         got = {x["source"] for k in ("expired_clients", "heartbeat_gaps", "vanished_clients", "group_sizes")
                for x in f[k]}
         assert got and got <= words, got
+
+
+def test_each_file_of_a_mix_is_checked_as_its_kind(run, tmp_path, capsys):
+    """An empty capture beside a log: the capture scan's one line and exit 4, before any work, as when given
+    alone; a capture cut in its middle: scanned, with the exit status and damage of the capture scan alone."""
+    log, cap, _ = run
+    (tmp_path / "empty.pcap").write_bytes(b"")
+    status, out, err = _cli([log, tmp_path / "empty.pcap", "--log-tz", "+08:00", "--out", tmp_path / "r"], capsys)
+    assert (status, err.strip()) == (4, f"rmqhb scan: {tmp_path / 'empty.pcap'} is empty: nothing to scan")
+    data = cap.read_bytes()
+    (tmp_path / "cut.pcap").write_bytes(data[:len(data) * 2 // 3])
+    alone = _cli([tmp_path / "cut.pcap", "--out", tmp_path / "a", "--engine", "local", *OPTIONS], capsys)[0]
+    status, out, err = _cli([log, tmp_path / "cut.pcap", "--log-tz", "+08:00", "--out", tmp_path / "r",
+                             "--engine", "local", *OPTIONS], capsys)
+    assert status == alone, err
+    f = json.loads((tmp_path / "r" / "findings.json").read_text())
+    g = json.loads((tmp_path / "a" / "findings.json").read_text())
+    assert f["capture"] == g["capture"] and 0 < f["merged"]["heartbeats"] == g["summary"]["records"]
+    assert f["scan"]["corrupt"] == g["scan"]["corrupt"]

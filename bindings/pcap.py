@@ -265,13 +265,14 @@ def capture_salt(index: int) -> int:
 
 def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None, batch_records: int = BATCH_RECORDS,
                  chunk_bytes: int = CHUNK_BYTES, batch_bytes: int = BATCH_BYTES, max_events: int = MAX_EVENTS,
-                 **decoder_options) -> Iterator:
+                 events_out: Optional[list] = None, **decoder_options) -> Iterator:
     """Yields the capture's records (dicts of columns, see CaptureDecoder.take) as they come, at most
     ``batch_records`` or about ``batch_bytes`` at a time, then its CaptureResult. A file whose structure breaks is
     reported in ``damaged`` and the next file is read. Connection ids are the capture's own
-    (:func:`capture_salt`). At most ``max_events`` events and losses are kept (the rest counted: events_dropped)."""
+    (:func:`capture_salt`). At most ``max_events`` events and losses are kept (the rest counted: events_dropped).
+    ``events_out``: the list the events are appended to as they come (the result's ``events``)."""
     dec = decoder_class(native)(ports=ports, shard=capture.shard, **decoder_options)
-    events, losses, damaged = [], [], []
+    events, losses, damaged = ([] if events_out is None else events_out), [], []
     dropped = [0, None, None]  # events and losses not kept: count, first ms, last ms
     salt = capture_salt(capture.index)
     conns: dict = {}  # conn_id -> [client address, first ms, last ms] of its records and events
@@ -739,19 +740,45 @@ def read_capture_events(spark, paths, *, native: Optional[bool] = None, ports=No
 
 
 def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = None,
-                 unregisters: Optional[dict] = None, **options):
+                 unregisters: Optional[dict] = None, max_body_bytes: Optional[int] = None, **options):
     """The scan's runs (RUN_SCHEMA) of one capture's heartbeats, its STATS_ROLE row, and a CAPTURE_ROLE row with
     the capture's summary (JSON in sub_key). Runs end at the UNREGISTER_CLIENT requests this reader saw and at
     ``unregisters`` ({(client_id, role, group): sorted ms}: the whole capture's, for a shard, see
-    :func:`recut_runs`)."""
+    :func:`recut_runs`). The distinct bodies held at once are at most ``max_body_bytes``
+    (segments.MAX_TASK_BODY_BYTES): past it the records held so far become runs (cut at the unregisters and
+    connection ends seen so far: a later packet is not stamped before them) and the store starts again; the runs
+    are merged at the end."""
+    import types
+
     import pyarrow as pa
 
-    from .segments import RUN_SCHEMA, BodyDeduper, merge_run_batches, runs_from_ids
+    from .segments import MAX_TASK_BODY_BYTES, RUN_SCHEMA, BodyDeduper, merge_run_batches, runs_from_ids
+
+    budget = MAX_TASK_BODY_BYTES if max_body_bytes is None else int(max_body_bytes)
+    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
+    seen_events: list = []  # the reader's events so far
+
+    def cuts_of(results):
+        # a member's run ends at its UNREGISTER_CLIENT (the broker removed it; a later heartbeat adds it back), as
+        # in the reference scan's live intervals (engine.recording.scan_py.member_left); Spark's merge_runs keeps
+        # the cut. A shard sees only its connections' unregisters: one sent on another connection of the client
+        # comes with ``unregisters`` in the scan's second step (recut_runs)
+        member = unregister_times(results)
+        for key, times in (unregisters or {}).items():
+            member[key] = sorted(set(member.get(key, ())) | {int(t) for t in times})
+        client: dict = defaultdict(list)
+        for (c, _, _), times in member.items():
+            client[c].extend(times)
+        # and at its connection's first FIN / RST (this reader's connections: it saw their ends), so that a
+        # heartbeat after it on a half-closed connection starts a new run, as scan_py.member_left has it
+        ends = {c: int(e["end"][0]) for c, e in connection_events(results).items() if e.get("end") is not None}
+        return member, {c: sorted(set(ts)) for c, ts in client.items()}, ends
 
     # batch by batch: only the distinct bodies (a client repeats its heartbeat) and three columns are kept
-    result, recv, conns, ids, addrs, dense_of = None, [], [], [], {}, {}
+    result, recv, conns, ids, addrs, dense_of, parts = None, [], [], [], {}, {}, []
     d = BodyDeduper()
-    for item in iter_capture(capture, native=native, **options):
+    held = counted = 0  # bytes of the store's distinct bodies, and how many of them were counted
+    for item in iter_capture(capture, native=native, events_out=seen_events, **options):
         if isinstance(item, CaptureResult):
             result = item
             continue
@@ -767,24 +794,18 @@ def capture_runs(capture: Capture, params: ScanParams, native: Optional[bool] = 
                                     item["body_data"]), np.int64))
         recv.append(item["recv_ms"])
         conns.append(conn)
-    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64)  # noqa: E731
-    # a member's run ends at its UNREGISTER_CLIENT (the broker removed it; a later heartbeat adds it back), as
-    # in the reference scan's live intervals (engine.recording.scan_py.member_left); Spark's merge_runs keeps the cut.
-    # A shard sees only its connections' unregisters: one sent on another connection of the client comes with
-    # ``unregisters`` in the scan's second step (recut_runs)
-    member_cuts = unregister_times([result]) if result is not None else {}
-    for key, times in (unregisters or {}).items():
-        member_cuts[key] = sorted(set(member_cuts.get(key, ())) | {int(t) for t in times})
-    client_cuts: dict = defaultdict(list)
-    for (c, _, _), times in member_cuts.items():
-        client_cuts[c].extend(times)
-    # and at its connection's first FIN / RST (this reader's connections: it saw their ends), so that a heartbeat
-    # after it on a half-closed connection starts a new run, as scan_py.member_left has it
-    conn_cuts = {c: int(e["end"][0]) for c, e in connection_events([result]).items()
-                 if e.get("end") is not None} if result is not None else {}
-    out = merge_run_batches(runs_from_ids(cat(recv), cat(conns), cat(ids), d.bodies, params,
-                                          cuts={c: sorted(set(ts)) for c, ts in client_cuts.items()},
-                                          conn_cuts=conn_cuts),
+        if budget >= 0:
+            if len(d.bodies) > counted:
+                held += sum(map(len, d.bodies[counted:]))
+                counted = len(d.bodies)
+            if held > budget:  # the records so far become runs; the store starts again
+                _, client_cuts, conn_cuts = cuts_of([types.SimpleNamespace(events=seen_events)])
+                parts += runs_from_ids(cat(recv), cat(conns), cat(ids), d.bodies, params, cuts=client_cuts,
+                                       conn_cuts=conn_cuts)
+                recv, conns, ids, dense_of, d, held, counted = [], [], [], {}, BodyDeduper(), 0, 0
+    member_cuts, client_cuts, conn_cuts = cuts_of([result] if result is not None else [])
+    out = merge_run_batches(parts + runs_from_ids(cat(recv), cat(conns), cat(ids), d.bodies, params,
+                                                  cuts=client_cuts, conn_cuts=conn_cuts),
                             params, cuts=member_cuts, conn_cuts=conn_cuts)
     payload = json.dumps({"name": result.name, "files": result.files, "stats": result.stats,
                           "events": result.events, "losses": result.losses, "damaged": result.damaged,

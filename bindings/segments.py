@@ -826,15 +826,34 @@ def _native_scan():
 BlockScanner, member_runs = _native_scan()
 
 
+#: Bytes of distinct heartbeat bodies a scan task holds at once. A record is at most the recorder's 4 MiB, but a
+#: task's distinct bodies were not bounded (a client whose heartbeat differs every time made the task keep every
+#: body of its splits). Past it the task analyses the records it holds as a task of their own would, starts again
+#: with an empty store and merges the runs at the end (merge_run_batches: what Spark's merge joins across tasks),
+#: so memory stays bounded and the findings are the same.
+MAX_TASK_BODY_BYTES = 256 << 20
+
+
 def scan_blocks(splits, scanner=None, on_corrupt: str = "skip", timings: Optional[dict] = None):
     """Read, check and decompress the blocks of splits, one block at a time, into a BlockScanner (a corrupt
     block is skipped with a warning, or raises with on_corrupt="raise"). ``timings`` (a dict) gets the seconds
     spent reading files ("read"), checking and decompressing ("decompress") and scanning records ("scan")."""
+    for scanner in scan_block_chunks(splits, on_corrupt, timings, max_body_bytes=-1, scanner=scanner):
+        pass
+    return scanner
+
+
+def scan_block_chunks(splits, on_corrupt: str = "skip", timings: Optional[dict] = None,
+                      max_body_bytes: Optional[int] = None, scanner=None):
+    """``scan_blocks`` in chunks: yields the BlockScanner once its distinct bodies pass ``max_body_bytes``
+    (default MAX_TASK_BODY_BYTES; -1: never) and goes on with a new one; the last one at the end."""
     from engine.recording.recorder import decompress_payload, iter_payloads
 
     if on_corrupt not in ("raise", "skip"):
         raise ValueError("on_corrupt must be 'raise' or 'skip'")
+    budget = MAX_TASK_BODY_BYTES if max_body_bytes is None else int(max_body_bytes)
     scanner = scanner if scanner is not None else BlockScanner()
+    held = seen = 0  # bytes of the scanner's distinct bodies, and how many of them were counted
     clock = time.perf_counter
     t_read = t_decompress = t_scan = 0.0
     for split in splits:
@@ -859,10 +878,18 @@ def scan_blocks(splits, scanner=None, on_corrupt: str = "skip", timings: Optiona
                     raise
                 _log.warning("skipping corrupt block %s", where, exc_info=True)
             raw = None
+            if budget >= 0:
+                bodies = scanner.bodies
+                if len(bodies) > seen:
+                    held += sum(map(len, bodies[seen:]))
+                    seen = len(bodies)
+                if held > budget:
+                    yield scanner
+                    scanner, held, seen = BlockScanner(), 0, 0
     if timings is not None:
         for k, v in (("read", t_read), ("decompress", t_decompress), ("scan", t_scan)):
             timings[k] = timings.get(k, 0.0) + v
-    return scanner
+    yield scanner
 
 
 @dataclass
@@ -945,17 +972,29 @@ def entry_tables(batch) -> EntryTables:
                        [client_names[m[2]] for m in names], list(keys), len(clients), ambiguous)
 
 
-def task_runs(splits, params: ScanParams = ScanParams(), on_corrupt: str = "skip") -> List[pa.RecordBatch]:
+def task_runs(splits, params: ScanParams = ScanParams(), on_corrupt: str = "skip",
+              max_body_bytes: Optional[int] = None) -> List[pa.RecordBatch]:
     """The maximal member runs of one Spark task's splits (RUN_SCHEMA) and one STATS_ROLE row.
 
     Every block goes through the BlockScanner (records as three columns, each distinct body kept once across
-    all the task's splits), the distinct bodies through the batch decoder, and the records once through
-    member_runs. If some client's records are out of time order (or a body lists a member twice with two
-    sets), the sorted per-split path gives the runs instead (same result, slower)."""
+    the task's splits, at most ``max_body_bytes`` of them at once: MAX_TASK_BODY_BYTES), the distinct bodies
+    through the batch decoder, and the records once through member_runs. If some client's records are out of time
+    order (or a body lists a member twice with two sets), the sorted per-split path gives the runs instead (same
+    result, slower)."""
     clock = time.perf_counter
     t_start = clock()
     timings: dict = {}
-    scanner = scan_blocks(splits, on_corrupt=on_corrupt, timings=timings)
+    parts = [_scanner_runs(scanner, params, timings)
+             for scanner in scan_block_chunks(splits, on_corrupt, timings, max_body_bytes)]
+    out = parts[0] if len(parts) == 1 else merge_run_batches([b for p in parts for b in p], params)
+    timings["chunks"] = len(parts)
+    _report_timings(timings, clock() - t_start, rows=sum(b.num_rows for b in out))
+    return out
+
+
+def _scanner_runs(scanner, params: ScanParams, timings: dict) -> List[pa.RecordBatch]:
+    """task_runs of the records one BlockScanner holds (timings: decode and runs seconds, records, bodies added)."""
+    clock = time.perf_counter
     recv, conn, ids = scanner.columns()
     bodies = scanner.bodies
     t0 = clock()
@@ -966,11 +1005,11 @@ def task_runs(splits, params: ScanParams = ScanParams(), on_corrupt: str = "skip
         res = member_runs(recv, conn, ids, tables.body_client, tables.entry_offsets, tables.entry_member,
                           tables.entry_key, tables.n_clients, len(tables.member_role), params.split_ms)
     t2 = clock()
-    timings.update(decode=t1 - t0, runs=t2 - t1, records=len(recv), bodies=len(bodies), sorted_path=res is None)
+    for k, v in (("decode", t1 - t0), ("runs", t2 - t1), ("records", len(recv)), ("bodies", len(bodies))):
+        timings[k] = timings.get(k, 0) + v
+    timings["sorted_path"] = timings.get("sorted_path", False) or res is None
     if res is None:
-        out = merge_run_batches(runs_from_ids(recv, conn, ids.astype(np.int64), bodies, params), params)
-        _report_timings(timings, clock() - t_start)
-        return out
+        return merge_run_batches(runs_from_ids(recv, conn, ids.astype(np.int64), bodies, params), params)
     (member, r_conn, key, first, last, count), (n_bad, lo, hi) = res
     out = []
     if len(member):
@@ -985,8 +1024,7 @@ def task_runs(splits, params: ScanParams = ScanParams(), on_corrupt: str = "skip
         [pa.array([STATS_ROLE]), pa.array([""]), pa.array([""]), pa.array([0], pa.int64()),
          pa.array([None], pa.string()), pa.array([lo], pa.int64()), pa.array([hi], pa.int64()),
          pa.array([n_bad], pa.int64())], schema=RUN_SCHEMA))
-    timings["arrow"] = clock() - t2
-    _report_timings(timings, clock() - t_start, rows=sum(b.num_rows for b in out))
+    timings["arrow"] = timings.get("arrow", 0.0) + clock() - t2
     return out
 
 

@@ -233,3 +233,93 @@ def test_read_broker_logs_names_its_damage(spark, tmp_path):
     table, _ = brokerlog.read_local([good, bad], log_tz="UTC", max_line_bytes=65536)
     assert events.count() == table.num_rows
     assert brokerlog.read_broker_logs(spark, [good], log_tz="UTC", damage=True)[1].count() == 0
+
+
+# -- the Spark task's distinct-body store --------------------------------------------------------------------------
+
+def test_task_body_store_is_bounded_and_runs_are_the_same(tmp_path):
+    """A scan task kept every distinct body of its splits (each record is at most 4 MiB, the total was not
+    bounded): a client whose heartbeat differs every time made it hold the whole recording. Scaled: 600
+    heartbeats of ~8 KB, each distinct, beside a steady fleet, with a 64 KiB budget: the task holds at most the
+    budget plus one block's bodies at once, and its runs are those of the unbounded task (merged as Spark merges
+    tasks' runs)."""
+    import json as _json
+
+    import pyarrow as pa
+
+    from engine.bindings import segments as seg
+    from engine.recording.recorder import HeartbeatRecorder
+    from engine.recording.synth import FleetConfig, generate
+
+    manifest = generate(tmp_path, FleetConfig(clients=12, groups=3, days=0.05, seed=7), block_records=256)
+    with HeartbeatRecorder(tmp_path, prefix="zz", block_records=64) as rec:
+        for i in range(600):
+            body = _json.dumps({"clientID": "10.9.9.9@churn", "producerDataSet": [{"groupName": "PG_CHURN"}],
+                                "consumerDataSet": [], "pad": f"{i:06d}" + "x" * 8000}).encode()
+            rec.record(manifest["start_ms"] + 1000 * i, 77, "10.9.9.9:1", "JAVA", 1, body)
+    splits = seg.plan_splits(tmp_path, target_records=2000).splits
+    budget = 64 << 10
+    most = chunks = 0
+    for scanner in seg.scan_block_chunks(splits, max_body_bytes=budget):
+        most, chunks = max(most, sum(map(len, scanner.bodies))), chunks + 1
+    assert chunks > 10 and 0 < most <= budget + 64 * 8200 + 256 * 2000  # the budget, plus the block that passed it
+
+    def rows(batches):
+        return sorted(map(str, pa.Table.from_batches(batches, schema=seg.RUN_SCHEMA).to_pylist()))
+
+    whole = seg.task_runs(splits, max_body_bytes=-1)
+    assert rows(seg.task_runs(splits, max_body_bytes=budget)) == rows(whole)
+    assert any("PG_CHURN" in r for r in rows(whole))
+    assert seg.MAX_TASK_BODY_BYTES == 256 << 20
+
+
+def _churn_capture():
+    """Five clients heartbeating every 10 s for 5 minutes, one of them unregistering at 150 s and coming back, and
+    a sixth whose every heartbeat is distinct (~4 KB)."""
+    import struct as _struct
+
+    p = Pcap()
+    seqs = {}
+    unreg_head = b'{"code":35,"extFields":{"clientID":"c1@1","producerGroup":"P"},"flag":0,"opaque":2}'
+    unreg = _struct.pack(">ii", 4 + len(unreg_head), len(unreg_head)) + unreg_head
+    for t in range(0, 300, 10):
+        for i in range(6):
+            c = client(i)
+            if c not in seqs:
+                p.packet(tcp(*c, *SERVER, 100, 0x02), us=(T0 + t) * 1_000_000)
+                seqs[c] = 101
+            data = heartbeat(f"c{i}@1", pad=4000 + t) if i == 5 else heartbeat(f"c{i}@1")
+            if i == 1 and t == 150:
+                data = unreg
+            p.packet(tcp(*c, *SERVER, seqs[c], 0x18, data), us=(T0 + t) * 1_000_000 + i)
+            seqs[c] += len(data)
+    return p.bytes()
+
+
+def test_capture_body_store_is_bounded_and_runs_are_the_same(tmp_path, monkeypatch):
+    """The capture task's distinct-body store had no byte budget either: past max_body_bytes the records held
+    become runs and the store starts again; the task's runs (an unregister and a return included) are those of
+    the unbounded task."""
+    import pyarrow as pa
+
+    from engine.bindings import segments as seg
+    from engine.recording.scan_py import ScanParams
+
+    path = tmp_path / "churn.pcap"
+    path.write_bytes(_churn_capture())
+    (cap,) = pcap.plan_captures([path])
+    calls = []
+    real = seg.runs_from_ids
+    monkeypatch.setattr(seg, "runs_from_ids", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def rows(max_body_bytes):
+        calls.clear()
+        out = pcap.capture_runs(cap, ScanParams(), max_body_bytes=max_body_bytes, batch_records=8,
+                                chunk_bytes=4096)
+        return sorted(map(str, pa.Table.from_batches(out, schema=seg.RUN_SCHEMA).to_pylist())), len(calls)
+
+    whole, n_whole = rows(-1)
+    bounded, n_bounded = rows(16 << 10)
+    assert n_whole == 1 and n_bounded > 5
+    assert bounded == whole
+    assert sum("'role': 'producer'" in r and "c1@1" in r for r in whole) == 2  # cut at the unregister

@@ -1,7 +1,7 @@
 """gRPC heartbeats (RocketMQ 5.x clients) beside remoting heartbeats (4.x clients), one broker process, same run.
 
     .venv/bin/python bench/bench_grpc.py [--sessions 1000,10000] [--duration 10] [--pin 0:1] [--inflight 256]
-        [--rounds 1] [--protocols grpc,remoting] [--out results.json]
+        [--rounds 1] [--protocols grpc,remoting] [--grpc-transport grpcio|native] [--out results.json]
 
 Per session count N: one broker (`rmqhb serve` with grpcServerPort, its own process and session; with --pin
 BROKER:LOAD it runs on CPU BROKER, pinned with taskset before it starts, and every load process on CPU LOAD), then,
@@ -229,6 +229,8 @@ def main(argv=None) -> int:
     p.add_argument("--protocols", default="grpc,remoting", help="which runs, comma-separated (grpc, remoting)")
     p.add_argument("--pin", help="BROKER_CPU:LOAD_CPU, e.g. 0:1 (taskset)")
     p.add_argument("--out", help="also write the results (JSON) here")
+    p.add_argument("--grpc-transport", default="grpcio", choices=("grpcio", "native"),
+                   help="the broker's grpcTransport (grpcio: grpc.aio; native: engine.http2)")
     # the load process
     p.add_argument("--client", type=int, help=argparse.SUPPRESS)
     p.add_argument("--target", help=argparse.SUPPRESS)
@@ -244,7 +246,7 @@ def main(argv=None) -> int:
             proc = subprocess.Popen([*(["taskset", "-c", pin[0]] if pin else []), sys.executable, "-m", "engine",
                                      "serve", "--listenPort", str(main_port), "--listenHost", "127.0.0.1",
                                      "--fastPortEnable", "false", "--grpcServerPort", str(grpc_port),
-                                     "--storePathRootDir", store, "--log-level", "WARNING"],
+                                     "--grpcTransport", a.grpc_transport, "--storePathRootDir", store, "--log-level", "WARNING"],
                                     cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL, text=True, start_new_session=True)
             mine = os.sched_getaffinity(0)

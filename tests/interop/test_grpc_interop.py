@@ -26,6 +26,20 @@ from engine.broker.config import BrokerConfig
 
 pytestmark = pytest.mark.interop
 
+#: the transport of the gRPC port of the brokers this module starts (set by the grpc_transport fixture)
+TRANSPORT = {"name": "grpcio"}
+_BrokerConfig = BrokerConfig
+
+
+@pytest.fixture(autouse=True, params=["grpcio", "native"])
+def grpc_transport(request, monkeypatch):
+    """Every test on both transports of the gRPC port (grpcTransport): grpcio's and engine.http2's (issue 30)."""
+    monkeypatch.setitem(TRANSPORT, "name", request.param)
+    monkeypatch.setattr(sys.modules[__name__], "BrokerConfig",
+                        lambda **kw: _BrokerConfig(**{"grpc_transport": request.param, **kw}))
+    return request.param
+
+
 V5_DIR = ti.HERE / ".v5"
 V5_REQUIREMENTS = ti.HERE / "v5" / "requirements.txt"
 V5_VERSION = "5.1.2"
@@ -226,7 +240,7 @@ def _serve(store, main_port, grpc_port, log_file):
     with open(log_file, "a") as err:
         proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--listenPort", str(main_port),
                                  "--listenHost", "127.0.0.1", "--fastPortEnable", "false", "--grpcServerPort",
-                                 str(grpc_port), "--storePathRootDir", str(store), "--log-level", "WARNING"],
+                                 str(grpc_port), "--grpcTransport", TRANSPORT["name"], "--storePathRootDir", str(store), "--log-level", "WARNING"],
                                 cwd=str(ti.ROOT), env=dict(os.environ, PYTHONPATH=str(ti.ROOT)), stdout=subprocess.PIPE,
                                 stderr=err, text=True, start_new_session=True)
     line = proc.stdout.readline()

@@ -22,7 +22,7 @@ import test_interop as ti
 from test_interop import drivers, ons_dir  # noqa: F401  (fixtures)
 from conftest import require_module
 from test_grpc_interop import (ADMIN, _serve, acl_gbroker, connections, free_port, gbroker,  # noqa: F401
-                               start_v5, v5_python)
+                               grpc_transport, start_v5, v5_python)
 
 pytestmark = pytest.mark.interop
 

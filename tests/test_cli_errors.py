@@ -118,8 +118,8 @@ def _scan_cases(tmp: Path):
     (tmp / "otherlogs" / "gc.log").write_text(SAMPLE_LOG_LINE)  # not broker*.log*
     rec = a_recording(tmp / "rec")
     seg = next(rec.glob("*.seg"))
-    mixed = a_recording(tmp / "mixed")
-    (mixed / "broker.log").write_text(SAMPLE_LOG_LINE)
+    mixed = a_recording(tmp / "mixed")  # a recording and a capture: the same heartbeats twice, refused (merge.py)
+    (mixed / "broker.pcap").write_bytes((Path(__file__).parent / "data" / "pcap" / "cpp-lo-ipv4.pcap").read_bytes())
     (tmp / "afile").write_text("x")
     (tmp / "link").symlink_to(tmp / "emptydir")
     good_log = tmp / "broker.log"

@@ -174,7 +174,8 @@ def same_broker_problem(log: dict, cap: dict) -> Optional[str]:
     lg = {r["group"] for r in log["group_sizes"]}
     cg = {r["group"] for r in cap["group_sizes"]}
     if lg and cg and not lg & cg:
-        return ("the broker log and the capture cover the same time but share no group: they look like two "
+        other = "capture" if "capture" in cap else "recording"
+        return (f"the broker log and the {other} cover the same time but share no group: they look like two "
                 "brokers' inputs; scan them separately")
     return None
 

@@ -116,6 +116,11 @@ def test_pages_name_only_what_a_user_has():
     for page in PAGES:  # every relative link points at a file of the checkout
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links {target}"
+    # and so does every path of the checkout a page names (globs and the directories tests make, .v5 etc., aside)
+    named = re.compile(r"(?<![\w./-])((?:engine|bindings|tests|scripts|pyx|fuzz|bench|docs)/[\w./-]*\w)")
+    missing = [(page.relative_to(ROOT).as_posix(), path) for page in PAGES for path in named.findall(page.read_text())
+               if "/." not in path and not (ROOT / path).exists()]
+    assert missing == []
 
 
 def test_every_docs_page_is_linked_once_from_the_readme():

@@ -246,7 +246,9 @@ def main(argv=None) -> int:
             proc = subprocess.Popen([*(["taskset", "-c", pin[0]] if pin else []), sys.executable, "-m", "engine",
                                      "serve", "--listenPort", str(main_port), "--listenHost", "127.0.0.1",
                                      "--fastPortEnable", "false", "--grpcServerPort", str(grpc_port),
-                                     "--grpcTransport", a.grpc_transport, "--storePathRootDir", store, "--log-level", "WARNING"],
+                                     "--grpcTransport", a.grpc_transport, "--storePathRootDir", store,
+                                     # every session comes from 127.0.0.1: the per-address share must hold them
+                                     "--grpcMaxSessionsPerIp", "1000000", "--log-level", "WARNING"],
                                     cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL, text=True, start_new_session=True)
             mine = os.sched_getaffinity(0)

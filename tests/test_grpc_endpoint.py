@@ -807,3 +807,34 @@ def test_settings_again_after_termination_past_the_session_budget_end_the_stream
     assert gbroker.grpc.internal_errors == 0
     assert [c["clientId"] for c in producers(gbroker, "TopicBudget")["connectionSet"]] == ["second@1"]
     other.end()
+
+
+def test_tls_with_alpn_h2(tmp_path, grpc_transport):
+    """grpcTlsCertPath / grpcTlsKeyPath: the port speaks TLS (ALPN h2) on both transports; a plaintext client gets
+    nothing."""
+    import subprocess
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+                   check=True, capture_output=True)
+    with pytest.raises(ConfigError):
+        make_config(tmp_path, grpc_server_port=free_port(), grpc_tls_cert_path=str(cert)).validate()
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port(), grpc_tls_cert_path=str(cert),
+                           grpc_tls_key_path=str(key))).start()
+    try:
+        creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+        channel = grpc.secure_channel(f"127.0.0.1:{b.ports['grpc']}", creds,
+                                      options=[("grpc.ssl_target_name_override", "localhost")])
+        req = s.QueryRouteRequest()
+        req.topic.name = "TopicTls"
+        assert sg.MessagingServiceStub(channel).QueryRoute(req, metadata=md(), timeout=10).status.code \
+            == Code.TOPIC_NOT_FOUND
+        channel.close()
+        plain = grpc.insecure_channel(f"127.0.0.1:{b.ports['grpc']}")
+        with pytest.raises(grpc.RpcError) as e:
+            sg.MessagingServiceStub(plain).QueryRoute(req, metadata=md(), timeout=3)
+        assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        plain.close()
+    finally:
+        b.stop()

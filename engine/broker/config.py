@@ -228,6 +228,11 @@ class BrokerConfig:
     #: engine: the gRPC port's transport: "grpcio" (grpc.aio, the reference) or "native" (engine.http2: HTTP/2 and
     #: gRPC on the broker's own loop, no grpc threads)
     grpc_transport: str = "grpcio"
+    #: engine: PEM certificate (chain) of the gRPC port's TLS, with grpcTlsKeyPath (5.x SDKs such as Java's use TLS
+    #: unless told otherwise; ALPN h2); "" = plaintext
+    grpc_tls_cert_path: str = ""
+    #: engine: PEM private key of grpcTlsCertPath's certificate
+    grpc_tls_key_path: str = ""
     #: engine: gRPC client sessions (5.x client ids) at most; past it a new client's Telemetry stream ends
     #: RESOURCE_EXHAUSTED
     grpc_max_sessions: int = 100_000
@@ -378,6 +383,8 @@ class BrokerConfig:
             raise ConfigError(f"logFormat must be rmqhb or java, not {echo(self.log_format)}")
         if self.grpc_transport not in ("grpcio", "native"):
             raise ConfigError(f"grpcTransport must be grpcio or native, not {echo(self.grpc_transport)}")
+        if bool(self.grpc_tls_cert_path) != bool(self.grpc_tls_key_path):
+            raise ConfigError("grpcTlsCertPath and grpcTlsKeyPath go together (both set: TLS; neither: plaintext)")
         if self.broker_role not in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"):
             raise ConfigError(f"brokerRole must be ASYNC_MASTER, SYNC_MASTER or SLAVE, not {echo(self.broker_role)}")
         if self.broker_role in ("ASYNC_MASTER", "SYNC_MASTER"):

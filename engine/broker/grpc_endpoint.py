@@ -353,7 +353,9 @@ class GrpcEndpoint:
         host = self.host or "0.0.0.0"
         addr = f"[{host}]:{self.port}" if ":" in host and not host.startswith("[") else f"{host}:{self.port}"
         try:
-            bound = server.add_insecure_port(addr)
+            tls = self._tls_files()  # grpcTlsCertPath / grpcTlsKeyPath
+            bound = (server.add_insecure_port(addr) if tls is None else
+                     server.add_secure_port(addr, p.grpc.ssl_server_credentials([(tls[1], tls[0])])))
         except RuntimeError as e:
             # grpc's text ("Failed to bind ...; set GRPC_VERBOSITY=debug ...") says neither why nor what to do
             raise GrpcEndpointError(f"grpcServerPort {self.port}: cannot bind {addr}: the port is in use (or the "
@@ -374,6 +376,21 @@ class GrpcEndpoint:
         log.info("gRPC endpoint (RocketMQ 5.x clients) listening on %s:%d", host, bound)
         return bound
 
+    def _tls_files(self):
+        """(certificate chain, private key) bytes of grpcTlsCertPath / grpcTlsKeyPath, or None (plaintext)."""
+        cfg = self.broker.config
+        cert, key = getattr(cfg, "grpc_tls_cert_path", ""), getattr(cfg, "grpc_tls_key_path", "")
+        if not cert:
+            return None
+        try:
+            with open(cert, "rb") as f:
+                cert_pem = f.read(1 << 20)
+            with open(key, "rb") as f:
+                key_pem = f.read(1 << 20)
+        except OSError as e:
+            raise GrpcEndpointError(f"grpcTlsCertPath / grpcTlsKeyPath: {_short(e, 120)}") from None
+        return cert_pem, key_pem
+
     async def _start_native(self) -> int:
         """grpcTransport=native: engine.http2's server on this loop, the same _Servicer (Heartbeat with bytes in
         and out); its accepts within this port's share of maxConnections (connections_refused_total{grpc})."""
@@ -381,8 +398,21 @@ class GrpcEndpoint:
 
         server = H2Server(self, _Servicer(self), SERVICE)
         host = self.host or "0.0.0.0"
+        tls = self._tls_files()
+        context = None
+        if tls is not None:  # TLS 1.2+ with ALPN h2 (RFC 7540 §3.3)
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.set_alpn_protocols(["h2"])
+            cfg = self.broker.config
+            try:
+                context.load_cert_chain(cfg.grpc_tls_cert_path, cfg.grpc_tls_key_path)
+            except (OSError, ssl.SSLError) as e:
+                raise GrpcEndpointError(f"grpcTlsCertPath / grpcTlsKeyPath: {_short(e, 120)}") from None
         try:
-            bound = await server.start(self.host or None, self.port)
+            bound = await server.start(self.host or None, self.port, ssl=context)
         except OSError as e:
             raise GrpcEndpointError(f"grpcServerPort {self.port}: cannot bind {host}:{self.port}: "
                                     f"{_short(e.strerror or e, 80)}") from None

@@ -54,6 +54,9 @@ MAX_CONTINUATIONS = 32
 #: grpcMaxMetadataBytes (at least 64 KiB) before the connection ends (COMPRESSION_ERROR / ENHANCE_YOUR_CALM); up to
 #: it, a call with metadata past grpcMaxMetadataBytes is answered RESOURCE_EXHAUSTED and the connection lives
 HARD_METADATA_FACTOR = 4
+#: a TLS handshake (grpcTlsCertPath) must end within this many seconds, else the connection is closed (asyncio
+#: hands the connection to the server, and to its connection budget, only after the handshake)
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 #: the longest grpc-message we send, characters
 MAX_STATUS_MESSAGE = 1024
 
@@ -194,8 +197,9 @@ class H2Server:
 
     async def start(self, host: str, port: int, ssl=None) -> int:
         loop = asyncio.get_running_loop()
+        kw = {} if ssl is None else {"ssl_handshake_timeout": TLS_HANDSHAKE_TIMEOUT_S}
         self._server = await loop.create_server(lambda: H2Connection(self), host or None, port, ssl=ssl,
-                                                reuse_address=True, backlog=1024)
+                                                reuse_address=True, backlog=1024, **kw)
         return self._server.sockets[0].getsockname()[1]
 
     def refuse(self) -> None:

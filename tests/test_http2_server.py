@@ -340,3 +340,85 @@ def test_stop_sends_goaway_with_the_last_stream(tmp_path):
     goaways = [f for f in c.read(3.0) if f[0] == F.GOAWAY]
     assert goaways and F.u32(goaways[0][3], 4) == F.NO_ERROR and F.u32(goaways[0][3]) == 3
     assert c.eof
+
+
+class _Transport:
+    """What H2Connection uses of an asyncio transport, recording what it writes."""
+
+    def __init__(self):
+        self.out = []
+        self.closed = False
+
+    def write(self, data):
+        self.out.append(bytes(data))
+
+    def get_extra_info(self, name):
+        return ("127.0.0.1", 5555) if name == "peername" else None
+
+    def get_write_buffer_size(self):
+        return 0
+
+    def close(self):
+        self.closed = True
+
+    abort = close
+
+
+def _mutated_conversations(seed, n):
+    """Valid client conversations (preface, SETTINGS, a unary call, a Telemetry stream, PING, WINDOW_UPDATE,
+    RST_STREAM) with random bytes flipped, cut, duplicated or inserted, split at random points."""
+    import random
+
+    rnd = random.Random(seed)
+    c = Raw.__new__(Raw)
+    for _ in range(n):
+        c.enc = HpackEncoder()
+        parts = [F.PREFACE, F.settings([(F.SETTINGS_INITIAL_WINDOW_SIZE, rnd.choice((0, 10, 65535, 1 << 20)))]),
+                 F.settings(ack=True), c.headers(1), F.frame(F.DATA, 0, 1, c.message(route_request())[:7]),
+                 F.frame(F.DATA, F.FLAG_END_STREAM, 1, c.message(route_request())[7:]),
+                 c.headers(3, method="Telemetry", timeout="5S"), F.ping(b"abcdefgh"), F.window_update(0, 1000),
+                 F.window_update(1, 5), F.frame(F.DATA, 0, 3, c.message(b"\x0a\x00")), F.rst_stream(3, F.CANCEL),
+                 c.headers(5, method="Heartbeat", end_stream=True)]
+        data = bytearray(b"".join(parts))
+        for _ in range(rnd.randrange(4)):
+            op, pos = rnd.randrange(4), rnd.randrange(24, len(data))
+            if op == 0:
+                data[pos] ^= 1 << rnd.randrange(8)
+            elif op == 1:
+                del data[pos:pos + rnd.randrange(1, 40)]
+            elif op == 2:
+                data[pos:pos] = data[pos:pos + rnd.randrange(1, 60)]
+            else:
+                data[pos:pos] = bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 20)))
+        cuts = sorted(rnd.sample(range(1, len(data)), min(len(data) - 1, rnd.randrange(1, 8))))
+        yield [bytes(data[a:b]) for a, b in zip([0] + cuts, cuts + [len(data)])]
+
+
+def test_mutated_conversations_never_raise_out_of_the_protocol(nbroker):
+    """Random damage to valid conversations: the connection answers or ends with GOAWAY, nothing escapes
+    data_received, and no call, byte or stream is left held once the connection is gone."""
+    b = nbroker()
+    server = b.grpc._server
+
+    def run(chunks):
+        conn = H.H2Connection(server)
+        t = _Transport()
+        conn.connection_made(t)
+        for chunk in chunks:
+            conn.data_received(chunk)
+        held = (conn.buffered, conn.pending)
+        conn.connection_lost(None)
+        return t, held, conn
+
+    seen = set()
+    for chunks in _mutated_conversations(seed=30, n=300):
+        t, held, conn = b.call(run, chunks)
+        out = F.FrameReader(F.MAX_MAX_FRAME_SIZE).feed(b"".join(t.out))
+        assert out and out[0][0] == F.SETTINGS
+        seen.update(f[0] for f in out)
+        assert held[0] >= 0 and held[1] >= 0
+        assert not conn.streams and conn.buffered == 0 and conn.pending == 0
+    assert {F.DATA, F.HEADERS, F.GOAWAY, F.PING} <= seen  # answered calls and ended connections both
+    time.sleep(0.2)
+    assert server.calls == 0
+    assert query_route_works(b)

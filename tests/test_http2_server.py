@@ -422,3 +422,22 @@ def test_mutated_conversations_never_raise_out_of_the_protocol(nbroker):
     time.sleep(0.2)
     assert server.calls == 0
     assert query_route_works(b)
+
+
+def test_an_answer_waits_for_the_clients_window_and_goes_on_when_it_opens(nbroker):
+    """A client announcing a 10-byte stream window gets 10 bytes of DATA, then the rest (and the trailers) as its
+    WINDOW_UPDATEs come: the answer is whole and in order."""
+    b = nbroker()
+    c = Raw(b.ports["grpc"], settings=[(F.SETTINGS_INITIAL_WINDOW_SIZE, 10), (F.SETTINGS_MAX_FRAME_SIZE, 16384)])
+    c.send(F.settings(ack=True), c.headers(1), F.frame(F.DATA, F.FLAG_END_STREAM, 1, c.message(route_request())))
+    c.read(1.0, until=lambda f: f[0] == F.DATA)
+    first = [f for f in c.got if f[0] == F.DATA]
+    assert sum(len(f[3]) for f in first) == 10
+    assert not any(f[0] == F.HEADERS and f[1] & F.FLAG_END_STREAM for f in c.got)  # trailers wait behind data
+    for _ in range(20):
+        c.send(F.window_update(1, 7))
+    t = c.trailers(1)
+    assert t[b"grpc-status"] == b"0"
+    data = b"".join(f[3] for f in c.got if f[0] == F.DATA and f[2] == 1)
+    assert s.QueryRouteResponse.FromString(data[5:]).status.message.startswith("topic not found")
+    assert b.grpc._server.calls == 0

@@ -238,6 +238,13 @@ def test_a_ping_flood_is_answered_enhance_your_calm(nbroker, monkeypatch):
     c.send(F.settings(ack=True), *(F.ping(b"%08d" % i) for i in range(100)))
     assert c.goaway() == F.ENHANCE_YOUR_CALM
     assert sum(1 for f in c.got if f[0] == F.PING) <= 51
+    c = Raw(b.ports["grpc"])  # pings after request frames are flow-control probes (grpc's BDP pings): not counted
+    c.send(F.settings(ack=True))
+    for i in range(100):
+        c.send(c.headers(1 + 2 * i, method="NoSuchMethod", end_stream=True), F.ping(b"%08d" % i))
+    c.read(1.0, until=lambda f: f[0] == F.PING and f[3] == b"%08d" % 99)
+    assert not any(f[0] == F.GOAWAY for f in c.got)
+    assert sum(1 for f in c.got if f[0] == F.PING) == 100
     c = Raw(b.ports["grpc"])  # and a SETTINGS flood
     c.send(F.settings(ack=True), *(F.settings() for _ in range(100)))
     assert c.goaway() == F.ENHANCE_YOUR_CALM

@@ -44,8 +44,9 @@ FLOW_STALL_MS = 10_000
 #: ENHANCE_YOUR_CALM and the connection ends
 MAX_RESETS_PER_WINDOW = 200
 RESET_WINDOW_S = 1.0
-#: SETTINGS, PING, PRIORITY, empty DATA and CONTINUATION frames a client may send per CONTROL_WINDOW_S; past it
-#: GOAWAY ENHANCE_YOUR_CALM and the connection ends (a settings / ping flood makes the server write answers)
+#: SETTINGS, PRIORITY, empty DATA frames, and PINGs without a HEADERS or DATA frame since the previous PING (a
+#: ping after request data is a flow-control probe, as grpc counts them), a client may send per CONTROL_WINDOW_S;
+#: past it GOAWAY ENHANCE_YOUR_CALM and the connection ends (a settings / ping flood makes the server write answers)
 MAX_CONTROL_FRAMES_PER_WINDOW = 200
 CONTROL_WINDOW_S = 1.0
 #: CONTINUATION frames of one header block at most; past it GOAWAY ENHANCE_YOUR_CALM (CONTINUATION flood)
@@ -371,6 +372,7 @@ class H2Connection(asyncio.Protocol):
         self.control_since = 0.0
         self.last_recv = 0.0
         self.ping_sent = None  # time.monotonic() of our keepalive ping waiting for its ACK
+        self.fed = False  # a HEADERS or non-empty DATA frame came since the last PING
         self.keepalive = None
         self.going_away = False
         self.closed = False
@@ -512,7 +514,12 @@ class H2Connection(asyncio.Protocol):
             if flags & F.FLAG_ACK:
                 self.ping_sent = None
             else:
-                self._count_control()
+                # a ping after a request frame is a client's flow-control (BDP) probe, as grpc counts them: only
+                # pings without a request frame between them count against the budget
+                if self.fed:
+                    self.fed = False
+                else:
+                    self._count_control()
                 self.write(F.ping(payload, ack=True))
         elif ftype == F.GOAWAY:
             if sid:
@@ -614,6 +621,7 @@ class H2Connection(asyncio.Protocol):
             self._drop(call)
 
     def _headers(self, flags, sid, payload):
+        self.fed = True
         if not sid or not sid & 1:
             raise FrameError(F.PROTOCOL_ERROR, "HEADERS on stream 0 or an even stream")
         pos, end = 0, len(payload)
@@ -731,6 +739,8 @@ class H2Connection(asyncio.Protocol):
             self.recv_window = CONNECTION_WINDOW
         if not n and not flags & F.FLAG_END_STREAM:
             self._count_control()
+        else:
+            self.fed = True
         call = self.streams.get(sid)
         if call is None:
             if sid > self.last_sid:

@@ -248,7 +248,10 @@ def main(argv=None) -> int:
                                      "--fastPortEnable", "false", "--grpcServerPort", str(grpc_port),
                                      "--grpcTransport", a.grpc_transport, "--storePathRootDir", store,
                                      # every session comes from 127.0.0.1: the per-address share must hold them
-                                     "--grpcMaxSessionsPerIp", "1000000", "--log-level", "WARNING"],
+                                     "--grpcMaxSessionsPerIp", "1000000",
+                                     # its load uses ceil(N / 128) gRPC connections: the rest of the descriptors
+                                     # stay the remoting port's (grpcMaxConnections' share is up to half of them)
+                                     "--grpcMaxConnections", "1000", "--log-level", "WARNING"],
                                     cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL, text=True, start_new_session=True)
             mine = os.sched_getaffinity(0)

@@ -18,6 +18,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as sg  # noqa: E402
 
 from engine.broker.admin import AdminClient, AdminError  # noqa: E402
 from test_grpc_endpoint import Telemetry, consumer_settings, free_port, md, producer_settings, wait_until  # noqa
+from test_grpc_endpoint import grpc_transport  # noqa: E402,F401  (fixture: every test on both transports)
 from test_server import make_config  # noqa: E402
 
 Code = d.Code

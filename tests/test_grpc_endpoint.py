@@ -4,7 +4,6 @@ import json
 import logging
 import queue
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -51,15 +50,16 @@ def wait_until(fn, timeout=20.0):
 TOPICS = ("TopicC", "TopicD", "TopicS", "TopicX", "StillServing", "TopicCapture", "TopicHook")
 
 
-_make_config = make_config
-
-
 @pytest.fixture(autouse=True, params=["grpcio", "native"])
 def grpc_transport(request, monkeypatch):
-    """Every test on both transports of the gRPC port (grpcTransport): grpcio's and engine.http2's (issue 30);
-    the brokers of this module are made with make_config."""
-    monkeypatch.setattr(sys.modules[__name__], "make_config",
-                        lambda tmp_path, **kw: _make_config(tmp_path, **{"grpc_transport": request.param, **kw}))
+    """Every test on both transports of the gRPC port (grpcTransport): grpcio's and engine.http2's (issue 30).
+    The brokers of the test's module are made with its make_config (test_server's); a module importing this
+    fixture gets it too."""
+    import test_server
+
+    base = test_server.make_config
+    monkeypatch.setattr(request.module, "make_config",
+                        lambda tmp_path, **kw: base(tmp_path, **{"grpc_transport": request.param, **kw}))
     return request.param
 
 

@@ -6,7 +6,6 @@ import gc
 import json
 import logging
 import socket
-import sys
 import threading
 import time
 import tracemalloc
@@ -27,23 +26,13 @@ from rocketmq.grpc_protocol import service_pb2 as s  # noqa: E402
 from rocketmq.grpc_protocol import service_pb2_grpc as sg  # noqa: E402
 
 import engine.broker.grpc_endpoint as ge  # noqa: E402
-from test_grpc_endpoint import (Telemetry, consumer_settings, consumers, free_port, md,  # noqa: E402
-                                producer_settings, producers, wait_until)
+from test_grpc_endpoint import (Telemetry, consumer_settings, consumers, free_port, grpc_transport,  # noqa: E402,F401
+                                md, producer_settings, producers, wait_until)
 from test_server import Client, hb_body, make_config  # noqa: E402
 
 Code = d.Code
 
 
-_make_config = make_config
-
-
-@pytest.fixture(autouse=True, params=["grpcio", "native"])
-def grpc_transport(request, monkeypatch):
-    """Every test on both transports of the gRPC port (grpcTransport): grpcio's and engine.http2's (issue 30);
-    the brokers of this module are made with make_config."""
-    monkeypatch.setattr(sys.modules[__name__], "make_config",
-                        lambda tmp_path, **kw: _make_config(tmp_path, **{"grpc_transport": request.param, **kw}))
-    return request.param
 
 
 @pytest.fixture

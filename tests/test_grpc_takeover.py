@@ -20,6 +20,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as sg  # noqa: E402
 
 import engine.broker.grpc_endpoint as ge  # noqa: E402
 from test_grpc_endpoint import Telemetry, consumer_settings, consumers, free_port, md, wait_until  # noqa: E402
+from test_grpc_endpoint import grpc_transport  # noqa: E402,F401  (fixture: every test on both transports)
 from test_grpc_guard import Relay, channel_to, refused_stream, start_session  # noqa: E402
 from test_server import make_config  # noqa: E402
 

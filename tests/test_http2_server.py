@@ -448,3 +448,42 @@ def test_an_answer_waits_for_the_clients_window_and_goes_on_when_it_opens(nbroke
     data = b"".join(f[3] for f in c.got if f[0] == F.DATA and f[2] == 1)
     assert s.QueryRouteResponse.FromString(data[5:]).status.message.startswith("topic not found")
     assert b.grpc._server.calls == 0
+
+
+def test_the_frame_reader_gives_the_same_frames_however_the_bytes_are_split():
+    import random
+
+    rnd = random.Random(7)
+    data = b"".join(F.frame(rnd.randrange(10), rnd.randrange(256), rnd.randrange(1 << 31),
+                            bytes(rnd.randrange(256) for _ in range(rnd.randrange(300)))) for _ in range(60))
+    whole = F.FrameReader().feed(data)
+    assert len(whole) == 60
+    for sizes in (1, 7, 500):
+        reader, got, i = F.FrameReader(), [], 0
+        while i < len(data):
+            n = rnd.randrange(1, sizes + 1)
+            got += reader.feed(data[i:i + n])
+            i += n
+        assert got == whole and all(type(f[3]) is bytes for f in got)
+        assert reader.buffered == 0
+    with pytest.raises(F.FrameError) as e:  # past the limit: raised from the header alone
+        F.FrameReader(16384).feed(b"\x00\x40\x01" + bytes(6))
+    assert e.value.code == F.FRAME_SIZE_ERROR
+
+
+def test_a_large_message_over_many_frames_a_byte_apart(nbroker):
+    """A 1 MiB request in 1,000-byte DATA frames, sent in 997-byte writes (frames cut anywhere): answered whole."""
+    b = nbroker()
+    c = Raw(b.ports["grpc"])
+    req = s.QueryRouteRequest()
+    req.topic.name = "T" * (1 << 20)
+    msg = c.message(req.SerializeToString())
+    frames_ = b"".join(F.frame(F.DATA, F.FLAG_END_STREAM if i + 1000 >= len(msg) else 0, 1, msg[i:i + 1000])
+                       for i in range(0, len(msg), 1000))
+    c.send(F.settings(ack=True), c.headers(1))
+    for i in range(0, len(frames_), 997):
+        c.send(frames_[i:i + 997])
+    t = c.trailers(1, timeout=10.0)
+    assert t[b"grpc-status"] == b"0"
+    data = b"".join(f[3] for f in c.got if f[0] == F.DATA and f[2] == 1)
+    assert s.QueryRouteResponse.FromString(data[5:]).status.code != 0  # the topic's name is illegal: an answer

@@ -60,11 +60,18 @@ class FrameReader:
         self._buf = b""
 
     def feed(self, data) -> list:
-        buf = self._buf + data if self._buf else bytes(data)
+        # a partial frame is kept in a bytearray that grows in place: a frame arriving a byte at a time costs
+        # linear work, not a copy of the frame per byte
+        if self._buf:
+            self._buf += data
+            buf = self._buf
+        else:
+            buf = data
         out = []
         pos, end = 0, len(buf)
         limit = self.max_frame_size
         unpack = _HEAD.unpack_from
+        kept = buf is self._buf
         while end - pos >= 9:
             hi, lo, ftype, flags, sid = unpack(buf, pos)
             length = hi << 16 | lo
@@ -74,9 +81,15 @@ class FrameReader:
             stop = pos + 9 + length
             if stop > end:
                 break
-            out.append((ftype, flags, sid & 0x7FFFFFFF, buf[pos + 9:stop]))
+            payload = buf[pos + 9:stop]
+            out.append((ftype, flags, sid & 0x7FFFFFFF, bytes(payload) if kept else payload))
             pos = stop
-        self._buf = buf[pos:] if pos < end else b""
+        if pos >= end:
+            self._buf = b""
+        elif kept:
+            del buf[:pos]
+        else:
+            self._buf = bytearray(buf[pos:])
         return out
 
     @property

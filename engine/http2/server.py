@@ -774,7 +774,13 @@ class H2Connection(asyncio.Protocol):
         if self.buffered > MAX_BUFFERED_MESSAGES * server.max_message + STREAM_WINDOW:
             self._finish(call, (_RESOURCE_EXHAUSTED, "too many request bytes held on this connection"))
             return False
-        buf = call.partial + payload if call.partial else payload
+        # a message spread over frames grows in place (a bytearray): linear in its size, not a copy per frame
+        if call.partial:
+            call.partial += payload
+            buf = call.partial
+        else:
+            buf = payload
+        kept = buf is call.partial
         pos, end = 0, len(buf)
         while end - pos >= call.need:
             if call.length < 0:  # the 5-byte prefix: compressed flag, length
@@ -795,7 +801,7 @@ class H2Connection(asyncio.Protocol):
                 call.length = length
                 call.need = 5 + length
                 continue
-            message = buf[pos + 5:pos + call.need]
+            message = bytes(buf[pos + 5:pos + call.need]) if kept else buf[pos + 5:pos + call.need]
             pos += call.need
             call.need = 5
             call.length = -1
@@ -809,7 +815,12 @@ class H2Connection(asyncio.Protocol):
                 if len(call.messages) > 1:
                     self._finish(call, (_UNIMPLEMENTED, "more than one request message for a unary call"))
                     return False
-        call.partial = buf[pos:] if pos < end else b""
+        if pos >= end:
+            call.partial = b""
+        elif kept:
+            del buf[:pos]
+        else:
+            call.partial = bytearray(buf[pos:])
         return True
 
     def consumed(self, call, n) -> None:

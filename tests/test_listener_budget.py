@@ -60,7 +60,8 @@ def test_the_budget_splits_max_connections_between_the_listeners():
     assert listener_budget(BrokerConfig(max_connections=200))["remoting"] == 200
 
 
-def test_a_flood_of_raw_grpc_connections_leaves_the_other_ports_and_the_store_their_descriptors(tmp_path):
+@pytest.mark.parametrize("transport", ["grpcio", "native"])
+def test_a_flood_of_raw_grpc_connections_leaves_the_other_ports_and_the_store_their_descriptors(tmp_path, transport):
     """RLIMIT_NOFILE 400 and a budget of 144 connections (gRPC 50, metrics 16, remoting 78): 300 raw connections
     to the gRPC port (preface + empty SETTINGS, more than the process has descriptors for beyond its reserve) take
     50 descriptors; the remoting port still answers a heartbeat, /metrics still answers, the store still writes.
@@ -73,7 +74,7 @@ def test_a_flood_of_raw_grpc_connections_leaves_the_other_ports_and_the_store_th
         [sys.executable, "-c", BROKER_LOW_FDS, "400", "--listenPort", str(port), "--listenHost", "127.0.0.1",
          "--fastPortEnable", "false", "--storePathRootDir", str(store), "--log-level", "INFO",
          "--maxConnections", "1000", "--grpcServerPort", str(grpc_port), "--grpcMaxConnections", "50",
-         "--metricsPort", str(metrics_port)],
+         "--grpcTransport", transport, "--metricsPort", str(metrics_port)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     flood, grpc_flood = [], []
     try:

@@ -219,7 +219,7 @@ def test_every_heartbeat_answer_equals_the_encoded_response(offline, monkeypatch
 def test_identical_body_is_decoded_once_and_a_changed_body_again(offline, monkeypatch):
     calls = []
     real = processors_mod.decode_heartbeat
-    monkeypatch.setattr(processors_mod, "decode_heartbeat", lambda b: (calls.append(b), real(b))[1])
+    monkeypatch.setattr(processors_mod, "decode_heartbeat", lambda b, *a: (calls.append(b), real(b, *a))[1])
     conn = connect(offline)
 
     def beat(data, opaque):

@@ -487,3 +487,22 @@ def test_a_large_message_over_many_frames_a_byte_apart(nbroker):
     assert t[b"grpc-status"] == b"0"
     data = b"".join(f[3] for f in c.got if f[0] == F.DATA and f[2] == 1)
     assert s.QueryRouteResponse.FromString(data[5:]).status.code != 0  # the topic's name is illegal: an answer
+
+
+def test_calls_past_the_brokers_calls_in_progress_are_refused(nbroker):
+    """grpcMaxConcurrentRpcs counts calls over all connections: the third call (on another connection) is answered
+    RESOURCE_EXHAUSTED while two Telemetry streams are open, and served once one has ended."""
+    b = nbroker(grpc_max_concurrent_rpcs=2)
+    c1, c2 = Raw(b.ports["grpc"]), Raw(b.ports["grpc"])
+    c1.send(F.settings(ack=True), c1.headers(1, method="Telemetry"), c1.headers(3, method="Telemetry"))
+    deadline = time.monotonic() + 3
+    while b.grpc._server.calls < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    c2.send(F.settings(ack=True), c2.headers(1), F.frame(F.DATA, F.FLAG_END_STREAM, 1, c2.message(route_request())))
+    assert c2.trailers(1)[b"grpc-status"] == b"8"
+    c1.send(F.rst_stream(1, F.CANCEL))
+    deadline = time.monotonic() + 3
+    while b.grpc._server.calls > 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    c2.send(c2.headers(3), F.frame(F.DATA, F.FLAG_END_STREAM, 3, c2.message(route_request())))
+    assert c2.trailers(3)[b"grpc-status"] == b"0"

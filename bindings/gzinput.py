@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import zlib
 from typing import Optional
 
 #: decompressed bytes a .gz input may give per compressed byte ...
@@ -27,17 +28,35 @@ def gzip_budget(compressed: int, max_ratio: Optional[int] = None, min_bytes: Opt
 
 class BoundedGzip(io.RawIOBase):
     """A gzip file's decompressed bytes up to ``budget`` (default :func:`gzip_budget` of its size), then EOF;
-    ``over`` is True once the file had more past the budget (``reason()`` says so, without the file's bytes)."""
+    ``over`` is True once the file had more past the budget (``reason()`` says so, without the file's bytes).
+
+    Decompressed with zlib directly rather than :class:`gzip.GzipFile`: a cut file (a copy taken while it was
+    written, a truncated download) gives every byte before the cut, then EOFError at the next read. GzipFile raises
+    in the read that reaches the cut and drops what that read had decompressed, so a cut file read in large chunks
+    gave nothing at all. Several members (``cat a.gz b.gz``) are read one after the other, as gzip does; zero
+    padding after the last member is ignored; a file that is not gzip raises :class:`gzip.BadGzipFile`."""
+
+    _CHUNK = 1 << 16
+    #: compressed bytes given to the decompressor at a time, and the most one call returns: memory stays at a few
+    #: hundred KiB whatever the ratio, and each byte is copied a bounded number of times whatever the read sizes
+    _SLICE = 4096
+    _OUT = 1 << 18
 
     def __init__(self, path, max_ratio: Optional[int] = None, min_bytes: Optional[int] = None):
         super().__init__()
         self._raw = open(path, "rb")
         try:
             self.compressed = os.fstat(self._raw.fileno()).st_size
-            self._gz = gzip.GzipFile(fileobj=self._raw, mode="rb")
         except BaseException:
             self._raw.close()
             raise
+        self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._fresh = True       # the current decompressor has been given nothing yet
+        self._started = False    # a member has given output or ended (a bad header is then damage, not "not gzip")
+        self._cut = False        # the file ended inside a member: EOFError once the bytes before it are read
+        self._done = False
+        self._in, self._in_off = b"", 0    # compressed bytes read from the file, and how far they were given
+        self._out, self._out_off = b"", 0  # decompressed bytes, and how far they were returned
         self.max_ratio = int(GZIP_MAX_RATIO if max_ratio is None else max_ratio)
         self.min_bytes = int(GZIP_MIN_BYTES if min_bytes is None else min_bytes)
         self.budget = gzip_budget(self.compressed, self.max_ratio, self.min_bytes)
@@ -47,14 +66,53 @@ class BoundedGzip(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def _fill(self) -> bool:
+        """Decompress until there is output to return; False at the end of the last member (or at a cut)."""
+        while not self._done:
+            if self._in_off >= len(self._in) and not self._z.unconsumed_tail:
+                self._in, self._in_off = self._raw.read(self._CHUNK), 0
+                if not self._in:
+                    self._cut = not (self._z.eof or self._fresh)  # else: the last member's end, or an empty file
+                    self._done = True
+                    break
+            if self._z.eof:  # bytes after a member: zero padding, or the next member
+                if not self._in[self._in_off:].strip(b"\0"):
+                    self._in_off = len(self._in)
+                    continue
+                self._z, self._fresh = zlib.decompressobj(16 + zlib.MAX_WBITS), True
+            data = self._z.unconsumed_tail  # what the last call left for want of output room (<= one slice)
+            if not data:
+                data = self._in[self._in_off:self._in_off + self._SLICE]
+                self._in_off += len(data)
+            try:
+                out = self._z.decompress(data, self._OUT)
+            except zlib.error:
+                if not self._started:
+                    raise gzip.BadGzipFile("not a gzip file") from None
+                raise
+            self._fresh = False
+            if self._z.eof:
+                self._started = True
+                self._in_off -= len(self._z.unused_data)  # the next member's bytes are read again from there
+            if out:
+                self._started = True
+                self._out, self._out_off = out, 0
+                return True
+        return False
+
     def readinto(self, b) -> int:
         room = self.budget - self.read_bytes
-        if room <= 0:
-            if not self.over and self._gz.read(1):  # one byte more: the file goes on past the budget
-                self.over = True
+        if self._out_off >= len(self._out) and not self._fill():
+            if self._cut and room > 0:
+                raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+            return 0
+        if room <= 0:  # the file goes on past the budget
+            self.over = True
             return 0
         with memoryview(b) as mv:
-            n = self._gz.readinto(mv[:room]) or 0
+            n = min(room, len(mv), len(self._out) - self._out_off)
+            mv[:n] = self._out[self._out_off:self._out_off + n]
+        self._out_off += n
         self.read_bytes += n
         return n
 
@@ -64,8 +122,5 @@ class BoundedGzip(io.RawIOBase):
 
     def close(self):
         if not self.closed:
-            try:
-                self._gz.close()
-            finally:
-                self._raw.close()
+            self._raw.close()
         super().close()

@@ -56,14 +56,18 @@ def add_arguments(p) -> None:
 
 def input_bytes(path) -> int:
     """Bytes a file holds once decompressed, as far as is cheap to know: a ``.gz``'s trailer (ISIZE, its last
-    member's size modulo 4 GiB) or its own size, whichever is larger; other files their size."""
+    member's size modulo 4 GiB) or its own size, whichever is larger, and never more than the readers' budget of
+    decompressed bytes for it (gzinput.gzip_budget: a cut or forged trailer says anything up to 4 GiB); other
+    files their size."""
+    from .gzinput import gzip_budget
+
     p = Path(path)
-    size = p.stat().st_size
+    size = compressed = p.stat().st_size
     if p.name.endswith(".gz") and size >= 18:
         try:
             with open(p, "rb") as f:
                 f.seek(-4, os.SEEK_END)
-                size = max(size, struct.unpack("<I", f.read(4))[0])
+                size = min(max(size, struct.unpack("<I", f.read(4))[0]), gzip_budget(compressed))
         except OSError:
             pass
     return size
@@ -266,7 +270,13 @@ def total_bytes(files: Iterable) -> int:
 # each input kind: its engine, and its local scan with the Spark scan's ``scan`` section
 
 
-def _files(n: int, kind: str, size: int) -> str:
+def _files(n: int, kind: str, size: int, paths=()) -> str:
+    """What was given: ``size`` (input_bytes) is only an estimate for .gz files, so their own bytes are shown."""
+    gz = [p for p in paths if str(p).endswith(".gz")]
+    if gz:
+        packed = sum(os.stat(p).st_size for p in gz)
+        return f"{n} {kind} file{'s' if n != 1 else ''}, {_mib(packed)} gzip" + (
+            f" + {_mib(size - total_bytes(gz))}" if len(gz) < n else "")
     return f"{n} {kind} file{'s' if n != 1 else ''}, {_mib(size)}"
 
 
@@ -275,7 +285,7 @@ def log_engine(args, plan) -> Tuple[Tuple[str, str], str]:
     size = total_bytes(path for _, path, _ in plan)
     engine = choose_engine(args.engine, master=args.master, brokers=len({b for b, _, _ in plan}), size=size,
                            limit=LOCAL_MAX_BYTES)
-    return engine, _files(len(plan), "broker log", size)
+    return engine, _files(len(plan), "broker log", size, [path for _, path, _ in plan])
 
 
 def local_log_scan(paths, params, *, brokers=None, native=None, **kw) -> dict:
@@ -296,7 +306,7 @@ def capture_engine(args, captures: dict) -> Tuple[Tuple[str, str], str]:
     files = sorted({f for plan in captures.values() for c in plan for f in c.files})
     size = total_bytes(files)
     engine = choose_engine(args.engine, master=args.master, brokers=len(captures), size=size, limit=LOCAL_MAX_BYTES)
-    return engine, _files(len(files), "capture", size)
+    return engine, _files(len(files), "capture", size, files)
 
 
 def local_capture_scan(paths, params, *, shards: int = 1, client_ids: bool = False, **kw) -> dict:

@@ -143,7 +143,7 @@ def test_every_engine_module_imports_alone_in_a_fresh_interpreter(no_extensions)
 
 
 #: engine's layers, lowest first: a module imports only from its own layer or a lower one (README: Layout)
-LAYERS = {"codec": 0, "registry": 1, "recording": 1, "broker": 2}
+LAYERS = {"codec": 0, "registry": 1, "recording": 1, "http2": 1, "broker": 2}
 
 
 def test_the_layers_import_downwards_only():

@@ -396,6 +396,8 @@ class GrpcEndpoint:
         and out); its accepts within this port's share of maxConnections (connections_refused_total{grpc})."""
         from engine.http2.server import H2Server
 
+        # the same keepalive as the grpcio server's options (read at start: tests scale the constants down)
+        self.keepalive_time_ms, self.keepalive_timeout_ms = KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
         server = H2Server(self, _Servicer(self), SERVICE)
         host = self.host or "0.0.0.0"
         tls = self._tls_files()

@@ -176,12 +176,10 @@ class H2Server:
         self.max_metadata = endpoint.max_metadata_bytes
         self.hard_metadata = max(HARD_METADATA_FACTOR * self.max_metadata, 65536)
         self.max_calls = endpoint.max_concurrent_rpcs
-        # the grpcio server's keepalive (grpc_endpoint.KEEPALIVE_TIME_MS / KEEPALIVE_TIMEOUT_MS), or the endpoint's
-        import engine.broker.grpc_endpoint as ge
-
-        self.keepalive_s = getattr(endpoint, "keepalive_time_ms", getattr(ge, "KEEPALIVE_TIME_MS", 20_000)) / 1000.0
-        self.keepalive_timeout_s = getattr(endpoint, "keepalive_timeout_ms",
-                                           getattr(ge, "KEEPALIVE_TIMEOUT_MS", 10_000)) / 1000.0
+        # the grpcio server's keepalive, as the endpoint gives it (grpc_endpoint.KEEPALIVE_TIME_MS /
+        # KEEPALIVE_TIMEOUT_MS: read there, so that this layer does not import the endpoint back)
+        self.keepalive_s = getattr(endpoint, "keepalive_time_ms", 20_000) / 1000.0
+        self.keepalive_timeout_s = getattr(endpoint, "keepalive_timeout_ms", 10_000) / 1000.0
         self.max_write_buffer = int(getattr(endpoint.broker.config, "max_write_buffer_bytes", 8 << 20))
         self.connections: set[H2Connection] = set()
         self.calls = 0  # calls in progress over all connections

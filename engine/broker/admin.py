@@ -129,6 +129,17 @@ class AdminClient:
         resp = self.invoke(RequestCode.GET_PRODUCER_CONNECTION_LIST, {"producerGroup": group})
         return self._body_or_raise(resp)
 
+    def update_topic(self, topic: str, read_queue_nums: int = 8, write_queue_nums: int = 8, perm: int = 6) -> None:
+        """Create or update a topic on this broker (UPDATE_AND_CREATE_TOPIC, as mqadmin updateTopic sends it)."""
+        resp = self.invoke(RequestCode.UPDATE_AND_CREATE_TOPIC, {
+            "topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(read_queue_nums),
+            "writeQueueNums": str(write_queue_nums), "perm": str(perm), "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": "0", "order": "false"})
+        if resp.code != ResponseCode.SUCCESS:
+            from engine.logutil import escape_text
+
+            raise AdminError(f"CODE: {resp.code}  DESC: {escape_text((resp.remark or '')[:512])}", resp.code)
+
     def route(self, topic: str) -> dict:
         resp = self.invoke(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
         return self._body_or_raise(resp)
@@ -271,4 +282,31 @@ def producer_connection_main(argv=None) -> int:
         print(json.dumps(merged, indent=2, ensure_ascii=False))
     else:
         sys.stdout.write(format_producer_connection(merged))
+    return 0
+
+
+def update_topic_main(argv=None) -> int:
+    """rmqhb updateTopic -b HOST:PORT -t TOPIC [-r N] [-w N] [-p PERM]: create or update a topic on one broker."""
+    p = argparse.ArgumentParser(prog="rmqhb updateTopic", description="Update or create topic (on one broker).")
+    p.add_argument("-t", "--topic", required=True, help="topic name")
+    p.add_argument("-r", "--readQueueNums", type=int, default=8, help="set read queue nums (default 8)")
+    p.add_argument("-w", "--writeQueueNums", type=int, default=8, help="set write queue nums (default 8)")
+    p.add_argument("-p", "--perm", type=int, default=6, help="set topic's permission (2|4|6; default 6)")
+    _common_args(p)
+    args = p.parse_args(argv)
+    if not args.brokerAddr:
+        p.error("the broker (-b HOST:PORT) is required")
+    try:
+        args.secret_key = _secret_key(args)
+        host, port = split_addr(args.brokerAddr)
+        topic = args.topic.strip()
+        with _client(args, host, port) as c:
+            c.update_topic(topic, args.readQueueNums, args.writeQueueNums, args.perm)
+    except (AdminError, OSError) as e:
+        print(f"UpdateTopicSubCommand command failed: {e}", file=sys.stderr)
+        return 1
+    from engine.logutil import escape_text
+
+    print(f"create topic to {escape_text(args.brokerAddr.strip())} success: topic={escape_text(topic)} "
+          f"readQueueNums={args.readQueueNums} writeQueueNums={args.writeQueueNums} perm={args.perm}")
     return 0

@@ -121,6 +121,10 @@ class BrokerConfig:
     #: auto-create, so that one host cannot fill `autoCreateMaxTopics` for everyone; past it that host's route
     #: query or send for a new topic answers TOPIC_NOT_EXIST (0 = no share)
     auto_create_topics_per_ip: int = 1024
+    #: engine: topics the table may hold (all of them: start, auto-created, loaded and admin-created) for
+    #: UPDATE_AND_CREATE_TOPIC (`rmqhb updateTopic`) to create a new one; past it that request answers SYSTEM_ERROR
+    #: (an update of an existing topic still applies); without ACL the request proves nothing (0 = no limit)
+    max_topic_configs: int = 100_000
     default_topic_queue_nums: int = 4  # RocketMQ defaults to 8; 4 halves the idle long polls of real clients
     #: register TBW102 (`defaultTopicQueueNums` queues, perm 7) at start: behind a name server the route a producer
     #: of a topic with no route uses to find this broker; standalone, a route query creates an unknown topic

@@ -71,6 +71,18 @@ def valid_topic_name(topic: str) -> bool:
     return 0 < len(topic) <= 127 and _TOPIC_CHARS.issuperset(topic)
 
 
+def _validate_topic(topic: str):
+    """TopicValidator.validateTopic (4.9.8): None, or its refusal as (code, remark)."""
+    if not topic or not topic.strip():
+        return ResponseCode.SYSTEM_ERROR, "The specified topic is blank."
+    if not _TOPIC_CHARS.issuperset(topic):
+        return (ResponseCode.SYSTEM_ERROR,
+                "The specified topic contains illegal characters, allowing only ^[%|a-zA-Z0-9_-]+$")
+    if len(topic) > 127:
+        return ResponseCode.SYSTEM_ERROR, "The specified topic is longer than topic max length."
+    return None
+
+
 #: TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET (4.9.8)
 NOT_ALLOWED_SEND_TOPICS = frozenset({"SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
                                      "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"})
@@ -279,6 +291,42 @@ class Broker:
             key = auto_create_share_key(remote_ip)
             self._auto_created_topics[key] = self._auto_created_topics.get(key, 0) + 1
 
+    #: TopicValidator.SYSTEM_TOPIC_SET (4.9.8) before the broker adds its start topics (TopicConfigManager)
+    SYSTEM_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "RMQ_SYS_TRANS_HALF_TOPIC",
+                               "RMQ_SYS_TRACE_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC",
+                               "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"})
+
+    def is_system_topic(self, topic: str) -> bool:
+        """TopicValidator.isSystemTopic (4.9.8): its set, the topics this broker put in the table at start (the
+        cluster name, the broker name, the reply topic ...: TopicValidator.addSystemTopic) or the ``rmq_sys_``
+        prefix."""
+        return (topic in self.SYSTEM_TOPICS or topic in self.registry.store.topics.start_topics
+                or topic.startswith("rmq_sys_"))
+
+    def update_and_create_topic(self, tc, remote_addr: str = ""):
+        """AdminBrokerProcessor.updateAndCreateTopic (4.9.8): TopicValidator's checks, then the topic is put in
+        the table (written to topics.json at once) and registered with the name servers at once. A new topic needs
+        room in the table (``maxTopicConfigs``, every topic counted): without ACL the request proves nothing.
+        Returns None when applied, else (code, remark)."""
+        topic = tc.topic_name
+        refused = _validate_topic(topic)
+        if refused is not None:
+            return refused
+        if self.is_system_topic(topic):
+            return ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic."
+        store = self.registry.store
+        limit = self.config.max_topic_configs
+        if limit and store.topics.get(topic) is None and len(store.topics.table) >= limit:
+            store.auto_create_refused["topic_table"] += 1
+            store._refusal_log.log(logging.WARNING, "topic_table", "not creating topic %s for %s: the table holds "
+                                   "%d topics (maxTopicConfigs=%d)", topic, clip(remote_addr, 64), limit, limit)
+            return ResponseCode.SYSTEM_ERROR, f"the topic table is full (maxTopicConfigs={limit})"
+        log.info("updateAndCreateTopic called by %s", clip(remote_addr, 64))
+        self.registry.update_topic_config(tc)  # not derivable: written at once
+        if self._namesrv is not None:  # registerIncrementBrokerData: a changed topic is registered too
+            self._namesrv.request_register(topic)
+        return None
+
     def msg_check(self, topic, default_topic, client_default_topic_queue_nums: int, unit_mode: bool,
                   remote_address: str, remote_ip: str = ""):
         """The topic part of AbstractSendMessageProcessor.msgCheck (4.9.8): the topic name is checked, and a topic
@@ -288,13 +336,9 @@ class Broker:
         Returns None when the topic exists (now), else Java's refusal as (code, remark)."""
         from engine.registry.topic_config_manager import FLAG_UNIT, FLAG_UNIT_SUB, PERM_READ, PERM_WRITE
 
-        if not topic or not topic.strip():
-            return ResponseCode.SYSTEM_ERROR, "The specified topic is blank."
-        if not _TOPIC_CHARS.issuperset(topic):
-            return (ResponseCode.SYSTEM_ERROR,
-                    "The specified topic contains illegal characters, allowing only ^[%|a-zA-Z0-9_-]+$")
-        if len(topic) > 127:
-            return ResponseCode.SYSTEM_ERROR, "The specified topic is longer than topic max length."
+        refused = _validate_topic(topic)
+        if refused is not None:
+            return refused
         if topic in NOT_ALLOWED_SEND_TOPICS:
             return ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden."
         topics = self.registry.store.topics

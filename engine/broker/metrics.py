@@ -185,7 +185,7 @@ def render(metrics: Metrics, connections: int, group_stats=None, *, max_group_se
     if auto_create_refused is not None:
         w.metric(p + "auto_create_refused_total", "counter",
                  "Groups and topics not auto-created because their table is at its limit.",
-                 [({"kind": k}, auto_create_refused.get(k, 0)) for k in ("group", "topic", "topic_ip_share")])
+                 [({"kind": k}, auto_create_refused.get(k, 0)) for k in ("group", "topic", "topic_ip_share", "topic_table")])
     stats = list(group_stats or ())
     kept = heapq.nsmallest(max_group_series, stats, key=lambda s: (-s[2], s[0], s[1])) if max_group_series > 0 else []
     clients, channels = [], []

@@ -418,6 +418,28 @@ class Processors:
         self.broker.rebalance_lock_manager.unlock_batch(group, mqs, client_id)
         return cmd.response(ResponseCode.SUCCESS)
 
+    def update_and_create_topic(self, conn, cmd):
+        """AdminBrokerProcessor.updateAndCreateTopic (4.9.8): CreateTopicRequestHeader's @CFNotNull fields, the
+        topic's checks, then the TopicConfig is put, written and registered (Broker.update_and_create_topic)."""
+        from engine.registry.topic_config_manager import TopicConfig
+
+        topic = _required(cmd, "topic")
+        _required(cmd, "defaultTopic")
+        read_queue_nums = _int_field(cmd, "readQueueNums")
+        write_queue_nums = _int_field(cmd, "writeQueueNums")
+        perm = _int_field(cmd, "perm")
+        filter_type = _required(cmd, "topicFilterType")
+        sys_flag = _int_field(cmd, "topicSysFlag", required=False, default=0)
+        _required(cmd, "order")  # Boolean.parseBoolean: any text; 4.9.8 does not set it on the config
+        if filter_type not in ("SINGLE_TAG", "MULTI_TAG"):  # TopicFilterType.valueOf
+            raise RequestError(f"No enum constant org.apache.rocketmq.common.TopicFilterType.{_name(filter_type)}")
+        tc = TopicConfig(topic, read_queue_nums=read_queue_nums, write_queue_nums=write_queue_nums, perm=perm,
+                         topic_filter_type=filter_type, topic_sys_flag=sys_flag)
+        refused = self.broker.update_and_create_topic(tc, conn.remote_addr)
+        if refused is not None:
+            return cmd.response(refused[0], remark=refused[1])
+        return cmd.response(ResponseCode.SUCCESS)
+
     # ------------------------------------------------------------------ SendMessageProcessor (no store)
     def send_message(self, conn, cmd):
         """No message store, so no send succeeds; but as 4.9.8's msgCheck does before storing, a send of a topic
@@ -526,6 +548,7 @@ PROCESSOR_TABLE = (
     (RequestCode.SEND_MESSAGE, "send_message", "admin"),
     (RequestCode.SEND_MESSAGE_V2, "send_message", "admin"),
     (RequestCode.SEND_BATCH_MESSAGE, "send_message", "admin"),
+    (RequestCode.UPDATE_AND_CREATE_TOPIC, "update_and_create_topic", "admin"),
     (RequestCode.GET_CONSUMER_CONNECTION_LIST, "get_consumer_connection_list", "admin"),
     (RequestCode.GET_PRODUCER_CONNECTION_LIST, "get_producer_connection_list", "admin"),
     (RequestCode.GET_MAX_OFFSET, "get_max_offset", "admin"),

@@ -27,23 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fuzzlib  # noqa: E402
 
-try:
-    import atheris  # before the instrumented imports
-except ImportError:  # replaying inputs (--replay, tests) works without it
-    atheris = None
+NATIVE, TWIN = fuzzlib.load("brokerlog", __name__ == "__main__", "engine.recording",
+                             also=("engine.bindings.brokerlog",))
 
-with fuzzlib.python_coverage(atheris, __name__ == "__main__" and fuzzlib.fuzzing(sys.argv)):
-    import engine  # noqa: F401
-    from engine.bindings import brokerlog as BL
-    from engine.recording import _brokerlog_py as TWIN
-
-    try:
-        from engine.recording import _brokerlog as NATIVE
-    except ImportError:
-        if os.environ.get("ENGINE_FUZZ_REQUIRE_NATIVE"):
-            raise
-        NATIVE = None
-
+from engine.bindings import brokerlog as BL  # noqa: E402  (imported instrumented by load)
 import pyarrow as pa  # noqa: E402
 
 IMPLS = [m for m in (NATIVE, TWIN) if m is not None]

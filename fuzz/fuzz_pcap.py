@@ -29,21 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fuzzlib  # noqa: E402
 
-try:
-    import atheris  # before the instrumented imports
-except ImportError:  # replaying inputs (--replay, tests) works without it
-    atheris = None
-
-with fuzzlib.python_coverage(atheris, __name__ == "__main__" and fuzzlib.fuzzing(sys.argv)):
-    import engine  # noqa: F401
-    from engine.recording import _pcap_py as TWIN
-
-    try:
-        from engine.recording import _pcap as NATIVE
-    except ImportError:
-        if os.environ.get("ENGINE_FUZZ_REQUIRE_NATIVE"):
-            raise
-        NATIVE = None
+NATIVE, TWIN = fuzzlib.load("pcap", __name__ == "__main__", "engine.recording")
 
 IMPLS = [m for m in (NATIVE, TWIN) if m is not None]
 T0 = 1_700_000_000  # the seeds' time (s); the window's end is fixed so that every finding replays

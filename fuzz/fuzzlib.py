@@ -31,14 +31,15 @@ def shared_dir() -> Path:
     return Path(env) if env else ROOT.parent / "shared"
 
 
-def implementations(kind):
-    """(native, twin) modules of one hot path ("frame" or "heartbeat"); native is None if not built.
+def implementations(kind, package="engine.codec"):
+    """(native, twin) modules of one hot path (``<package>._<kind>`` and ``<package>._<kind>_py``, e.g. "frame"
+    or "heartbeat" in engine.codec, "pcap" in engine.recording); native is None if not built.
 
     ENGINE_FUZZ_REQUIRE_NATIVE=1 makes a missing native module an error rather than a twin-only run.
     """
-    twin = importlib.import_module(f"engine.codec._{kind}_py")
+    twin = importlib.import_module(f"{package}._{kind}_py")
     try:
-        native = importlib.import_module(f"engine.codec._{kind}")
+        native = importlib.import_module(f"{package}._{kind}")
     except ImportError:
         if os.environ.get("ENGINE_FUZZ_REQUIRE_NATIVE"):
             raise
@@ -65,9 +66,10 @@ def python_coverage(atheris, fuzzing):
     return atheris.instrument_imports(include=["engine"])
 
 
-def load(kind, main):
+def load(kind, main, package="engine.codec", also=()):
     """(native, twin) modules of one hot path, the engine imported under atheris' instrumentation of its Python
-    when ``main`` (the harness runs as a fuzzer, not --seeds/--replay, not imported by tests)."""
+    when ``main`` (the harness runs as a fuzzer, not --seeds/--replay, not imported by tests). ``also``: more
+    modules the harness drives (e.g. engine.bindings.brokerlog), imported under the same instrumentation."""
     try:
         import atheris  # before the instrumented imports
     except ImportError:  # replaying inputs (--replay, tests/test_fuzz_short.py) works without it
@@ -75,7 +77,9 @@ def load(kind, main):
     with python_coverage(atheris, main and fuzzing(sys.argv)):
         import engine  # noqa: F401  (the facade imports the twins and the Python they call: all instrumented)
 
-        return implementations(kind)
+        for name in also:
+            importlib.import_module(name)
+        return implementations(kind, package)
 
 
 def check_error(exc):

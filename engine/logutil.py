@@ -109,7 +109,11 @@ class RateLimitedLog:
         return True
 
 
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters ("..." marks a cut): untrusted names echoed in answers and in
+    log lines (engine.codec.errors re-exports it)."""
+    return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."
+
+
 def _clip(value, limit: int):
-    if isinstance(value, str) and len(value) > limit:
-        return value[: max(0, limit - 3)] + "..."
-    return value
+    return clip(value, limit) if isinstance(value, str) else value

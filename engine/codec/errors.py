@@ -1,4 +1,5 @@
 """Error hierarchy. Every decoding failure is a RemotingError *and* a ValueError, and says where it happened."""
+from engine.logutil import clip  # noqa: F401  (re-exported: untrusted names clipped in answers and messages)
 
 #: Longest piece of untrusted input an error message may echo.
 MAX_ECHO = 32
@@ -23,8 +24,3 @@ def echo(data) -> str:
         return repr(data) + ("..." if len(data) == MAX_ECHO else "")
     text = str(data)
     return repr(text[:MAX_ECHO]) + ("..." if len(text) > MAX_ECHO else "")
-
-
-def clip(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` characters ("..." marks a cut): untrusted names echoed in answers."""
-    return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."

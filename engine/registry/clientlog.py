@@ -35,7 +35,7 @@ import threading
 import time
 
 from engine.codec.enums import RequestCode
-from engine.logutil import EscapingFormatter, escape_text
+from engine.logutil import EscapingFormatter, clip, escape_text
 
 #: LoggerName.BROKER_LOGGER_NAME
 LOGGER_NAME = "RocketmqBroker"
@@ -132,15 +132,11 @@ _pending = threading.local()
 log.addFilter(_ChargeFilter())
 
 
-def _clip(value):
-    if isinstance(value, str) and len(value) > MAX_FIELD:
-        return value[: MAX_FIELD - 3] + "..."
-    return value
-
-
 def _text(value) -> str:
     """A client's text in a line: control characters escaped, clipped to MAX_FIELD characters."""
-    return "null" if value is None else _clip(escape_text(_clip(value if isinstance(value, str) else str(value))))
+    if value is None:
+        return "null"
+    return clip(escape_text(clip(value if isinstance(value, str) else str(value), MAX_FIELD)), MAX_FIELD)
 
 
 def _enum(value) -> str:

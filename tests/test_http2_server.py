@@ -223,9 +223,11 @@ def test_rapid_reset_is_answered_enhance_your_calm(nbroker, monkeypatch):
     b = nbroker()
     c = Raw(b.ports["grpc"])
     c.send(F.settings(ack=True))
+    burst = []
     for i in range(30):
         sid = 1 + 2 * i
-        c.send(c.headers(sid, method="Telemetry"), F.rst_stream(sid, F.CANCEL))
+        burst += [c.headers(sid, method="Telemetry"), F.rst_stream(sid, F.CANCEL)]
+    c.send(*burst)  # one write: the 30 resets arrive within one window however busy the machine is
     assert c.goaway() == F.ENHANCE_YOUR_CALM
     assert b.grpc._server.calls == 0 or time.sleep(0.2) or b.grpc._server.calls == 0
     assert query_route_works(b)

@@ -364,10 +364,12 @@ class H2Connection(asyncio.Protocol):
         self.pending = 0  # bytes of answers waiting for a window
         self.blocked: dict[int, _Call] = {}
         self.stall_since = 0.0
+        # Rate windows start at their first event, not at connect: a burst that began late in a window opened at
+        # connect would be split over two windows and pass under either budget.
         self.resets = 0
-        self.resets_since = 0.0
+        self.resets_since = float("-inf")
         self.control = 0
-        self.control_since = 0.0
+        self.control_since = float("-inf")
         self.last_recv = 0.0
         self.ping_sent = None  # time.monotonic() of our keepalive ping waiting for its ACK
         self.fed = False  # a HEADERS or non-empty DATA frame came since the last PING
@@ -393,7 +395,7 @@ class H2Connection(asyncio.Protocol):
         elif peer:
             self.peer = f"ipv4:{peer[0]}:{peer[1]}"
         now = time.monotonic()
-        self.last_recv = self.settings_sent_at = self.resets_since = self.control_since = now
+        self.last_recv = self.settings_sent_at = now
         transport.write(server._settings)
         self.keepalive = self.loop.call_later(server.keepalive_s, self._keepalive)
 

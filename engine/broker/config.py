@@ -229,9 +229,9 @@ class BrokerConfig:
     #: engine: port of the gRPC endpoint of RocketMQ 5.x clients (the proxy's grpcServerPort; needs the grpc extra);
     #: 0 = off
     grpc_server_port: int = 0
-    #: engine: the gRPC port's transport: "grpcio" (grpc.aio, the reference) or "native" (engine.http2: HTTP/2 and
-    #: gRPC on the broker's own loop, no grpc threads)
-    grpc_transport: str = "grpcio"
+    #: engine: the gRPC port's transport: "native" (engine.http2: HTTP/2 and gRPC on the broker's own loop, no grpc
+    #: threads) or "grpcio" (grpc.aio, the reference twin)
+    grpc_transport: str = "native"
     #: engine: PEM certificate (chain) of the gRPC port's TLS, with grpcTlsKeyPath (5.x SDKs such as Java's use TLS
     #: unless told otherwise; ALPN h2); "" = plaintext
     grpc_tls_cert_path: str = ""
@@ -240,9 +240,9 @@ class BrokerConfig:
     #: engine: gRPC client sessions (5.x client ids) at most; past it a new client's Telemetry stream ends
     #: RESOURCE_EXHAUSTED
     grpc_max_sessions: int = 100_000
-    #: engine: connections the gRPC port holds at once (grpcio's grpc.max_allowed_incoming_connections), its share
-    #: of maxConnections (at most half of what the descriptors allow); past it grpcio closes a new connection at
-    #: accept
+    #: engine: connections the gRPC port holds at once, its share of maxConnections (at most half of what the
+    #: descriptors allow); past it a new connection is closed at accept (connections_refused_total{grpc}; grpcio:
+    #: grpc.max_allowed_incoming_connections, uncounted)
     grpc_max_connections: int = 10_000
     #: engine: gRPC calls in progress over all connections (grpc.aio maximum_concurrent_rpcs); past it
     #: RESOURCE_EXHAUSTED

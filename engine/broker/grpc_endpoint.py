@@ -33,7 +33,9 @@ The generated protobuf code is the pinned PyPI client's own (``rocketmq-python-c
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 import sys
 import time
 import traceback
@@ -320,7 +322,7 @@ class GrpcEndpoint:
         from engine.broker.server import listener_budget
 
         self.max_connections = listener_budget(self.broker.config)["grpc"]
-        if getattr(self.broker.config, "grpc_transport", "grpcio") == "native":  # issue 30: engine.http2
+        if getattr(self.broker.config, "grpc_transport", "native") == "native":  # issue 30: engine.http2
             return await self._start_native()
         others = channelz_server_ids()  # the gRPC servers before this one (its open connections: channelz)
         options = [
@@ -416,8 +418,10 @@ class GrpcEndpoint:
         try:
             bound = await server.start(self.host or None, self.port, ssl=context)
         except OSError as e:
-            raise GrpcEndpointError(f"grpcServerPort {self.port}: cannot bind {host}:{self.port}: "
-                                    f"{_short(e.strerror or e, 80)}") from None
+            # asyncio's text repeats the address; say why in the words the grpcio transport uses
+            why = ("the port is in use (or the address is not this machine's)" if e.errno == errno.EADDRINUSE else
+                   os.strerror(e.errno) if e.errno else _short(e, 80))
+            raise GrpcEndpointError(f"grpcServerPort {self.port}: cannot bind {host}:{self.port}: {why}") from None
         self._server = server
         self.bound_port = bound
         metrics = getattr(self.broker, "metrics", None)

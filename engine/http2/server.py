@@ -306,10 +306,10 @@ _RESERVED_HEADERS = frozenset((b"te", b"content-type", b"grpc-timeout", b"grpc-e
 class _Call:
     """One HTTP/2 stream carrying one gRPC call."""
 
-    __slots__ = ("sid", "conn", "method", "headers", "metadata", "deadline", "partial", "need", "inbox",
+    __slots__ = ("sid", "conn", "method", "headers", "metadata", "deadline", "reader", "inbox",
                  "held", "waiter", "send_window", "recv_window", "pending", "pending_size", "trailers",
                  "headers_sent", "remote_closed", "closed", "task", "status", "encoding", "timer", "started",
-                 "messages", "length", "coro")
+                 "messages", "coro")
 
     def __init__(self, sid, conn, method, headers, send_window):
         self.sid = sid
@@ -318,9 +318,7 @@ class _Call:
         self.headers = headers
         self.metadata = None
         self.deadline = None
-        self.partial = b""  # bytes of the message being received (with its 5-byte prefix)
-        self.need = 5  # bytes `partial` must reach: the prefix, then the whole message
-        self.length = -1  # the length of the message being received (-1: its prefix is not read yet)
+        self.reader = None  # its messages out of its DATA (F.MessageReader), once the call is taken
         self.inbox = None  # whole messages not yet read (a streaming call's)
         self.messages = []  # a unary call's messages
         self.held = 0  # bytes of partial and unread messages (the connection's buffered count)
@@ -711,6 +709,7 @@ class H2Connection(asyncio.Protocol):
             call.deadline = time.monotonic() + timeout
         self.streams[sid] = call
         server.calls += 1
+        call.reader = F.MessageReader(server.max_message)
         if method.client_streaming:
             from collections import deque
             call.inbox = deque()
@@ -774,37 +773,9 @@ class H2Connection(asyncio.Protocol):
         if self.buffered > MAX_BUFFERED_MESSAGES * server.max_message + STREAM_WINDOW:
             self._finish(call, (_RESOURCE_EXHAUSTED, "too many request bytes held on this connection"))
             return False
-        # a message spread over frames grows in place (a bytearray): linear in its size, not a copy per frame
-        if call.partial:
-            call.partial += payload
-            buf = call.partial
-        else:
-            buf = payload
-        kept = buf is call.partial
-        pos, end = 0, len(buf)
-        while end - pos >= call.need:
-            if call.length < 0:  # the 5-byte prefix: compressed flag, length
-                flag = buf[pos]
-                length = int.from_bytes(buf[pos + 1:pos + 5], "big")
-                if flag:
-                    if call.encoding in (None, b"identity"):
-                        status = (_INTERNAL, "Compressed message but no grpc-encoding (compressed flag set)")
-                    else:
-                        status = (_UNIMPLEMENTED, "Compression is not supported by this server (grpc-encoding "
-                                  f"{call.encoding[:40].decode('ascii', 'replace')})")
-                    self._finish(call, status)
-                    return False
-                if length > server.max_message:
-                    self._finish(call, (_RESOURCE_EXHAUSTED, f"Received message larger than max ({length} vs. "
-                                        f"{server.max_message})"))
-                    return False
-                call.length = length
-                call.need = 5 + length
-                continue
-            message = bytes(buf[pos + 5:pos + call.need]) if kept else buf[pos + 5:pos + call.need]
-            pos += call.need
-            call.need = 5
-            call.length = -1
+        # F.MessageReader: a message spread over frames grows in place, its declared length checked on its prefix
+        reader = call.reader
+        for message in reader.feed(payload):
             if call.inbox is not None:
                 call.inbox.append(message)
                 waiter = call.waiter
@@ -815,12 +786,18 @@ class H2Connection(asyncio.Protocol):
                 if len(call.messages) > 1:
                     self._finish(call, (_UNIMPLEMENTED, "more than one request message for a unary call"))
                     return False
-        if pos >= end:
-            call.partial = b""
-        elif kept:
-            del buf[:pos]
-        else:
-            call.partial = bytearray(buf[pos:])
+        if reader.error == F.MESSAGE_COMPRESSED:
+            if call.encoding in (None, b"identity"):
+                status = (_INTERNAL, "Compressed message but no grpc-encoding (compressed flag set)")
+            else:
+                status = (_UNIMPLEMENTED, "Compression is not supported by this server (grpc-encoding "
+                          f"{call.encoding[:40].decode('ascii', 'replace')})")
+            self._finish(call, status)
+            return False
+        if reader.error:
+            self._finish(call, (_RESOURCE_EXHAUSTED, f"Received message larger than max ({reader.error_length} vs. "
+                                f"{server.max_message})"))
+            return False
         return True
 
     def consumed(self, call, n) -> None:
@@ -835,7 +812,7 @@ class H2Connection(asyncio.Protocol):
 
     def _remote_end(self, call):
         call.remote_closed = True
-        if call.partial:
+        if call.reader.buffered:
             return self._finish(call, (_INTERNAL, "the request ended inside a message"))
         if call.inbox is not None:
             waiter = call.waiter
@@ -906,6 +883,20 @@ class H2Connection(asyncio.Protocol):
         if status is None:
             if result is not None:
                 data = result if isinstance(result, bytes) else result.SerializeToString()
+                size = len(data) + 5
+                if (not call.headers_sent and call.status is None and not call.pending
+                        and size <= self.send_window and size <= call.send_window and size <= self.peer_max_frame
+                        and size - 5 <= self.server.max_message):
+                    # a unary answer that fits the windows (Heartbeat's repeat answer, ...): HEADERS, DATA,
+                    # trailers and RST_STREAM as one bytes, the frames send_message and the lines below would write
+                    self.send_window -= size
+                    call.send_window -= size
+                    call.headers_sent = True
+                    self.write(F.unary_answer(call.sid, _RESPONSE_HEADERS, data, _OK_TRAILERS,
+                                              not call.remote_closed))
+                    self._drop(call)
+                    call.closed = True
+                    return
                 self.send_message(call, data)
             code, message = call.status or (_OK, "")
         else:
@@ -930,18 +921,18 @@ class H2Connection(asyncio.Protocol):
         if n > self.server.max_message:
             call.status = (_RESOURCE_EXHAUSTED, f"Sent message larger than max ({n} vs. {self.server.max_message})")
             return
-        payload = b"\x00" + n.to_bytes(4, "big") + data
         out = [] if call.headers_sent else [F.frame(F.HEADERS, F.FLAG_END_HEADERS, call.sid, _RESPONSE_HEADERS)]
         call.headers_sent = True
         size = n + 5
         if not call.pending and size <= self.send_window and size <= call.send_window and size <= self.peer_max_frame:
             self.send_window -= size
             call.send_window -= size
-            out.append(F.frame(F.DATA, 0, call.sid, payload))
+            out.append(F.data_message(call.sid, data))
             self.write(b"".join(out) if len(out) > 1 else out[0])
             return
         if out:
             self.write(out[0])
+        payload = b"\x00" + n.to_bytes(4, "big") + data
         call.pending.append(payload)
         call.pending_size += size
         self.pending += size

@@ -1,6 +1,7 @@
 """The broker behind a name server as a deployment runs it (tests/nameserver.py keeps 4.9.8's route table from the
 broker's REGISTER_BROKER), and the routes a standalone broker answers itself, which follow the name server's."""
 import json
+import logging
 
 import pytest
 
@@ -275,6 +276,20 @@ def test_a_send_is_refused_as_4_9_8_refuses_it(nameserver, brokers, tmp_path):
     b2 = start(brokers, tmp_path / "b", broker_name="broker-b", auto_create_topic_enable=False)
     r = send(Client(b2.ports["main"]), "T4")
     assert (r.code, r.remark) == (ResponseCode.TOPIC_NOT_EXIST, not_exist % "T4")
+
+
+def test_a_send_to_a_topic_not_there_logs_msg_checks_warn(brokers, tmp_path, caplog):
+    """AbstractSendMessageProcessor.msgCheck logs 'the topic {} not exist, producer: {}' before it creates the
+    topic (created or refused alike); a topic that exists logs nothing."""
+    b = start(brokers, tmp_path, broker_name="broker-a")
+    c = Client(b.ports["main"])
+    with caplog.at_level(logging.WARNING, logger="RocketmqBroker"):
+        send(c, "TopicNew")
+        send(c, "TopicNew")
+        send(c, "T1", default_topic="NoSuchDefault")
+    lines = [r.getMessage() for r in caplog.records if "not exist, producer" in r.getMessage()]
+    peer = f"/127.0.0.1:{c.sock.getsockname()[1]}"
+    assert lines == [f"the topic TopicNew not exist, producer: {peer}", f"the topic T1 not exist, producer: {peer}"]
 
 
 def test_the_topic_properties_are_used_not_listed_as_unused():

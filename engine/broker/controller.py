@@ -32,6 +32,7 @@ import zlib
 
 from engine import RemotingCommand
 from engine.registry import clientlog
+from engine.registry import clientlog
 from engine.registry.clientlog import JavaLogFormatter
 from engine.broker.config import PROPERTIES, BrokerConfig, ConfigError, ConfigFileError, parse_overrides
 from engine.codec.errors import clip
@@ -345,6 +346,10 @@ class Broker:
         if topics.get(topic) is not None:
             return None
         retry = topic.startswith("%RETRY%")
+        # msgCheck's WARN before it tries to create the topic (ctx.channel().remoteAddress(): "/ip:port"), within the
+        # client-management log budget: the topic is the client's
+        self.registry.client_log.log(clientlog.log, logging.WARNING, "send_unknown_topic",
+                                     "the topic %s not exist, producer: /%s", topic, remote_address)
         if not self._may_auto_create_topic(remote_ip, topic):
             return (ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!"
                     "\nSee http://rocketmq.apache.org/docs/faq/ for further details.")

@@ -60,6 +60,11 @@ MAX_LISTED = 200
 #: events (connection opens and ends, unregisters, notifies) and losses a capture task keeps; past it the rest are
 #: counted (events_dropped, named as damage with their time range), not kept
 MAX_EVENTS = 500_000
+#: connections with heartbeats a capture task reads (each costs its address and time span in the task, in the
+#: summary it sends and on the driver for the scan's life: ~1 KB at the driver's peak); past it the heartbeats of
+#: further connections are not read: counted (heartbeats_untracked) and named as damage with their time range. A
+#: long capture has unboundedly many connections over time; the reader's max_connections bounds those it keeps at once
+MAX_CAPTURE_CONNECTIONS = 500_000
 CAPTURE_ROLE = "_capture"  # rows of a scan task that carry its capture's summary (sub_key = JSON)
 
 EVENT_FIELDS = ("ms", "conn_id", "kind", "addr", "by", "client_id", "producer_group", "consumer_group")
@@ -265,17 +270,26 @@ def capture_salt(index: int) -> int:
 
 def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None, batch_records: int = BATCH_RECORDS,
                  chunk_bytes: int = CHUNK_BYTES, batch_bytes: int = BATCH_BYTES, max_events: int = MAX_EVENTS,
-                 events_out: Optional[list] = None, **decoder_options) -> Iterator:
+                 max_capture_connections: int = MAX_CAPTURE_CONNECTIONS, events_out: Optional[list] = None,
+                 **decoder_options) -> Iterator:
     """Yields the capture's records (dicts of columns, see CaptureDecoder.take) as they come, at most
     ``batch_records`` or about ``batch_bytes`` at a time, then its CaptureResult. A file whose structure breaks is
     reported in ``damaged`` and the next file is read. Connection ids are the capture's own
-    (:func:`capture_salt`). At most ``max_events`` events and losses are kept (the rest counted: events_dropped).
-    ``events_out``: the list the events are appended to as they come (the result's ``events``)."""
+    (:func:`capture_salt`). At most ``max_events`` events and losses are kept (the rest counted: events_dropped),
+    and the heartbeats of at most ``max_capture_connections`` connections (the first ones to send one; the rest
+    counted: heartbeats_untracked). ``events_out``: the list the events are appended to as they come (the
+    result's ``events``)."""
+    if max_capture_connections < 1:
+        raise ValueError("max_capture_connections >= 1 required")
     dec = decoder_class(native)(ports=ports, shard=capture.shard, **decoder_options)
     events, losses, damaged = ([] if events_out is None else events_out), [], []
     dropped = [0, None, None]  # events and losses not kept: count, first ms, last ms
+    untracked = [0, None, None]  # heartbeats of connections past max_capture_connections: count, first ms, last ms
     salt = capture_salt(capture.index)
-    conns: dict = {}  # conn_id -> [client address, first ms, last ms] of its records and events
+    # conn_id -> [client address, first ms, last ms] of its records and events: the connections with heartbeats
+    # (at most max_capture_connections, ``tracked``) and those with events only (at most max_events)
+    conns: dict = {}
+    tracked: set = set()
 
     def seen(conn, addr, first, last):
         info = conns.get(conn)
@@ -299,6 +313,20 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
         ev = [(e[0], e[1] ^ salt) + tuple(e[2:]) for e in ev]
         events.extend(ev)
         losses.extend((x[0] ^ salt,) + tuple(x[1:]) for x in lo)
+        if len(conn):
+            uniq, first = np.unique(conn, return_index=True)
+            new = [c for _, c in sorted((i, c) for c, i in zip(uniq.tolist(), first.tolist()) if c not in tracked)]
+            room = max_capture_connections - len(tracked)
+            tracked.update(new[:room])  # the first to send a heartbeat
+            if len(new) > room:
+                keep = ~np.isin(conn, np.array(new[room:], np.int64))
+                gone = rec["recv_ms"][~keep]
+                untracked[0] += len(gone)
+                lo_gone, hi_gone = int(gone.min()), int(gone.max())
+                untracked[1] = lo_gone if untracked[1] is None else min(untracked[1], lo_gone)
+                untracked[2] = hi_gone if untracked[2] is None else max(untracked[2], hi_gone)
+                rec = take_records(rec, np.flatnonzero(keep))
+                conn = rec["conn_id"]
         if len(conn):
             uniq, first, inverse = np.unique(conn, return_index=True, return_inverse=True)
             recv = rec["recv_ms"]
@@ -348,10 +376,13 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
     # what the capture shows: from its first packet to its last (in file order), and every record and event
     times = [t for info in conns.values() for t in info[1:]]
     times += [t for t in (dec.first_packet_ms, dec.last_packet_ms) if t >= 0]
-    stats = dict(dec.stats, events_dropped=dropped[0])
+    times += [t for t in untracked[1:] if t is not None]
+    stats = dict(dec.stats, events_dropped=dropped[0], heartbeats_untracked=untracked[0])
     damage_times = {k: list(v) for k, v in dec.damage_times.items()}
     if dropped[0]:
         damage_times["events_dropped"] = dropped[1:]
+    if untracked[0]:
+        damage_times["heartbeats_untracked"] = untracked[1:]
     yield CaptureResult(capture.name, list(capture.files), stats, events, losses, damaged, capture.shard,
                         min(times, default=None), max(times, default=None), conns, damage_times)
 
@@ -383,6 +414,18 @@ def concat_records(parts) -> dict:
             "addr_data": b"".join(p["addr_data"] for p in parts),
             "body_offsets": _concat_offsets([p["body_offsets"] for p in parts]),
             "body_data": b"".join(p["body_data"] for p in parts)}
+
+
+def take_records(rec: dict, rows: np.ndarray) -> dict:
+    """The records ``rows`` (ascending indices) of a record dict."""
+    out = {k: rec[k][rows] for k in ("recv_ms", "conn_id", "version", "language")}
+    for offsets, data in (("addr_offsets", "addr_data"), ("body_offsets", "body_data")):
+        o, d = rec[offsets], rec[data]
+        starts, ends = o[rows].tolist(), o[rows + 1].tolist()
+        out[offsets] = np.zeros(len(rows) + 1, o.dtype)
+        np.cumsum(np.subtract(ends, starts, dtype=np.int64), out=out[offsets][1:])
+        out[data] = b"".join(d[a:b] for a, b in zip(starts, ends))
+    return out
 
 
 def split_columns(rec: dict):
@@ -472,6 +515,8 @@ LIMIT_REASONS = {
                     "lost, frames cut)",
     "events_dropped": "{n:,} connection events and losses past the scan's limit of MAX_EVENTS per capture task not "
                       "kept",
+    "heartbeats_untracked": "{n:,} heartbeats of connections past the scan's --max-capture-connections per capture "
+                            "task not read (raise it, or give more --shards)",
 }
 
 
@@ -574,7 +619,7 @@ def loss_damage(summary: dict) -> List[dict]:
              "last_ms": None, "records_lost": None, "reason": d["reason"]} for d in summary["damaged_files"]]
     out += [{"segment": lim["capture"], "kind": "capture_limit", "offset": 0, "bytes": lim["bytes"],
              "first_ms": lim["first_ms"], "last_ms": lim["last_ms"],
-             "records_lost": lim["count"] if lim["kind"] == "records_too_large" else None,
+             "records_lost": lim["count"] if lim["kind"] in ("records_too_large", "heartbeats_untracked") else None,
              "reason": LIMIT_REASONS[lim["kind"]].format(n=lim["count"], b=lim["bytes"])}
             for lim in summary.get("limits", [])]
     return out
@@ -888,7 +933,7 @@ def recut_runs(spark, plan: Sequence[Capture], runs, task_conns: dict, unregiste
     heartbeat ends the member after that heartbeat), so the sharded scan equals the unsharded one."""
     from pyspark.sql import functions as F
 
-    from . import spark as sp
+    from . import analyses as sp
 
     if not unregisters or unregister_frame is None:
         return runs
@@ -913,7 +958,7 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
     combining several brokers' scans: :func:`combine_capture_brokers`)."""
     from pyspark.sql import functions as F
 
-    from . import spark as sp
+    from . import analyses as sp
 
     params.validate()
     t0 = time.perf_counter()
@@ -1073,6 +1118,22 @@ def plan_brokers(specs: Sequence[str]) -> dict:
 # rmqhb scan CAPTURE... (bindings.spark.scan_main routes captures here: --format pcap, or inputs detected as captures)
 
 
+def local_capture_scan(paths, params, *, shards: int = 1, client_ids: bool = False, **kw) -> dict:
+    """scan_local with scan's ``scan`` section (what `rmqhb scan` runs in this process)."""
+    from .scan_engine import _no_clipped_count
+
+    t0 = time.perf_counter()
+    plan = plan_captures(paths, shards)
+    findings = scan_local(paths, params, shards=shards, client_ids=client_ids, **kw)
+    _no_clipped_count(findings)
+    findings["scan"] = {"method": "pcap", "captures": len(plan) // shards, "tasks": len(plan),
+                        "files": sum(len(c.files) for c in plan) // shards,
+                        "seconds": round(time.perf_counter() - t0, 3),
+                        "reader": "native" if decoder_class(kw.get("native")) is _NativeDecoder else "twin",
+                        **findings.get("scan", {})}
+    return findings
+
+
 def scan_main(argv=None) -> int:
     """`rmqhb scan CAPTURE... --out REPORT_DIR [--input pcap] [--port N]`: the recording analyses over the
     heartbeats of packet captures (pcap / pcapng, .gz; a directory = rotated files of one capture), written as the
@@ -1106,6 +1167,9 @@ def scan_main(argv=None) -> int:
     p.add_argument("--max-buffered-bytes", type=int, default=twin.DEFAULT_MAX_BUFFERED_BYTES,
                    help="partial frames and reordered segments a capture reader buffers, all connections together; "
                         "past it the largest are dropped (damage)")
+    p.add_argument("--max-capture-connections", type=int, default=MAX_CAPTURE_CONNECTIONS,
+                   help="connections with heartbeats a capture task reads (each --shards task its share); the "
+                        "heartbeats of further connections are not read (damage)")
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     p.add_argument("--min-duration", type=float, default=d.min_duration_s)
     p.add_argument("--gap-threshold", type=float, default=d.gap_threshold_s)
@@ -1130,11 +1194,13 @@ def scan_main(argv=None) -> int:
             plan_captures(paths, args.shards)
         twin.CaptureDecoder(max_connections=args.max_connections, max_record_bytes=args.max_record_bytes,
                             max_buffered_bytes=args.max_buffered_bytes)  # the budgets' checks
+        if args.max_capture_connections < 1:
+            raise ValueError("--max-capture-connections must be at least 1")
     except (ValueError, FileNotFoundError) as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)
         return 2
     from .report import damage_line, print_summary, write_report
-    from .scan_engine import EngineError, capture_engine, local_capture_scan, run_scan
+    from .scan_engine import EngineError, capture_engine, run_scan
 
     given = brokers or {None: args.paths}
     try:  # in this process or on Spark: engine.bindings.scan_engine
@@ -1144,7 +1210,8 @@ def scan_main(argv=None) -> int:
         return 2
     kw = dict(native=False if args.twin else None, ports=args.port or None, shards=args.shards,
               reorder_window_ms=args.reorder_window_ms, max_connections=args.max_connections,
-              max_record_bytes=args.max_record_bytes, max_buffered_bytes=args.max_buffered_bytes)
+              max_record_bytes=args.max_record_bytes, max_buffered_bytes=args.max_buffered_bytes,
+              max_capture_connections=args.max_capture_connections)
 
     def scan_with(one):  # one(paths, client_ids) -> findings
         if brokers:

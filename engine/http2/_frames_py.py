@@ -11,10 +11,13 @@ word) for the same input, however it is split; tests/test_h2frames.py and fuzz/f
   payloads, each message's declared length within ``max_message`` (checked on its prefix, before its bytes are
   held); a compressed flag or a length past it stops the reading (``error``), the server answers the call.
 * the serializers of the frames a server sends, and :func:`unary_answer`, a unary call's whole answer (HEADERS,
-  DATA with the message, trailers, RST_STREAM) in one bytes.
+  DATA with the message, trailers, RST_STREAM) in one bytes;
+* a call's request headers: :func:`scan_request_headers` (what the server checks of them) and
+  :func:`invocation_metadata` (grpc's metadata tuple the handlers read).
 """
 from __future__ import annotations
 
+import base64
 import struct
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -222,3 +225,63 @@ def unary_answer(stream_id: int, headers_block: bytes, message: bytes, trailers_
     out = (frame(HEADERS, FLAG_END_HEADERS, stream_id, headers_block) + data_message(stream_id, message)
            + frame(HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, stream_id, trailers_block))
     return out + rst_stream(stream_id, NO_ERROR) if rst else out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a gRPC call's request headers (the decoded HPACK header list: [(name, value), ...], bytes)
+
+TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+#: headers that are gRPC's transport, not the call's metadata (grpc leaves them out of invocation_metadata)
+RESERVED_HEADERS = frozenset((b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
+
+
+def parse_timeout(value: bytes):
+    """grpc-timeout (1-8 digits and a unit) in seconds, or None when malformed."""
+    unit = TIMEOUT_UNITS.get(value[-1:])
+    digits = value[:-1]
+    if unit is None or not 0 < len(digits) <= 8 or not digits.isdigit():
+        return None
+    return int(digits) * unit
+
+
+def scan_request_headers(headers) -> tuple:
+    """``(size, path, content_type, encoding, timeout, bad)`` of a request's header list: its size as RFC 7540
+    §6.5.2 counts it (name + value + 32 per field), the last :path, content-type and grpc-encoding (None when
+    absent), the last grpc-timeout in seconds (None when absent or malformed), and ``bad``: a :method other than
+    POST or a malformed grpc-timeout."""
+    size = 0
+    path = content_type = encoding = timeout = None
+    bad = False
+    for name, value in headers:
+        size += len(name) + len(value) + 32
+        if name == b":path":
+            path = value
+        elif name == b":method":
+            bad |= value != b"POST"
+        elif name == b"content-type":
+            content_type = value
+        elif name == b"grpc-timeout":
+            timeout = parse_timeout(value)
+            bad |= timeout is None
+        elif name == b"grpc-encoding":
+            encoding = value
+    return size, path, content_type, encoding, timeout, bad
+
+
+def invocation_metadata(headers) -> tuple:
+    """grpc's invocation metadata of a request: ``((key, value), ...)`` without the pseudo-headers and
+    RESERVED_HEADERS, keys as ASCII text, values as UTF-8 text (undecodable bytes replaced), a ``-bin`` key's value
+    base64-decoded to bytes (unpadded accepted; one that does not decode is left out)."""
+    md = []
+    for name, value in headers:
+        if name[:1] == b":" or name in RESERVED_HEADERS:
+            continue
+        key = name.decode("ascii", "replace")
+        if key.endswith("-bin"):
+            try:
+                md.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
+            except ValueError:
+                continue
+        else:
+            md.append((key, value.decode("utf-8", "replace")))
+    return tuple(md)

@@ -5,7 +5,8 @@ The reader takes the bytes a connection received and hands back whole frames; a 
 SETTINGS_MAX_FRAME_SIZE is a FRAME_SIZE_ERROR of the connection (RFC 7540 §4.2), raised before its payload is
 buffered, so a peer cannot make the buffer grow past one frame.
 
-``FrameReader``, ``MessageReader`` and the serializers come from the compiled ``engine.http2._frames``
+``FrameReader``, ``MessageReader``, the serializers and the request-header readers (``scan_request_headers``,
+``invocation_metadata``, ``parse_timeout``) come from the compiled ``engine.http2._frames``
 (pyx/http2/_frames.pyx) when it is built, else from its pure-Python twin ``engine.http2._frames_py`` (which
 documents the rules; the constants and ``FrameError`` are defined there); ``ENGINE_NO_EXTENSIONS=1`` forces the
 twin. ``NATIVE_FRAMES`` says which one this process uses.
@@ -19,20 +20,22 @@ from engine.http2._frames_py import (  # noqa: F401  (re-exported: the frame lay
     ENHANCE_YOUR_CALM, FLAG_ACK, FLAG_END_HEADERS, FLAG_END_STREAM, FLAG_PADDED, FLAG_PRIORITY, FLOW_CONTROL_ERROR,
     FRAME_SIZE_ERROR, GOAWAY, HEADERS, HTTP_1_1_REQUIRED, INADEQUATE_SECURITY, INTERNAL_ERROR, MAX_MAX_FRAME_SIZE,
     MAX_WINDOW, MESSAGE_COMPRESSED, MESSAGE_TOO_LARGE, NO_ERROR, PING, PREFACE, PRIORITY, PROTOCOL_ERROR,
-    PUSH_PROMISE, REFUSED_STREAM, RST_STREAM, SETTINGS, SETTINGS_ENABLE_PUSH, SETTINGS_HEADER_TABLE_SIZE,
-    SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_MAX_FRAME_SIZE,
-    SETTINGS_MAX_HEADER_LIST_SIZE, SETTINGS_TIMEOUT, STREAM_CLOSED, WINDOW_UPDATE, FrameError)
+    PUSH_PROMISE, REFUSED_STREAM, RESERVED_HEADERS, RST_STREAM, SETTINGS, SETTINGS_ENABLE_PUSH,
+    SETTINGS_HEADER_TABLE_SIZE, SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS,
+    SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE, SETTINGS_TIMEOUT, STREAM_CLOSED, TIMEOUT_UNITS,
+    WINDOW_UPDATE, FrameError)
 
 NATIVE_FRAMES = False
 if not _os.environ.get("ENGINE_NO_EXTENSIONS"):
     try:
-        from engine.http2._frames import (FrameReader, MessageReader, data_message, frame, goaway, parse_settings,
-                                          ping, rst_stream, settings, u32, unary_answer, window_update)
+        from engine.http2._frames import (FrameReader, MessageReader, data_message, frame, goaway,
+                                          invocation_metadata, parse_settings, parse_timeout, ping, rst_stream,
+                                          scan_request_headers, settings, u32, unary_answer, window_update)
 
         NATIVE_FRAMES = True
     except ImportError:  # not built: the twin below
         pass
 if not NATIVE_FRAMES:
     from engine.http2._frames_py import (FrameReader, MessageReader, data_message, frame, goaway,  # noqa: F401
-                                         parse_settings, ping, rst_stream, settings, u32, unary_answer,
-                                         window_update)
+                                         invocation_metadata, parse_settings, parse_timeout, ping, rst_stream,
+                                         scan_request_headers, settings, u32, unary_answer, window_update)

@@ -104,16 +104,7 @@ def status_block(code: int, message: str = "") -> bytes:
     return block
 
 
-_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
-
-
-def parse_timeout(value: bytes):
-    """grpc-timeout (1-8 digits and a unit) in seconds, or None when malformed."""
-    unit = _TIMEOUT_UNITS.get(value[-1:])
-    digits = value[:-1]
-    if unit is None or not 0 < len(digits) <= 8 or not digits.isdigit():
-        return None
-    return int(digits) * unit
+parse_timeout = F.parse_timeout  # grpc-timeout (1-8 digits and a unit) in seconds, or None when malformed
 
 
 def _status_of(code) -> int:
@@ -241,20 +232,7 @@ class _Context:
         call = self.call
         md = call.metadata
         if md is None:
-            md = []
-            for name, value in call.headers:
-                if name[:1] == b":" or name in _RESERVED_HEADERS:
-                    continue
-                key = name.decode("ascii", "replace")
-                if key.endswith("-bin"):
-                    import base64
-                    try:
-                        md.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
-                    except ValueError:
-                        continue
-                else:
-                    md.append((key, value.decode("utf-8", "replace")))
-            md = call.metadata = tuple(md)
+            md = call.metadata = F.invocation_metadata(call.headers)
         return md
 
     def peer(self) -> str:
@@ -300,7 +278,7 @@ class _Context:
         return self.call.closed
 
 
-_RESERVED_HEADERS = frozenset((b"te", b"content-type", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
+_RESERVED_HEADERS = F.RESERVED_HEADERS
 
 
 class _Call:
@@ -671,25 +649,7 @@ class H2Connection(asyncio.Protocol):
         if len(self.streams) >= server.max_streams:
             self.write(F.rst_stream(sid, F.REFUSED_STREAM))
             return
-        method = path = None
-        size = 0
-        encoding = None
-        timeout = None
-        content_type = None
-        bad = False
-        for name, value in headers:
-            size += len(name) + len(value) + 32
-            if name == b":path":
-                path = value
-            elif name == b":method":
-                bad |= value != b"POST"
-            elif name == b"content-type":
-                content_type = value
-            elif name == b"grpc-timeout":
-                timeout = parse_timeout(value)
-                bad |= timeout is None
-            elif name == b"grpc-encoding":
-                encoding = value
+        size, path, content_type, encoding, timeout, bad = F.scan_request_headers(headers)
         call = _Call(sid, self, None, headers, self.peer_initial_window)
         call.encoding = encoding
         if end_stream:

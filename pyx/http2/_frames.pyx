@@ -9,17 +9,19 @@ argument the wire format cannot carry (a negative or too large field) goes to th
 """
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from libc.string cimport memcpy, memmove
+from cpython.unicode cimport PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
+from libc.string cimport memcmp, memcpy
 
 from engine.http2 import _frames_py as _py
 from engine.http2._frames_py import (CONTINUATION, DATA, DEFAULT_MAX_FRAME_SIZE, DEFAULT_WINDOW, FLAG_ACK,
                                      FLAG_END_HEADERS, FLAG_END_STREAM, FLAG_PADDED, FLAG_PRIORITY, GOAWAY,
                                      HEADERS, MAX_MAX_FRAME_SIZE, MAX_WINDOW, MESSAGE_COMPRESSED, MESSAGE_TOO_LARGE,
                                      PING, PREFACE, PRIORITY, PUSH_PROMISE, RST_STREAM, SETTINGS, WINDOW_UPDATE,
-                                     FrameError)
+                                     RESERVED_HEADERS, FrameError)
 
 __all__ = ["FrameReader", "MessageReader", "FrameError", "frame", "settings", "parse_settings", "ping", "goaway",
-           "rst_stream", "window_update", "u32", "data_message", "unary_answer"]
+           "rst_stream", "window_update", "u32", "data_message", "unary_answer", "parse_timeout",
+           "scan_request_headers", "invocation_metadata"]
 
 cdef int _FRAME_SIZE_ERROR = _py.FRAME_SIZE_ERROR
 cdef int _COMPRESSED = MESSAGE_COMPRESSED
@@ -332,3 +334,118 @@ def unary_answer(stream_id, headers_block, message, trailers_block, rst):
         _put_head(w, 4, 3, 0, sid)
         _put_u32(w + 9, 0)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a gRPC call's request headers
+
+cdef frozenset _RESERVED = RESERVED_HEADERS
+
+
+cdef inline bint _is(const char* p, Py_ssize_t n, const char* lit, Py_ssize_t m) noexcept:
+    return n == m and memcmp(p, lit, m) == 0
+
+
+cdef object _timeout(const unsigned char* p, Py_ssize_t n):
+    cdef double unit
+    cdef long long v = 0
+    cdef Py_ssize_t i
+    cdef unsigned char c
+    if n < 1:
+        return None
+    c = p[n - 1]
+    if c == b'H':
+        unit = 3600.0
+    elif c == b'M':
+        unit = 60.0
+    elif c == b'S':
+        unit = 1.0
+    elif c == b'm':
+        unit = 1e-3
+    elif c == b'u':
+        unit = 1e-6
+    elif c == b'n':
+        unit = 1e-9
+    else:
+        return None
+    if not 0 < n - 1 <= 8:
+        return None
+    for i in range(n - 1):
+        if not 48 <= p[i] <= 57:
+            return None
+        v = v * 10 + (p[i] - 48)
+    return <double>v * unit
+
+
+def parse_timeout(value):
+    """grpc-timeout (1-8 digits and a unit) in seconds, or None when malformed."""
+    if type(value) is not bytes:
+        return _py.parse_timeout(value)
+    return _timeout(<const unsigned char*>PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+
+
+cdef inline bint _pair(object field):
+    return type(field) is tuple and len(<tuple>field) == 2 and type((<tuple>field)[0]) is bytes \
+        and type((<tuple>field)[1]) is bytes
+
+
+def scan_request_headers(headers):
+    """``(size, path, content_type, encoding, timeout, bad)`` of a request's header list (see the twin)."""
+    cdef Py_ssize_t size = 0, n, m
+    cdef object path = None, content_type = None, encoding = None, timeout = None
+    cdef bint bad = False
+    cdef bytes name, value
+    cdef const char* p
+    if type(headers) is not list:
+        return _py.scan_request_headers(headers)
+    for field in <list>headers:
+        if not _pair(field):
+            return _py.scan_request_headers(headers)
+    for field in <list>headers:
+        name = (<tuple>field)[0]
+        value = (<tuple>field)[1]
+        n = PyBytes_GET_SIZE(name)
+        m = PyBytes_GET_SIZE(value)
+        size += n + m + 32
+        p = PyBytes_AS_STRING(name)
+        if n < 5:
+            continue
+        if p[0] == b':':
+            if _is(p, n, b":path", 5):
+                path = value
+            elif _is(p, n, b":method", 7):
+                bad |= not _is(PyBytes_AS_STRING(value), m, b"POST", 4)
+        elif _is(p, n, b"content-type", 12):
+            content_type = value
+        elif _is(p, n, b"grpc-timeout", 12):
+            timeout = _timeout(<const unsigned char*>PyBytes_AS_STRING(value), m)
+            bad |= timeout is None
+        elif _is(p, n, b"grpc-encoding", 13):
+            encoding = value
+    return size, path, content_type, encoding, timeout, bad
+
+
+def invocation_metadata(headers):
+    """grpc's invocation metadata of a request (see the twin)."""
+    cdef list md = []
+    cdef bytes name, value
+    cdef const char* p
+    cdef Py_ssize_t n
+    if type(headers) is not list:
+        return _py.invocation_metadata(headers)
+    for field in <list>headers:
+        if not _pair(field):
+            return _py.invocation_metadata(headers)
+    for field in <list>headers:
+        name = (<tuple>field)[0]
+        value = (<tuple>field)[1]
+        n = PyBytes_GET_SIZE(name)
+        p = PyBytes_AS_STRING(name)
+        if (n and p[0] == b':') or name in _RESERVED:
+            continue
+        if n >= 4 and memcmp(p + n - 4, b"-bin", 4) == 0:
+            md.extend(_py.invocation_metadata([field]))  # base64: rare, the twin's code
+            continue
+        md.append((PyUnicode_DecodeASCII(p, n, "replace"),
+                   PyUnicode_DecodeUTF8(PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), "replace")))
+    return tuple(md)

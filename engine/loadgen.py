@@ -526,8 +526,8 @@ class Progress:
     """Every second: the worker's counters into its slot of a shared array (the parent's progress line), and,
     inside the measured window, a timeline mark (seconds since the window opened, answers so far in ``lat``)."""
 
-    def __init__(self, stats: dict, lat: list, slot=None):
-        self.stats, self.lat, self.slot = stats, lat, slot
+    def __init__(self, stats: dict, lat: list, slot=None, fields=PROGRESS_FIELDS):
+        self.stats, self.lat, self.slot, self.fields = stats, lat, slot, fields
         self.marks: list = []
         self.window_t0 = None
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -545,7 +545,7 @@ class Progress:
 
     def publish(self) -> None:
         if self.slot is not None:
-            for k, name in enumerate(PROGRESS_FIELDS):
+            for k, name in enumerate(self.fields):
                 self.slot[k] = self.stats.get(name, 0)
 
     def close(self) -> list:
@@ -754,8 +754,8 @@ class _Slot:
 
     __slots__ = ("array", "base")
 
-    def __init__(self, array, index: int):
-        self.array, self.base = array, index * len(PROGRESS_FIELDS)
+    def __init__(self, array, index: int, width: int = len(PROGRESS_FIELDS)):
+        self.array, self.base = array, index * width
 
     def __setitem__(self, k: int, value: int) -> None:
         self.array[self.base + k] = value
@@ -837,6 +837,84 @@ def probe(host: str, port: int, timeout: float = 5.0) -> str | None:
     return None
 
 
+def window_cpu(results: list) -> dict:
+    """The broker's and the machine's CPU in the measured window, from the workers' longest window."""
+    out = {}
+    longest = max(results, key=lambda r: r["seconds"])
+    if longest.get("server_cpu_s") is not None:
+        out["server_cpu_s"] = round(longest["server_cpu_s"], 3)
+        out["server_sys_s"] = round(longest["server_sys_s"], 3)
+    if longest.get("server_children_cpu_s") is not None:
+        out["io_workers_cpu_s"] = round(longest["server_children_cpu_s"], 3)
+    if longest.get("machine_total_s"):
+        out["machine_busy_pct"] = round(100 * longest["machine_busy_s"] / longest["machine_total_s"], 1)
+        out["machine_niced_pct"] = round(100 * longest["machine_niced_s"] / longest["machine_total_s"], 1)
+        out["machine_steal_pct"] = round(100 * longest["machine_steal_s"] / longest["machine_total_s"], 2)
+    return out
+
+
+def per_heartbeat(merged: dict, work: int, seconds: float) -> dict:
+    """CPU per unit of ``work`` (heartbeats answered, clients registered) of the load generator and the broker."""
+    out = {}
+    if work:
+        out["loadgen_us_per_hb"] = round(1e6 * merged["loadgen_cpu_s"] / work, 2)
+        if "server_cpu_s" in merged:
+            out["server_us_per_hb"] = round(1e6 * merged["server_cpu_s"] / work, 2)
+            out["server_sys_us_per_hb"] = round(1e6 * merged["server_sys_s"] / work, 2)
+            out["server_cpu_pct"] = round(100 * merged["server_cpu_s"] / seconds, 1)
+    return out
+
+
+def run_workers(worker, args: list, fields: tuple, line, partial: dict, timeout: float, progress=None) -> list:
+    """Run ``worker(args[i], queue, barrier, shared)`` in one forked process per entry of ``args`` and return their
+    results. Each second the sum of the workers' ``fields`` (their slots of ``shared``) is printed to ``progress`` as
+    ``line(elapsed, totals, last_totals, dt)``. Ctrl-C stops the workers and raises :class:`Interrupted` with
+    ``partial`` and the counters so far."""
+    procs = len(args)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    barrier = ctx.Barrier(procs) if procs > 1 else None
+    width = len(fields)
+    shared = ctx.Array("q", procs * width, lock=False)
+    ps = []
+    for a in args:
+        p = ctx.Process(target=worker, args=(a, q, barrier, shared), daemon=True)
+        p.start()
+        ps.append(p)
+
+    def sums():
+        return [sum(shared[i * width + k] for i in range(procs)) for k in range(width)]
+
+    results = []
+    started = last_t = time.monotonic()
+    last = [0] * width
+    while len(results) < len(ps):
+        try:
+            try:
+                results.append(q.get(timeout=1.0))
+            except KeyboardInterrupt:
+                for p in ps:
+                    p.terminate()
+                raise Interrupted({**partial, "interrupted": True, "seconds": round(time.monotonic() - started, 3),
+                                   **dict(zip(fields, sums()))}) from None
+        except queue.Empty:  # a second passed
+            now = time.monotonic()
+            if now - started > timeout:
+                raise TimeoutError("loadgen workers did not finish")
+            if not any(p.is_alive() for p in ps) and q.empty():
+                raise RuntimeError("loadgen workers exited without a result")
+            totals = sums()
+            if progress is not None:
+                print(line(now - started, totals, last, now - last_t), file=progress, flush=True)
+            last, last_t = totals, now
+            continue
+        if "worker_error" in results[-1]:
+            raise RuntimeError(f"a loadgen worker failed: {results[-1]['worker_error']}")
+    for p in ps:
+        p.join(10)
+    return results
+
+
 def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, duration: float = 5.0,
         rate: float = 0.0, groups: int = 100, consumer_share: float = 0.5, depth: int = 1, max_open: int = 0,
         server_pid: int | None = None, pending: int = 1024, burst: int = 1, vary: bool = False,
@@ -847,52 +925,17 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
     per heartbeat; ``loadgen_cpu_s`` is the load generator's own, ``machine_busy_s`` everything on the machine.
     ``progress``: a file (stderr) for a progress line each second, or None.
     """
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    barrier = ctx.Barrier(procs) if procs > 1 else None
-    shared = ctx.Array("q", procs * len(PROGRESS_FIELDS), lock=False)
     per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
-    ps, off = [], 0
+    args, off = [], 0
     for i, n in enumerate(per):
-        a = dict(scenario=scenario, host=host, port=port, n=n, offset=off, duration=duration,
-                 rate=rate / procs, groups=groups, consumer_share=consumer_share, depth=depth,
-                 max_open=max(1, max_open // procs) if max_open else 0, server_pid=server_pid,
-                 pending=max(1, pending // procs), burst=burst, vary=vary, sub_every=sub_every, index=i)
+        args.append(dict(scenario=scenario, host=host, port=port, n=n, offset=off, duration=duration,
+                          rate=rate / procs, groups=groups, consumer_share=consumer_share, depth=depth,
+                          max_open=max(1, max_open // procs) if max_open else 0, server_pid=server_pid,
+                          pending=max(1, pending // procs), burst=burst, vary=vary, sub_every=sub_every, index=i))
         off += n
-        p = ctx.Process(target=_worker, args=(a, q, barrier, shared), daemon=True)
-        p.start()
-        ps.append(p)
-    results = []
-    started = last_t = time.monotonic()
-    last = [0] * len(PROGRESS_FIELDS)
-    while len(results) < len(ps):
-        try:
-            try:
-                results.append(q.get(timeout=1.0))
-            except KeyboardInterrupt:
-                for p in ps:
-                    p.terminate()
-                totals = [sum(shared[i * len(PROGRESS_FIELDS) + k] for i in range(procs))
-                          for k in range(len(PROGRESS_FIELDS))]
-                raise Interrupted({"scenario": scenario, "target": f"{host}:{port}", "interrupted": True,
-                                   "seconds": round(time.monotonic() - started, 3),
-                                   **dict(zip(PROGRESS_FIELDS, totals))}) from None
-        except queue.Empty:  # a second passed
-            now = time.monotonic()
-            if now - started > 900 + duration:
-                raise TimeoutError("loadgen workers did not finish")
-            if not any(p.is_alive() for p in ps) and q.empty():
-                raise RuntimeError("loadgen workers exited without a result")
-            totals = [sum(shared[i * len(PROGRESS_FIELDS) + k] for i in range(procs))
-                      for k in range(len(PROGRESS_FIELDS))]
-            if progress is not None:
-                print(_progress_line(scenario, now - started, totals, last, now - last_t), file=progress, flush=True)
-            last, last_t = totals, now
-            continue
-        if "worker_error" in results[-1]:
-            raise RuntimeError(f"a loadgen worker failed: {results[-1]['worker_error']}")
-    for p in ps:
-        p.join(10)
+    results = run_workers(_worker, args, PROGRESS_FIELDS,
+                          lambda elapsed, totals, last, dt: _progress_line(scenario, elapsed, totals, last, dt),
+                          {"scenario": scenario, "target": f"{host}:{port}"}, 900 + duration, progress)
     timeline = _timeline(results)
     lat = [x for r in results for x in r.pop("latencies")]
     ticks = {k: [x for r in results for x in r.pop(k, ())] for k in ("tick_late", "tick_work")}
@@ -927,33 +970,28 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
     if scenario == "steady":
         merged["loadgen_gc_passes"] = [sum(r["loadgen_gc_passes"][g] for r in results) for g in range(3)]
         merged["loadgen_gc_max_ms"] = round(1000 * max(r["loadgen_gc_max_s"] for r in results), 3)
-    longest = max(results, key=lambda r: r["seconds"])
-    if longest.get("server_cpu_s") is not None:
-        merged["server_cpu_s"] = round(longest["server_cpu_s"], 3)
-        merged["server_sys_s"] = round(longest["server_sys_s"], 3)
-    if longest.get("server_children_cpu_s") is not None:
-        merged["io_workers_cpu_s"] = round(longest["server_children_cpu_s"], 3)
-    if longest.get("machine_total_s"):
-        merged["machine_busy_pct"] = round(100 * longest["machine_busy_s"] / longest["machine_total_s"], 1)
-        merged["machine_niced_pct"] = round(100 * longest["machine_niced_s"] / longest["machine_total_s"], 1)
-        merged["machine_steal_pct"] = round(100 * longest["machine_steal_s"] / longest["machine_total_s"], 2)
+    merged.update(window_cpu(results))
     merged["target"] = f"{host}:{port}"
     if scenario == "steady":
         merged["vary"] = {"set_orders": vary, "subversion_every": sub_every or None}
     merged["timeline"] = timeline
-    work = total("answered") if scenario == "steady" else total("registered")
-    if work:
-        merged["loadgen_us_per_hb"] = round(1e6 * merged["loadgen_cpu_s"] / work, 2)
-        if "server_cpu_s" in merged:
-            merged["server_us_per_hb"] = round(1e6 * merged["server_cpu_s"] / work, 2)
-            merged["server_sys_us_per_hb"] = round(1e6 * merged["server_sys_s"] / work, 2)
-            merged["server_cpu_pct"] = round(100 * merged["server_cpu_s"] / seconds, 1)
+    merged.update(per_heartbeat(merged, total("answered") if scenario == "steady" else total("registered"), seconds))
     return merged
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--protocol", default="remoting")
+    if pre.parse_known_args(argv)[0].protocol == "grpc":  # 5.x clients: their own options (engine.loadgen_grpc)
+        from engine import loadgen_grpc
+
+        return loadgen_grpc.main(argv)
     p = argparse.ArgumentParser(prog="rmqhb loadgen", description=__doc__.split("\n\n")[0])
     p.add_argument("scenario", choices=["steady", "storm"])
+    p.add_argument("--protocol", choices=["remoting", "grpc"], default="remoting",
+                   help="remoting: 4.x/5.x clients' remoting heartbeats (these options); grpc: RocketMQ 5.x SDK "
+                        "sessions on a gRPC port (rmqhb loadgen steady --protocol grpc -h)")
     p.add_argument("--broker", required=True, metavar="HOST:PORT",
                    help="the broker's remoting address (required: the load goes wherever it points)")
     p.add_argument("--clients", type=int, default=1000)
@@ -1037,7 +1075,7 @@ def plot_svg(res: dict, width: int = 900, height: int = 520) -> str:
         return out
 
     title = (f"rmqhb loadgen {res.get('scenario')} against {res.get('target')}: "
-             f"{res.get('connections') or res.get('clients')} clients")
+             f"{res.get('sessions') or res.get('connections') or res.get('clients')} clients")
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>',
              f'<text x="{left}" y="22" font-size="14">{escape(title)}</text>']

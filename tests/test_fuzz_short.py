@@ -30,18 +30,19 @@ sys.path.insert(0, str(FUZZ))
 
 import fuzz_brokerlog  # noqa: E402
 import fuzz_frame  # noqa: E402  (imported as modules: no atheris instrumentation, native vs twin as built)
+import fuzz_h2frames  # noqa: E402
 import fuzz_heartbeat  # noqa: E402
 import fuzz_hpack  # noqa: E402
 import fuzz_pcap  # noqa: E402
 
 HARNESSES = {"frame": fuzz_frame, "heartbeat": fuzz_heartbeat, "brokerlog": fuzz_brokerlog, "pcap": fuzz_pcap,
-             "hpack": fuzz_hpack}
+             "hpack": fuzz_hpack, "h2frames": fuzz_h2frames}
 #: Executions per harness in the CI run: a few seconds each at the instrumented rate.
-CI_RUNS = {"frame": 8000, "heartbeat": 12000, "brokerlog": 3000, "pcap": 3000, "hpack": 8000}
+CI_RUNS = {"frame": 8000, "heartbeat": 12000, "brokerlog": 3000, "pcap": 3000, "hpack": 8000, "h2frames": 8000}
 #: The twin each harness' Python coverage must include.
 TWINS = {"frame": "engine.codec._frame_py", "heartbeat": "engine.codec._heartbeat_py",
          "brokerlog": "engine.recording._brokerlog_py", "pcap": "engine.recording._pcap_py",
-         "hpack": "engine.http2._hpack_py"}
+         "hpack": "engine.http2._hpack_py", "h2frames": "engine.http2._frames_py"}
 
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 import base64
 import struct
 
+from engine.codec.errors import RemotingError
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 # frame types
@@ -57,8 +59,9 @@ _U32x2 = struct.Struct(">II")
 _SETTING = struct.Struct(">HI")
 
 
-class FrameError(Exception):
-    """A connection error (RFC 7540 §5.4.1): the connection ends with GOAWAY ``code``."""
+class FrameError(RemotingError, ValueError):
+    """A connection error (RFC 7540 §5.4.1): the connection ends with GOAWAY ``code``. One class for both builds
+    (the native module raises this one), a RemotingError as the codec's and HPACK's errors are."""
 
     def __init__(self, code: int, message: str):
         super().__init__(message)

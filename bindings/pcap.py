@@ -576,21 +576,46 @@ def broker_restarts(results: Sequence[CaptureResult]) -> List[dict]:
         server_ends = sorted({int(e["end"][0]) for e in ends.values()
                               if e.get("end") is not None and str(e["end"][1]).endswith("_by_server")})
         opens = sorted(int(e["open"]) for e in ends.values() if e.get("open") is not None)
+        # A connection is live at t when first < t <= its end (no end: from first on); a stop at t needs two or
+        # more live and none of them "bad" (not ended by the server by t + RESTART_WINDOW_MS). Both are counted
+        # as intervals of t holding t (sorted bounds, bisect): O(n log n), not server ends x connections (a
+        # capture of 8,000 connections each reset by the server took 30 s, 10^5 hours)
+        live, bad, by_server = ([], []), ([], []), []  # ([lo], [hi]) of the intervals; (end, first) of server ends
+        for c, v in r.conns.items():
+            first, end = int(v[1]), (ends.get(c) or {}).get("end")
+            if end is None:
+                spans = [(live, float("inf")), (bad, float("inf"))]
+            elif str(end[1]).endswith("_by_server"):
+                spans = [(live, int(end[0])), (bad, int(end[0]) - RESTART_WINDOW_MS - 1)]
+                by_server.append((int(end[0]), first))
+            else:
+                spans = [(live, int(end[0])), (bad, int(end[0]))]
+            for (los, his), hi in spans:
+                if first + 1 <= hi:
+                    los.append(first + 1)
+                    his.append(hi)
+        for bounds in (live, bad):
+            bounds[0].sort()
+            bounds[1].sort()
+        by_server.sort()
+
+        def holding(bounds, t):  # intervals [lo, hi] with lo <= t <= hi (every one with hi < t has lo < t)
+            return bisect.bisect_right(bounds[0], t) - bisect.bisect_left(bounds[1], t)
+
         after = -1
         for t in server_ends:
             if t <= after:
                 continue
-            live = [c for c, v in r.conns.items() if int(v[1]) < t and (
-                (ends.get(c) or {}).get("end") is None or int(ends[c]["end"][0]) >= t)]
-            if len(live) < 2 or not all(
-                    (ends.get(c) or {}).get("end") is not None and int(ends[c]["end"][0]) <= t + RESTART_WINDOW_MS
-                    and str(ends[c]["end"][1]).endswith("_by_server") for c in live):
+            n = holding(live, t)
+            if n < 2 or holding(bad, t):
                 continue
-            after = max(int(ends[c]["end"][0]) for c in live)
+            # every live one ended by the server within [t, t + window]
+            k = bisect.bisect_right(by_server, (t + RESTART_WINDOW_MS, float("inf")))
+            after = max(e for e, first in by_server[bisect.bisect_left(by_server, (t, float("-inf"))):k] if first < t)
             k = bisect.bisect_right(opens, after)
             out.append({"broker": r.name, "start_ms": opens[k] if k < len(opens) else None, "ready_ms": None,
                         "name": None, "addr": None, "stopped_ms": t, "members_ended": None,
-                        "clients_ended": len(live)})
+                        "clients_ended": n})
     return sorted(out, key=lambda x: (x["broker"], x["stopped_ms"]))
 
 

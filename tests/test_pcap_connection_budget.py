@@ -125,3 +125,105 @@ def test_spark_scan_tracks_what_the_local_scan_tracks(spark, capture):
     f = pcap.scan(spark, [capture], max_capture_connections=N)
     ref = pcap.scan_local([capture])
     assert _comparable(f) == _comparable(ref) and f["capture"] == ref["capture"] and not f["capture"]["limits"]
+
+
+def _restarts_reference(results):
+    """broker_restarts as it was: every connection checked at every server end (quadratic), the rule's reference."""
+    import bisect
+
+    out = []
+    for r in results:
+        ends = pcap.connection_events([r])
+        server_ends = sorted({int(e["end"][0]) for e in ends.values()
+                              if e.get("end") is not None and str(e["end"][1]).endswith("_by_server")})
+        opens = sorted(int(e["open"]) for e in ends.values() if e.get("open") is not None)
+        after = -1
+        for t in server_ends:
+            if t <= after:
+                continue
+            live = [c for c, v in r.conns.items() if int(v[1]) < t and (
+                (ends.get(c) or {}).get("end") is None or int(ends[c]["end"][0]) >= t)]
+            if len(live) < 2 or not all(
+                    (ends.get(c) or {}).get("end") is not None
+                    and int(ends[c]["end"][0]) <= t + pcap.RESTART_WINDOW_MS
+                    and str(ends[c]["end"][1]).endswith("_by_server") for c in live):
+                continue
+            after = max(int(ends[c]["end"][0]) for c in live)
+            k = bisect.bisect_right(opens, after)
+            out.append({"broker": r.name, "start_ms": opens[k] if k < len(opens) else None, "ready_ms": None,
+                        "name": None, "addr": None, "stopped_ms": t, "members_ended": None,
+                        "clients_ended": len(live)})
+    return sorted(out, key=lambda x: (x["broker"], x["stopped_ms"]))
+
+
+def _random_result(rng, n):
+    """n connections over ~60 s, some opened, most ended by the server or the client, some clustered in 'stops';
+    times on a 500 ms grid, so that ends fall on other connections' first times and at the window's edge."""
+    conns, events = {}, []
+    stops = sorted(rng.sample(range(0, 60_000, 500), 3))
+    for c in range(n):
+        first = rng.randrange(0, 60_000, 500)
+        if rng.random() < 0.6:
+            events.append((first, c, "open", "a", "client", None, None, None))
+        last = first + rng.randrange(0, 20_000, 500)
+        r = rng.random()
+        if r < 0.3:
+            stop = [s for s in stops if s >= first]
+            end = (stop[0] if stop else last) + rng.randrange(0, 2_501, 500)
+            events.append((end, c, rng.choice(["fin", "rst"]), "a", "server", None, None, None))
+            last = max(last, end)
+        elif r < 0.6:
+            events.append((last, c, "fin", "a", rng.choice(["server", "client"]), None, None, None))
+        elif r < 0.65:
+            events.append((first, c, "rst", "a", "server", None, None, None))
+        conns[c] = ["a", first, last]
+    events.sort()
+    return pcap.CaptureResult("cap", [], {}, events, [], [], (1, 0), 0, 90_000, conns)
+
+
+def test_broker_restarts_are_the_rule_and_linear():
+    """broker_restarts counted live connections at every server end (server ends x connections: 8,000 connections
+    each reset by the server took 30 s); now sorted bounds: the same stops, in linear-log time."""
+    import random
+    import time
+
+    rng = random.Random(26)
+    found = 0
+    for _ in range(600):
+        rs = [_random_result(rng, rng.randrange(0, 12))]
+        want = _restarts_reference(rs)
+        assert pcap.broker_restarts(rs) == want
+        found += len(want)
+    assert found > 20  # the cases hold stops (35 with this seed)
+
+    def result(*conns):  # (first, end ms or None, how, opened)
+        events = sorted([(f, c, "open", "a", "client", None, None, None) for c, (f, _, _, o) in enumerate(conns) if o]
+                        + [(e, c, how, "a", by, None, None, None) for c, (_, e, how, _) in enumerate(conns)
+                           if e is not None for how, by in [how.split("_by_")]])
+        return [pcap.CaptureResult("cap", [], {}, events, [], [], (1, 0), 0, 9_000,
+                                   {c: ["a", f, e if e is not None else f] for c, (f, e, _, _) in enumerate(conns)})]
+
+    w = pcap.RESTART_WINDOW_MS
+    edges = [
+        # a connection opened at the stop's millisecond is not live then
+        result((0, 1000, "rst_by_server", True), (0, 1000, "rst_by_server", True), (1000, None, "", True)),
+        # ... nor does its end (within the window) move the stop's end
+        result((0, 1000, "rst_by_server", True), (0, 1000, "rst_by_server", True),
+               (1000, 1000 + w, "fin_by_server", True), (2000, None, "", True)),
+        # the window's last millisecond is in it, the one after is not
+        result((0, 1000, "rst_by_server", True), (0, 1000 + w, "fin_by_server", False)),
+        result((0, 1000, "rst_by_server", True), (0, 1001 + w, "fin_by_server", False)),
+        # a connection that ended at its first millisecond is never live
+        result((0, 1000, "rst_by_server", True), (0, 1000, "rst_by_server", True), (500, 500, "rst_by_client", True)),
+    ]
+    for rs in edges:
+        assert pcap.broker_restarts(rs) == _restarts_reference(rs)
+    assert [len(_restarts_reference(rs)) for rs in edges] == [1, 1, 1, 0, 1]
+    assert _restarts_reference(edges[1])[0]["start_ms"] == 2000
+    n = 20_000  # every connection reset by the server at its own time: 20,000 x 20,000 checks before
+    conns = {c: ["a", 10 * c, 10 * c + 5] for c in range(n)}
+    events = [(10 * c + 5, c, "rst", "a", "server", None, None, None) for c in range(n)]
+    res = pcap.CaptureResult("cap", [], {}, events, [], [], (1, 0), 0, 10 * n, conns)
+    t = time.perf_counter()
+    assert pcap.broker_restarts([res]) == []
+    assert time.perf_counter() - t < 5

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import functools
 import gzip
+import itertools
 import json
 import os
 import time
@@ -579,15 +580,15 @@ def broker_restarts(results: Sequence[CaptureResult]) -> List[dict]:
         # A connection is live at t when first < t <= its end (no end: from first on); a stop at t needs two or
         # more live and none of them "bad" (not ended by the server by t + RESTART_WINDOW_MS). Both are counted
         # as intervals of t holding t (sorted bounds, bisect): O(n log n), not server ends x connections (a
-        # capture of 8,000 connections each reset by the server took 30 s, 10^5 hours)
-        live, bad, by_server = ([], []), ([], []), []  # ([lo], [hi]) of the intervals; (end, first) of server ends
+        # capture of 8,000 connections each reset by the server took 30 s)
+        live, bad, by_server = ([], []), ([], []), []  # ([lo], [hi]) of the intervals; (first, end) of server ends
         for c, v in r.conns.items():
             first, end = int(v[1]), (ends.get(c) or {}).get("end")
             if end is None:
                 spans = [(live, float("inf")), (bad, float("inf"))]
             elif str(end[1]).endswith("_by_server"):
                 spans = [(live, int(end[0])), (bad, int(end[0]) - RESTART_WINDOW_MS - 1)]
-                by_server.append((int(end[0]), first))
+                by_server.append((first, int(end[0])))
             else:
                 spans = [(live, int(end[0])), (bad, int(end[0]))]
             for (los, his), hi in spans:
@@ -598,6 +599,8 @@ def broker_restarts(results: Sequence[CaptureResult]) -> List[dict]:
             bounds[0].sort()
             bounds[1].sort()
         by_server.sort()
+        firsts = [f for f, _ in by_server]
+        last_end = list(itertools.accumulate((e for _, e in by_server), max))  # of the server ends opened so far
 
         def holding(bounds, t):  # intervals [lo, hi] with lo <= t <= hi (every one with hi < t has lo < t)
             return bisect.bisect_right(bounds[0], t) - bisect.bisect_left(bounds[1], t)
@@ -609,9 +612,9 @@ def broker_restarts(results: Sequence[CaptureResult]) -> List[dict]:
             n = holding(live, t)
             if n < 2 or holding(bad, t):
                 continue
-            # every live one ended by the server within [t, t + window]
-            k = bisect.bisect_right(by_server, (t + RESTART_WINDOW_MS, float("inf")))
-            after = max(e for e, first in by_server[bisect.bisect_left(by_server, (t, float("-inf"))):k] if first < t)
+            # every one opened before t ended by the server before t or within [t, t + window] (else it were a
+            # bad live one): the last of their ends is the live ones'
+            after = last_end[bisect.bisect_left(firsts, t) - 1]
             k = bisect.bisect_right(opens, after)
             out.append({"broker": r.name, "start_ms": opens[k] if k < len(opens) else None, "ready_ms": None,
                         "name": None, "addr": None, "stopped_ms": t, "members_ended": None,

@@ -11,8 +11,9 @@ Telemetry stream. Several sessions share one HTTP/2 connection (``--sessions-per
 process do (grpcio, Go); every call carries the SDK metadata (x-mq-client-id, x-mq-language, x-mq-client-version,
 x-mq-protocol, x-mq-date-time, a fresh x-mq-request-id) and the SDKs' 3 s deadline. The fleet is varied: languages
 (Java, Go, Python, C++, .NET with their SDK versions), producers and consumers, ``--groups`` groups over
-``--topics`` topics; ``--vary`` also sends each Heartbeat in its two field orders in turn (the same request as
-different bytes, which a server's repeat path must not take for a repeat).
+``--topics`` topics; ``--vary`` also sends each Heartbeat in two encodings in turn (the same request as
+different bytes, which a server's repeat path must not take for a repeat: a consumer's fields in the other order,
+a producer's one field twice).
 
 The client side is a small HTTP/2 client on asyncio over engine.http2 (frame serializers, FrameReader, HPACK with
 the dynamic table as grpc clients use it): h2c, or TLS with ALPN h2 (``--tls``, no certificate check, as the 5.x
@@ -166,10 +167,11 @@ class Session:
         body = hb.SerializeToString()
         self.heartbeats = [grpc_message(body)]
         if vary:
-            # the same request, its fields in the other order (protobuf parsers take any order): other bytes
-            flipped = b"".join(sorted(_fields(body), reverse=True))
-            if flipped != body:
-                self.heartbeats.append(grpc_message(flipped))
+            # the same request as other bytes: its fields in the other order (protobuf parsers take any order), or
+            # a producer's one field twice (the last one wins)
+            fields = _fields(body)
+            other = b"".join(fields[::-1]) if len(fields) > 1 else body + fields[-1]
+            self.heartbeats.append(grpc_message(other))
         self.route = grpc_message(s.QueryRouteRequest(topic=d.Resource(name=self.topic),
                                                       endpoints=endpoints).SerializeToString())
         self.conn = None
@@ -246,7 +248,7 @@ class GrpcConn:
         self.loop = asyncio.get_running_loop()
         self.handshake = self.loop.create_future()  # None once the server's SETTINGS came, else a ConnectError
         self.closed = self.loop.create_future()
-        self.first = True  # the first bytes are checked to be HTTP/2 (a remoting or HTTP/1 port is said so)
+        self.first = b""  # the first bytes, checked to be HTTP/2 (a remoting or HTTP/1 port is said so); then None
         self.reader = F.FrameReader(F.DEFAULT_MAX_FRAME_SIZE)
         self.encoder = HpackEncoder()
         self.decoder = HpackDecoder(4096, MAX_HEADER_LIST)
@@ -282,7 +284,6 @@ class GrpcConn:
                 "connection (a remoting port? use --protocol remoting)"))
         for st in list(self.streams.values()):
             self._finish(st, None, b"connection lost")
-        self.waiting.clear()
         self.runner.connection_lost(self)
         if not self.closed.done():
             self.closed.set_result(exc)
@@ -297,8 +298,9 @@ class GrpcConn:
         return False
 
     def data_received(self, data):
-        if self.first:
-            if not self._check_first(data):
+        if self.first is not None:
+            data = self._check_first(data)
+            if not data:
                 return
         try:
             frames = self.reader.feed(data)
@@ -316,28 +318,28 @@ class GrpcConn:
         self.flush()
 
     # ------------------------------------------------------------------ frames in
-    def _check_first(self, data) -> bool:
-        """The first bytes of an HTTP/2 server are its SETTINGS frame; anything else is said in one line."""
-        if len(data) < 9 and not self.reader.buffered:
-            head = data
-        else:
-            head = data[:9]
-        self.first = False
+    def _check_first(self, data) -> bytes:
+        """The first frame of an HTTP/2 server is its SETTINGS (or a GOAWAY); anything else is said in one line.
+        Returns the bytes to read as frames once the first 9 are here (b"" until then, or when refused)."""
+        head = self.first + data
+        if len(head) < 9 and head[:5] != b"HTTP/":
+            self.first = head
+            return b""
+        self.first = None
         if head[:5] == b"HTTP/":
             reason = "answered HTTP/1.x, not HTTP/2: no gRPC port"
         elif head[:1] in (b"\x15", b"\x16") and head[1:2] == b"\x03":
             reason = "answered with TLS: it is a TLS port (add --tls)"
-        elif len(head) >= 9 and head[3] == F.SETTINGS and not head[4] & F.FLAG_ACK and head[5:9] == b"\0\0\0\0":
-            return True
-        elif len(head) >= 9 and head[3] == F.GOAWAY:
-            return True  # said by _control
+        elif (head[3] == F.SETTINGS and not head[4] & F.FLAG_ACK or head[3] == F.GOAWAY) \
+                and head[5:9] == b"\0\0\0\0":
+            return head
         else:
-            reason = "did not answer with HTTP/2 SETTINGS: no gRPC (HTTP/2) port (a remoting port? use --protocol " \
-                     "remoting)"
+            reason = ("did not answer with HTTP/2 SETTINGS: no gRPC (HTTP/2) port (a remoting port? use "
+                      "--protocol remoting)")
         if not self.handshake.done():
             self.handshake.set_result(ConnectError(reason))
         self.transport.abort()
-        return False
+        return b""
 
     def _data(self, flags, sid, payload):
         n = len(payload)
@@ -467,15 +469,17 @@ class GrpcConn:
             if len(payload) < 8:
                 raise FrameError(F.FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
             last, code = F.u32(payload) & 0x7FFFFFFF, F.u32(payload, 4)
+            first = self.goaway is None  # a graceful server sends two (grpc: the last stream id lowered)
             self.goaway = (last, code, bytes(payload[8:208]))
             if not self.handshake.done():
                 self.handshake.set_result(ConnectError(f"answered GOAWAY {_name(H2_ERRORS, code)}"
                                                        + _debug(payload[8:])))
-            self.runner.goaway(self, code)
+            if first:
+                self.runner.goaway(self, code)
             for st in [st for st in self.streams.values() if st.sid > last]:
                 self._finish(st, None, b"GOAWAY " + _name(H2_ERRORS, code).encode())
-            self.waiting.clear()
             if not self.streams:
+                self.bye = True
                 self.transport.close()
         elif ftype == F.PUSH_PROMISE:
             raise FrameError(F.PROTOCOL_ERROR, "PUSH_PROMISE after SETTINGS_ENABLE_PUSH 0")
@@ -572,6 +576,7 @@ class GrpcConn:
             kind, session, body, end, t0 = self.waiting.popleft()
             self.call(kind, session, body, t0, end)  # its latency counts its wait for a stream
         if self.goaway is not None and not self.streams and not self.transport.is_closing():
+            self.bye = True  # closed by us after the server's GOAWAY: counted there, not as lost
             self.flush()
             self.transport.close()
 
@@ -610,7 +615,7 @@ def _new_stats() -> dict:
     return {"sessions": 0, "sent": 0, "answered": 0, "ok": 0, "errors": 0, "settings_ok": 0, "routes_sent": 0,
             "routes_ok": 0, "assignments_sent": 0, "assignments_ok": 0, "terminations_sent": 0,
             "terminations_ok": 0, "not_sent": 0, "goaways": 0, "connections_lost": 0, "connect_failed": 0,
-            "connect_retries": 0, "server_commands": 0}
+            "connect_retries": 0, "server_commands": 0, "telemetry_sent": 0}
 
 
 class Runner:
@@ -667,6 +672,7 @@ class Runner:
         session.started = now
         self.unsettled += 1
         self.stats["routes_sent"] += 1
+        self.stats["telemetry_sent"] += 1
         self._send(session.conn, QUERY_ROUTE, session, session.route, now)
         self._send(session.conn, TELEMETRY, session, session.settings, now, end=False)
 
@@ -819,7 +825,7 @@ class Runner:
         self.errors_by_status["connection: HTTP/2 protocol error"] += 1
 
     def connection_lost(self, conn: GrpcConn) -> None:
-        if not conn.bye:
+        if not conn.bye and conn.goaway is None:  # a connection that went away is counted once, in goaways
             self.stats["connections_lost"] += 1
         for kind, session, *_ in conn.waiting:
             self.not_sent(kind, session)
@@ -1005,6 +1011,8 @@ async def steady(a: dict, barrier=None, slot=None) -> dict:
         if now >= next_date:
             runner.update_date()
             next_date += 1.0
+            if all(c.transport.is_closing() for c in conns):  # the endpoint ended every connection: done
+                break
         if win is None:
             if synced is None and elapsed >= warm and (closed_loop or elapsed >= L.WARMUP_LIMIT_S
                                                        or hb_sent - (stats["answered"] - answered0) <= rate * 0.02):
@@ -1042,6 +1050,10 @@ async def steady(a: dict, barrier=None, slot=None) -> dict:
         work.append(wake - now)
         wake += tick
         await asyncio.sleep(tick)
+    if win is None:  # ended before the window opened: an empty one
+        win, gc_watch = L.Window(stats, a["server_pid"]), L.GcWatch()
+        progress.open_window()
+        warm = clock() - start
     res = win.close()
     res["timeline_marks"] = list(progress.marks) + [(round(clock() - progress.window_t0, 3), len(lat))]
     res.update(gc_watch.close())
@@ -1073,7 +1085,7 @@ async def steady(a: dict, barrier=None, slot=None) -> dict:
     res.update(sessions=len(live), connections=len(conns), registered_s=round(registered_s, 3),
                warmup_s=round(warm, 3), unanswered_after_drain=backlog,
                terminated_sessions=stats["terminations_ok"], connect_failed=stats["connect_failed"],
-               errors_by_status=dict(runner.errors_by_status), latencies=window_lat)
+               errors_by_status=dict(runner.errors_by_status), run_stats=dict(stats), latencies=window_lat)
     return res
 
 
@@ -1094,7 +1106,8 @@ async def storm(a: dict, barrier=None, slot=None) -> dict:
     await _close_all(runner, sessions)
     res.update(clients=len(sessions), connections=len(conns), registered=runner.stats["settings_ok"],
                unanswered=unanswered, connect_failed=runner.stats["connect_failed"],
-               errors_by_status=dict(runner.errors_by_status), latencies=runner.reg_lat)
+               errors_by_status=dict(runner.errors_by_status), run_stats=dict(runner.stats),
+               latencies=runner.reg_lat)
     return res
 
 
@@ -1169,9 +1182,10 @@ def run(scenario: str, host: str, port: int, sessions: int, procs: int = 1, dura
                       sent=total("sent"), answered=total("answered"), seconds=round(seconds, 3),
                       heartbeats_per_s=round(total("answered") / seconds) if seconds else 0,
                       errors=total("errors"), unanswered_after_drain=total("unanswered_after_drain"),
-                      calls={"Heartbeat": {"sent": total("sent"), "ok": total("ok")},
-                             "QueryAssignment": {"sent": total("assignments_sent"), "ok": total("assignments_ok")},
-                             "QueryRoute": {"sent": total("routes_sent"), "ok": total("routes_ok")}},
+                      calls_in_window={"Heartbeat": {"sent": total("sent"), "ok": total("ok")},
+                                       "QueryAssignment": {"sent": total("assignments_sent"),
+                                                           "ok": total("assignments_ok")},
+                                       "QueryRoute": {"sent": total("routes_sent"), "ok": total("routes_ok")}},
                       terminated_sessions=total("terminated_sessions"), connect_failed=total("connect_failed"))
     else:
         merged.update(clients=total("clients"), connections=total("connections"),
@@ -1179,8 +1193,16 @@ def run(scenario: str, host: str, port: int, sessions: int, procs: int = 1, dura
                       seconds=round(seconds, 3),
                       registered_per_s=round(total("registered") / seconds) if seconds else 0,
                       errors=total("errors"), unanswered=total("unanswered"), connect_failed=total("connect_failed"))
-    merged.update(goaways=total("goaways"), connections_lost=total("connections_lost"),
-                  errors_by_status=dict(errors_by_status.most_common()))
+    run_total = lambda k: sum(r["run_stats"][k] for r in results)  # noqa: E731
+    merged.update(goaways=run_total("goaways"), connections_lost=run_total("connections_lost"),
+                  errors_by_status=dict(errors_by_status.most_common()),
+                  calls={method: {"sent": run_total(sent), "ok": run_total(ok)} for method, sent, ok in (
+                      ("Heartbeat", "sent", "ok"), ("Telemetry", "telemetry_sent", "settings_ok"),
+                      ("QueryRoute", "routes_sent", "routes_ok"), ("QueryAssignment", "assignments_sent",
+                                                                   "assignments_ok"),
+                      ("NotifyClientTermination", "terminations_sent", "terminations_ok"))})
+    for r in results:
+        r.pop("run_stats")
     merged.update(L._percentiles(lat))
     for k, v in ticks.items():
         if v:
@@ -1307,7 +1329,7 @@ def main(argv=None) -> int:
     p.add_argument("--route-interval", type=float, default=ROUTE_INTERVAL_S,
                    help="s between a session's QueryRoute after its first (the SDKs' 30; 0: none)")
     p.add_argument("--vary", action="store_true",
-                   help="steady: send each Heartbeat in its two field orders in turn (other bytes, same request)")
+                   help="steady: send each Heartbeat in two encodings in turn (other bytes, the same request)")
     p.add_argument("--tls", action="store_true",
                    help="TLS with ALPN h2, no certificate check (the 5.x Java client's default)")
     p.add_argument("--server-pid", type=int, help="the broker's pid (same machine): report its CPU use in the window")
@@ -1350,6 +1372,15 @@ def main(argv=None) -> int:
     if a.plot:
         with open(a.plot, "w") as f:
             f.write(L.plot_svg(res))
+    ended = res["goaways"] + res["connections_lost"]
+    if not res["connections"] or ended >= res["connections"]:
+        # the endpoint went away during the run (stopped, or refused every connection): the result above counts
+        # what it answered before; one line says so, and the status is not "done"
+        errors = res["errors_by_status"]
+        first = next((k for k in errors if k.startswith("connection:")), next(iter(errors), "no connection"))
+        print(f"rmqhb loadgen: {host}:{port} ended {ended:,} of {res['connections']:,} connections during the run "
+              f"({first}; the result above has what was answered)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,0 +1,402 @@
+"""`rmqhb loadgen --protocol grpc` (engine.loadgen_grpc): simulated RocketMQ 5.x SDK sessions against this broker's
+gRPC port on both transports (grpcio and native): the sessions register and are listed, their Heartbeats,
+QueryRoute, QueryAssignment and NotifyClientTermination calls are what the broker saw, the repeat path takes the
+repeats and not the --vary bytes; its HTTP/2 client honours a server's SETTINGS and flow control; the errors a user
+meets are one line and an exit status; Ctrl-C gives a partial result; bench/bench_grpc.py runs on it."""
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import require_module
+
+require_module("grpc")
+require_module("rocketmq.grpc_protocol")
+
+from engine import loadgen_grpc as LG  # noqa: E402
+from engine.broker.admin import AdminClient, AdminError  # noqa: E402
+from engine.broker.controller import Broker  # noqa: E402
+from engine.http2 import HpackDecoder, HpackEncoder  # noqa: E402
+from engine.http2 import frames as F  # noqa: E402
+from engine.registry.topic_config_manager import TopicConfig  # noqa: E402
+from test_cli_errors import _closed_port, _interrupt_when, one_line, rmqhb  # noqa: E402
+from test_server import make_config  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_broker(tmp_path, transport, **kw):
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port(), grpc_transport=transport,
+                           fast_port_enable=False, **kw)).start()
+    for k in range(7):
+        b.call(b.registry.update_topic_config, TopicConfig(f"TopicLoad{k}", 4, 4))
+    return b
+
+
+@pytest.fixture(params=["grpcio", "native"])
+def gbroker(request, tmp_path):
+    b = start_broker(tmp_path, request.param)
+    yield b
+    b.stop()
+
+
+def loadgen(*args, timeout=120):
+    p = rmqhb("loadgen", *args, timeout=timeout)
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    return p
+
+
+def wait_until(fn, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not (value := fn()):
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+    return value
+
+
+def consumers(b, group):
+    try:
+        with AdminClient("127.0.0.1", b.ports["main"]) as c:
+            return c.consumer_connection(group)
+    except AdminError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# against the broker, both transports
+
+
+def test_sessions_register_and_every_call_is_what_the_broker_saw(gbroker, tmp_path):
+    """24 sessions, 8 per HTTP/2 connection, closed loop: the broker holds 24 sessions while the run goes (its
+    consumer groups list the 5.x consumers with their SDK languages), every Heartbeat, Settings, QueryRoute,
+    QueryAssignment and NotifyClientTermination the result counts was received by the broker (on_request sees each
+    request) with its own client id and request id, all answered OK; afterwards no session is left."""
+    b = gbroker
+    seen = []
+    b.grpc.on_request = lambda method, metadata, request: seen.append((method, dict(metadata)))
+    out, svg = tmp_path / "res.json", tmp_path / "plot.svg"
+    cmd = [sys.executable, "-m", "engine", "loadgen", "steady", "--protocol", "grpc",
+           "--broker", f"127.0.0.1:{b.ports['grpc']}", "--clients", "24", "--sessions-per-connection", "8",
+           "--groups", "4", "--duration", "2", "--assignment-interval", "0.5", "--route-interval", "1",
+           "--server-pid", str(os.getpid()), "--out", str(out), "--plot", str(svg)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: len(b.grpc.sessions) == 24)
+        group = wait_until(lambda: consumers(b, "GID_load_0"))
+        langs = {c["language"] for c in group["connectionSet"]}
+        assert len(group["connectionSet"]) >= 2 and langs <= {"JAVA", "GO", "PYTHON", "CPP", "DOTNET"}
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr and "loadgen grpc steady" in stderr
+    res = json.loads(out.read_text())
+    assert res == json.loads(stdout)
+    assert (res["protocol"], res["sessions"], res["connections"], res["sessions_per_connection"]) == ("grpc", 24, 3, 8)
+    assert res["errors"] == 0 and res["errors_by_status"] == {} and res["goaways"] == res["connections_lost"] == 0
+    assert res["answered"] == res["sent"] > 100 and res["unanswered_after_drain"] == 0
+    assert res["terminated_sessions"] == 24 and res["p99_ms"] >= res["p50_ms"] > 0
+    assert res["server_cpu_s"] > 0 and res["server_us_per_hb"] > 0 and len(res["timeline"]) >= 1
+    assert svg.read_text().startswith("<svg") and "24 clients" in svg.read_text()
+    wait_until(lambda: len(b.grpc.sessions) == 0)
+    # the broker saw exactly the calls the result counts, each answered OK
+    by_method = Counter(m for m, _ in seen)
+    calls = res["calls"]
+    by_method["QueryRoute"] -= 4  # the probe's before the run: the route of each of the fleet's 4 topics
+    for method in ("Heartbeat", "QueryRoute", "QueryAssignment", "NotifyClientTermination"):
+        assert calls[method]["sent"] == calls[method]["ok"] == by_method[method], (method, calls, by_method)
+    assert calls["Telemetry"]["sent"] == calls["Telemetry"]["ok"] == by_method["Telemetry"] == 24
+    assert calls["QueryAssignment"]["sent"] > 0 and calls["QueryRoute"]["sent"] > 24  # periodic ones beside the first
+    assert calls["NotifyClientTermination"]["sent"] == 24
+    # the SDKs' metadata: 24 client ids, a fresh request id per call, the date
+    ids = {md["x-mq-client-id"] for _, md in seen}
+    assert len(ids) == 24 + 4 and sum(i.endswith("@probe") for i in ids) == 4
+    assert len({md["x-mq-request-id"] for m, md in seen if m != "Telemetry"}) == \
+        sum(1 for m, _ in seen if m != "Telemetry")
+    assert all(md["x-mq-protocol"] == "v2" and len(md["x-mq-date-time"]) == 16 for _, md in seen)
+    assert b.grpc.bad_requests == 0 and b.grpc.internal_errors == 0
+
+
+def test_repeats_take_the_repeat_path_and_varied_bytes_do_not(gbroker):
+    """Open loop at a fixed rate: without --vary a session's later Heartbeats are the bytes of its first and the
+    broker answers most from its repeat path; with --vary (two field orders in turn) none is a repeat, and every
+    one is answered OK all the same. Then a storm: every session registered."""
+    b = gbroker
+    port = b.ports["grpc"]
+    base = ["steady", "--protocol", "grpc", "--broker", f"127.0.0.1:{port}", "--clients", "16", "--rate", "400",
+            "--duration", "1.5", "--quiet"]
+    repeats0 = b.grpc.heartbeat_repeats
+    res = json.loads(loadgen(*base).stdout)
+    plain = b.grpc.heartbeat_repeats - repeats0
+    assert res["errors"] == 0 and res["offered_rate"] == 400
+    assert 400 <= res["answered"] <= 800 and "tick_late_p99_ms" in res
+    assert plain >= 0.5 * res["calls"]["Heartbeat"]["sent"]
+    repeats0 = b.grpc.heartbeat_repeats
+    res = json.loads(loadgen(*base, "--vary").stdout)
+    assert res["errors"] == 0 and res["vary"] == {"field_orders": True} and res["answered"] >= 400
+    assert res["calls"]["Heartbeat"]["ok"] == res["calls"]["Heartbeat"]["sent"]
+    assert b.grpc.heartbeat_repeats == repeats0
+    p = loadgen("storm", "--protocol", "grpc", "--broker", f"127.0.0.1:{port}", "--clients", "40", "--quiet")
+    res = json.loads(p.stdout)
+    assert p.returncode == 0 and p.stderr == ""
+    assert (res["registered"], res["unanswered"], res["errors"], res["connections"]) == (40, 0, 0, 5)
+    wait_until(lambda: len(b.grpc.sessions) == 0)
+
+
+def test_a_broker_that_stops_during_the_run(gbroker):
+    """The broker stops (GOAWAY to every connection): the run ends early with its result and one line, status 1."""
+    b = gbroker
+    cmd = [sys.executable, "-m", "engine", "loadgen", "steady", "--protocol", "grpc",
+           "--broker", f"127.0.0.1:{b.ports['grpc']}", "--clients", "16", "--duration", "60", "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: len(b.grpc.sessions) == 16)
+        time.sleep(3)  # past the warm-up: the window is open
+        t0 = time.monotonic()
+        b.stop()
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1 and time.monotonic() - t0 < 20, stderr
+    assert "Traceback" not in stderr
+    res = json.loads(stdout)
+    assert res["answered"] > 0 and res["goaways"] + res["connections_lost"] == res["connections"] == 2
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith(f"rmqhb loadgen: 127.0.0.1:{b.ports['grpc']} ended 2 of 2 connections during the run")
+
+
+def test_tls(tmp_path):
+    """--tls against a TLS port (native transport): sessions register and heartbeat; the same port in plaintext, and
+    --tls against a plaintext port, are refused in one line."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=localhost"], check=True, capture_output=True)
+    b = start_broker(tmp_path, "native", grpc_tls_cert_path=str(cert), grpc_tls_key_path=str(key))
+    try:
+        where = f"127.0.0.1:{b.ports['grpc']}"
+        p = loadgen("steady", "--protocol", "grpc", "--broker", where, "--tls", "--clients", "8", "--duration", "1",
+                    "--quiet")
+        res = json.loads(p.stdout)
+        assert p.returncode == 0 and res["tls"] is True and res["sessions"] == 8 and res["errors"] == 0
+        assert res["answered"] > 0
+        p = loadgen("steady", "--protocol", "grpc", "--broker", where, "--clients", "8", "--duration", "1")
+        assert p.returncode == 1 and p.stdout == ""
+        assert one_line(p).startswith(f"rmqhb loadgen: {where} closed the connection before any HTTP/2 frame")
+    finally:
+        b.stop()
+    b = start_broker(tmp_path / "plain", "native")
+    try:
+        where = f"127.0.0.1:{b.ports['grpc']}"
+        p = loadgen("steady", "--protocol", "grpc", "--broker", where, "--tls", "--clients", "8", "--duration", "1")
+        assert p.returncode == 1
+        assert one_line(p).startswith(f"rmqhb loadgen: {where} TLS handshake failed")
+    finally:
+        b.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# errors a user meets: one line, exit status 1 (2 for the command line), before any work
+
+
+def _serve_once(answer: bytes):
+    """A TCP server that answers every connection with ``answer`` once it has read something, then closes."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def run():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                try:
+                    conn.recv(4096)
+                    conn.sendall(answer)
+                    time.sleep(0.2)
+                except OSError:
+                    pass
+
+    threading.Thread(target=run, daemon=True).start()
+    return srv
+
+
+def test_errors_are_one_line_before_the_run(tmp_path):
+    b = start_broker(tmp_path, "native")
+    servers = []
+    try:
+        p = rmqhb("loadgen", "steady", "--protocol", "grpc")
+        assert p.returncode == 2 and "--broker" in p.stderr and "Traceback" not in p.stderr
+        p = rmqhb("loadgen", "steady", "--protocol", "grpc", "--broker", "127.0.0.1:1", "--sessions-per-connection",
+                  "0")
+        assert p.returncode == 2 and "--sessions-per-connection" in p.stderr
+        cases = []
+        port = _closed_port()
+        cases.append((f"127.0.0.1:{port}", [], f"cannot connect to 127.0.0.1:{port}: "))
+        cases.append((f"127.0.0.1:{b.ports['main']}", [],  # the remoting port
+                      f"127.0.0.1:{b.ports['main']} closed the connection before any HTTP/2 frame: no gRPC (HTTP/2) "
+                      "port, or it refused the connection (a remoting port? use --protocol remoting)"))
+        cases.append((f"127.0.0.1:{b.ports['grpc']}", ["--topic-prefix", "Missing", "--topics", "2"],
+                      f"127.0.0.1:{b.ports['grpc']} has no topic Missing0, Missing1: "))
+        http1 = _serve_once(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        goaway = _serve_once(F.settings(((F.SETTINGS_MAX_CONCURRENT_STREAMS, 100),))
+                             + F.goaway(0, F.ENHANCE_YOUR_CALM, b"too many connections\x1b[31m"))
+        servers += [http1, goaway]
+        where = f"127.0.0.1:{http1.getsockname()[1]}"
+        cases.append((where, [], f"{where} answered HTTP/1.x, not HTTP/2: no gRPC port"))
+        where = f"127.0.0.1:{goaway.getsockname()[1]}"
+        cases.append((where, [], f"{where} answered GOAWAY ENHANCE_YOUR_CALM (too many connections\\x1b[31m)"))
+        for broker, extra, expected in cases:
+            p = rmqhb("loadgen", "steady", "--protocol", "grpc", "--broker", broker, "--duration", "30", *extra)
+            line = one_line(p)
+            assert p.returncode == 1 and p.stdout == "" and p.seconds < 15, (broker, p.stderr)
+            assert line.startswith(f"rmqhb loadgen: {expected}"), line
+        assert b.grpc.sessions == {}
+    finally:
+        for s in servers:
+            s.close()
+        b.stop()
+
+
+def test_ctrl_c_prints_the_partial_result(tmp_path):
+    b = start_broker(tmp_path, "native")
+    try:
+        def answering(err):
+            return any(ln.startswith("loadgen grpc steady") and " answered 0 " not in ln for ln in err)
+
+        p, stdout, stderr, seconds = _interrupt_when(
+            [sys.executable, "-m", "engine", "loadgen", "steady", "--protocol", "grpc", "--broker",
+             f"127.0.0.1:{b.ports['grpc']}", "--clients", "16", "--rate", "200", "--duration", "60"], answering)
+        assert p.returncode == 130 and seconds < 5, stderr
+        assert "Traceback" not in stderr
+        assert stderr.strip().splitlines()[-1].startswith("rmqhb loadgen: interrupted after ")
+        res = json.loads(stdout)
+        assert res["interrupted"] is True and res["protocol"] == "grpc" and res["answered"] > 0
+        assert res["sessions"] == 16 and res["target"] == f"127.0.0.1:{b.ports['grpc']}"
+    finally:
+        b.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the HTTP/2 client against a strict little server: SETTINGS, flow control, PING
+
+
+class StrictServer(asyncio.Protocol):
+    """Announces 2 concurrent streams and 16-byte stream windows, pings, answers each call 20 ms later with an OK
+    HeartbeatResponse; records what the client did."""
+
+    def __init__(self, ok: bytes):
+        self.ok = ok
+        self.open, self.max_open, self.data_sizes, self.pongs, self.errors = set(), 0, [], 0, []
+        self.requests = {}
+
+    def connection_made(self, transport):
+        self.t = transport
+        self.preface = b""
+        self.reader = F.FrameReader()
+        self.dec, self.enc = HpackDecoder(), HpackEncoder()
+        transport.write(F.settings(((F.SETTINGS_MAX_CONCURRENT_STREAMS, 2), (F.SETTINGS_INITIAL_WINDOW_SIZE, 16)))
+                        + F.ping(b"pingpong"))
+
+    def data_received(self, data):
+        if self.preface is not None:
+            self.preface += data
+            if len(self.preface) < 24:
+                return
+            assert self.preface[:24] == F.PREFACE
+            data, self.preface = self.preface[24:], None
+        for ftype, flags, sid, payload in self.reader.feed(data):
+            if ftype == F.HEADERS:
+                headers = dict(self.dec.decode(payload))
+                assert headers[b":path"] == LG.PATHS[LG.HEARTBEAT] and headers[b"te"] == b"trailers"
+                self.open.add(sid)
+                self.max_open = max(self.max_open, len(self.open))
+                self.requests[sid] = b""
+            elif ftype == F.DATA:
+                self.data_sizes.append(len(payload))
+                self.requests[sid] += payload
+                if payload:  # the client may send again what it was given
+                    self.t.write(F.window_update(sid, len(payload)) + F.window_update(0, len(payload)))
+                if flags & F.FLAG_END_STREAM:
+                    asyncio.get_running_loop().call_later(0.02, self.answer, sid)
+            elif ftype == F.PING and flags & F.FLAG_ACK:
+                self.pongs += payload == b"pingpong"
+
+    def answer(self, sid):
+        self.open.discard(sid)
+        self.t.write(F.frame(F.HEADERS, F.FLAG_END_HEADERS, sid,
+                             self.enc.encode([(b":status", b"200"), (b"content-type", b"application/grpc")]))
+                     + F.frame(F.DATA, 0, sid, LG.grpc_message(self.ok))
+                     + F.frame(F.HEADERS, F.FLAG_END_HEADERS | F.FLAG_END_STREAM, sid,
+                               self.enc.encode([(b"grpc-status", b"0")])))
+
+
+def test_the_client_honours_the_servers_settings_and_windows():
+    d, s = LG.load_protocol()
+    ok = s.HeartbeatResponse(status=d.Status(code=d.Code.OK)).SerializeToString()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        srv_proto = StrictServer(ok)
+        server = await loop.create_server(lambda: srv_proto, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        runner = LG.Runner("127.0.0.1", port, None, "t")
+        conn = await LG.connect(runner)
+        assert isinstance(conn, LG.GrpcConn)
+        [session] = LG.make_sessions(1, 0, "t", 1, 1, 1.0, "T", "127.0.0.1", port, False)
+        session.conn = conn
+        for _ in range(10):
+            runner.heartbeat(session, time.perf_counter())
+        runner.flush()
+        deadline = time.monotonic() + 10
+        while runner.stats["answered"] < 10 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        conn.close()
+        server.close()
+        return runner, srv_proto
+
+    runner, srv = asyncio.run(main())
+    assert runner.stats["answered"] == runner.stats["ok"] == 10 and runner.stats["errors"] == 0
+    assert srv.max_open == 2  # never more streams than the server's SETTINGS_MAX_CONCURRENT_STREAMS
+    assert max(srv.data_sizes) == 16 and len(srv.requests) == 10  # DATA held to the 16-byte stream window
+    body = LG.make_sessions(1, 0, "t", 1, 1, 1.0, "T", "127.0.0.1", 1, False)[0].heartbeats[0]
+    assert all(r == body for r in srv.requests.values())  # whole, in order, however it was split
+    assert srv.pongs == 1  # its PING was answered
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bench/bench_grpc.py on it
+
+
+def test_bench_grpc_runs_on_the_load_generator(tmp_path):
+    """A small bench run (~15 s): both rows, no error, the broker's CPU per heartbeat of each."""
+    out = tmp_path / "bench.json"
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_grpc.py"), "--sessions", "40", "--duration", "1",
+                        "--inflight", "16", "--grpc-transport", "native", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["protocol"] for r in rows] == ["grpc", "remoting"]
+    grpc_row, remoting = rows
+    assert grpc_row["sessions"] == 40 and grpc_row["channels"] == 1 and grpc_row["errors"] == 0
+    assert remoting["connections"] == 40 and remoting["errors"] == 0
+    assert grpc_row["broker_us_per_hb"] > 0 and remoting["broker_us_per_hb"] > 0
+    assert "| grpc | 40 | 16 |" in p.stdout and "| remoting | 40 | 40 |" in p.stdout

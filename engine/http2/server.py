@@ -353,6 +353,9 @@ class H2Connection(asyncio.Protocol):
         self.going_away = False
         self.closed = False
         self._out = None  # frames written while a read is handled: one write at its end
+        # frames written outside a read (by handlers in tasks: Telemetry's answers, unary calls that waited, the
+        # keepalive): one write when the loop gets to it, however many streams wrote in between
+        self._later = None
 
     # ---------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport):
@@ -398,7 +401,8 @@ class H2Connection(asyncio.Protocol):
                 return self.goaway(F.PROTOCOL_ERROR, b"bad connection preface")
             self.preface = None
             data = buf[24:]
-        self._out = out = []
+        later, self._later = self._later, None  # written before this read: they go first
+        self._out = out = later or []
         try:
             for frame in self.reader.feed(data):
                 self._frame(*frame)
@@ -424,8 +428,22 @@ class H2Connection(asyncio.Protocol):
             return
         if self._out is not None:
             self._out.append(data)
+        elif self._later is not None:
+            self._later.append(data)
         else:
-            self.transport.write(data)
+            self._later = [data]
+            self.loop.call_soon(self._write_later)
+
+    def _write_later(self) -> None:
+        later, self._later = self._later, None
+        if later and not self.closed:
+            self.transport.write(b"".join(later) if len(later) > 1 else later[0])
+
+    def _close(self) -> None:
+        """The connection ends: what is written goes first, then the transport closes."""
+        self._write_later()
+        self.closed = True
+        self.transport.close()
 
     def abort(self) -> None:
         if not self.closed:
@@ -448,11 +466,9 @@ class H2Connection(asyncio.Protocol):
                 self._out = None
             for call in list(self.streams.values()):
                 self._drop(call)
-            self.closed = True
-            self.transport.close()
+            self._close()
         elif not self.streams and self._out is None:
-            self.closed = True
-            self.transport.close()
+            self._close()
 
     def shutdown(self) -> None:
         """The server stops: calls still in progress end UNAVAILABLE, the connection closes."""
@@ -461,8 +477,7 @@ class H2Connection(asyncio.Protocol):
                 self._finish(call, (_UNAVAILABLE, "the broker is shutting down"))
             self._drop(call)
         if not self.closed:
-            self.closed = True
-            self.transport.close()
+            self._close()
 
     # ---------------------------------------------------------------- frames in
     def _frame(self, ftype, flags, sid, payload):
@@ -968,8 +983,7 @@ class H2Connection(asyncio.Protocol):
                 coro.close()
         if self.going_away and not self.streams and not self.closed and self._out is None \
                 and self.server.stopping:
-            self.closed = True
-            self.transport.close()
+            self._close()
 
     # ---------------------------------------------------------------- keepalive
     def _keepalive(self):

@@ -1774,6 +1774,19 @@ def wants_broker_logs(argv) -> bool:
     return input_format(argv)[0] == "broker-log"
 
 
+def local_log_scan(paths, params, *, brokers=None, native=None, **kw) -> dict:
+    """scan_local with scan's ``scan`` section (what `rmqhb scan` runs in this process)."""
+    import time
+
+    t0 = time.perf_counter()
+    findings = scan_local(paths, params=params, brokers=brokers, native=native, **kw)
+    findings.setdefault("scan", {}).update({
+        "method": "broker-log", "files": len(plan_files(paths, brokers)),
+        "seconds": round(time.perf_counter() - t0, 3),
+        "parser": "native" if parser(native) is _parse_native else "twin"})
+    return findings
+
+
 def scan_main(argv=None) -> int:
     """`rmqhb scan PATH... --out REPORT_DIR [--format broker-log] [--log-tz ZONE] [--broker NAME=PATH]`: the
     analyses over RocketMQ broker logs on Spark, written as the recording scan's report. Exit 0; 3 when some input
@@ -1831,7 +1844,7 @@ def scan_main(argv=None) -> int:
         print(f"rmqhb scan: {e}", file=sys.stderr)
         return 2
     from .report import damage_line, print_summary, write_report
-    from .scan_engine import EngineError, local_log_scan, log_engine, run_scan
+    from .scan_engine import EngineError, log_engine, run_scan
 
     try:  # in this process or on Spark: engine.bindings.scan_engine
         engine, what = log_engine(args, plan_files(args.paths, brokers))

@@ -393,7 +393,7 @@ def route(argv) -> Tuple[list, bool, Optional[str]]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# rmqhb scan LOG... CAPTURE... (bindings.spark.scan_main routes inputs of several kinds here)
+# rmqhb scan LOG... CAPTURE... (bindings.cli.scan_main routes inputs of several kinds here)
 
 
 def scan_main(argv) -> int:
@@ -410,8 +410,9 @@ def scan_main(argv) -> int:
     from . import pcap
     from .report import damage_line, print_summary, write_report
     from . import segments as seg
+    from .inputs import input_problem
     from .scan_engine import (LOCAL_MAX_BYTES, LOCAL_MAX_RECORDS, EngineError, _files, add_arguments, choose_engine,
-                              local_capture_scan, local_log_scan, local_recording_scan, run_scan, total_bytes)
+                              local_recording_scan, run_scan, total_bytes)
 
     d = ScanParams()
     p = argparse.ArgumentParser(prog="rmqhb scan", description=scan_main.__doc__)
@@ -443,8 +444,6 @@ def scan_main(argv) -> int:
         problem = mix_problem(kinds, f"{args.paths[0]} mixes" if len(args.paths) == 1 else "the inputs mix")
         if problem:
             raise MergeRefused(problem)
-        from .spark import input_problem
-
         for kind, given in kinds.items():  # each file as its kind's scan checks it: empty, no header, binary
             problem = input_problem([str(f) for f in given if not f.is_dir()], kind, explicit=True)
             if problem:
@@ -507,14 +506,14 @@ def scan_main(argv) -> int:
     def spark_heartbeats(spark):
         if rec_plan is None:
             return pcap.scan(spark, caps, params, **cap_kw)
-        from .spark import scan as recording_scan
+        from .analyses import scan as recording_scan
 
         return {**recording_scan(spark, rec_plan.directory, params, plan=rec_plan, client_ids=True),
                 "_directory": str(rec_plan.directory)}
 
     def local_heartbeats():
         if rec_plan is None:
-            return local_capture_scan(caps, params, **cap_kw)
+            return pcap.local_capture_scan(caps, params, **cap_kw)
         return {**local_recording_scan(rec_plan, params), "_client_ids": recording_client_ids(rec_plan.directory),
                 "_directory": str(rec_plan.directory)}
 
@@ -522,7 +521,7 @@ def scan_main(argv) -> int:
         findings = run_scan(
             args, engine=engine, what=what, app="rmqhb-scan-merged",
             spark_scan=lambda spark: merged(bl.scan(spark, logs, params, **log_kw), spark_heartbeats(spark)),
-            local_scan=lambda: merged(local_log_scan(logs, params, **log_kw), local_heartbeats()),
+            local_scan=lambda: merged(bl.local_log_scan(logs, params, **log_kw), local_heartbeats()),
             count=lambda f: (f["log"]["lines"] + f["merged"]["heartbeats"], "log lines and heartbeats"))
     except MergeRefused as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)

@@ -221,7 +221,7 @@ def run_scan(args, *, engine: Tuple[str, str], what: str, spark_scan: Callable, 
         else:
             from pyspark.sql import SparkSession
 
-            from .spark import spark_session
+            from .session import spark_session
 
             running = SparkSession.getActiveSession()
             if running is None:
@@ -288,41 +288,12 @@ def log_engine(args, plan) -> Tuple[Tuple[str, str], str]:
     return engine, _files(len(plan), "broker log", size, [path for _, path, _ in plan])
 
 
-def local_log_scan(paths, params, *, brokers=None, native=None, **kw) -> dict:
-    """brokerlog.scan_local with brokerlog.scan's ``scan`` section."""
-    from . import brokerlog as bl
-
-    t0 = time.perf_counter()
-    findings = bl.scan_local(paths, params=params, brokers=brokers, native=native, **kw)
-    findings.setdefault("scan", {}).update({
-        "method": "broker-log", "files": len(bl.plan_files(paths, brokers)),
-        "seconds": round(time.perf_counter() - t0, 3),
-        "parser": "native" if bl.parser(native) is bl._parse_native else "twin"})
-    return findings
-
-
 def capture_engine(args, captures: dict) -> Tuple[Tuple[str, str], str]:
     """((engine, reason), what was given) for captures: ``captures`` {broker: pcap.plan_captures(...)}."""
     files = sorted({f for plan in captures.values() for c in plan for f in c.files})
     size = total_bytes(files)
     engine = choose_engine(args.engine, master=args.master, brokers=len(captures), size=size, limit=LOCAL_MAX_BYTES)
     return engine, _files(len(files), "capture", size, files)
-
-
-def local_capture_scan(paths, params, *, shards: int = 1, client_ids: bool = False, **kw) -> dict:
-    """pcap.scan_local with pcap.scan's ``scan`` section."""
-    from . import pcap
-
-    t0 = time.perf_counter()
-    plan = pcap.plan_captures(paths, shards)
-    findings = pcap.scan_local(paths, params, shards=shards, client_ids=client_ids, **kw)
-    _no_clipped_count(findings)
-    findings["scan"] = {"method": "pcap", "captures": len(plan) // shards, "tasks": len(plan),
-                        "files": sum(len(c.files) for c in plan) // shards,
-                        "seconds": round(time.perf_counter() - t0, 3),
-                        "reader": "native" if pcap.decoder_class(kw.get("native")) is pcap._NativeDecoder else "twin",
-                        **findings.get("scan", {})}
-    return findings
 
 
 def _no_clipped_count(findings: dict) -> None:

@@ -81,7 +81,7 @@ def scan_main(argv) -> int:
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = EscapedWriter(out), EscapedWriter(err)
     try:
-        return _lazy("engine.bindings.spark", "cli_main")(argv)
+        return _lazy("engine.bindings.cli", "cli_main")(argv)
     finally:
         sys.stdout, sys.stderr = out, err
 

@@ -1,5 +1,6 @@
 """engine's modules import each other without cycles (issue 15: server <-> ioworker was one), and each one imports
-on its own in a fresh interpreter.
+on its own in a fresh interpreter. The same for ``bindings/`` (installed as ``engine.bindings``; issue 29: its scan
+entry imported the readers, which imported the session back from it), checked together with engine's.
 
 The graph is read with ast from every ``engine/**/*.py``: every import statement counts, at module level or inside a
 function (a lazy import hides a cycle from the interpreter, not from the reader). The packages' ``__init__`` are left
@@ -17,14 +18,16 @@ import pytest
 from conftest import ROOT
 
 ENGINE = Path(ROOT) / "engine"
+#: bindings/ is the package engine.bindings (pyproject's package-dir)
+BINDINGS = Path(ROOT) / "bindings"
 
 
-def _module_name(path: Path, root: Path) -> str:
-    rel = path.relative_to(root.parent).with_suffix("")
-    parts = list(rel.parts)
+def _module_name(path: Path, root: Path, package: str | None = None) -> str:
+    """``path``'s dotted name; ``package``: the name ``root`` is installed as (default: its directory name)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([package or root.name] + parts)
 
 
 def _resolve(importer: str, is_package: bool, level: int, module: str | None) -> str:
@@ -39,9 +42,12 @@ def _resolve(importer: str, is_package: bool, level: int, module: str | None) ->
     return ".".join(base + ([module] if module else []))
 
 
-def import_graph(root: Path = ENGINE) -> dict[str, set[str]]:
-    """engine module -> the engine modules it imports (the package itself as 'engine')."""
+def import_graph(root: Path = ENGINE, *more: tuple[Path, str]) -> dict[str, set[str]]:
+    """engine module -> the engine modules it imports (the package itself as 'engine'); ``more``: further
+    (directory, package name) trees read into the same graph (bindings/ as engine.bindings)."""
     files = {_module_name(p, root): p for p in root.rglob("*.py")}
+    for tree, package in more:
+        files.update({_module_name(p, tree, package): p for p in tree.rglob("*.py")})
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         is_package = path.name == "__init__.py"
@@ -105,6 +111,49 @@ def test_the_engine_import_graph_is_acyclic():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def test_the_bindings_import_graph_is_acyclic():
+    """bindings/ with engine, every import counted (inside functions too): `rmqhb scan` enters at
+    engine.bindings.cli, which dispatches to the readers (recordings through analyses, brokerlog, pcap, merge);
+    they share engine.bindings.session and scan_engine, and none imports the entry or the facade back."""
+    graph = import_graph(ENGINE, (BINDINGS, "engine.bindings"))
+    b = {n: {d for d in deps if d.startswith("engine.bindings.")} for n, deps in graph.items()
+         if n.startswith("engine.bindings.")}
+    # the graph was read: the entry's dispatch, a reader's lazy import of the analyses, an absolute import
+    assert {"engine.bindings.merge", "engine.bindings.brokerlog", "engine.bindings.pcap",
+            "engine.bindings.inputs"} <= b["engine.bindings.cli"]
+    assert "engine.bindings.analyses" in b["engine.bindings.pcap"]
+    assert "engine.bindings.gzinput" in b["engine.bindings.brokerlog"]
+    assert b["engine.bindings.session"] == set()  # the shared session imports no other binding
+    assert {"engine.bindings.session", "engine.bindings.analyses"} <= b["engine.bindings.spark"]
+    above = {"engine.bindings.cli", "engine.bindings.spark"}  # the entry and the facade of the old names
+    back = sorted((a, d) for a, deps in b.items() if a != "engine.bindings.spark" for d in deps & above)
+    assert back == []
+    packages = {n for n in graph if n in ("engine", "engine.bindings")
+                or (ENGINE.parent / n.replace(".", "/") / "__init__.py").exists()}
+    cycles = [c for c in map(lambda n: cycle_through(graph, n, skip=packages), sorted(b)) if c]
+    assert cycles == [], "import cycle: " + " -> ".join(cycles[0])  # (engine's own: the test above)
+
+
+def cycle_through(graph: dict[str, set[str]], start: str, skip=frozenset()) -> list[str] | None:
+    """A cycle of the graph through ``start`` (start, ..., start), or None."""
+    parent = {start: None}
+    todo = [start]
+    while todo:
+        n = todo.pop()
+        for m in sorted(graph.get(n, ())):
+            if m in skip:
+                continue
+            if m == start:
+                path = [n]
+                while parent[path[-1]] is not None:
+                    path.append(parent[path[-1]])
+                return path[::-1] + [start]
+            if m not in parent:
+                parent[m] = n
+                todo.append(m)
+    return None
+
+
 def test_the_cycle_finder_sees_lazy_imports(tmp_path):
     """The check can fail: a function-level import back is a cycle, relative and absolute forms alike."""
     pkg = tmp_path / "engine"
@@ -119,6 +168,8 @@ def test_the_cycle_finder_sees_lazy_imports(tmp_path):
     assert graph["engine.sub.b"] == {"engine.a"}
     assert graph["engine.c"] == {"engine.a", "engine"}
     assert find_cycle(graph, skip={"engine"}) == ["engine.a", "engine.sub.b", "engine.a"]
+    assert cycle_through(graph, "engine.sub.b", skip={"engine"}) == ["engine.sub.b", "engine.a", "engine.sub.b"]
+    assert cycle_through(graph, "engine.c", skip={"engine"}) is None
     (pkg / "sub" / "b.py").write_text("def f():\n    return 1\n")
     assert find_cycle(import_graph(pkg), skip={"engine"}) is None
 

@@ -41,7 +41,8 @@ def _recording_scans(log, rec, spark=None):
     """(log findings, recording findings, merged) of the run's log and its recording, as `rmqhb scan` runs them."""
     from engine.bindings import merge
     from engine.bindings import segments as seg
-    from engine.bindings.scan_engine import local_log_scan, local_recording_scan
+    from engine.bindings.brokerlog import local_log_scan
+    from engine.bindings.scan_engine import local_recording_scan
 
     plan = seg.plan_splits(rec)
     if spark is None:
@@ -61,7 +62,8 @@ def _scans(log, cap, spark=None):
     from engine.bindings import brokerlog, merge, pcap
 
     if spark is None:  # as `rmqhb scan --engine local` runs them (the Spark scans' ``scan`` sections)
-        from engine.bindings.scan_engine import local_capture_scan, local_log_scan
+        from engine.bindings.brokerlog import local_log_scan
+        from engine.bindings.pcap import local_capture_scan
 
         lf = local_log_scan([log], PARAMS, log_tz="+08:00", client_ids=True)
         cf = local_capture_scan([cap], PARAMS, client_ids=True)

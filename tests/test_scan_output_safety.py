@@ -289,8 +289,7 @@ def test_rmqhb_scan_refuses_a_symlinked_out_in_one_line_before_scanning(tmp_path
 
 
 def test_log4j2_config_is_private_and_a_planted_file_at_the_old_path_is_never_used(tmp_path, monkeypatch):
-    require_module("pyspark")
-    from engine.bindings import spark as sp
+    from engine.bindings import session as sp
 
     shared = tmp_path / "shared-tmp"
     shared.mkdir()

@@ -64,11 +64,13 @@ H2_ERRORS = ("NO_ERROR", "PROTOCOL_ERROR", "INTERNAL_ERROR", "FLOW_CONTROL_ERROR
              "STREAM_CLOSED", "FRAME_SIZE_ERROR", "REFUSED_STREAM", "CANCEL", "COMPRESSION_ERROR", "CONNECT_ERROR",
              "ENHANCE_YOUR_CALM", "INADEQUATE_SECURITY", "HTTP_1_1_REQUIRED")
 
-#: our receive windows (SETTINGS_INITIAL_WINDOW_SIZE per stream; the connection's by WINDOW_UPDATE), bytes
-STREAM_WINDOW = 1 << 20
-CONNECTION_WINDOW = 16 << 20
 #: the largest answer message we take (grpc clients' default max receive size); past it the call is cancelled
 MAX_MESSAGE = 4 << 20
+#: our receive windows (SETTINGS_INITIAL_WINDOW_SIZE per stream; the connection's by WINDOW_UPDATE), bytes. They
+#: reopen as whole messages are read: what a server makes us hold is at most one partial message per stream and
+#: CONNECTION_WINDOW per connection
+STREAM_WINDOW = MAX_MESSAGE + 5
+CONNECTION_WINDOW = 16 << 20
 #: a header block (HEADERS + CONTINUATION) and its decoded list at most (SETTINGS_MAX_HEADER_LIST_SIZE we announce)
 MAX_HEADER_LIST = 64 << 10
 #: the SDKs' request timeout, sent as grpc-timeout on unary calls
@@ -130,8 +132,8 @@ class Session:
         self.group = f"GID_load_{g}" if self.consumer else None
         self.metadata = ((b"x-mq-language", language.encode()), (b"x-mq-protocol", b"v2"),
                          (b"x-mq-client-version", version.encode()))
-        endpoints = d.Endpoints(scheme=d.AddressScheme.IPv4 if host.replace(".", "").isdigit()
-                                else d.AddressScheme.DOMAIN_NAME)
+        endpoints = d.Endpoints(scheme=d.AddressScheme.IPv6 if ":" in host else d.AddressScheme.IPv4
+                                if host.replace(".", "").isdigit() else d.AddressScheme.DOMAIN_NAME)
         endpoints.addresses.add(host=host, port=port)
         st = d.Settings()
         st.access_point.CopyFrom(endpoints)
@@ -343,40 +345,70 @@ class GrpcConn:
 
     def _data(self, flags, sid, payload):
         n = len(payload)
-        self.recv_used += n
-        if self.recv_used >= CONNECTION_WINDOW // 2:
-            self.out.append(F.window_update(0, self.recv_used))
-            self.recv_used = 0
         st = self.streams.get(sid)
         if st is None:
-            return  # a stream we reset or finished
+            return self._give_back(n)  # a stream we reset or finished: nothing of it is held
+        consumed = 0
         if flags & F.FLAG_PADDED:
             if not n or payload[0] >= n:
                 raise FrameError(F.PROTOCOL_ERROR, "DATA padding past its payload")
+            consumed = payload[0] + 1
             payload = payload[1:n - payload[0]]
         if payload:
-            buf = st.buf + payload if st.buf else payload
+            # a message spread over frames grows in place (a bytearray): linear work whatever the split
+            held = len(st.buf)
+            if held:
+                st.buf += payload
+                buf = st.buf
+            else:
+                buf = payload
             pos, end = 0, len(buf)
             while end - pos >= 5:
                 length = int.from_bytes(buf[pos + 1:pos + 5], "big")
                 if length > MAX_MESSAGE:
-                    self.out.append(F.rst_stream(sid, F.CANCEL))
-                    return self._finish(st, 8, b"answer larger than 4 MiB")
+                    return self._cancel(st, n + held, 8, b"answer larger than 4 MiB")
                 if end - pos - 5 < length:
                     break
-                msg = buf[pos + 5:pos + 5 + length]
+                msg = bytes(buf[pos + 5:pos + 5 + length])
                 pos += 5 + length
                 if st.kind == TELEMETRY:
                     self.runner.telemetry_message(st.session, msg)
+                elif st.messages:  # a unary call is answered with one message
+                    return self._cancel(st, n + held, 2, b"several answer messages")
                 else:
                     st.messages.append(msg)
-            st.buf = buf[pos:] if pos < end else b""
-            st.recv_used += n
-            if st.recv_used >= STREAM_WINDOW // 2 and not flags & F.FLAG_END_STREAM:
-                self.out.append(F.window_update(sid, st.recv_used))
-                st.recv_used = 0
+            rest = end - pos
+            if not rest:
+                st.buf = b""
+            elif buf is st.buf:
+                del buf[:pos]
+            else:
+                st.buf = bytearray(buf[pos:])
+            consumed += held + len(payload) - rest
+        # our windows reopen by what was read as whole messages: a stream holds at most one partial message
+        # (STREAM_WINDOW), a connection at most CONNECTION_WINDOW of them
+        self._give_back(consumed, None if flags & F.FLAG_END_STREAM else st)
         if flags & F.FLAG_END_STREAM:
             self._finish(st, st.status, st.message)
+
+    def _cancel(self, st: Stream, held: int, status: int, why: bytes) -> None:
+        """The call ends on our side (RST_STREAM CANCEL) with ``status``; the bytes it held are given back."""
+        st.buf = b""
+        st.local_closed = True
+        self.out.append(F.rst_stream(st.sid, F.CANCEL))
+        self._give_back(held)
+        self._finish(st, status, why)
+
+    def _give_back(self, n: int, st: Stream | None = None) -> None:
+        self.recv_used += n
+        if self.recv_used >= CONNECTION_WINDOW // 2:
+            self.out.append(F.window_update(0, self.recv_used))
+            self.recv_used = 0
+        if st is not None:
+            st.recv_used += n
+            if st.recv_used >= STREAM_WINDOW // 2:
+                self.out.append(F.window_update(st.sid, st.recv_used))
+                st.recv_used = 0
 
     def _headers(self, ftype, flags, sid, payload):
         if ftype == F.CONTINUATION:
@@ -569,6 +601,9 @@ class GrpcConn:
         if self.streams.pop(st.sid, None) is None:
             return
         self.blocked.pop(st.sid, None)
+        if st.buf:  # a partial message the stream ended in: the connection's window gets it back
+            self._give_back(len(st.buf))
+            st.buf = b""
         if not st.local_closed and not self.transport.is_closing():
             self.out.append(F.rst_stream(st.sid, F.NO_ERROR if status is not None else F.CANCEL))
         self.runner.finished(self, st, status, message)

@@ -303,10 +303,12 @@ class StrictServer(asyncio.Protocol):
     """Announces 2 concurrent streams and 16-byte stream windows, pings, answers each call 20 ms later with an OK
     HeartbeatResponse; records what the client did."""
 
-    def __init__(self, ok: bytes):
+    def __init__(self, ok: bytes, answer=None):
         self.ok = ok
         self.open, self.max_open, self.data_sizes, self.pongs, self.errors = set(), 0, [], 0, []
         self.requests = {}
+        self.resets = []
+        self.answer_data = answer  # the DATA frames' payloads of an answer (default: the OK message in one frame)
 
     def connection_made(self, transport):
         self.t = transport
@@ -339,23 +341,24 @@ class StrictServer(asyncio.Protocol):
                     asyncio.get_running_loop().call_later(0.02, self.answer, sid)
             elif ftype == F.PING and flags & F.FLAG_ACK:
                 self.pongs += payload == b"pingpong"
+            elif ftype == F.RST_STREAM:
+                self.resets.append((sid, F.u32(payload)))
 
     def answer(self, sid):
         self.open.discard(sid)
+        data = self.answer_data or [LG.grpc_message(self.ok)]
         self.t.write(F.frame(F.HEADERS, F.FLAG_END_HEADERS, sid,
                              self.enc.encode([(b":status", b"200"), (b"content-type", b"application/grpc")]))
-                     + F.frame(F.DATA, 0, sid, LG.grpc_message(self.ok))
+                     + b"".join(F.frame(F.DATA, 0, sid, d) for d in data)
                      + F.frame(F.HEADERS, F.FLAG_END_HEADERS | F.FLAG_END_STREAM, sid,
                                self.enc.encode([(b"grpc-status", b"0")])))
 
 
-def test_the_client_honours_the_servers_settings_and_windows():
-    d, s = LG.load_protocol()
-    ok = s.HeartbeatResponse(status=d.Status(code=d.Code.OK)).SerializeToString()
-
+def _heartbeats(ok, answer=None, calls=10):
+    """``calls`` Heartbeats of one session over one connection to a StrictServer: (runner, server)."""
     async def main():
         loop = asyncio.get_running_loop()
-        srv_proto = StrictServer(ok)
+        srv_proto = StrictServer(ok, answer)
         server = await loop.create_server(lambda: srv_proto, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         runner = LG.Runner("127.0.0.1", port, None, "t")
@@ -363,23 +366,65 @@ def test_the_client_honours_the_servers_settings_and_windows():
         assert isinstance(conn, LG.GrpcConn)
         [session] = LG.make_sessions(1, 0, "t", 1, 1, 1.0, "T", "127.0.0.1", port, False)
         session.conn = conn
-        for _ in range(10):
+        for _ in range(calls):
             runner.heartbeat(session, time.perf_counter())
         runner.flush()
         deadline = time.monotonic() + 10
-        while runner.stats["answered"] < 10 and time.monotonic() < deadline:
+        while runner.stats["answered"] < calls and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
         conn.close()
         server.close()
         return runner, srv_proto
 
-    runner, srv = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def _ok_answer():
+    d, s = LG.load_protocol()
+    return s.HeartbeatResponse(status=d.Status(code=d.Code.OK)).SerializeToString()
+
+
+def test_the_client_honours_the_servers_settings_and_windows():
+    runner, srv = _heartbeats(_ok_answer())
     assert runner.stats["answered"] == runner.stats["ok"] == 10 and runner.stats["errors"] == 0
     assert srv.max_open == 2  # never more streams than the server's SETTINGS_MAX_CONCURRENT_STREAMS
     assert max(srv.data_sizes) == 16 and len(srv.requests) == 10  # DATA held to the 16-byte stream window
     body = LG.make_sessions(1, 0, "t", 1, 1, 1.0, "T", "127.0.0.1", 1, False)[0].heartbeats[0]
     assert all(r == body for r in srv.requests.values())  # whole, in order, however it was split
     assert srv.pongs == 1  # its PING was answered
+
+
+def test_answers_split_over_frames_and_bad_answers():
+    """An answer split into 3-byte DATA frames is read whole; a unary call answered with two messages, or with a
+    message declared past 4 MiB, is cancelled (RST_STREAM CANCEL) and counted by what was wrong."""
+    ok = LG.grpc_message(_ok_answer())
+    runner, srv = _heartbeats(_ok_answer(), [ok[i:i + 3] for i in range(0, len(ok), 3)], calls=3)
+    assert runner.stats["answered"] == runner.stats["ok"] == 3 and runner.stats["errors"] == 0
+    runner, srv = _heartbeats(_ok_answer(), [ok + ok], calls=2)
+    assert runner.stats["answered"] == 2 and runner.stats["ok"] == 0
+    assert dict(runner.errors_by_status) == {"Heartbeat: grpc-status UNKNOWN": 2}
+    assert [code for _, code in srv.resets] == [F.CANCEL, F.CANCEL]
+    runner, srv = _heartbeats(_ok_answer(), [b"\x00" + (LG.MAX_MESSAGE + 1).to_bytes(4, "big") + b"x" * 100],
+                              calls=2)
+    assert dict(runner.errors_by_status) == {"Heartbeat: grpc-status RESOURCE_EXHAUSTED": 2}
+    assert [code for _, code in srv.resets] == [F.CANCEL, F.CANCEL]
+
+
+def test_a_budget_of_the_broker_is_counted_by_status(tmp_path):
+    """grpcMaxSessionsPerConnection 4 and 8 sessions per connection: 4 sessions register, the others' Telemetry
+    streams end RESOURCE_EXHAUSTED, counted in errors_by_status; the run itself is done (status 0)."""
+    b = start_broker(tmp_path, "native", grpc_max_sessions_per_connection=4)
+    try:
+        p = loadgen("steady", "--protocol", "grpc", "--broker", f"127.0.0.1:{b.ports['grpc']}", "--clients", "8",
+                    "--duration", "1", "--quiet")
+        res = json.loads(p.stdout)
+        assert p.returncode == 0 and res["sessions"] == 4 and res["errors"] == 0  # none in the window
+        assert res["errors_by_status"] == {"Telemetry: grpc-status RESOURCE_EXHAUSTED": 4}
+        assert res["calls"]["Telemetry"] == {"sent": 8, "ok": 4} and res["answered"] > 0
+        assert b.grpc.refused["sessions_per_connection"] == 4
+    finally:
+        b.stop()
 
 
 # ---------------------------------------------------------------------------------------------------------------

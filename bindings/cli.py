@@ -137,7 +137,7 @@ def broker_names(directories) -> list:
 def recording_scan_main(argv) -> int:
     """`rmqhb scan RECORDING... --out REPORT_DIR`: recordings (directories of *.seg segments; several: one per
     broker), in this process (engine.recording.scan_py) or on Spark (analyses.scan). Exit statuses: scan_main's."""
-    from . import segments as seg
+    from .plan import DEFAULT_SPLIT_RECORDS, plan_splits
     from .scan_engine import add_arguments as add_engine_arguments
 
     d = ScanParams()
@@ -160,7 +160,7 @@ def recording_scan_main(argv) -> int:
     p.add_argument("--expiry", type=float, default=d.expiry_s, help="seconds a member stays live after a heartbeat")
     p.add_argument("--flap-window", type=float, default=d.flap_window_s, help="seconds per flapping window")
     p.add_argument("--flap-min", type=int, default=d.flap_min_reconnects, help="reconnects per window that flag a client")
-    p.add_argument("--split-records", type=int, default=seg.DEFAULT_SPLIT_RECORDS, help="records per Spark task")
+    p.add_argument("--split-records", type=int, default=DEFAULT_SPLIT_RECORDS, help="records per Spark task")
     p.add_argument("--no-dedupe", action="store_true", help="decode every body, not each distinct body once")
     p.add_argument("--strict", action="store_true", help="stop (exit 5) on any damage instead of scanning around it")
     p.add_argument("--allow-damage", action="store_true",
@@ -185,7 +185,7 @@ def recording_scan_main(argv) -> int:
 
     plans = {}
     for name, directory in zip(broker_names(args.directories), args.directories):
-        plan = plans[name] = seg.plan_splits(directory, args.split_records)
+        plan = plans[name] = plan_splits(directory, args.split_records)
         if plan.segments == 0:
             print(f"rmqhb scan: no recording in {directory} (no *.seg segment files)", file=sys.stderr)
             return EXIT_USAGE

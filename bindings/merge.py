@@ -409,7 +409,7 @@ def scan_main(argv) -> int:
     from . import brokerlog as bl
     from . import pcap
     from .report import damage_line, print_summary, write_report
-    from . import segments as seg
+    from .plan import DEFAULT_SPLIT_RECORDS, plan_splits
     from .inputs import input_problem
     from .scan_engine import (LOCAL_MAX_BYTES, LOCAL_MAX_RECORDS, EngineError, _files, add_arguments, choose_engine,
                               local_recording_scan, run_scan, total_bytes)
@@ -450,7 +450,7 @@ def scan_main(argv) -> int:
                 print(f"rmqhb scan: {problem[1]}", file=sys.stderr)
                 return problem[0]
         logs, caps, recs = kinds.get("broker-log", []), kinds.get("pcap", []), kinds.get("recording", [])
-        rec_plan = seg.plan_splits(recs[0], seg.DEFAULT_SPLIT_RECORDS) if recs else None
+        rec_plan = plan_splits(recs[0], DEFAULT_SPLIT_RECORDS) if recs else None
         if rec_plan is not None and rec_plan.segments == 0:
             raise MergeRefused(f"no recording in {recs[0]} (no *.seg segment files)")
         plan = bl.plan_files(logs)

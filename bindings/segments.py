@@ -1,7 +1,8 @@
 """Segment splits as Arrow data, without Spark: what the Spark tasks run, testable on its own.
 
-* ``plan_splits(dir)``: walk every segment's block headers (no payload is read) and cut them into splits of about
-  ``target_records`` records, never across segments. Damage found on the way is reported in the plan.
+* ``plan_splits(dir)`` (``engine.bindings.plan``, pyarrow-free): walk every segment's block headers and cut them
+  into splits of about ``target_records`` records, never across segments. Damage found on the way is reported in
+  the plan.
 * ``record_batches(split)``: the raw records of a split as Arrow record batches (bodies zero-copy from the
   decompressed blocks).
 * ``heartbeat_batches(split)``: the records with their decoded heartbeats (nested Arrow columns).
@@ -19,7 +20,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
@@ -27,15 +28,14 @@ import numpy as np
 import pyarrow as pa
 
 from engine.codec.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
-from engine.recording.recorder import (CLIPPED_MAGIC, BlockInfo, Damage, SegmentError, damage_ranges, iter_blocks,
-                                      list_segments, parse_clipped, payloads_intact, scan_segment)
+from engine.recording.recorder import CLIPPED_MAGIC, SegmentError, iter_blocks, parse_clipped
 from engine.recording.scan_py import ScanParams
+
+# the plan is pyarrow-free (an in-process scan of a recording plans it without loading Arrow); its names stay here
+from .plan import DEFAULT_SPLIT_RECORDS, MAX_SPLIT_RAW_BYTES, Plan, Split, plan_splits  # noqa: F401
 
 _log = logging.getLogger(__name__)
 
-#: Bodies of one split must fit Arrow's int32 offsets; the planner also caps a split's raw bytes.
-MAX_SPLIT_RAW_BYTES = 1 << 30
-DEFAULT_SPLIT_RECORDS = 262_144
 #: Role of the statistics rows in a runs frame: ``n`` bad bodies (no client), first/last receive time. split_runs
 #: emits one per split (its time range over all records); memberships() one per bad body.
 STATS_ROLE = "_stats"
@@ -67,91 +67,6 @@ RUN_SCHEMA = pa.schema([
 _LANGUAGE_NAMES = pa.array([LanguageCode(i).name if i in LanguageCode._value2member_map_ else None for i in range(256)],
                            pa.string())
 _ENUM_NAMES = {cls: pa.array([m.name for m in cls], pa.string()) for cls in (ConsumeType, MessageModel, ConsumeFromWhere)}
-
-
-@dataclass(frozen=True)
-class Split:
-    """A contiguous run of blocks of one segment."""
-
-    index: int
-    path: str
-    blocks: Tuple[BlockInfo, ...]
-    n_records: int
-    first_ms: int
-    last_ms: int
-
-
-@dataclass
-class Plan:
-    directory: str
-    splits: List[Split] = field(default_factory=list)
-    segments: int = 0
-    torn_tails: List[Tuple[str, Damage]] = field(default_factory=list)
-    corrupt: List[Tuple[str, Damage]] = field(default_factory=list)
-    data_loss: List[dict] = field(default_factory=list)  # the segments' gap markers (Gap.to_dict)
-    #: time ranges the damage covers (torn tails, corrupt ranges), as far as the good blocks around them tell:
-    #: {"segment", "kind", "offset", "bytes", "first_ms", "last_ms", "records_lost" (None: unknown), "reason"}
-    damaged: List[dict] = field(default_factory=list)
-
-    @property
-    def n_records(self) -> int:
-        return sum(s.n_records for s in self.splits)
-
-    def damage_summary(self) -> dict:
-        return {"torn_tails": [d for d in self.damaged if d["kind"] == "torn_tail"],
-                "corrupt": [d for d in self.damaged if d["kind"] == "corrupt"]}
-
-    @property
-    def is_damaged(self) -> bool:
-        return bool(self.damaged or self.data_loss)
-
-
-def plan_splits(directory, target_records: int = DEFAULT_SPLIT_RECORDS) -> Plan:
-    """Cut a recording into splits by block headers; every block's payload CRC is checked here too (one read of
-    the compressed bytes, no decompression), so a damaged block is named in the plan's damage and never reaches
-    a task, where it could only be skipped silently. The tasks still check CRCs and decompression."""
-    if target_records < 1:
-        raise ValueError("target_records must be positive")
-    plan = Plan(str(directory))
-    segments = list_segments(directory)
-    for k, path in enumerate(segments):
-        plan.segments += 1
-        scan = scan_segment(path)
-        scan.corrupt = [_unquoted(d) for d in scan.corrupt]
-        good = payloads_intact(path, scan.blocks)
-        bad = [b for b in scan.blocks if b not in good]
-        if scan.torn_tail is not None:
-            plan.torn_tails.append((str(path), scan.torn_tail))
-        plan.corrupt.extend((str(path), d) for d in scan.corrupt)
-        plan.data_loss.extend(g.to_dict(path.name) for g in scan.gaps)
-        plan.damaged.extend(damage_ranges(path, scan, good, bad, segments[k + 1] if k + 1 < len(segments) else None))
-        cur: List[BlockInfo] = []
-        n = raw = 0
-        for b in good:
-            if cur and (n + b.n_records > target_records or raw + b.raw_len > MAX_SPLIT_RAW_BYTES):
-                plan.splits.append(_split(len(plan.splits), path, cur))
-                cur, n, raw = [], 0, 0
-            cur.append(b)
-            n += b.n_records
-            raw += b.raw_len
-        if cur:
-            plan.splits.append(_split(len(plan.splits), path, cur))
-    return plan
-
-
-def _unquoted(d: Damage) -> Damage:
-    """A file that is not a segment is named by its size and reason, never by its bytes (a ``.seg`` linked to
-    /etc/passwd must not copy its first bytes into findings.json and the report): the recorder's reason quotes
-    them."""
-    if d.reason.startswith("not a version-") and ": starts " in d.reason:
-        return Damage(d.offset, d.length, d.reason.split(": starts ", 1)[0] + " (no segment file header; "
-                                                                           f"{d.length:,} bytes not read)")
-    return d
-
-
-def _split(index, path, blocks) -> Split:
-    return Split(index, str(path), tuple(blocks), sum(b.n_records for b in blocks),
-                 min(b.first_ms for b in blocks), max(b.last_ms for b in blocks))
 
 
 # ---------------------------------------------------------------------------------------------------------------

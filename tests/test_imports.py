@@ -8,6 +8,7 @@ out of the cycle check: Python runs one before any of its submodules, so a submo
 (``from . import FrameDecoder``) cannot deadlock, and ``__init__`` importing its submodules is what a facade does.
 """
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -132,6 +133,48 @@ def test_the_bindings_import_graph_is_acyclic():
                 or (ENGINE.parent / n.replace(".", "/") / "__init__.py").exists()}
     cycles = [c for c in map(lambda n: cycle_through(graph, n, skip=packages), sorted(b)) if c]
     assert cycles == [], "import cycle: " + " -> ".join(cycles[0])  # (engine's own: the test above)
+
+
+SCAN_LOADS = """
+import json, sys
+from engine.cli import main
+status = main(sys.argv[1:])
+print(json.dumps({"status": status, "loaded": sorted(m for m in ("pyspark", "py4j", "pyarrow", "pandas")
+                                                     if m in sys.modules)}))
+"""
+
+
+@pytest.mark.parametrize("kind", ["broker log", "capture", "recording"])
+def test_a_small_scan_in_this_process_loads_no_spark(tmp_path, kind):
+    """`rmqhb scan` of a small input runs in this process (--engine auto) and loads what that needs only: never
+    pyspark or py4j; for a capture or a recording not pyarrow or pandas either (a broker log's line parser gives
+    Arrow batches: pyarrow, which loads pandas). The entry, the input checks, the engine choice and the recording's
+    plan import none of them (docs/scan.md: the times this saves)."""
+    from conftest import require_module
+
+    require_module("pyspark")  # `rmqhb scan` wants the spark extra installed, even when it does not start Spark
+    if kind == "broker log":
+        from engine.bindings import brokerlog as bl
+
+        path = tmp_path / "logs"
+        bl.generate_broker_log(path / "broker.log", groups=2, members=3, seed=3)
+        args, unwanted = [path, "--log-tz", "UTC"], {"pyspark", "py4j"}
+    elif kind == "capture":
+        args, unwanted = [Path(ROOT) / "tests" / "data" / "pcap" / "lo-eth-ipv4.pcap"], {"pyspark", "py4j", "pyarrow",
+                                                                                           "pandas"}
+    else:
+        from engine.recording.synth import FleetConfig, FleetGenerator
+
+        FleetGenerator(FleetConfig(clients=6, groups=2, days=0.02, seed=4)).write(tmp_path / "rec")
+        args, unwanted = [tmp_path / "rec"], {"pyspark", "py4j", "pyarrow", "pandas"}
+    r = subprocess.run([sys.executable, "-c", SCAN_LOADS, "scan", *map(str, args), "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != "RMQHB_DEBUG"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    got = json.loads(lines[-1])
+    assert got["status"] == 0 and lines[-2].startswith("engine: local ("), r.stdout
+    assert unwanted.isdisjoint(got["loaded"]), got["loaded"]
 
 
 def cycle_through(graph: dict[str, set[str]], start: str, skip=frozenset()) -> list[str] | None:

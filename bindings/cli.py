@@ -65,7 +65,8 @@ SCAN_HELP = """\
 What a RocketMQ broker's clients did (group sizes over time, flapping and expired clients, heartbeat gaps,
 inconsistent subscriptions, retry-topic churn), written to REPORT_DIR as index.html, findings.json, CSVs and
 PNG plots. PATH is any of (the kind is detected; --format KIND forces it):
-  recording    a directory of *.seg segments (rmqhb serve --recordDir, rmqhb generate); several: one per broker
+  recording    a directory of *.seg segments (rmqhb serve --recordDir, rmqhb generate), or one segment file;
+               several: one per broker
   broker-log   Apache RocketMQ 4.x/5.x broker logs: files, or a directory per broker (broker*.log*, otherdays/)
   pcap         packet captures (.pcap, .pcapng, .gz) of the brokers' remoting port: files or directories
 A broker's log and its capture given together (files, or one directory) scan as one timeline."""
@@ -145,8 +146,8 @@ def recording_scan_main(argv) -> int:
                                 description=SCAN_HELP, epilog=SCAN_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("directories", type=Path, nargs="+", metavar="PATH",
-                   help="recording directory (segments); several: one per broker (named after the directory); "
-                        "broker logs and captures: below")
+                   help="recording directory (segments) or one segment file; several: one per broker (named after "
+                        "the directory); broker logs and captures: below")
     p.add_argument("--out", type=Path, required=True, metavar="REPORT_DIR",
                    help="report directory (created; an earlier report's files there are replaced)")
     p.add_argument("--format", "--input", dest="format", default="recording", choices=["recording"], metavar="KIND",
@@ -170,10 +171,17 @@ def recording_scan_main(argv) -> int:
     p.add_argument("--no-plots", action="store_true")
     add_engine_arguments(p)
     args = p.parse_args(argv)
-    for directory in args.directories:
-        if not directory.is_dir():
-            print(f"rmqhb scan: not a directory: {directory}", file=sys.stderr)
+    parents = {}
+    for directory in args.directories:  # a segment file: the recording of that one file
+        if not (directory.is_dir() or directory.name.endswith(".seg") and directory.is_file()):
+            print(f"rmqhb scan: not a recording directory or segment file (*.seg): {directory}", file=sys.stderr)
             return EXIT_USAGE
+        if not directory.is_dir():
+            other = parents.setdefault(directory.resolve().parent, directory)
+            if other != directory:
+                print(f"rmqhb scan: {other} and {directory} are segments of one recording: give its directory "
+                      f"({directory.parent}) to scan it whole", file=sys.stderr)
+                return EXIT_USAGE
     try:
         params = ScanParams(args.expiry, args.gap_threshold, args.min_duration, args.flap_window, args.flap_min).validate()
     except ValueError as e:

@@ -65,7 +65,7 @@ def directory_kinds(directory: Path) -> dict:
 def input_problem(argv, kind: str, explicit: bool) -> Optional[Tuple[int, str]]:
     """(exit status, one line) for scan inputs that cannot be scanned, found before any work (no Spark yet):
     a path that does not exist (2), a directory holding nothing to scan (2) or several kinds unless --format says
-    which to read (2), a segment file given for its recording (2), a file of no known kind (2), an empty file, a
+    which to read (2), a file of no known kind (2), an empty file, a
     capture without a capture header, a log of binary data (4: nothing decodable), a --log-tz that is no zone (2)."""
     from .brokerlog import _paths_of, path_kind, resolve_tz
 
@@ -99,7 +99,7 @@ def input_problem(argv, kind: str, explicit: bool) -> Optional[Tuple[int, str]]:
         if not p.is_file():
             return EXIT_USAGE, f"{raw} is not a regular file or a directory"
         if p.name.endswith(".seg"):
-            return EXIT_USAGE, f"{raw} is one segment of a recording: give the recording's directory ({p.parent})"
+            continue  # one segment: the recording of that one file (its damage is named by the scan)
         if p.stat().st_size == 0:
             return EXIT_NOTHING, f"{raw} is empty: nothing to scan"
         found = path_kind(p)

@@ -117,7 +117,9 @@ def _scan_cases(tmp: Path):
     (tmp / "otherlogs").mkdir()
     (tmp / "otherlogs" / "gc.log").write_text(SAMPLE_LOG_LINE)  # not broker*.log*
     rec = a_recording(tmp / "rec")
-    seg = next(rec.glob("*.seg"))
+    segs = [rec / "hb-1-000001.seg", rec / "hb-2-000002.seg"]  # two segments of one recording, given as files
+    for s in segs:
+        s.write_bytes(next(rec.glob("hb-17*.seg")).read_bytes())
     mixed = a_recording(tmp / "mixed")  # a recording and a capture: the same heartbeats twice, refused (merge.py)
     (mixed / "broker.pcap").write_bytes((Path(__file__).parent / "data" / "pcap" / "cpp-lo-ipv4.pcap").read_bytes())
     (tmp / "afile").write_text("x")
@@ -137,7 +139,7 @@ def _scan_cases(tmp: Path):
         (["notes.txt", "--out", out], 2, "notes.txt is a file"),
         (["emptydir", "--out", out], 2, "emptydir holds no recording"),
         (["otherlogs", "--out", out], 2, "otherlogs holds no recording"),
-        ([seg, "--out", out], 2, f"give the recording's directory ({rec})"),
+        ([*segs[:2], "--out", out], 2, f"are segments of one recording: give its directory ({rec})"),
         (["mixed", "--out", out], 2, "mixed mixes input kinds"),
         (["rec", "--out", "afile"], 2, "--out afile exists and is not a directory"),
         (["rec", "--out", "link"], 2, "--out link is a symbolic link"),
@@ -155,6 +157,30 @@ def test_scan_mistakes_are_one_line_before_any_work(tmp_path, fake_java):
         assert (p.returncode, line.startswith("rmqhb scan: "), words in line) == (status, True, True), (argv, line)
         assert not marker.exists(), argv  # found before Java (and Spark) were asked for anything
         assert not (tmp_path / "out").exists(), argv
+
+
+def test_scan_takes_a_segment_file_as_the_recording_of_that_file(tmp_path):
+    """`rmqhb scan x.seg`: the recording of that one file, as a directory holding only it would be (a broker
+    log or a capture is scanned from its file too)."""
+    require_module("pyarrow")
+    from engine.bindings.scan_engine import without_engine_fields
+
+    rec = a_recording(tmp_path / "rec")
+    seg = sorted(rec.glob("*.seg"))[-1]
+    (tmp_path / "alone").mkdir()
+    (tmp_path / "alone" / seg.name).write_bytes(seg.read_bytes())
+    found = {}
+    for name, path in (("file", seg), ("dir", tmp_path / "alone")):
+        p = rmqhb("scan", path, "--out", tmp_path / name, "--no-plots", "--no-progress")
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+        assert "read 1 recording (1 segments" in p.stdout.splitlines()[-1], p.stdout
+        findings = without_engine_fields(json.loads((tmp_path / name / "findings.json").read_text()))
+        findings.pop("generated_at", None)
+        found[name] = findings
+    assert found["file"]["summary"]["records"] > 0
+    assert json.dumps(found["file"], sort_keys=True).replace(str(seg), "X").replace(str(tmp_path / "alone"), "X") \
+        == json.dumps(found["dir"], sort_keys=True).replace(str(tmp_path / "alone" / seg.name), "X") \
+        .replace(str(tmp_path / "alone"), "X")
 
 
 def test_scan_without_a_usable_java_says_so_before_spark(tmp_path, fake_java):

@@ -579,8 +579,11 @@ def iter_blocks(path, *, blocks: Optional[Iterable[BlockInfo]] = None, on_corrup
 
 
 def list_segments(directory) -> List[Path]:
-    """Segment files of a recording directory, in name (= time) order."""
+    """Segment files of a recording directory, in name (= time) order; a segment file given instead of its
+    directory is the recording of that one file (`rmqhb scan x.seg`)."""
     directory = Path(directory)
+    if directory.name.endswith(SEGMENT_SUFFIX) and directory.is_file():
+        return [directory]
     if not directory.is_dir():
         raise FileNotFoundError(f"no recording directory {directory}")
 

@@ -1000,7 +1000,8 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
         for r in raw.where(F.col("role") == CAPTURE_ROLE).select("sub_key").collect():
             p = json.loads(r["sub_key"])
             addrs.update((int(c), a) for c, a in p["addrs"])
-            task_conns[index[(p["name"], tuple(p["shard"]))]] = {int(c) for c, _ in p["addrs"]}
+            if shards > 1:  # for recut_runs: which tasks hold a connection
+                task_conns[index[(p["name"], tuple(p["shard"]))]] = {int(c) for c, _ in p["addrs"]}
             results.append(CaptureResult(p["name"], p["files"], p["stats"], [tuple(e) for e in p["events"]],
                                          [tuple(x) for x in p["losses"]], p["damaged"], tuple(p["shard"]),
                                          p["first_ms"], p["last_ms"], {int(c): v for c, *v in p["conns"]},

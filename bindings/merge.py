@@ -522,7 +522,8 @@ def scan_main(argv) -> int:
             args, engine=engine, what=what, app="rmqhb-scan-merged",
             spark_scan=lambda spark: merged(bl.scan(spark, logs, params, **log_kw), spark_heartbeats(spark)),
             local_scan=lambda: merged(bl.local_log_scan(logs, params, **log_kw), local_heartbeats()),
-            count=lambda f: (f["log"]["lines"] + f["merged"]["heartbeats"], "log lines and heartbeats"))
+            count=lambda f: (f["log"]["lines"] + f["merged"]["heartbeats"], "log lines and heartbeats"),
+            inputs=files + sorted({s.path for s in rec_plan.splits} if rec_plan is not None else ()))
     except MergeRefused as e:
         print(f"rmqhb scan: {e}", file=sys.stderr)
         return 2

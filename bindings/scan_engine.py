@@ -102,12 +102,53 @@ def choose_engine(requested: str, *, master: Optional[str], brokers: int, size: 
     return "local", f"{shown} of input, at most {limit_shown}: in this process, without starting Spark"
 
 
+class InputReading:
+    """How far this process has read a scan's input files: the read position of each one it has open (Linux's
+    /proc/self/fdinfo, so no reader needs a hook) plus the whole size of each it opened and closed again. Sizes are
+    the files' own (a .gz's compressed bytes, as its reader's position counts them)."""
+
+    def __init__(self, files: Iterable, records: Optional[int] = None):
+        self.sizes: dict = {}
+        for f in files:
+            try:
+                self.sizes[os.path.realpath(f)] = os.stat(f).st_size
+            except OSError:
+                pass
+        self.total = sum(self.sizes.values())
+        self.records = records  # known up front (a recording's block headers), else None
+        self._seen: set = set()
+        self._read = 0
+
+    def read(self) -> Optional[int]:
+        """Bytes of the input read so far (never less than an earlier answer), or None where /proc is missing."""
+        try:
+            fds = os.listdir("/proc/self/fd")
+        except OSError:
+            return None
+        now: dict = {}
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+                if target in self.sizes:
+                    with open(f"/proc/self/fdinfo/{fd}") as info:
+                        pos = int(info.readline().split()[1])  # "pos:\t<offset>"
+                    now[target] = max(now.get(target, 0), min(pos, self.sizes[target]))
+            except (OSError, ValueError, IndexError):  # closed under us, or not a file descriptor of ours
+                continue
+        self._seen |= now.keys()
+        n = sum(self.sizes[p] for p in self._seen - now.keys()) + sum(now.values())
+        self._read = max(self._read, min(n, self.total))
+        return self._read
+
+
 class Progress:
     """The scan's progress on stderr: on a terminal one line redrawn every PROGRESS_TTY_S (the stage, the input,
-    the elapsed time, Spark's tasks done and an ETA from them), otherwise a plain line every PROGRESS_PLAIN_S (so
-    a scan shorter than that prints none). Only our own words and numbers: no file or client text."""
+    the elapsed time; in this process the input read of its total, the rate (records/s where the records are
+    known up front, a recording's; MiB/s otherwise) and an ETA from them; on Spark the tasks done and an ETA from
+    them), otherwise a plain line every PROGRESS_PLAIN_S (so a scan shorter than that prints none). Only our own
+    words and numbers: no file or client text."""
 
-    def __init__(self, what: str, enabled: bool = True, stream=None):
+    def __init__(self, what: str, enabled: bool = True, stream=None, reading: Optional[InputReading] = None):
         stream = stream if stream is not None else sys.stderr
         self.stream = getattr(stream, "_stream", stream)  # under engine.logutil.EscapedWriter: CR must pass
         try:
@@ -119,6 +160,7 @@ class Progress:
         self.stage, self.stage_t0 = "", self.t0
         self.parts: list = []  # (stage, seconds)
         self.spark = None
+        self.reading = reading  # the input files, for the line of a scan in this process
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the ticker thread and enter() both draw
         self._thread: Optional[threading.Thread] = None
@@ -136,7 +178,7 @@ class Progress:
         if self.stage:
             self.parts.append((self.stage, now - self.stage_t0))
         self.stage, self.stage_t0 = stage, now
-        if self.tty:
+        if self.tty and stage:  # (close's "" ends the last stage: the line is cleared, not redrawn)
             self._draw()
 
     def _spark_tasks(self) -> Optional[Tuple[int, int]]:
@@ -155,9 +197,27 @@ class Progress:
         except Exception:  # the context stopping under us: no task count this time
             return None
 
+    def _input_read(self, now: float) -> str:
+        """'; read 12.0 of 64.0 MiB (19%), 2,100 records/s, ETA 13 s' for a scan in this process, or ''."""
+        r = self.reading
+        n = r.read() if r is not None and r.total else None
+        if n is None:
+            return ""
+        elapsed = now - self.stage_t0
+        text = f"; read {_mib(n)} of {_mib(r.total)} ({n * 100 // r.total}%)"
+        if n >= r.total:
+            return text + ", analysing"
+        if n and elapsed > 0:
+            rate = n / elapsed
+            text += (f", {r.records * n / r.total / elapsed:,.0f} records/s" if r.records
+                     else f", {rate / (1 << 20):,.1f} MiB/s")
+            text += f", ETA {(r.total - n) / rate:,.0f} s"
+        return text
+
     def line(self) -> str:
         now = time.perf_counter()
         text = f"rmqhb scan: {self.stage or 'starting'} ({self.what}), {now - self.t0:,.0f} s"
+        text += self._input_read(now)
         tasks = self._spark_tasks()
         if tasks:
             done, total = tasks
@@ -204,16 +264,25 @@ class Progress:
 
 #: the running scan's record for the closing line (``reported``): set by run_scan
 _last: dict = {}
+#: the input files (and records, when known) of the last engine choice (log_engine, capture_engine,
+#: recording_engine), for run_scan's progress line when its caller names none
+_given: dict = {}
 
 
 def run_scan(args, *, engine: Tuple[str, str], what: str, spark_scan: Callable, local_scan: Callable,
-             app: str, count: Optional[Callable] = None) -> dict:
+             app: str, count: Optional[Callable] = None, inputs: Optional[Iterable] = None,
+             records: Optional[int] = None) -> dict:
     """The findings of ``local_scan()`` or ``spark_scan(spark)`` as ``engine`` = (engine, reason) says, with a
     progress line while it runs; findings.json's ``scan`` gets ``engine`` and ``engine_reason``. ``count``:
-    findings -> (number, unit) of what was read (default: the summary's records). A SparkSession
-    already running (a notebook's, a test's) is used and left running."""
+    findings -> (number, unit) of what was read (default: the summary's records). ``inputs``: the input files
+    (``records``: their records, when known up front), for the progress line (default: the engine choice's). A
+    SparkSession already running (a notebook's, a test's) is used and left running."""
     name, reason = engine
-    progress = Progress(what, enabled=not getattr(args, "no_progress", False)).start()
+    if inputs is None:
+        inputs, records = _given.get("files", ()), _given.get("records")
+    _given.clear()
+    progress = Progress(what, enabled=not getattr(args, "no_progress", False),  # (Spark's executors read on Spark)
+                        reading=InputReading(inputs, records) if name == "local" else None).start()
     try:
         if name == "local":
             progress.enter("scanning in this process")
@@ -285,6 +354,7 @@ def log_engine(args, plan) -> Tuple[Tuple[str, str], str]:
     size = total_bytes(path for _, path, _ in plan)
     engine = choose_engine(args.engine, master=args.master, brokers=len({b for b, _, _ in plan}), size=size,
                            limit=LOCAL_MAX_BYTES)
+    _given.update(files=[path for _, path, _ in plan], records=None)
     return engine, _files(len(plan), "broker log", size, [path for _, path, _ in plan])
 
 
@@ -293,6 +363,7 @@ def capture_engine(args, captures: dict) -> Tuple[Tuple[str, str], str]:
     files = sorted({f for plan in captures.values() for c in plan for f in c.files})
     size = total_bytes(files)
     engine = choose_engine(args.engine, master=args.master, brokers=len(captures), size=size, limit=LOCAL_MAX_BYTES)
+    _given.update(files=files, records=None)
     return engine, _files(len(files), "capture", size, files)
 
 
@@ -309,6 +380,7 @@ def recording_engine(args, plans: dict) -> Tuple[Tuple[str, str], str]:
     records = sum(p.n_records for p in plans.values())
     segments = sum(p.segments for p in plans.values())
     what = f"{len(plans)} recording{'s' if len(plans) != 1 else ''} ({segments} segments, {records:,} records)"
+    _given.update(files=sorted({s.path for p in plans.values() for s in p.splits}), records=records)
     if args.engine == "auto" and getattr(args, "method", "arrow") != "arrow":
         return ("spark", f"--method {args.method}"), what
     return choose_engine(args.engine, master=args.master, brokers=len(plans), size=records,

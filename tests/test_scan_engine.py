@@ -97,6 +97,76 @@ def test_progress_is_a_redrawn_line_on_a_terminal_and_plain_lines_otherwise(monk
     assert quiet.getvalue() == ""
 
 
+def test_progress_in_this_process_shows_the_input_read_its_rate_and_an_eta(tmp_path):
+    """In this process the line says how much of the input is read (the read position of each input file the
+    process has open, the whole of each it closed again), the rate (records/s when the records are known up front,
+    else MiB/s) and an ETA; the reading never goes back."""
+    import time
+
+    assert os.path.isdir("/proc/self/fdinfo")  # Linux: where the scan shows it
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_bytes(b"x" * 300_000)
+    b.write_bytes(b"y" * 100_000)
+    p = se.Progress("2 files", stream=_Stream(True), reading=se.InputReading([a, b]))
+    p.enter("scanning in this process")
+    assert p.line().endswith("; read 0.0 KiB of 390.6 KiB (0%)")
+    with open(a, "rb", buffering=0) as f:
+        f.read(200_000)
+        time.sleep(0.05)
+        line = p.line()
+    assert "; read 195.3 KiB of 390.6 KiB (50%), " in line and " MiB/s, ETA " in line, line
+    assert "; read 293.0 KiB of 390.6 KiB (75%)" in p.line()  # a closed: whole
+    with open(b, "rb", buffering=0) as f:
+        f.seek(50_000)
+        assert "; read 341.8 KiB of 390.6 KiB (87%)" in p.line()
+        f.read()
+        assert p.line().endswith("; read 390.6 KiB of 390.6 KiB (100%), analysing")
+    with open(a, "rb", buffering=0) as f:  # a file read again (a second pass) from its start: never less than before
+        assert p.line().endswith("(100%), analysing")
+    p.close()
+    p = se.Progress("a recording", stream=_Stream(False), reading=se.InputReading([a], records=3_000))
+    p.enter("scanning in this process")
+    with open(a, "rb", buffering=0) as f:
+        f.read(150_000)
+        time.sleep(0.05)
+        line = p.line()
+    assert "(50%), " in line and " records/s, ETA " in line and "MiB/s" not in line, line
+    p.close()
+
+
+def test_the_scan_draws_its_progress_on_a_terminal(tmp_path):
+    """`rmqhb scan` with stderr on a terminal: the in-process scan's line names the input's size read of its total
+    (its files reached run_scan), and is cleared at the end; stdout keeps the summary."""
+    import pty
+
+    require_module("pyarrow")
+    from engine.bindings import brokerlog as bl
+
+    bl.generate_broker_log(tmp_path / "logs" / "broker.log", groups=2, members=3, seed=3)
+    total = se._mib((tmp_path / "logs" / "broker.log").stat().st_size)
+    leader, follower = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "engine", "scan", str(tmp_path / "logs"), "--out", str(tmp_path / "out"),
+                          "--log-tz", "UTC", "--no-plots"], stdout=subprocess.PIPE, stderr=follower,
+                         env={k: v for k, v in os.environ.items() if k != "RMQHB_DEBUG"})
+    os.close(follower)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        err += chunk
+    out = p.stdout.read().decode()
+    assert p.wait(60) == 0, err
+    os.close(leader)
+    text = err.decode()
+    assert f"rmqhb scan: scanning in this process (1 broker log file, {total}), 0 s; read " in text, text
+    assert f" of {total} (" in text and text.endswith("\r") and "Traceback" not in text
+    assert out.splitlines()[-1].startswith("engine: local (")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # both engines, every input kind: the same findings.json
 

@@ -121,6 +121,17 @@ def verify_segment_file(path: Path, verbose: bool, as_json: bool) -> int:
     return 0 if report.ok else 1
 
 
+def loadgen_main(argv) -> int:
+    """`rmqhb loadgen`: ``--protocol grpc`` is the 5.x load generator (engine.loadgen_grpc, its own options), else the
+    remoting one (engine.loadgen)."""
+    import argparse
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--protocol", default="remoting")
+    grpc = pre.parse_known_args(argv)[0].protocol == "grpc"
+    return _lazy("engine.loadgen_grpc" if grpc else "engine.loadgen", "main")(argv)
+
+
 COMMANDS = {
     "demo": _lazy("engine.demo", "demo_main"),
     "serve": _lazy("engine.broker.controller", "serve_main"),
@@ -130,7 +141,7 @@ COMMANDS = {
     "segments": segments_main,
     "generate": _lazy("engine.recording.synth", "generate_main"),
     "scan": scan_main,
-    "loadgen": _lazy("engine.loadgen", "main"),
+    "loadgen": loadgen_main,
 }
 
 #: one line per command for `rmqhb --help`
@@ -143,7 +154,7 @@ SUMMARIES = {
     "segments": "segments verify DIR: check a heartbeat recording",
     "generate": "write a synthetic recording (or broker logs) with injected anomalies and a manifest",
     "scan": "what the clients did, from a recording, broker logs or packet captures: an HTML/JSON/CSV report",
-    "loadgen": "simulated clients heartbeating any RocketMQ broker (--broker HOST:PORT)",
+    "loadgen": "simulated clients heartbeating any RocketMQ broker (--broker HOST:PORT; --protocol grpc: 5.x SDKs)",
 }
 
 #: `rmqhb` exit statuses common to every command (each command documents its own beside these)

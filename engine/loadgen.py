@@ -980,13 +980,6 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--protocol", default="remoting")
-    if pre.parse_known_args(argv)[0].protocol == "grpc":  # 5.x clients: their own options (engine.loadgen_grpc)
-        from engine import loadgen_grpc
-
-        return loadgen_grpc.main(argv)
     p = argparse.ArgumentParser(prog="rmqhb loadgen", description=__doc__.split("\n\n")[0])
     p.add_argument("scenario", choices=["steady", "storm"])
     p.add_argument("--protocol", choices=["remoting", "grpc"], default="remoting",
@@ -1016,6 +1009,8 @@ def main(argv=None) -> int:
     p.add_argument("--plot", help="write latency and answered rate over time to this SVG file")
     p.add_argument("--quiet", action="store_true", help="no progress line on stderr")
     a = p.parse_args(argv)
+    if a.protocol != "remoting":  # rmqhb loadgen hands --protocol grpc to engine.loadgen_grpc (engine.cli)
+        p.error("--protocol grpc is run as rmqhb loadgen --protocol grpc (engine.loadgen_grpc)")
     host, _, port = a.broker.rpartition(":")
     if not host or not port.isdigit() or a.clients < 1 or a.procs < 1 or a.subversion_every < 0:
         p.error("--broker HOST:PORT, --clients >= 1, --procs >= 1, --subversion-every >= 0")

@@ -389,7 +389,7 @@ class GrpcConn:
         # (STREAM_WINDOW), a connection at most CONNECTION_WINDOW of them
         self._give_back(consumed, None if flags & F.FLAG_END_STREAM else st)
         if flags & F.FLAG_END_STREAM:
-            self._finish(st, st.status, st.message)
+            self._finish(st, st.status, st.message if st.status is not None else _no_status(st))
 
     def _cancel(self, st: Stream, held: int, status: int, why: bytes) -> None:
         """The call ends on our side (RST_STREAM CANCEL) with ``status``; the bytes it held are given back."""
@@ -449,7 +449,7 @@ class GrpcConn:
             elif name == b":status":
                 st.http_status = value
         if flags & F.FLAG_END_STREAM:
-            self._finish(st, st.status, st.message)
+            self._finish(st, st.status, st.message if st.status is not None else _no_status(st))
 
     def _control(self, ftype, flags, sid, payload):
         if ftype == F.SETTINGS:
@@ -546,6 +546,8 @@ class GrpcConn:
         runner = self.runner
         headers += ((b"x-mq-date-time", runner.date_time), (b"x-mq-request-id", runner.request_id()),
                     (b"x-mq-client-id", session.client_id.encode()))
+        if runner.authorization is not None:
+            headers.append((b"authorization", runner.authorization))
         block = self.encoder.encode(headers)
         out = self.out
         limit = self.peer_max_frame
@@ -631,6 +633,12 @@ class GrpcConn:
             self.transport.close()
 
 
+def _no_status(st: Stream) -> bytes:
+    """A call that ended without grpc-status (an HTTP/2 server that is no gRPC server): its HTTP status."""
+    code = st.http_status if st.http_status and st.http_status.isdigit() and len(st.http_status) == 3 else b"?"
+    return b"no grpc-status (HTTP " + code + b")"
+
+
 def _name(names: tuple, code: int) -> str:
     return names[code] if 0 <= code < len(names) else str(code)
 
@@ -656,8 +664,10 @@ def _new_stats() -> dict:
 class Runner:
     """The sessions of one process: counters, answer checks, the closed loop."""
 
-    def __init__(self, host: str, port: int, tls, token: str):
+    def __init__(self, host: str, port: int, tls, token: str, credentials: tuple | None = None):
         self.d, self.s = load_protocol()
+        self.credentials = credentials  # (access key, secret key): every call signed as the 5.x SDKs sign
+        self.authorization = None
         d, s = self.d, self.s
         self.parsers = (s.HeartbeatResponse.FromString, s.TelemetryCommand.FromString,
                         s.QueryRouteResponse.FromString, s.QueryAssignmentResponse.FromString,
@@ -684,6 +694,14 @@ class Runner:
 
     def update_date(self) -> None:
         self.date_time = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()).encode()
+        if self.credentials is not None:  # the SDKs' signature: HMAC-SHA1 of x-mq-date-time with the secret key
+            import hashlib
+            import hmac
+
+            ak, sk = self.credentials
+            sign = hmac.new(sk.encode(), self.date_time, hashlib.sha1).hexdigest()
+            self.authorization = (f"MQv2-HMAC-SHA1 Credential={ak}, SignedHeaders=x-mq-date-time, "
+                                  f"Signature={sign}").encode()
 
     def request_id(self) -> bytes:
         """A fresh x-mq-request-id in the UUID shape the SDKs send (cheaper than uuid4 per call)."""
@@ -978,7 +996,7 @@ async def register_all(runner: Runner, sessions: list, pending: int, timeout: fl
 
 
 def _runner_and_fleet(a: dict):
-    runner = Runner(a["host"], a["port"], client_tls() if a["tls"] else None, a["token"])
+    runner = Runner(a["host"], a["port"], client_tls() if a["tls"] else None, a["token"], a["credentials"])
     sessions = make_sessions(a["n"], a["offset"], a["token"], a["groups"], a["topics"], a["consumer_share"],
                              a["topic_prefix"], a["host"], a["port"], a["vary"])
     return runner, sessions
@@ -1181,7 +1199,7 @@ def run(scenario: str, host: str, port: int, sessions: int, procs: int = 1, dura
         topics: int = 7, topic_prefix: str = "TopicLoad", consumer_share: float = 0.5, pending: int = 1024,
         assignment_interval: float = ASSIGNMENT_INTERVAL_S, route_interval: float = ROUTE_INTERVAL_S,
         vary: bool = False, tls: bool = False, server_pid: int | None = None, warmup: float = 2.0,
-        progress=None) -> dict:
+        credentials: tuple | None = None, progress=None) -> dict:
     """Run a scenario over ``procs`` processes and merge their results (engine.loadgen.run's keys where they
     apply; see the module's doc)."""
     token = f"{int(time.time() * 1000) % 36 ** 6:x}{os.getpid() % 4096:x}"  # client ids unique to this run
@@ -1193,7 +1211,7 @@ def run(scenario: str, host: str, port: int, sessions: int, procs: int = 1, dura
                          inflight=max(1, inflight // procs) if inflight else 0, groups=groups, topics=topics,
                          topic_prefix=topic_prefix, consumer_share=consumer_share, pending=max(1, pending // procs),
                          assignment_interval=assignment_interval, route_interval=route_interval, vary=vary, tls=tls,
-                         server_pid=server_pid, warmup=warmup, token=token, index=i))
+                         server_pid=server_pid, warmup=warmup, token=token, credentials=credentials, index=i))
         off += n
     results = L.run_workers(_worker, args, PROGRESS_FIELDS,
                             lambda elapsed, totals, last, dt: _progress_line(scenario, elapsed, totals, last, dt),
@@ -1274,10 +1292,11 @@ class _ProbeRunner(Runner):
         self.answers.append((st.session.topic, why, detail))
 
 
-async def _probe(host: str, port: int, tls: bool, topic_prefix: str, topics: int, timeout: float) -> str | None:
+async def _probe(host: str, port: int, tls: bool, topic_prefix: str, topics: int, timeout: float,
+                 credentials) -> str | None:
     from engine.logutil import escape_text
 
-    runner = _ProbeRunner(host, port, client_tls() if tls else None, "probe")
+    runner = _ProbeRunner(host, port, client_tls() if tls else None, "probe", credentials)
     where = f"{host}:{port}"
     c = await connect(runner, attempts=1)
     if c is None:
@@ -1311,8 +1330,9 @@ async def _probe(host: str, port: int, tls: bool, topic_prefix: str, topics: int
             missing.append(topic)
             continue
         text = bytes(detail[:200]).decode("utf-8", "replace")
-        return f"{where} answered QueryRoute of {escape_text(topic)}: {why}" + (f" ({escape_text(text)})" if text
-                                                                               else "")
+        hint = " (an ACL: sign the calls with --access-key)" if why == "code UNAUTHORIZED" and not credentials \
+            else f" ({escape_text(text)})" if text else ""
+        return f"{where} answered QueryRoute of {escape_text(topic)}: {why}{hint}"
     if missing:
         return (f"{where} has no topic {', '.join(missing)}: a 5.x endpoint routes existing topics only; create "
                 f"them (rmqhb updateTopic -b BROKER:REMOTING_PORT -t TOPIC, or mqadmin updateTopic) or name "
@@ -1320,14 +1340,15 @@ async def _probe(host: str, port: int, tls: bool, topic_prefix: str, topics: int
     return None
 
 
-def probe(host: str, port: int, tls: bool, topic_prefix: str, topics: int, timeout: float = 10.0) -> str | None:
+def probe(host: str, port: int, tls: bool, topic_prefix: str, topics: int, timeout: float = 10.0,
+          credentials: tuple | None = None) -> str | None:
     """Why the run cannot go (one line), or None: checked before the workers start, so a wrong address, a port
     that is no gRPC port or topics the endpoint does not route fail at once instead of counting errors for the
     whole duration."""
     unreachable = L.probe(host, port)
     if unreachable:
         return unreachable
-    return asyncio.run(_probe(host, port, tls, topic_prefix, topics, timeout))
+    return asyncio.run(_probe(host, port, tls, topic_prefix, topics, timeout, credentials))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1367,6 +1388,10 @@ def main(argv=None) -> int:
                    help="steady: send each Heartbeat in two encodings in turn (other bytes, the same request)")
     p.add_argument("--tls", action="store_true",
                    help="TLS with ALPN h2, no certificate check (the 5.x Java client's default)")
+    p.add_argument("--access-key", help="ACL: sign every call with this account, as the 5.x SDKs do; its secret key "
+                                        "comes from $RMQHB_SECRET_KEY or --secret-key-file, never the command line")
+    p.add_argument("--secret-key-file", metavar="PATH", help="file holding the ACL secret key (its first line)")
+    p.add_argument("--secret-key", dest="secret_key_argv", help=argparse.SUPPRESS)
     p.add_argument("--server-pid", type=int, help="the broker's pid (same machine): report its CPU use in the window")
     p.add_argument("--out", help="also write the JSON result to this file")
     p.add_argument("--plot", help="write latency and answered rate over time to this SVG file")
@@ -1381,9 +1406,16 @@ def main(argv=None) -> int:
         p.error("--duration > 0, --rate >= 0, --groups, --topics, --depth, --pending, --sessions-per-connection "
                 ">= 1, --inflight >= 0, --consumer-share from 0 to 1, intervals >= 0, a --topic-prefix")
     host = host.strip("[]")
+    from engine.broker.admin import AdminError, _secret_key
+
+    try:
+        secret = _secret_key(a)
+    except AdminError as e:
+        p.error(str(e))
+    credentials = (a.access_key, secret) if a.access_key else None
     try:
         load_protocol()
-        why = probe(host, int(port), a.tls, a.topic_prefix, min(a.topics, a.groups))
+        why = probe(host, int(port), a.tls, a.topic_prefix, min(a.topics, a.groups), credentials=credentials)
     except LoadgenError as e:
         why = str(e)
     if why:
@@ -1392,7 +1424,7 @@ def main(argv=None) -> int:
     try:
         res = run(a.scenario, host, int(port), a.clients, a.procs, a.duration, a.rate, a.sessions_per_connection,
                   a.depth, a.inflight, a.groups, a.topics, a.topic_prefix, a.consumer_share, a.pending,
-                  a.assignment_interval, a.route_interval, a.vary, a.tls, a.server_pid,
+                  a.assignment_interval, a.route_interval, a.vary, a.tls, a.server_pid, credentials=credentials,
                   progress=None if a.quiet else sys.stderr)
     except L.Interrupted as e:  # the counters so far, on stdout as a result would be, then one line
         print(json.dumps(e.args[0]))

@@ -210,6 +210,30 @@ def test_tls(tmp_path):
         b.stop()
 
 
+def test_acl_signed_calls(tmp_path):
+    """aclEnable: with --access-key (its secret from $RMQHB_SECRET_KEY) every call is signed as the SDKs sign and
+    the fleet registers; without it the probe says the endpoint refused; a secret on the command line is refused."""
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text("accounts:\n  - accessKey: loadgen\n    secretKey: loadgen-secret-1\n    admin: false\n"
+                   "    defaultTopicPerm: PUB|SUB\n    defaultGroupPerm: SUB\n")
+    b = start_broker(tmp_path, "native", acl_enable=True, acl_file=str(acl))
+    try:
+        where = f"127.0.0.1:{b.ports['grpc']}"
+        args = ["steady", "--protocol", "grpc", "--broker", where, "--clients", "8", "--duration", "1", "--quiet"]
+        p = rmqhb("loadgen", *args, "--access-key", "loadgen", env={"RMQHB_SECRET_KEY": "loadgen-secret-1"})
+        res = json.loads(p.stdout)
+        assert p.returncode == 0 and res["sessions"] == 8 and res["errors"] == 0 and res["answered"] > 0
+        assert res["errors_by_status"] == {} and b.grpc.acl_denied == 0
+        p = rmqhb("loadgen", *args)
+        assert p.returncode == 1 and p.stdout == ""
+        assert one_line(p) == f"rmqhb loadgen: {where} answered QueryRoute of TopicLoad0: code UNAUTHORIZED (an ACL: " \
+            "sign the calls with --access-key)"
+        p = rmqhb("loadgen", *args, "--access-key", "loadgen", "--secret-key", "loadgen-secret-1")
+        assert p.returncode == 2 and "--secret-key is not accepted" in p.stderr and "Traceback" not in p.stderr
+    finally:
+        b.stop()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # errors a user meets: one line, exit status 1 (2 for the command line), before any work
 

@@ -2,7 +2,9 @@
 
 ``HpackDecoder``, ``HpackEncoder`` and ``HpackError`` come from the compiled ``engine.http2._hpack`` (pyx/http2/)
 when it is built, else from its pure-Python twin ``engine.http2._hpack_py``; ``ENGINE_NO_EXTENSIONS=1`` forces the
-twin. Both raise the same ``HpackError`` class (defined in the twin).
+twin. Both raise the same ``HpackError`` class (defined in the twin). The frame layer (``engine.http2.frames``:
+the frame reader, gRPC's message reader, the serializers, the request-header readers) chooses the same way between
+``engine.http2._frames`` (pyx/http2/_frames.pyx) and ``engine.http2._frames_py``.
 """
 import os as _os
 

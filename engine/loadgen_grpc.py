@@ -216,13 +216,14 @@ def make_sessions(n: int, offset: int, token: str, groups: int, topics: int, con
 
 class Stream:
     __slots__ = ("sid", "kind", "session", "t0", "buf", "messages", "status", "message", "send_window", "pending",
-                 "end_pending", "recv_used", "http_status", "local_closed")
+                 "end_pending", "recv_used", "http_status", "local_closed", "body", "end", "attempt")
 
-    def __init__(self, sid, kind, session, t0, send_window):
+    def __init__(self, sid, kind, session, t0, send_window, body, end, attempt):
         self.sid = sid
         self.kind = kind
         self.session = session
         self.t0 = t0
+        self.body, self.end, self.attempt = body, end, attempt  # what a refused stream sends again
         self.buf = b""  # bytes of a message not yet whole
         self.messages = []  # a unary call's answer messages
         self.status = None  # grpc-status once its trailers came
@@ -495,6 +496,16 @@ class GrpcConn:
             st = self.streams.get(sid)
             if st is not None and len(payload) == 4:
                 code = F.u32(payload)
+                if code == F.REFUSED_STREAM and st.attempt == 0 and self.goaway is None:
+                    # not processed: sent again once a stream is free, as grpc clients retry it transparently; the
+                    # server counts more streams open than we do, so we keep to what we have open now
+                    del self.streams[sid]
+                    self.blocked.pop(sid, None)
+                    self.max_streams = max(len(self.streams),  # a Telemetry stream never frees its place
+                                           1 + sum(1 for x in self.streams.values() if x.kind == TELEMETRY))
+                    self.runner.stats["refused_retries"] += 1
+                    self.waiting.append((st.kind, st.session, st.body, st.end, st.t0, 1))
+                    return self._dispatch()
                 st.local_closed = True
                 self._finish(st, None, b"RST_STREAM " + _name(H2_ERRORS, code).encode())
         elif ftype == F.GOAWAY:
@@ -526,14 +537,15 @@ class GrpcConn:
         self.transport.close()
 
     # ------------------------------------------------------------------ calls out
-    def call(self, kind: int, session: Session, body: bytes, now: float, end: bool = True) -> Stream | None:
+    def call(self, kind: int, session: Session, body: bytes, now: float, end: bool = True,
+             attempt: int = 0) -> Stream | None:
         """A call's HEADERS and its request message (END_STREAM unless ``end`` is False: the Telemetry stream).
         Past the server's concurrent streams it waits for a stream; after GOAWAY it is not sent (None)."""
         if self.goaway is not None or self.transport.is_closing():
             self.runner.not_sent(kind, session)
             return None
         if len(self.streams) >= self.max_streams or self.next_sid > F.MAX_WINDOW:
-            self.waiting.append((kind, session, body, end, now))
+            self.waiting.append((kind, session, body, end, now, attempt))
             return None
         sid = self.next_sid
         self.next_sid = sid + 2
@@ -558,8 +570,10 @@ class GrpcConn:
             for i in range(limit, len(block), limit):
                 out.append(F.frame(F.CONTINUATION, F.FLAG_END_HEADERS if i + limit >= len(block) else 0, sid,
                                    block[i:i + limit]))
-        st = Stream(sid, kind, session, now, self.peer_initial_window)
+        st = Stream(sid, kind, session, now, self.peer_initial_window, body, end, attempt)
         self.streams[sid] = st
+        if kind == TELEMETRY:
+            session.telemetry = st
         n = len(body)
         if n <= self.send_window and n <= st.send_window and n <= limit and not self.blocked:
             out.append(F.frame(F.DATA, F.FLAG_END_STREAM if end else 0, sid, body))
@@ -609,13 +623,17 @@ class GrpcConn:
         if not st.local_closed and not self.transport.is_closing():
             self.out.append(F.rst_stream(st.sid, F.NO_ERROR if status is not None else F.CANCEL))
         self.runner.finished(self, st, status, message)
-        while self.waiting and len(self.streams) < self.max_streams and self.goaway is None:
-            kind, session, body, end, t0 = self.waiting.popleft()
-            self.call(kind, session, body, t0, end)  # its latency counts its wait for a stream
+        self._dispatch()
         if self.goaway is not None and not self.streams and not self.transport.is_closing():
             self.bye = True  # closed by us after the server's GOAWAY: counted there, not as lost
             self.flush()
             self.transport.close()
+
+    def _dispatch(self) -> None:
+        """Calls waiting for a stream go, as far as the server's concurrent streams allow."""
+        while self.waiting and len(self.streams) < self.max_streams and self.goaway is None:
+            kind, session, body, end, t0, attempt = self.waiting.popleft()
+            self.call(kind, session, body, t0, end, attempt)  # its latency counts its wait for a stream
 
     def flush(self) -> None:
         if self.out:
@@ -658,7 +676,7 @@ def _new_stats() -> dict:
     return {"sessions": 0, "sent": 0, "answered": 0, "ok": 0, "errors": 0, "settings_ok": 0, "routes_sent": 0,
             "routes_ok": 0, "assignments_sent": 0, "assignments_ok": 0, "terminations_sent": 0,
             "terminations_ok": 0, "not_sent": 0, "goaways": 0, "connections_lost": 0, "connect_failed": 0,
-            "connect_retries": 0, "server_commands": 0, "telemetry_sent": 0}
+            "connect_retries": 0, "server_commands": 0, "telemetry_sent": 0, "refused_retries": 0}
 
 
 class Runner:
@@ -708,6 +726,12 @@ class Runner:
         self._rid += 1
         p = self._rid_prefix
         return f"{p[:8]}-{p[8:12]}-4{p[13:16]}-{p[16:20]}-{self._rid:012x}".encode()
+
+    def _dispatch(self) -> None:
+        """Calls waiting for a stream go, as far as the server's concurrent streams allow."""
+        while self.waiting and len(self.streams) < self.max_streams and self.goaway is None:
+            kind, session, body, end, t0, attempt = self.waiting.popleft()
+            self.call(kind, session, body, t0, end, attempt)  # its latency counts its wait for a stream
 
     def flush(self) -> None:
         for c in self.dirty:
@@ -1248,6 +1272,7 @@ def run(scenario: str, host: str, port: int, sessions: int, procs: int = 1, dura
                       errors=total("errors"), unanswered=total("unanswered"), connect_failed=total("connect_failed"))
     run_total = lambda k: sum(r["run_stats"][k] for r in results)  # noqa: E731
     merged.update(goaways=run_total("goaways"), connections_lost=run_total("connections_lost"),
+                  refused_retries=run_total("refused_retries"),
                   errors_by_status=dict(errors_by_status.most_common()),
                   calls={method: {"sent": run_total(sent), "ok": run_total(ok)} for method, sent, ok in (
                       ("Heartbeat", "sent", "ok"), ("Telemetry", "telemetry_sent", "settings_ok"),

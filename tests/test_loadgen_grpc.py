@@ -333,6 +333,7 @@ class StrictServer(asyncio.Protocol):
         self.requests = {}
         self.resets = []
         self.answer_data = answer  # the DATA frames' payloads of an answer (default: the OK message in one frame)
+        self.refuse = set()  # stream ids answered RST_STREAM REFUSED_STREAM
 
     def connection_made(self, transport):
         self.t = transport
@@ -353,10 +354,15 @@ class StrictServer(asyncio.Protocol):
             if ftype == F.HEADERS:
                 headers = dict(self.dec.decode(payload))
                 assert headers[b":path"] == LG.PATHS[LG.HEARTBEAT] and headers[b"te"] == b"trailers"
+                if sid in self.refuse:
+                    self.t.write(F.rst_stream(sid, F.REFUSED_STREAM))
+                    continue
                 self.open.add(sid)
                 self.max_open = max(self.max_open, len(self.open))
                 self.requests[sid] = b""
             elif ftype == F.DATA:
+                if sid in self.refuse:
+                    continue
                 self.data_sizes.append(len(payload))
                 self.requests[sid] += payload
                 if payload:  # the client may send again what it was given
@@ -378,11 +384,12 @@ class StrictServer(asyncio.Protocol):
                                self.enc.encode([(b"grpc-status", b"0")])))
 
 
-def _heartbeats(ok, answer=None, calls=10):
+def _heartbeats(ok, answer=None, calls=10, refuse=()):
     """``calls`` Heartbeats of one session over one connection to a StrictServer: (runner, server)."""
     async def main():
         loop = asyncio.get_running_loop()
         srv_proto = StrictServer(ok, answer)
+        srv_proto.refuse = set(refuse)
         server = await loop.create_server(lambda: srv_proto, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         runner = LG.Runner("127.0.0.1", port, None, "t")
@@ -417,6 +424,17 @@ def test_the_client_honours_the_servers_settings_and_windows():
     body = LG.make_sessions(1, 0, "t", 1, 1, 1.0, "T", "127.0.0.1", 1, False)[0].heartbeats[0]
     assert all(r == body for r in srv.requests.values())  # whole, in order, however it was split
     assert srv.pongs == 1  # its PING was answered
+
+
+def test_a_refused_stream_is_sent_again_once():
+    """RST_STREAM REFUSED_STREAM (the call was not processed): sent again once, as grpc clients retry it; refused
+    again, it counts as an error."""
+    runner, srv = _heartbeats(_ok_answer(), calls=4, refuse={1, 3})
+    assert runner.stats["refused_retries"] == 2 and runner.stats["ok"] == 4 and runner.stats["errors"] == 0
+    assert len(srv.requests) == 4 and all(sid > 3 for sid in srv.requests)
+    runner, srv = _heartbeats(_ok_answer(), calls=1, refuse={1, 3})
+    assert runner.stats["refused_retries"] == 1 and runner.stats["ok"] == 0
+    assert dict(runner.errors_by_status) == {"Heartbeat: RST_STREAM REFUSED_STREAM": 1}
 
 
 def test_answers_split_over_frames_and_bad_answers():

@@ -4,8 +4,9 @@ process, ``analyses.scan`` on Spark), broker logs (``brokerlog.scan_main``), pac
 or a broker's log with its capture or recording as one timeline (``merge.scan_main``). Each chooses its engine
 and runs through ``scan_engine``; Spark's session, when one starts, is ``session.spark_session``.
 
-Nothing here imports Spark, pandas or pyarrow: a small input scanned in this process never loads them
-(tests/test_scan_engine.py checks it). No module of ``engine.bindings`` imports this one.
+Loading this module (and inputs, scan_engine, session, plan) imports neither pyspark nor pyarrow nor pandas: a small
+input scanned in this process loads no part of Spark (tests/test_imports.py checks it). No module of
+``engine.bindings`` imports this one (the facade ``spark.py`` aside).
 """
 from __future__ import annotations
 
@@ -28,13 +29,12 @@ def cli_main(argv=None) -> int:
     from .scan_engine import reported
 
     before = signal.getsignal(signal.SIGINT)
-    session._cli["interrupt"] = not os.environ.get("RMQHB_DEBUG")
+    session.take_interrupts(not os.environ.get("RMQHB_DEBUG"))
     try:
         return reported(scan_main, argv)  # and the closing line: engine, what was read, each part's time
     finally:  # a caller in this process (rmqhb demo, a test calling cli.main) gets its own handler back
-        session._cli["interrupt"] = False
-        if before is not None and signal.getsignal(signal.SIGINT) is session._interrupt:
-            signal.signal(signal.SIGINT, before)
+        session.take_interrupts(False)
+        session.restore_interrupt(before)
 
 
 def scan_main(argv=None) -> int:
@@ -43,8 +43,8 @@ def scan_main(argv=None) -> int:
     plots and index.html; prints a short summary. Exit status: 0 the whole input was read; 3 the scan completed
     over damaged data (corrupt ranges, torn tails, recorder data loss: named in findings.json, the report's banner
     and one stderr line; --allow-damage makes it 0); 2 no input or bad arguments; 4 nothing decodable; 5 --strict
-    stopped on damage; 1 any other failure. The report directory is never written through a symbolic link (engine.bindings.report.ReportFiles): --out naming
-    one is refused with one line (exit 2), before the scan runs."""
+    stopped on damage; 1 any other failure. The report directory is never written through a symbolic link
+    (engine.bindings.report.ReportFiles): --out naming one is refused with one line (exit 2), before the scan runs."""
     from .report import ReportOutputError, check_report_dir
 
     argv = list(sys.argv[2:] if argv is None else argv)
@@ -94,8 +94,7 @@ def _scan_main(argv) -> int:
         print(f"rmqhb scan: {e}", file=sys.stderr)
         return EXIT_USAGE
     if mixed:  # a broker's log and its capture: one timeline; a combination that cannot merge: one line
-        if session._cli.get("interrupt"):
-            session._catch_interrupt()
+        session.catch_interrupt()
         return merged_scan_main(argv)
     if notice:
         print(f"rmqhb scan: {notice}", file=sys.stderr)
@@ -107,8 +106,7 @@ def _scan_main(argv) -> int:
     if kind not in INPUT_FORMATS:
         print(f"rmqhb scan: {why} is one of {', '.join(INPUT_FORMATS)}, not {kind!r}", file=sys.stderr)
         return EXIT_USAGE
-    if session._cli.get("interrupt"):
-        session._catch_interrupt()
+    session.catch_interrupt()
     if not any(a in ("-h", "--help") for a in argv):
         problem = input_problem(argv, kind, explicit=why in ("--format", "--input"))
         if problem:

@@ -202,7 +202,15 @@ def _keeping_our_interrupt(fn):
         signal.signal = real
 
 
+#: {"interrupt": True} while `rmqhb scan` runs from the command line (take_interrupts)
 _cli: dict = {}
+
+
+def take_interrupts(enabled: bool) -> None:
+    """`rmqhb scan` from the command line (True): its Ctrl-C ends the process at once with one line, also while
+    Spark starts or runs (catch_interrupt, _interrupt); False again when it returns, for a caller in this process
+    (rmqhb demo, a test): an embedding program's SIGINT stays its own."""
+    _cli["interrupt"] = enabled
 
 
 def _interrupt(signum, frame) -> None:
@@ -247,9 +255,18 @@ def _kill_children() -> None:
             pass
 
 
-def _catch_interrupt() -> None:
+def catch_interrupt() -> None:
+    """Our SIGINT handler from here on, when take_interrupts asked for it (and in the main thread)."""
     import signal
     import threading
 
-    if threading.current_thread() is threading.main_thread():
+    if _cli.get("interrupt") and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _interrupt)
+
+
+def restore_interrupt(before) -> None:
+    """The SIGINT handler ``before`` back, if ours is still the one installed."""
+    import signal
+
+    if before is not None and signal.getsignal(signal.SIGINT) is _interrupt:
+        signal.signal(signal.SIGINT, before)

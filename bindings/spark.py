@@ -12,7 +12,8 @@ which does not. No module of ``engine.bindings`` imports this one: it sits above
 """
 from .analyses import *  # noqa: F401,F403  (the analyses' public names, spark_session among them)
 from .analyses import _flapping_records, _inconsistent_records, _rows, _size_records, _stats  # noqa: F401
-from .cli import EXIT_DAMAGED, EXIT_NOTHING, EXIT_OK, EXIT_STRICT, EXIT_USAGE, broker_names, cli_main, scan_main  # noqa: F401
+from .cli import (EXIT_DAMAGED, EXIT_NOTHING, EXIT_OK, EXIT_STRICT, EXIT_USAGE, broker_names, cli_main,  # noqa: F401
+                  scan_main)
 from .inputs import KIND_NAMES, SNIFF_BYTES, directory_kinds, input_problem  # noqa: F401
 from .session import (_LOG4J2, JAVA_MIN_VERSION, JavaUnavailable, _log4j2_file, java_problem,  # noqa: F401
                       prepare_environment, private_dir)

@@ -73,6 +73,9 @@ STREAM_WINDOW = MAX_MESSAGE + 5
 CONNECTION_WINDOW = 16 << 20
 #: a header block (HEADERS + CONTINUATION) and its decoded list at most (SETTINGS_MAX_HEADER_LIST_SIZE we announce)
 MAX_HEADER_LIST = 64 << 10
+#: bytes written and not yet taken by the server past which a connection sends no new call (a server that reads
+#: nothing cannot make the load generator's memory grow): the call counts as not sent
+MAX_WRITE_BUFFER = 4 << 20
 #: the SDKs' request timeout, sent as grpc-timeout on unary calls
 DEADLINE = b"3S"
 #: the SDKs' periods: QueryAssignment of a push consumer, QueryRoute of every client, s
@@ -544,6 +547,9 @@ class GrpcConn:
         if self.goaway is not None or self.transport.is_closing():
             self.runner.not_sent(kind, session)
             return None
+        if self.transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
+            self.runner.not_sent(kind, session, "the server does not read")
+            return None
         if len(self.streams) >= self.max_streams or self.next_sid > F.MAX_WINDOW:
             self.waiting.append((kind, session, body, end, now, attempt))
             return None
@@ -879,8 +885,8 @@ class Runner:
             session.settled = True
             self.unsettled -= 1
 
-    def not_sent(self, kind: int, session: Session) -> None:
-        """A call the connection could not send (GOAWAY, closed)."""
+    def not_sent(self, kind: int, session: Session, why: str = "the connection is going away") -> None:
+        """A call the connection could not send (GOAWAY, closed, a server that does not read)."""
         self.stats["not_sent"] += 1
         if kind == HEARTBEAT:
             self.hb_outstanding -= 1
@@ -889,7 +895,7 @@ class Runner:
         elif kind == TELEMETRY and not session.settled:
             session.settled = True
             self.unsettled -= 1
-        self._error(kind, "not sent: the connection is going away")
+        self._error(kind, f"not sent: {why}")
 
     def goaway(self, conn: GrpcConn, code: int) -> None:
         self.stats["goaways"] += 1

@@ -437,6 +437,47 @@ def test_a_refused_stream_is_sent_again_once():
     assert dict(runner.errors_by_status) == {"Heartbeat: RST_STREAM REFUSED_STREAM": 1}
 
 
+def test_a_server_that_reads_nothing_cannot_grow_the_clients_memory(monkeypatch):
+    """Past MAX_WRITE_BUFFER unread bytes on a connection, calls are counted not sent instead of buffered."""
+    monkeypatch.setattr(LG, "MAX_WRITE_BUFFER", 256 << 10)
+
+    kept = []
+
+    class Deaf(asyncio.Protocol):
+        def connection_made(self, transport):
+            kept.append(transport)  # paused, nothing else holds it
+            transport.write(F.settings(((F.SETTINGS_MAX_CONCURRENT_STREAMS, 1 << 20),))
+                            + F.window_update(0, (1 << 30)))
+            transport.pause_reading()  # reads nothing more (the client's SETTINGS may be unread too)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # the kernel holds little of it
+        listener.bind(("127.0.0.1", 0))
+        server = await loop.create_server(Deaf, sock=listener)
+        port = listener.getsockname()[1]
+        runner = LG.Runner("127.0.0.1", port, None, "t")
+        conn = await LG.connect(runner)
+        conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10)
+        [session] = LG.make_sessions(1, 0, "t", 1, 1, 1.0, "T", "127.0.0.1", port, False)
+        session.conn = conn
+        for k in range(60_000):  # ~20 MB of requests
+            runner.heartbeat(session, time.perf_counter())
+            if k % 200 == 0:
+                runner.flush()
+                await asyncio.sleep(0)
+        runner.flush()
+        held = conn.transport.get_write_buffer_size()
+        conn.transport.abort()
+        server.close()
+        return runner, held
+
+    runner, held = asyncio.run(main())
+    assert held <= (256 << 10) + 200 * 400  # the limit and one batch of calls
+    assert runner.errors_by_status["Heartbeat: not sent: the server does not read"] > 50_000
+
+
 def test_answers_split_over_frames_and_bad_answers():
     """An answer split into 3-byte DATA frames is read whole; a unary call answered with two messages, or with a
     message declared past 4 MiB, is cancelled (RST_STREAM CANCEL) and counted by what was wrong."""

@@ -243,8 +243,8 @@ class ConnectError(Exception):
     """The peer is no HTTP/2 gRPC endpoint, or refused the connection: one line."""
 
 
-class GrpcConn:
-    """One HTTP/2 client connection (an asyncio protocol) carrying the calls of several sessions."""
+class GrpcConn(asyncio.Protocol):
+    """One HTTP/2 client connection carrying the calls of several sessions."""
 
     def __init__(self, runner, authority: bytes, scheme: bytes):
         self.runner = runner
@@ -266,7 +266,7 @@ class GrpcConn:
         self.send_window = F.DEFAULT_WINDOW
         self.recv_used = 0
         self.blocked: dict[int, Stream] = {}  # streams with DATA waiting for a window, in order
-        self.waiting = deque()  # calls waiting for a stream: (kind, session, body, end)
+        self.waiting = deque()  # calls waiting for a stream: (kind, session, body, end, send time, attempt)
         self.header_block = None  # [sid, flags, [payloads], size] while CONTINUATION is expected
         self.goaway = None  # (last stream id, code, debug) once the server sent GOAWAY
         self.out = []
@@ -285,23 +285,15 @@ class GrpcConn:
 
     def connection_lost(self, exc):
         if not self.handshake.done():
+            hint = "" if self.runner.tls is not None else "; a TLS port? add --tls"
             self.handshake.set_result(ConnectError(
                 "closed the connection before any HTTP/2 frame: no gRPC (HTTP/2) port, or it refused the "
-                "connection (a remoting port? use --protocol remoting)"))
+                f"connection (a remoting port? use --protocol remoting{hint})"))
         for st in list(self.streams.values()):
             self._finish(st, None, b"connection lost")
         self.runner.connection_lost(self)
         if not self.closed.done():
             self.closed.set_result(exc)
-
-    def pause_writing(self):
-        pass
-
-    def resume_writing(self):
-        pass
-
-    def eof_received(self):
-        return False
 
     def data_received(self, data):
         if self.first is not None:
@@ -447,7 +439,7 @@ class GrpcConn:
             return
         for name, value in headers:
             if name == b"grpc-status":
-                st.status = int(value) if value.isdigit() else 2
+                st.status = int(value) if value.isdigit() and len(value) <= 3 else 2  # UNKNOWN, as grpc reads it
             elif name == b"grpc-message":
                 st.message = value
             elif name == b":status":

@@ -277,7 +277,8 @@ def test_errors_are_one_line_before_the_run(tmp_path):
         cases.append((f"127.0.0.1:{port}", [], f"cannot connect to 127.0.0.1:{port}: "))
         cases.append((f"127.0.0.1:{b.ports['main']}", [],  # the remoting port
                       f"127.0.0.1:{b.ports['main']} closed the connection before any HTTP/2 frame: no gRPC (HTTP/2) "
-                      "port, or it refused the connection (a remoting port? use --protocol remoting)"))
+                      "port, or it refused the connection (a remoting port? use --protocol remoting; a TLS port? "
+                      "add --tls)"))
         cases.append((f"127.0.0.1:{b.ports['grpc']}", ["--topic-prefix", "Missing", "--topics", "2"],
                       f"127.0.0.1:{b.ports['grpc']} has no topic Missing0, Missing1: "))
         http1 = _serve_once(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")

@@ -274,6 +274,7 @@ class GrpcConn(asyncio.Protocol):
         self.inflight = 0  # closed loop: heartbeats kept in flight on this connection
         self.hb_turn = 0
         self.bye = False
+        self.lost = False
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport):
@@ -284,6 +285,7 @@ class GrpcConn(asyncio.Protocol):
                         + F.window_update(0, CONNECTION_WINDOW - F.DEFAULT_WINDOW))
 
     def connection_lost(self, exc):
+        self.lost = True
         if not self.handshake.done():
             hint = "" if self.runner.tls is not None else "; a TLS port? add --tls"
             self.handshake.set_result(ConnectError(
@@ -536,7 +538,7 @@ class GrpcConn(asyncio.Protocol):
              attempt: int = 0) -> Stream | None:
         """A call's HEADERS and its request message (END_STREAM unless ``end`` is False: the Telemetry stream).
         Past the server's concurrent streams it waits for a stream; after GOAWAY it is not sent (None)."""
-        if self.goaway is not None or self.transport.is_closing():
+        if self.goaway is not None or self.lost or self.transport.is_closing():
             self.runner.not_sent(kind, session)
             return None
         if self.transport.get_write_buffer_size() > MAX_WRITE_BUFFER:

@@ -438,6 +438,86 @@ def test_a_refused_stream_is_sent_again_once():
     assert dict(runner.errors_by_status) == {"Heartbeat: RST_STREAM REFUSED_STREAM": 1}
 
 
+class _Transport:
+    """What GrpcConn uses of an asyncio transport, writing nowhere."""
+
+    def __init__(self):
+        self.closing = False
+        self.written = 0
+
+    def write(self, data):
+        self.written += len(data)
+
+    def is_closing(self):
+        return self.closing
+
+    def close(self):
+        self.closing = True
+
+    abort = close
+
+    def get_write_buffer_size(self):
+        return 0
+
+
+def test_mutated_server_bytes_never_escape_the_client():
+    """300 mutated server conversations (SETTINGS, an answer over HEADERS / DATA / trailers, PING, WINDOW_UPDATE,
+    RST_STREAM, GOAWAY; bits flipped, bytes cut, duplicated or inserted, split at random points) fed to a
+    connection with calls open: nothing escapes data_received, every call ends or stays counted."""
+    import random
+
+    rng = random.Random(30)
+    enc = HpackEncoder()
+    ok = LG.grpc_message(_ok_answer())
+    stream = (F.settings(((F.SETTINGS_MAX_CONCURRENT_STREAMS, 8), (F.SETTINGS_INITIAL_WINDOW_SIZE, 100),
+                          (F.SETTINGS_HEADER_TABLE_SIZE, 256)))
+              + F.settings(ack=True) + F.ping(b"12345678") + F.window_update(0, 1000) + F.window_update(1, 50)
+              + F.frame(F.HEADERS, F.FLAG_END_HEADERS, 1, enc.encode([(b":status", b"200"),
+                                                                       (b"content-type", b"application/grpc")]))
+              + F.frame(F.DATA, 0, 1, ok[:4]) + F.frame(F.DATA, F.FLAG_PADDED, 1, b"\x02" + ok[4:] + b"\0\0")
+              + F.frame(F.HEADERS, F.FLAG_END_HEADERS | F.FLAG_END_STREAM, 1,
+                        enc.encode([(b"grpc-status", b"0"), (b"grpc-message", b"fine")]))
+              + F.rst_stream(3, F.REFUSED_STREAM) + F.rst_stream(5, F.CANCEL)
+              + F.frame(F.HEADERS, F.FLAG_END_HEADERS | F.FLAG_END_STREAM, 7, enc.encode([(b"grpc-status", b"14")]))
+              + F.goaway(9, F.NO_ERROR, b"bye"))
+
+    def mutate(data):
+        data = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            op, i = rng.randrange(4), rng.randrange(len(data))
+            if op == 0:
+                data[i] ^= 1 << rng.randrange(8)
+            elif op == 1:
+                del data[i:i + rng.randint(1, 12)]
+            elif op == 2:
+                data[i:i] = data[i:i + rng.randint(1, 40)]
+            else:
+                data[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        return bytes(data)
+
+    async def main():
+        [session] = LG.make_sessions(1, 0, "t", 1, 1, 1.0, "T", "127.0.0.1", 1, False)
+        ended = 0
+        for k in range(300):
+            runner = LG.Runner("127.0.0.1", 1, None, "t")
+            conn = LG.GrpcConn(runner, b"127.0.0.1:1", b"http")
+            conn.connection_made(_Transport())
+            session.conn = conn
+            for _ in range(6):
+                runner.heartbeat(session, time.perf_counter())
+            data = mutate(stream) if k else stream
+            cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randint(0, 6))))
+            for a, b in zip([0] + cuts, cuts + [len(data)]):
+                conn.data_received(data[a:b])
+            conn.connection_lost(None)
+            assert not conn.streams and not conn.waiting
+            assert runner.hb_outstanding == 0 and runner.stats["answered"] + runner.stats["not_sent"] == 6
+            ended += runner.stats["ok"]
+        return ended
+
+    assert asyncio.run(main()) > 0  # the unmutated conversation's answer, and some mutated ones, read OK
+
+
 def test_a_server_that_reads_nothing_cannot_grow_the_clients_memory(monkeypatch):
     """Past MAX_WRITE_BUFFER unread bytes on a connection, calls are counted not sent instead of buffered."""
     monkeypatch.setattr(LG, "MAX_WRITE_BUFFER", 256 << 10)

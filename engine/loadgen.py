@@ -1,5 +1,6 @@
 """Load generator (`rmqhb loadgen`): thousands of simulated RocketMQ clients, each on its own connection,
 heartbeating a broker: this one or any other RocketMQ 4.x/5.x broker's remoting port (the Java broker included).
+RocketMQ 5.x SDK clients on a gRPC port: engine.loadgen_grpc (`rmqhb loadgen --protocol grpc`).
 
 Each simulated client is the client side of MQClientInstance's heartbeat: a producer table and a consumer
 table, ``prepareHeartbeatData`` (clientID, CLIENT_INNER_PRODUCER plus its producer groups, its consumers with

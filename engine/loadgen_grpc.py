@@ -316,6 +316,8 @@ class GrpcConn(asyncio.Protocol):
         except HpackError as e:
             self._error(F.COMPRESSION_ERROR, f"HPACK: {e}")
         self.flush()
+        if self.runner.dirty:  # calls the answers sent on other connections (closed loop, sessions in turn)
+            self.runner.flush()
 
     # ------------------------------------------------------------------ frames in
     def _check_first(self, data) -> bytes:
@@ -699,7 +701,11 @@ class Runner:
         self.lat: list = []  # Heartbeat latencies (s)
         self.reg_lat: list = []  # Settings answered, from the session's start (s)
         self.ok_answers = [set() for _ in METHODS]  # answer bytes known to be OK (a repeat is not parsed)
-        self.auto = False  # closed loop: an answered Heartbeat sends the connection's next one
+        self.auto = False  # closed loop: an answered Heartbeat sends the next one
+        #: closed loop with --inflight: the sessions in turn over all connections (None: --depth, each connection
+        #: its own sessions in turn)
+        self.live: list | None = None
+        self.turn = 0
         self.dirty: list[GrpcConn] = []  # connections with frames to write
         self.unsettled = 0  # sessions started whose Settings are neither answered nor refused
         self.hb_outstanding = 0
@@ -761,6 +767,12 @@ class Runner:
         self.hb_outstanding += 1
         self._send(session.conn, HEARTBEAT, session, body, now)
 
+    def next_heartbeat(self, now: float) -> None:
+        """Closed loop with --inflight: the next session in turn, whichever its connection."""
+        live = self.live
+        self.turn += 1
+        self.heartbeat(live[self.turn % len(live)], now)
+
     def conn_heartbeat(self, conn: GrpcConn, now: float) -> None:
         """Closed loop: the connection's next registered session in turn."""
         live = conn.sessions
@@ -821,8 +833,11 @@ class Runner:
                 stats["ok"] += 1
             else:
                 self._error(kind, why)
-            if self.auto and conn.inflight:
-                self.conn_heartbeat(conn, now)
+            if self.auto:
+                if self.live is not None:
+                    self.next_heartbeat(now)
+                elif conn.inflight:
+                    self.conn_heartbeat(conn, now)
         elif kind == TELEMETRY:
             if session.telemetry is st:
                 session.telemetry = None
@@ -1053,13 +1068,16 @@ async def steady(a: dict, barrier=None, slot=None) -> dict:
     rate = a["rate"]
     closed_loop = rate <= 0
     clock = time.perf_counter
-    if closed_loop:
+    if closed_loop and live:
         runner.auto = True
         now = clock()
-        for c in conns:
-            if c.sessions:
-                c.inflight = (max(1, round(a["inflight"] * len(c.sessions) / len(live))) if a["inflight"]
-                              else a["depth"] * len(c.sessions))
+        if a["inflight"]:  # the sessions in turn, each on its connection, as independent clients' timers are
+            runner.live = live
+            for _ in range(a["inflight"]):
+                runner.next_heartbeat(now)
+        else:  # --depth per session: each connection keeps its sessions' share in flight
+            for c in conns:
+                c.inflight = a["depth"] * len(c.sessions)
                 for _ in range(c.inflight):
                     runner.conn_heartbeat(c, now)
         runner.flush()
@@ -1137,6 +1155,7 @@ async def steady(a: dict, barrier=None, slot=None) -> dict:
     if not closed_loop:
         res["tick_late"], res["tick_work"] = late, work
     runner.auto = False
+    runner.live = None
     for c in conns:
         c.inflight = 0
     await L._together(barrier)  # nobody terminates while another process is still measuring
@@ -1396,7 +1415,7 @@ def main(argv=None) -> int:
                    help="offered Heartbeats/s over all sessions (a 5.x fleet: sessions / 10); 0 = closed loop")
     p.add_argument("--depth", type=int, default=1, help="closed loop: Heartbeats in flight per session")
     p.add_argument("--inflight", type=int, default=0,
-                   help="closed loop: Heartbeats in flight over all sessions instead of --depth per session")
+                   help="closed loop: Heartbeats in flight over all sessions, the sessions in turn (instead of --depth)")
     p.add_argument("--pending", type=int, default=1024,
                    help="sessions waiting for their Settings answer at a time while registering (all processes)")
     p.add_argument("--groups", type=int, default=100)

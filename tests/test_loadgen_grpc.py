@@ -158,6 +158,28 @@ def test_repeats_take_the_repeat_path_and_varied_bytes_do_not(gbroker):
     wait_until(lambda: len(b.grpc.sessions) == 0)
 
 
+def test_inflight_takes_the_sessions_in_turn_over_all_connections(tmp_path):
+    """--inflight 3 over 16 sessions on 8 connections: every session heartbeats (not only those of 3
+    connections), and a two-process storm registers all."""
+    b = start_broker(tmp_path, "native")
+    try:
+        beats = Counter()
+        b.grpc.on_request = lambda method, md, request: beats.update(
+            [dict(md)["x-mq-client-id"]] if method == "Heartbeat" else [])
+        where = f"127.0.0.1:{b.ports['grpc']}"
+        p = loadgen("steady", "--protocol", "grpc", "--broker", where, "--clients", "16", "--sessions-per-connection",
+                    "2", "--inflight", "3", "--duration", "1", "--quiet")
+        res = json.loads(p.stdout)
+        assert p.returncode == 0 and res["errors"] == 0 and res["inflight"] == 3 and res["connections"] == 8
+        assert len(beats) == 16 and min(beats.values()) >= res["calls"]["Heartbeat"]["sent"] // 16 - 1
+        p = loadgen("storm", "--protocol", "grpc", "--broker", where, "--clients", "40", "--procs", "2", "--quiet")
+        res = json.loads(p.stdout)
+        assert (res["procs"], res["registered"], res["connections"], res["errors"]) == (2, 40, 6, 0)
+        assert res["calls"]["Telemetry"] == {"sent": 40, "ok": 40}
+    finally:
+        b.stop()
+
+
 def test_a_broker_that_stops_during_the_run(gbroker):
     """The broker stops (GOAWAY to every connection): the run ends early with its result and one line, status 1."""
     b = gbroker

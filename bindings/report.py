@@ -1,4 +1,4 @@
-"""Report writer for scan findings: findings.json, one CSV per finding, PNG plots and an index.html.
+"""Report writer for scan findings: findings.json, one CSV per finding, SVG plots and an index.html.
 
 Takes the findings dict of ``engine.bindings.spark.scan``, ``engine.recording.scan_py.scan``, the broker-log scan or the
 capture scan (same format; every ``rmqhb scan`` input kind ends here). The page is what an operator reads first:
@@ -6,9 +6,9 @@ a banner when the input was damaged or partly unreadable, one summary line per f
 then per finding what is wrong, where, since when and who -- subscription disagreements as a difference from the
 group's majority, reconnect and silence timelines per client, group sizes as small multiples of the groups that
 changed or have findings (every other group in one collapsed table). It is self-contained and offline: one HTML
-file with inline SVG timelines, the PNG plots and CSVs beside it, no network reference, a few lines of plain
-JavaScript (table sorting and filtering, opening the collapsed parts for printing) and a print stylesheet.
-Needs matplotlib only for the PNG plots (skipped when it is missing).
+file with inline SVG timelines, the SVG plots (drawn here, no plotting library) and CSVs beside it, no network
+reference, a few lines of plain JavaScript (table sorting and filtering, opening the collapsed parts for printing)
+and a print stylesheet.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Tuple
 from engine.logutil import EscapedWriter, escape_text
 from engine.recording.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS
 
-#: At most this many groups in the group-size PNG (small multiples), and clients in the flapping PNG.
+#: At most this many groups in the group-size plot (small multiples), and clients in the flapping plot.
 PLOT_GROUPS = 24
 PLOT_CLIENTS = 30
 #: At most this many rows in an HTML table, findings drawn as cards, and group charts (the CSVs hold every row).
@@ -364,109 +364,222 @@ def _label(r: dict, name: str) -> str:
 
 
 def _plot_label(r: dict, name: str) -> str:
-    """A PNG plot's label of client data: control characters escaped (matplotlib drew them as missing glyphs) and
-    ``$`` quoted (a pair of them would be parsed as mathtext, and a bad one fails the plot)."""
-    return escape_text(_label(r, name)).replace("$", r"\$")
+    """A plot's label of client data, as SVG text: control characters escaped (engine.logutil.escape_text), and
+    what XML cannot hold (a lone surrogate, U+FFFE, U+FFFF: the image would not load at all) as ``\\uXXXX``."""
+    return e(_XML_BAD.sub(lambda m: f"\\u{ord(m.group()):04x}", escape_text(_label(r, name))))
+
+
+_XML_BAD = re.compile("[\ud800-\udfff\ufffe\uffff]")
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# PNG plots (for tickets and chats; the page draws its own SVG)
+# The plots as SVG files (for tickets and chats; the page draws its own charts). Drawn here, not by matplotlib:
+# importing it alone cost 0.5-0.6 CPU-s, more than a small scan. Each file's size is bounded by its pixels, not by
+# its input: at most 4 points per pixel column of a series and one mark per pixel of a client's row.
+
+_PLOT_STYLE = ("<style>text{font:11px sans-serif;fill:#222}.t{font-size:13px}.s{font-size:10px}.ax{stroke:#444}"
+               ".grid{stroke:#e4e4e4}.line{fill:none;stroke:#1f5fa8;stroke-width:1.2}.bar{fill:#c0504d}"
+               ".conn{fill:#2e7d32}.close{fill:#c62828}.bound{fill:#fff;stroke:#c62828}.mark{stroke:#1f5fa8}</style>")
+
+
+def _plot_svg(width: int, height: int, title: str, body: str) -> str:
+    """A standalone SVG file (no script, no reference outside it); ``title`` is SVG text already."""
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img"><title>{title}</title>{_PLOT_STYLE}'
+            f'<rect width="{width}" height="{height}" fill="#fff"/>{body}</svg>')
+
+
+def _nice_ticks(hi: float, n: int = 4, whole: bool = True) -> List[float]:
+    """Round ticks from 0 to at least ``hi`` (1, 2 or 5 times a power of ten apart, whole numbers for counts),
+    at most about n+1."""
+    hi = max(hi, 1e-9)
+    raw = max(hi / n, 1) if whole else hi / n
+    p = 10 ** math.floor(math.log10(raw))
+    step = next(m * p for m in (1, 2, 5, 10) if m * p >= raw)
+    return [i * step for i in range(int(math.ceil(hi / step - 1e-9)) + 1)]
+
+
+def _num(v: float) -> str:
+    return f"{v:g}" if v == int(v) or abs(v) >= 1 else f"{v:.2g}"
+
+
+def _y_axis(x: float, y0: float, y1: float, top: float, ticks: List[float]) -> str:
+    """A value axis at ``x`` from y0 (value 0) up to y1 (value ``top``), with grid lines to the panel's right."""
+    out = [f'<line x1="{x}" x2="{x}" y1="{y0}" y2="{y1}" class="ax"/>']
+    for v in ticks:
+        y = y0 - (y0 - y1) * v / top
+        out.append(f'<text x="{x - 4}" y="{y + 4:.1f}" text-anchor="end" class="s">{_num(v)}</text>')
+    return "".join(out)
+
+
+def _time_ticks(axis: _Axis, y: float, n: int) -> str:
+    out = [f'<line x1="{axis.x0:.1f}" x2="{axis.x1:.1f}" y1="{y}" y2="{y}" class="ax"/>']
+    for x, text in axis.ticks(n):
+        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + 3}" class="ax"/>'
+                   f'<text x="{x:.1f}" y="{y + 14}" text-anchor="middle" class="s">{e(text)}</text>')
+    return "".join(out)
+
+
+def _step_path(points: List[Tuple[float, float]]) -> str:
+    """An SVG path of a step series ((x, y) px, x ascending, each value held until the next x), with at most
+    4 points per pixel column (its first, lowest, highest and last value)."""
+    cols: List[list] = []
+    for x, y in points:
+        px = int(x)
+        if cols and cols[-1][0] == px:
+            c = cols[-1]
+            c[3], c[4], c[5] = min(c[3], y), max(c[4], y), y
+        else:
+            cols.append([px, x, y, y, y, y])
+    d, prev = [], None
+    for px, x, first, lo, hi, last in cols:
+        ys = [first] + [v for v in (lo, hi) if v not in (first, last)] + ([last] if last != first else [])
+        if prev is not None:
+            d.append(f"H{x:.1f}")
+        for v in ys:
+            d.append(f"M{x:.1f} {v:.1f}" if prev is None else f"V{v:.1f}")
+            prev = v
+    return "".join(d)
+
+
+def _write_plot(out: "ReportFiles", name: str, svg: str) -> None:
+    with out.open(name, "w") as f:
+        f.write(svg)
 
 
 def write_plots(findings: dict, out: "ReportFiles") -> List[str]:
-    try:
-        import matplotlib
+    names = [_group_sizes_plot(findings, out)]
+    if "heartbeat_gaps" not in (findings.get("unsupported") or {}):
+        names.append(_gap_histogram(findings, out))
+    return names + [_flapping_plot(findings, out)]
 
-        matplotlib.use("Agg")
-        import matplotlib.dates as mdates
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
 
-    def dt(ms):
-        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-
-    names = []
+def _group_sizes_plot(findings: dict, out: "ReportFiles") -> str:
+    """Small multiples, three a row, of the live members of the groups that changed size or have findings."""
     charted = chart_groups(findings)[0][:PLOT_GROUPS]
-    cols = 3
+    s = findings["summary"]
+    first, last = s.get("first_ms"), s.get("last_ms")
+    cols, pw, ph, top = 3, 400, 170, 34
     rows = max(1, math.ceil(len(charted) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(12, 1.9 * rows + 0.8), squeeze=False, sharex=True)
-    last = findings["summary"].get("last_ms")
-    for ax, (g, f, _) in zip(axes.flat, charted):
-        series = [(t, n) for t, n in g["series"] if last is None or t <= last]
-        if series:
-            ax.step([dt(t) for t, _ in series], [n for _, n in series], where="post", linewidth=1.2, color="#1f5fa8")
-        ax.set_title(_plot_label(g, f"{g['group']} ({g['role']})") + (" *" if f else ""), fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.set_ylim(bottom=0)
-    for ax in list(axes.flat)[len(charted):]:
-        ax.axis("off")
+    width, height = cols * pw, top + rows * ph
+    title = "Live members of the groups that changed size or have findings (*), UTC"
+    body = [f'<text x="{width / 2}" y="20" text-anchor="middle" class="t">{title}</text>']
     if not charted:
-        axes.flat[0].text(0.5, 0.5, "no group changed size or has findings", ha="center", va="center",
-                          transform=axes.flat[0].transAxes)
-    axes.flat[0].xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
-    fig.suptitle("Live members of the groups that changed size or have findings (*), UTC", fontsize=10)
-    fig.autofmt_xdate()
-    fig.tight_layout()
-    _savefig(fig, out, "group_sizes.png", 100)
-    plt.close(fig)
-    names.append("group_sizes.png")
+        body.append(f'<text x="{width / 2}" y="{top + ph / 2}" text-anchor="middle">no group changed size or has '
+                    "findings</text>")
+    for i, (g, f, _) in enumerate(charted):
+        ox, oy = (i % cols) * pw, top + (i // cols) * ph
+        x0, x1, y0, y1 = ox + 44, ox + pw - 14, oy + ph - 28, oy + 22
+        series = [(t, n) for t, n in g["series"] if last is None or t <= last]
+        axis = _Axis(first if first is not None else (series[0][0] if series else None),
+                     last if last is not None else (series[-1][0] if series else None), x0, x1)
+        peak = max([n for _, n in series] or [1])
+        ticks = _nice_ticks(max(peak, 1), 3)
+        ytop = ticks[-1]
+        label = _plot_label(g, f"{g['group']} ({g['role']})") + (" *" if f else "")
+        body.append(f'<text x="{(x0 + x1) / 2}" y="{oy + 14}" text-anchor="middle" class="s">{label}</text>')
+        body.append(_y_axis(x0, y0, y1, ytop, ticks) + _time_ticks(axis, y0, 4))
+        if series:
+            pts = [(axis.x(t), y0 - (y0 - y1) * n / ytop) for t, n in series]
+            pts.append((x1, pts[-1][1]))  # the last value holds to the end of the input
+            body.append(f'<path d="{_step_path(pts)}" class="line"><title>{label}</title></path>')
+    _write_plot(out, "group_sizes.svg", _plot_svg(width, height, title, "".join(body)))
+    return "group_sizes.svg"
 
-    if "heartbeat_gaps" in (findings.get("unsupported") or {}):
-        return names + _flapping_plot(findings, out, plt, mdates, dt)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    gaps = [r["gap_s"] for r in findings["heartbeat_gaps"]]
-    if gaps:
-        ax.hist([g / 60 for g in gaps], bins=min(40, max(5, len(gaps))), color="#c0504d")
+
+def _gap_histogram(findings: dict, out: "ReportFiles") -> str:
+    gaps = [r["gap_s"] / 60 for r in findings["heartbeat_gaps"]]
+    width, height, x0, x1, y0, y1 = 720, 400, 56, 700, 350, 40
+    title = f"Heartbeat gaps over {findings['parameters']['gap_threshold_s']:g} s ({len(gaps)})"
+    body = [f'<text x="{width / 2}" y="22" text-anchor="middle" class="t">{e(title)}</text>',
+            f'<text x="{(x0 + x1) / 2}" y="{height - 8}" text-anchor="middle">gap (minutes)</text>',
+            f'<text x="14" y="{(y0 + y1) / 2}" text-anchor="middle" transform="rotate(-90 14 {(y0 + y1) / 2})">'
+            "gaps</text>"]
+    if not gaps:
+        body.append(f'<text x="{(x0 + x1) / 2}" y="{(y0 + y1) / 2}" text-anchor="middle">no heartbeat gaps over the '
+                    "threshold</text>")
+        body.append(f'<line x1="{x0}" x2="{x1}" y1="{y0}" y2="{y0}" class="ax"/>')
     else:
-        ax.text(0.5, 0.5, "no heartbeat gaps over the threshold", ha="center", va="center", transform=ax.transAxes)
-    ax.set_title(f"Heartbeat gaps over {findings['parameters']['gap_threshold_s']:g} s ({len(gaps)})")
-    ax.set_xlabel("gap (minutes)")
-    ax.set_ylabel("gaps")
-    fig.tight_layout()
-    _savefig(fig, out, "gap_histogram.png", 90)
-    plt.close(fig)
-    names.append("gap_histogram.png")
-    return names + _flapping_plot(findings, out, plt, mdates, dt)
+        bins = min(40, max(5, len(gaps)))
+        lo, hi = min(gaps), max(gaps)
+        if hi <= lo:
+            lo, hi = lo - 0.5, hi + 0.5
+        wbin = (hi - lo) / bins
+        counts = [0] * bins
+        for g in gaps:
+            counts[min(bins - 1, int((g - lo) / wbin))] += 1
+        ticks = _nice_ticks(max(counts), 4)
+        ytop = ticks[-1]
+        sx = (x1 - x0) / (hi - lo)
+        for i, c in enumerate(counts):
+            if c:
+                a = lo + i * wbin
+                h = (y0 - y1) * c / ytop
+                body.append(f'<rect x="{x0 + (a - lo) * sx:.1f}" y="{y0 - h:.1f}" width="{wbin * sx:.1f}" '
+                            f'height="{h:.1f}" class="bar"><title>{c} gap(s) of {_num(a)} to {_num(a + wbin)} '
+                            "minutes</title></rect>")
+        body.append(_y_axis(x0, y0, y1, ytop, ticks))
+        body.append(f'<line x1="{x0}" x2="{x1}" y1="{y0}" y2="{y0}" class="ax"/>')
+        span = hi - lo
+        step = _nice_ticks(span, 6, whole=False)
+        step = step[1] if len(step) > 1 else span
+        v = math.ceil(lo / step) * step
+        while v <= hi + 1e-9:
+            x = x0 + (v - lo) * sx
+            body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y0}" y2="{y0 + 3}" class="ax"/>'
+                        f'<text x="{x:.1f}" y="{y0 + 15}" text-anchor="middle" class="s">{_num(round(v, 10))}</text>')
+            v += step
+    _write_plot(out, "gap_histogram.svg", _plot_svg(width, height, e(title), "".join(body)))
+    return "gap_histogram.svg"
 
 
-def _flapping_plot(findings, out, plt, mdates, dt) -> List[str]:
-    names = []
+def _flapping_plot(findings: dict, out: "ReportFiles") -> str:
+    """One row per flapping client (the most reconnects first): its connects and closes, or its reconnects."""
     flapping = sorted(findings["flapping_clients"], key=lambda r: -r["reconnects"])[:PLOT_CLIENTS]
-    fig, ax = plt.subplots(figsize=(11, max(2.5, 0.35 * len(flapping) + 1.5)))
     marked = any("connect_ms" in r for r in flapping)
-    for i, r in enumerate(flapping):
-        if "connect_ms" in r:
-            ax.plot([dt(t) for t in r["connect_ms"]], [i + 0.12] * len(r["connect_ms"]), "^", markersize=6,
-                    color="#2e7d32", label="connect" if i == 0 else None)
-            seen = [t for t, how in r.get("closes") or [] if how != "last_heartbeat"]
-            bound = [t for t, how in r.get("closes") or [] if how == "last_heartbeat"]
-            ax.plot([dt(t) for t in seen], [i - 0.12] * len(seen), "s", markersize=5, color="#c62828",
-                    label="close" if i == 0 and seen else None)
-            ax.plot([dt(t) for t in bound], [i - 0.12] * len(bound), "s", markersize=5, markerfacecolor="white",
-                    color="#c62828", label="last heartbeat before a close" if i == 0 and bound else None)
-        else:
-            ax.plot([dt(t) for t in r["reconnect_ms"]], [i] * len(r["reconnect_ms"]), "|", markersize=12)
-    ax.set_yticks(range(len(flapping)))
-    ax.set_yticklabels([_plot_label(r, r["client_id"]) for r in flapping], fontsize=7)
-    if not flapping:
-        ax.text(0.5, 0.5, "no flapping clients", ha="center", va="center", transform=ax.transAxes)
-    ax.set_title("Connects and closes of flapping clients" if marked else "Reconnects of flapping clients", loc="left")
+    labels = [_plot_label(r, r["client_id"]) for r in flapping]
+    left = min(420, 16 + 6 * max([len(escape_text(_label(r, r["client_id"]))) for r in flapping] or [10]))
+    width, top, row = left + 720, 48, 22
+    height = top + max(1, len(flapping)) * row + 40
+    s = findings["summary"]
+    axis = _Axis(s.get("first_ms"), s.get("last_ms"), left, width - 20)
+    title = "Connects and closes of flapping clients" if marked else "Reconnects of flapping clients"
+    body = [f'<text x="10" y="20" class="t">{title}, UTC</text>']
     if marked:
-        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, fontsize=7, frameon=False)
-        ax.set_ylim(-0.6, len(flapping) - 0.4)
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
-    fig.autofmt_xdate()
-    fig.tight_layout()
-    _savefig(fig, out, "flapping_timeline.png", 100)
-    plt.close(fig)
-    names.append("flapping_timeline.png")
-    return names
+        body.append(f'<g transform="translate({width - 470} 16)" ><path d="M0 7l4-7 4 7z" class="conn"/>'
+                    '<text x="12" y="7" class="s">connect</text><rect x="70" y="0" width="7" height="7" '
+                    'class="close"/><text x="82" y="7" class="s">close</text><rect x="130" y="0" width="7" '
+                    'height="7" class="bound"/><text x="142" y="7" class="s">last heartbeat before a close</text></g>')
+    if not flapping:
+        body.append(f'<text x="{(left + width) / 2}" y="{top + 14}" text-anchor="middle">no flapping clients</text>')
 
+    def xs(times) -> List[float]:  # one mark per pixel: a row's size is bounded by the width
+        seen, outx = set(), []
+        for t in times:
+            x = round(axis.x(t))
+            if x not in seen:
+                seen.add(x)
+                outx.append(x)
+        return outx
 
-def _savefig(fig, out: "ReportFiles", name: str, dpi: int) -> None:
-    with out.open(name, "wb") as f:
-        fig.savefig(f, format="png", dpi=dpi)
+    for i, (r, label) in enumerate(zip(flapping, labels)):
+        y = top + i * row + row / 2
+        shown = label if len(label) <= 72 else label[:70] + "…"  # the whole id in its tooltip and the page
+        body.append(f'<line x1="{left}" x2="{width - 20}" y1="{y}" y2="{y}" class="grid"/>'
+                    f'<text x="{left - 6}" y="{y + 4}" text-anchor="end" class="s"><title>{label}</title>'
+                    f"{shown}</text>")
+        if "connect_ms" in r:
+            body += [f'<path d="M{x - 4} {y - 0.5}l4-7 4 7z" class="conn"/>' for x in xs(r["connect_ms"])]
+            closes = r.get("closes") or []
+            body += [f'<rect x="{x - 3}" y="{y + 1}" width="6" height="6" class="close"/>'
+                     for x in xs(t for t, how in closes if how != "last_heartbeat")]
+            body += [f'<rect x="{x - 3}" y="{y + 1}" width="6" height="6" class="bound"/>'
+                     for x in xs(t for t, how in closes if how == "last_heartbeat")]
+        else:
+            body += [f'<line x1="{x}" x2="{x}" y1="{y - 7}" y2="{y + 7}" class="mark"/>' for x in xs(r["reconnect_ms"])]
+    body.append(_time_ticks(axis, top + max(1, len(flapping)) * row + 4, 6))
+    _write_plot(out, "flapping_timeline.svg", _plot_svg(width, height, title, "".join(body)))
+    return "flapping_timeline.svg"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1519,8 +1632,8 @@ def write_html(findings: dict, out: "ReportFiles", csvs: List[str], plots: List[
     else:
         parts.append(f"<p>Clients silent for more than {p['gap_threshold_s']:g} s between two heartbeats (any "
                      "connection, any group).</p>")
-        if "gap_histogram.png" in plots:
-            parts.append("<img src='gap_histogram.png' alt='histogram of the heartbeat gaps' class=hist "
+        if "gap_histogram.svg" in plots:
+            parts.append("<img src='gap_histogram.svg' alt='histogram of the heartbeat gaps' class=hist "
                          "width=480>")
         gaps = sorted(enumerate(findings["heartbeat_gaps"]), key=lambda ir: -ir[1]["gap_s"])
         parts.append(_table(cols("client", "groups", "from (UTC)", "to (UTC)", "gap s", "rows"),
@@ -1596,7 +1709,7 @@ def write_html(findings: dict, out: "ReportFiles", csvs: List[str], plots: List[
     parts.append("<p>Files: " + ", ".join(f"<a href='{e(n)}'>{e(n)}</a>" for n in ["findings.json"] + csvs + plots)
                  + "</p>")
     if plots:
-        parts.append("<details id=png><summary>The plots as PNG images (for tickets and chats)</summary>"
+        parts.append("<details id=plots><summary>The plots as SVG images (for tickets and chats)</summary>"
                      + "".join(f"<p><img src='{e(n)}' alt='{e(n)}' loading=lazy></p>" for n in plots) + "</details>")
     parts.append("</section>")
     parts.append(f"<script>{SCRIPT}</script></body></html>")
@@ -1728,8 +1841,8 @@ def write_report(findings: dict, out, plots: bool = True) -> Path:
         with files.open("findings.json", "w") as f:
             f.write(json.dumps(findings, indent=1))
         csvs, lines = _write_all_csvs(findings, files)
-        pngs = write_plots(findings, files) if plots else []
-        index = write_html(findings, files, csvs, pngs, lines)
+        plotted = write_plots(findings, files) if plots else []
+        index = write_html(findings, files, csvs, plotted, lines)
         files.commit()
     finally:
         files.close()

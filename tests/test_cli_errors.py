@@ -411,7 +411,6 @@ def test_serve_with_the_grpc_port_in_use_is_one_error_line(tmp_path):
 
 
 def test_a_second_report_into_the_same_directory_leaves_no_stale_files(tmp_path):
-    require_module("matplotlib")
     from engine.bindings.brokerlog import generate_broker_log, scan_local
     from engine.bindings.report import write_report
 
@@ -420,12 +419,12 @@ def test_a_second_report_into_the_same_directory_leaves_no_stale_files(tmp_path)
     out = tmp_path / "report"
     write_report(findings, out, plots=True)
     first = {p.name for p in out.iterdir()}
-    assert any(n.endswith(".png") for n in first)
-    (out / "mine.png").write_text("not the report's")  # a file the report never wrote is left alone
+    assert any(n.endswith(".svg") for n in first)
+    (out / "mine.svg").write_text("not the report's")  # a file the report never wrote is left alone
     write_report(findings, out, plots=False)
     second = {p.name for p in out.iterdir()}
-    assert not any(n.endswith(".png") for n in second - {"mine.png"}) and "mine.png" in second
-    assert {n for n in first if not n.endswith(".png")} <= second
+    assert not any(n.endswith(".svg") for n in second - {"mine.svg"}) and "mine.svg" in second
+    assert {n for n in first if not n.endswith(".svg")} <= second
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import pytest
 from conftest import ROOT, require_module, strict
 
 require_module("selenium")
-require_module("matplotlib")
 
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.options import Options  # noqa: E402
@@ -264,7 +263,7 @@ def test_print_stylesheet_and_screenshot(browser, recording_report, tmp_path):
                                   "function(x){return x.getAttribute('src')||x.getAttribute('href')})")
     assert refs and all(not re.match(r"[a-z]+:|//|/", r) and (r.startswith("#") or (index.parent / r).is_file())
                         for r in refs), refs
-    hist = browser.find_element(By.CSS_SELECTOR, "img[src='gap_histogram.png']")
+    hist = browser.find_element(By.CSS_SELECTOR, "img[src='gap_histogram.svg']")
     assert hist.is_displayed() and browser.execute_script("return arguments[0].naturalWidth", hist) > 100
 
 

@@ -9,7 +9,6 @@ import pytest
 from conftest import require_module
 
 require_module("pyarrow")
-require_module("matplotlib")
 
 from engine.recording import scan_py  # noqa: E402
 from engine.bindings import brokerlog as bl  # noqa: E402
@@ -80,7 +79,7 @@ def test_log_report_zone_unsupported_and_unparsed_lines(log_report):
     cannot = _text(_section(page, "What this input cannot show"))
     assert "heartbeat_gaps" in cannot and "invisible" in cannot
     assert "Not supported by this input" in _text(_section(page, "Heartbeat gaps"))
-    assert not (out / "gap_histogram.png").exists()
+    assert not (out / "gap_histogram.svg").exists()
     assert (out / "expired_clients.csv").read_text().count("10.9.0.2@frozen") == 2
     assert "unknown_format,2,Nov 24, 2026" in (out / "log_lines.csv").read_text().replace('"', "")
     _self_contained(page)
@@ -102,7 +101,7 @@ def test_recording_report_lists_expired_clients(tmp_path):
     assert want and all(x["client_id"] in sec and x["addr"] in sec for x in want)
     assert sec.count("never") == sum(x["returned_ms"] is None for x in want)
     assert "Broker logs read" not in page and "Per broker" not in page and "Retry-topic churn" not in page
-    assert "<img src='gap_histogram.png'" in page
+    assert "<img src='gap_histogram.svg'" in page
     _self_contained(page)
 
 

@@ -162,18 +162,14 @@ def test_gzip_bomb_capture_is_cut_at_the_budget_and_named(tmp_path, monkeypatch)
     assert any("gzip bomb" in str(c.get("reason")) for c in f["scan"]["corrupt"])
 
 
-# -- the report's PNG plots ---------------------------------------------------------------------------------------
+# -- the report's plots ---------------------------------------------------------------------------------------------
 
-def test_plot_labels_escape_control_characters_and_mathtext(tmp_path, monkeypatch):
-    """The PNG plots drew client data raw: a BEL in a client id gave matplotlib's 'Glyph 7 missing' warning and a
-    pair of '$' is parsed as mathtext (a bad one fails the plot). Labels are escaped (engine.logutil.escape_text)
-    and '$' quoted: no warning, every label shows the escaped text."""
-    import warnings
-
-    from conftest import require_module
-
-    require_module("matplotlib")
-    import matplotlib.text
+def test_plot_labels_escape_control_characters_and_markup(tmp_path, monkeypatch):
+    """The plots are SVG files with client data in their labels: a control character (a BEL, an ESC), markup
+    (``</text><script>``), an ampersand or U+FFFF in a client id or a group must neither reach the
+    file raw nor stop it being read (an XML parse error: the image would not load at all). Every plot parses, holds
+    no element but the drawing's own, and shows each label escaped (engine.logutil.escape_text, then XML)."""
+    from xml.etree import ElementTree
 
     from engine.bindings import report
     from engine.recording import scan_py
@@ -182,25 +178,20 @@ def test_plot_labels_escape_control_characters_and_mathtext(tmp_path, monkeypatc
 
     generate(tmp_path / "rec", FleetConfig(clients=30, groups=6, days=0.15, seed=5))
     f = scan_py.scan(tmp_path / "rec")
-    assert f["flapping_clients"] and f["group_sizes"]
-    monkeypatch.setattr("test_scan_output_safety.CALC", "bell\x07$\\frac{$x")
-    monkeypatch.setattr("test_scan_output_safety.SUM", "G\x1b[31m$\\sqrt$")
-    hostile = _hostile(f)
+    assert f["flapping_clients"] and f["group_sizes"] and f["heartbeat_gaps"]
+    monkeypatch.setattr("test_scan_output_safety.CALC", "bell\x07</text><script>alert(1)</script>&amp;\uffff")
+    monkeypatch.setattr("test_scan_output_safety.SUM", "G\x1b[31m<b>&")
+    report.write_report(_hostile(f), tmp_path / "report", plots=True)
     texts = []
-    real = report._savefig
-
-    def savefig(fig, out, name, dpi):
-        real(fig, out, name, dpi)
-        texts.extend(t.get_text() for t in fig.findobj(matplotlib.text.Text))
-
-    monkeypatch.setattr(report, "_savefig", savefig)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # "Glyph 7 (\x07) missing from font(s)" is a UserWarning
-        report.write_report(hostile, tmp_path / "report", plots=True)
-    assert (tmp_path / "report" / "flapping_timeline.png").stat().st_size > 0
-    assert not any(ch in t for t in texts for ch in "\x07\x1b")
-    assert any("bell\\x07\\$\\frac{\\$x" in t for t in texts)  # a flapping client's tick label
-    assert any("G\\x1b[31m\\$\\sqrt\\$" in t for t in texts)  # a group's title
+    for name in ("group_sizes.svg", "gap_histogram.svg", "flapping_timeline.svg"):
+        raw = (tmp_path / "report" / name).read_text(encoding="utf-8")
+        assert not any(ch in raw for ch in "\x07\x1b\uffff")
+        root = ElementTree.fromstring(raw)
+        tags = {el.tag.split("}")[1] for el in root.iter()}
+        assert tags <= {"svg", "title", "style", "rect", "text", "line", "path", "g"}, tags  # no script, no link
+        texts += ["".join(el.itertext()) for el in root.iter() if el.tag.endswith("}text") or el.tag.endswith("}title")]
+    assert any("bell\\x07</text><script>alert(1)</script>&amp;\\uffff" in t for t in texts)  # a client's row
+    assert any("G\\x1b[31m<b>&" in t for t in texts)  # a group's title
 
 
 # -- read_broker_logs names its damage ----------------------------------------------------------------------------

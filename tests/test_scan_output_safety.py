@@ -19,7 +19,6 @@ import pytest
 from conftest import require_module
 
 require_module("pyarrow")
-require_module("matplotlib")
 
 from engine.bindings import brokerlog as bl  # noqa: E402
 from engine.bindings.report import FORMULA_START, ReportOutputError, csv_cell, write_report  # noqa: E402
@@ -31,7 +30,7 @@ ALL_CSVS = {"inconsistent_subscriptions.csv", "subscription_differences.csv", "f
             "flapping_timeline.csv", "flapping_connections.csv", "heartbeat_gaps.csv", "group_sizes.csv",
             "expired_clients.csv", "retry_topic_churn.csv", "log_lines.csv", "vanished_clients.csv",
             "broker_restarts.csv"}
-REPORT_FILES = ["findings.json", "index.html", "group_sizes.png", "gap_histogram.png", "flapping_timeline.png",
+REPORT_FILES = ["findings.json", "index.html", "group_sizes.svg", "gap_histogram.svg", "flapping_timeline.svg",
                 *sorted(ALL_CSVS)]
 CALC = "+cmd|' /C calc'!A0"  # the issue's ids
 SUM = "@SUM(1+1)*cmd|' /C calc'!A0"
@@ -187,7 +186,7 @@ def test_planted_symlinks_in_the_report_directory_are_replaced_not_followed(tmp_
     assert victim.read_text() == "precious\n"
     assert index == out / "index.html" and "Heartbeat scan report" in index.read_text()
     written = [n for n in REPORT_FILES if os.path.lexists(out / n) and not (out / n).is_symlink()]
-    assert {"findings.json", "index.html", "heartbeat_gaps.csv", "expired_clients.csv", "group_sizes.png"} \
+    assert {"findings.json", "index.html", "heartbeat_gaps.csv", "expired_clients.csv", "group_sizes.svg"} \
         <= set(written)
     for n in written:
         st = os.lstat(out / n)
@@ -348,6 +347,6 @@ def test_rmqhb_scan_into_a_directory_of_planted_symlinks_writes_safely(spark, tm
     assert scan_main([str(tmp_path / "rec"), "--out", str(out), "--master", "local[2]"]) in (0, 3)
     assert victim.read_text() == "precious\n"
     assert f"report: {out / 'index.html'}" in capsys.readouterr().out
-    for name in ("findings.json", "index.html", "expired_clients.csv", "heartbeat_gaps.csv", "group_sizes.png"):
+    for name in ("findings.json", "index.html", "expired_clients.csv", "heartbeat_gaps.csv", "group_sizes.svg"):
         assert stat.S_ISREG(os.lstat(out / name).st_mode), name
     _no_private_dir_left(out)

@@ -1,6 +1,7 @@
 """The Spark scan: exactly the injected anomalies on the mapInArrow and pandas-UDF paths, and the same findings as
 the plain-Python reference scan. One SparkSession (local[2]) for the whole module."""
 import json
+from xml.etree import ElementTree
 
 import pytest
 
@@ -141,8 +142,8 @@ def test_scan_main_writes_the_report(spark, recording, tmp_path, capsys):
                  "heartbeat_gaps.csv", "group_sizes.csv"):
         assert (out / name).stat().st_size > 0
     assert len((out / "heartbeat_gaps.csv").read_text().splitlines()) == 1 + len(manifest["anomalies"]["heartbeat_gaps"])
-    for name in ("group_sizes.png", "gap_histogram.png", "flapping_timeline.png"):
-        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in ("group_sizes.svg", "gap_histogram.svg", "flapping_timeline.svg"):
+        assert ElementTree.parse(out / name).getroot().tag == "{http://www.w3.org/2000/svg}svg"
         assert f"src='{name}'" in (out / "index.html").read_text()
     assert scan_main([str(d / "missing"), "--out", str(out)]) == 2
     assert scan_main([str(d), "--out", str(out), "--expiry", "0"]) == 2

@@ -404,7 +404,7 @@ class LineReader:
                                                           data.slice(int(o[0]), int(o[-1] - o[0]))])
             skip = over[i:i + self.batch_lines]
             if skip.any():
-                arr = arr.filter(pa.array(~skip))
+                arr = arr.take(_int64s(np.flatnonzero(~skip)))
             if len(arr):
                 yield arr
 
@@ -442,12 +442,45 @@ def _quotable(stats: dict, recognised: bool) -> Tuple[dict, bool]:
     return {**stats, "examples": ex}, recognised
 
 
+# Arrow arrays to and from numpy without pa.array, Array.to_numpy, pa.scalar or RecordBatch.from_pylist: each of
+# those goes through pyarrow's pandas shim, which imports pandas (0.3 CPU-s, as much as a whole small scan in this
+# process). The local path of a broker log loads no pandas (tests/test_imports.py); Spark loads it anyway.
+
+_NP_TYPES = {"int64": np.int64, "int32": np.int32, "uint64": np.uint64, "double": np.float64}
+
+
+def _values(arr) -> np.ndarray:
+    """The values of a fixed-width Arrow array (int64, int32, double) as a numpy array (a null reads as whatever
+    its slot holds: callers filter nulls first)."""
+    dtype = np.dtype(_NP_TYPES[str(arr.type)])
+    buf = arr.buffers()[1]
+    if buf is None or not len(arr):
+        return np.empty(0, dtype)
+    return np.frombuffer(buf, dtype)[arr.offset:arr.offset + len(arr)]
+
+
+def _int64s(values):
+    """A numpy array as an Arrow int64 array (no nulls)."""
+    import pyarrow as pa
+
+    v = np.ascontiguousarray(values, np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(v), [None, pa.py_buffer(v)])
+
+
+def _repeated(text: str, n: int):
+    """An Arrow string array of ``n`` copies of ``text``."""
+    import pyarrow as pa
+
+    b = text.encode("utf-8")
+    offs = np.arange(n + 1, dtype=np.int64) * len(b)
+    typ, ot = (pa.string(), np.int32) if offs[-1] < 2**31 else (pa.large_string(), np.int64)
+    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(offs.astype(ot)), pa.py_buffer(b * n)])
+
+
 def _drop_bad_times(batch, stats: dict, window: Tuple[int, int], bad: dict):
     """(batch, stats) without the events stamped outside ``window``: counted as ``bad_timestamp`` lines, the first
     one's line number kept in ``bad``."""
-    import pyarrow as pa
-
-    ts = batch.column("ts_ms").to_numpy(zero_copy_only=False)
+    ts = _values(batch.column("ts_ms"))
     ok = (ts >= window[0]) & (ts <= window[1])
     if ok.all():
         return batch, stats
@@ -456,13 +489,13 @@ def _drop_bad_times(batch, stats: dict, window: Tuple[int, int], bad: dict):
         bad["first_line"], bad["first_ms"] = int(batch.column("line")[int(out[0])].as_py()), int(ts[out[0]])
     bad["n"] = bad.get("n", 0) + len(out)
     counts = dict(stats["counts"])
-    for kind in batch.column("kind").take(pa.array(out)).to_pylist():
+    for kind in batch.column("kind").take(_int64s(out)).to_pylist():
         counts["event_" + kind] -= 1
         if not counts["event_" + kind]:
             del counts["event_" + kind]
     counts["bad_timestamp"] = counts.get("bad_timestamp", 0) + len(out)
     stats = {**stats, "events": stats["events"] - len(out), "counts": dict(sorted(counts.items()))}
-    return batch.filter(pa.array(ok)), stats
+    return batch.take(_int64s(np.flatnonzero(ok))), stats
 
 
 def file_events(broker: str, path: str, rank: int, tz, *, native: Optional[bool] = None,
@@ -491,12 +524,12 @@ def file_events(broker: str, path: str, rank: int, tz, *, native: Optional[bool]
         stats, recognised = _quotable(stats, recognised)
         batch, stats = _drop_bad_times(batch, stats, window, bad)
         n = batch.num_rows
-        ts = to_utc_ms(batch.column("ts_ms").to_numpy(zero_copy_only=False), tz)
-        seq = (np.int64(rank) << 40) + batch.column("line").to_numpy(zero_copy_only=False).astype(np.int64)
-        out = {"seq": pa.array(seq, pa.int64()), "ts_ms": pa.array(ts, pa.int64())}
+        ts = to_utc_ms(_values(batch.column("ts_ms")), tz)
+        seq = (np.int64(rank) << 40) + _values(batch.column("line")).astype(np.int64)
+        out = {"seq": _int64s(seq), "ts_ms": _int64s(ts)}
         for c in ("broker", "file"):  # (a column of n copies: built only when asked for)
             if c in order:
-                out[c] = pa.repeat(pa.scalar(broker if c == "broker" else path, pa.string()), n)
+                out[c] = _repeated(broker if c == "broker" else path, n)
         for i in range(1, batch.num_columns):
             out[batch.schema.names[i]] = batch.column(i)
         zone = _zone_samples(batch) if samples and first else []  # the first batch of a file is enough
@@ -510,7 +543,7 @@ def file_events(broker: str, path: str, rank: int, tz, *, native: Optional[bool]
                                  f"{bad['first_line'] + 1:,} ({_fmt_ms(bad['first_ms'])})"})
     counts = {"overlong_line": reader.overlong} if reader.overlong else {}
     sch = events_schema()
-    empty = pa.RecordBatch.from_arrays([pa.array([], sch.field(c).type) for c in order], names=order)
+    empty = pa.RecordBatch.from_arrays([pa.nulls(0, sch.field(c).type) for c in order], names=order)
     yield empty, {"lines": reader.overlong, "events": 0, "counts": counts, "examples": {},
                   "damage": [{"broker": broker, "segment": path, "first_ms": None, "last_ms": None,
                               "records_lost": None, **d} for d in damage]}, []
@@ -531,8 +564,8 @@ def _zone_samples(batch) -> List[Tuple[int, int]]:
 
     sel = batch.select(["last_update_ms", "ts_ms"])
     sel = sel.filter(pc.is_valid(sel.column("last_update_ms"))).slice(0, 64)
-    lut = sel.column("last_update_ms").to_numpy(zero_copy_only=False).astype(np.int64)
-    ts = sel.column("ts_ms").to_numpy(zero_copy_only=False).astype(np.int64)
+    lut = _values(sel.column("last_update_ms")).astype(np.int64)
+    ts = _values(sel.column("ts_ms")).astype(np.int64)
     return list(zip(lut.tolist(), (ts - lut).tolist()))
 
 
@@ -558,7 +591,7 @@ def read_local(paths, *, log_tz: Optional[str] = None, brokers: Optional[Dict[st
             batches.append(b)
             stats = twin.merge_stats(stats, s)
             samples += z
-    table = pa.Table.from_batches(batches, schema=events_schema()) if batches else events_schema().empty_table()
+    table = pa.Table.from_batches(batches, schema=events_schema())
     return table, _log_info(plan, stats, samples, tz, label, source)
 
 

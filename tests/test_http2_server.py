@@ -508,3 +508,54 @@ def test_calls_past_the_brokers_calls_in_progress_are_refused(nbroker):
         time.sleep(0.02)
     c2.send(c2.headers(3), F.frame(F.DATA, F.FLAG_END_STREAM, 3, c2.message(route_request())))
     assert c2.trailers(3)[b"grpc-status"] == b"0"
+
+
+def test_frames_written_outside_a_read_go_out_once_in_order(nbroker):
+    """Frames a handler writes outside a read (a Telemetry answer, a call that waited) are gathered into one socket
+    write per loop pass; a read that comes first takes them in front of its own frames, and a close writes them
+    before the GOAWAY."""
+    b = nbroker()
+    server = b.grpc._server
+    ping_ack = F.ping(b"12345678", ack=True)
+
+    def start():
+        conn = H.H2Connection(server)
+        t = _Transport()
+        conn.connection_made(t)
+        conn.data_received(F.PREFACE + F.settings() + F.settings(ack=True))
+        t.out.clear()
+        return conn, t
+
+    def gathered():
+        conn, t = start()
+        conn.write(F.window_update(1, 10))
+        conn.write(F.window_update(3, 20))
+        return conn, t, list(t.out)
+
+    conn, t, before = b.call(gathered)
+    assert before == []  # nothing written until the loop gets to it
+    time.sleep(0.1)
+    assert t.out == [F.window_update(1, 10) + F.window_update(3, 20)]  # then one write
+    b.call(conn.connection_lost, None)
+
+    def read_first():
+        conn, t = start()
+        conn.write(F.window_update(1, 10))
+        conn.data_received(F.ping(b"12345678"))  # a read before the loop's pass: the earlier frame goes first
+        return conn, t
+
+    conn, t = b.call(read_first)
+    time.sleep(0.1)
+    assert t.out == [F.window_update(1, 10) + ping_ack]
+    b.call(conn.connection_lost, None)
+
+    def closed():
+        conn, t = start()
+        conn.write(F.window_update(1, 10))
+        conn.goaway(F.NO_ERROR)
+        return conn, t
+
+    conn, t = b.call(closed)
+    assert t.closed and b"".join(t.out) == F.window_update(1, 10) + F.goaway(0, F.NO_ERROR)
+    time.sleep(0.1)
+    assert b"".join(t.out) == F.window_update(1, 10) + F.goaway(0, F.NO_ERROR)  # written once

@@ -118,7 +118,7 @@ cdef class MessageReader:
     cdef public object max_message
     cdef public int error
     cdef public object error_length
-    cdef bytearray _buf
+    cdef bytearray _buf  # None until a message is split over payloads: an idle stream holds no buffer
     cdef Py_ssize_t _need
     cdef long long _length
 
@@ -126,7 +126,7 @@ cdef class MessageReader:
         self.max_message = max_message
         self.error = 0
         self.error_length = 0
-        self._buf = bytearray()
+        self._buf = None
         self._need = 5
         self._length = -1
 
@@ -142,7 +142,7 @@ cdef class MessageReader:
         if self.error:
             return out
         limit = self.max_message
-        in_kept = PyByteArray_GET_SIZE(kept) > 0
+        in_kept = kept is not None and PyByteArray_GET_SIZE(kept) > 0
         if in_kept:
             kept += payload
             p = <const unsigned char*>PyByteArray_AS_STRING(kept)
@@ -160,7 +160,7 @@ cdef class MessageReader:
                     self.error = _TOO_LARGE
                 if self.error:
                     self.error_length = length
-                    PyByteArray_Resize(kept, 0)
+                    self._buf = None
                     return out
                 self._length = length
                 self._need = 5 + <Py_ssize_t>length
@@ -176,12 +176,14 @@ cdef class MessageReader:
             elif pos:
                 del kept[:pos]
         elif pos < end:
+            if kept is None:
+                kept = self._buf = bytearray()
             kept += (<const char*>p)[pos:end]
         return out
 
     @property
     def buffered(self):
-        return PyByteArray_GET_SIZE(self._buf)
+        return 0 if self._buf is None else PyByteArray_GET_SIZE(self._buf)
 
 
 cdef bytes _frame(int ftype, int flags, unsigned long sid, const char* payload, Py_ssize_t n):

@@ -39,7 +39,7 @@ def cli_main(argv=None) -> int:
 
 def scan_main(argv=None) -> int:
     """`rmqhb scan PATH... --out REPORT_DIR`: every analysis over a recording, broker logs or packet captures (or a
-    broker's log with its capture), in this process or on Spark (scan_engine), written as findings.json, CSV, PNG
+    broker's log with its capture), in this process or on Spark (scan_engine), written as findings.json, CSV, SVG
     plots and index.html; prints a short summary. Exit status: 0 the whole input was read; 3 the scan completed
     over damaged data (corrupt ranges, torn tails, recorder data loss: named in findings.json, the report's banner
     and one stderr line; --allow-damage makes it 0); 2 no input or bad arguments; 4 nothing decodable; 5 --strict
@@ -64,7 +64,7 @@ def scan_main(argv=None) -> int:
 SCAN_HELP = """\
 What a RocketMQ broker's clients did (group sizes over time, flapping and expired clients, heartbeat gaps,
 inconsistent subscriptions, retry-topic churn), written to REPORT_DIR as index.html, findings.json, CSVs and
-PNG plots. PATH is any of (the kind is detected; --format KIND forces it):
+SVG plots. PATH is any of (the kind is detected; --format KIND forces it):
   recording    a directory of *.seg segments (rmqhb serve --recordDir, rmqhb generate), or one segment file;
                several: one per broker
   broker-log   Apache RocketMQ 4.x/5.x broker logs: files, or a directory per broker (broker*.log*, otherdays/)

@@ -63,7 +63,7 @@ def _lazy(module: str, func: str):
 
 
 #: what `rmqhb scan` needs beyond the engine: the spark extra
-SCAN_DEPENDENCIES = ("pyspark", "pyarrow", "pandas", "matplotlib")
+SCAN_DEPENDENCIES = ("pyspark", "pyarrow", "pandas")
 
 
 def scan_main(argv) -> int:

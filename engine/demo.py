@@ -5,7 +5,7 @@
    (heartbeats, a second consumer joining -> NOTIFY, a client with a different subscription, a flapping client,
    unregisters), and show the consumer connection over the wire as `mqadmin consumerConnection` would;
 3. generate a larger synthetic recording with injected anomalies;
-4. scan both recordings with Spark and point to the report (findings.json, CSV, PNG, index.html).
+4. scan both recordings with Spark and point to the report (findings.json, CSV, SVG plots, index.html).
 """
 import argparse
 import asyncio

@@ -194,6 +194,35 @@ def test_plot_labels_escape_control_characters_and_markup(tmp_path, monkeypatch)
     assert any("G\\x1b[31m<b>&" in t for t in texts)  # a group's title
 
 
+def test_a_plot_file_is_bounded_by_its_pixels_not_by_its_input(tmp_path):
+    """A group whose size changed 200,000 times and a client with 100,000 connects and closes: the SVG plots draw at
+    most 4 points per pixel column of a series and one mark per pixel of a row, so each file stays small (the CSVs
+    and findings.json hold every point) and still shows the extremes of the series."""
+    from xml.etree import ElementTree
+
+    from engine.bindings import report
+    from engine.recording import scan_py
+    from engine.recording.synth import FleetConfig, generate
+
+    generate(tmp_path / "rec", FleetConfig(clients=30, groups=6, days=0.15, seed=5))
+    f = scan_py.scan(tmp_path / "rec")
+    first, last = f["summary"]["first_ms"], f["summary"]["last_ms"]
+    g = report.chart_groups(f)[0][0][0]
+    step = (last - first) / 200_000
+    g["series"] = [[int(first + i * step), 1 + (i % 7) * (i % 3)] for i in range(200_000)]
+    r = f["flapping_clients"][0]
+    r["connect_ms"] = [int(first + i * (last - first) / 100_000) for i in range(100_000)]
+    r["closes"] = [[t + 1, "closed"] for t in r["connect_ms"]]
+    r["reconnects"] = 10**6  # drawn first
+    report.write_report(f, tmp_path / "report", plots=True)
+    for name in ("group_sizes.svg", "flapping_timeline.svg"):
+        path = tmp_path / "report" / name
+        assert path.stat().st_size < 250_000, (name, path.stat().st_size)
+        ElementTree.parse(path)
+    panel = report._step_path([(i / 500, float(v)) for i, v in enumerate([5] * 1000 + [0] + [5] * 1000 + [9])])
+    assert "V0.0" in panel and "V9.0" in panel  # a dip or a peak inside one pixel column is still drawn
+
+
 # -- read_broker_logs names its damage ----------------------------------------------------------------------------
 
 @pytest.mark.spark

@@ -363,10 +363,15 @@ def _label(r: dict, name: str) -> str:
     return f"{r['broker']}: {name}" if r.get("broker") else name
 
 
+def _plot_text(r: dict, name: str) -> str:
+    """A plot's label of client data: control characters escaped (engine.logutil.escape_text), and what XML
+    cannot hold (a lone surrogate, U+FFFE, U+FFFF: the image would not load at all) as ``\\uXXXX``."""
+    return _XML_BAD.sub(lambda m: f"\\u{ord(m.group()):04x}", escape_text(_label(r, name)))
+
+
 def _plot_label(r: dict, name: str) -> str:
-    """A plot's label of client data, as SVG text: control characters escaped (engine.logutil.escape_text), and
-    what XML cannot hold (a lone surrogate, U+FFFE, U+FFFF: the image would not load at all) as ``\\uXXXX``."""
-    return e(_XML_BAD.sub(lambda m: f"\\u{ord(m.group()):04x}", escape_text(_label(r, name))))
+    """The label as SVG text (``_plot_text``, then XML-escaped)."""
+    return e(_plot_text(r, name))
 
 
 _XML_BAD = re.compile("[\ud800-\udfff\ufffe\uffff]")
@@ -537,8 +542,8 @@ def _flapping_plot(findings: dict, out: "ReportFiles") -> str:
     """One row per flapping client (the most reconnects first): its connects and closes, or its reconnects."""
     flapping = sorted(findings["flapping_clients"], key=lambda r: -r["reconnects"])[:PLOT_CLIENTS]
     marked = any("connect_ms" in r for r in flapping)
-    labels = [_plot_label(r, r["client_id"]) for r in flapping]
-    left = min(420, 16 + 6 * max([len(escape_text(_label(r, r["client_id"]))) for r in flapping] or [10]))
+    texts = [_plot_text(r, r["client_id"]) for r in flapping]
+    left = min(420, 16 + 6 * max([len(t) for t in texts] or [10]))
     width, top, row = left + 720, 48, 22
     height = top + max(1, len(flapping)) * row + 40
     s = findings["summary"]
@@ -562,12 +567,12 @@ def _flapping_plot(findings: dict, out: "ReportFiles") -> str:
                 outx.append(x)
         return outx
 
-    for i, (r, label) in enumerate(zip(flapping, labels)):
+    for i, (r, text) in enumerate(zip(flapping, texts)):
         y = top + i * row + row / 2
-        shown = label if len(label) <= 72 else label[:70] + "…"  # the whole id in its tooltip and the page
+        shown = text if len(text) <= 72 else text[:70] + "…"  # the whole id in its tooltip and on the page
         body.append(f'<line x1="{left}" x2="{width - 20}" y1="{y}" y2="{y}" class="grid"/>'
-                    f'<text x="{left - 6}" y="{y + 4}" text-anchor="end" class="s"><title>{label}</title>'
-                    f"{shown}</text>")
+                    f'<text x="{left - 6}" y="{y + 4}" text-anchor="end" class="s"><title>{e(text)}</title>'
+                    f"{e(shown)}</text>")
         if "connect_ms" in r:
             body += [f'<path d="M{x - 4} {y - 0.5}l4-7 4 7z" class="conn"/>' for x in xs(r["connect_ms"])]
             closes = r.get("closes") or []

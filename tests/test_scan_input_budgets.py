@@ -179,7 +179,8 @@ def test_plot_labels_escape_control_characters_and_markup(tmp_path, monkeypatch)
     generate(tmp_path / "rec", FleetConfig(clients=30, groups=6, days=0.15, seed=5))
     f = scan_py.scan(tmp_path / "rec")
     assert f["flapping_clients"] and f["group_sizes"] and f["heartbeat_gaps"]
-    monkeypatch.setattr("test_scan_output_safety.CALC", "bell\x07</text><script>alert(1)</script>&amp;\uffff")
+    # (long: a label cut for its row must not cut an escaped '&' or '<' in two)
+    monkeypatch.setattr("test_scan_output_safety.CALC", "&<" * 40 + "bell\x07</text><script>alert(1)</script>&amp;\uffff")
     monkeypatch.setattr("test_scan_output_safety.SUM", "G\x1b[31m<b>&")
     report.write_report(_hostile(f), tmp_path / "report", plots=True)
     texts = []

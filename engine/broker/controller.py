@@ -827,6 +827,12 @@ async def _serve(config: BrokerConfig) -> int:
     import gc
 
     gc.freeze()
+    # A full collection walks the whole heap, every gRPC session's stream task, futures and coroutine included:
+    # considered after every 10 gen-1 passes (the default), registering 10,000 sessions ran 8 of them, 2.4 s of
+    # the broker's 4.2 CPU-s. After every 100, none ran during it (2.3-2.8 CPU-s; BENCHMARKS.md, issue 30). Young
+    # passes stay as frequent (their pauses stay short); Python's own rule (a full pass only once the long-lived
+    # objects grew by 25 %) still bounds what uncollected cycles can hold.
+    gc.set_threshold(700, 10, 100)
     print(f"The broker[{config.broker_name}, {broker.advertised_addr()}] boot success. serializeType=JSON"
           + (f" and name server is {config.namesrv_addr}" if config.namesrv_addr else ""), flush=True)
     stop = asyncio.Event()

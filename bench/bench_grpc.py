@@ -1,8 +1,8 @@
 """gRPC heartbeats (RocketMQ 5.x clients) beside remoting heartbeats (4.x clients), one broker process, same run.
 
     .venv/bin/python bench/bench_grpc.py [--sessions 1000,10000] [--duration 10] [--pin 0:1] [--inflight 256]
-        [--rounds 1] [--protocols grpc,remoting] [--grpc-transport grpcio|native] [--sessions-per-connection 128]
-        [--out results.json]
+        [--rounds 1] [--protocols grpc,remoting] [--grpc-transport native|grpcio] [--sessions-per-connection 128]
+        [--rate 0] [--procs 1] [--out results.json]
 
 Per session count N: one broker (`rmqhb serve` with grpcServerPort, its own process and session; with --pin
 BROKER:LOAD it runs on CPU BROKER, pinned with taskset before it starts, and every load process on CPU LOAD), then,
@@ -77,18 +77,62 @@ def _machine(fn):
     return res
 
 
-def run_grpc(port: int, pid: int, n: int, duration: float, inflight: int, per_connection: int) -> dict:
+def rss_bytes(pid: int) -> int | None:
+    """The process's resident set (VmRSS), bytes."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+class PeakRss:
+    """The highest VmRSS of ``pid`` while the block runs, sampled every 0.2 s by a thread."""
+
+    def __init__(self, pid: int):
+        import threading
+
+        self.pid, self.peak, self._stop = pid, rss_bytes(pid) or 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(0.2):
+            self.peak = max(self.peak, rss_bytes(self.pid) or 0)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def run_grpc(port: int, pid: int, n: int, duration: float, inflight: int, per_connection: int, rate: float = 0.0,
+             procs: int = 1) -> dict:
     # at most 500 sessions registering at a time, as before: grpcio's server cancels calls (CANCELLED) when about
     # a thousand arrive at once
-    r = loadgen_grpc.run("steady", "127.0.0.1", port, n, 1, duration, 0.0, per_connection=per_connection,
-                         inflight=inflight, groups=GROUPS, pending=500, server_pid=pid)
-    res = {"protocol": "grpc", "sessions": r["sessions"], "channels": r["connections"], "inflight": inflight,
+    before = rss_bytes(pid)
+    with PeakRss(pid) as peak:
+        r = loadgen_grpc.run("steady", "127.0.0.1", port, n, procs, duration, rate, per_connection=per_connection,
+                             inflight=0 if rate else inflight, groups=GROUPS, pending=500, server_pid=pid)
+    res = {"protocol": "grpc", "sessions": r["sessions"], "channels": r["connections"],
+           "inflight": f"open loop {rate:g}/s" if rate else inflight,
            "registered_s": r["registered_s"], "seconds": r["seconds"], "answered": r["answered"],
            "errors": r["errors"] + (n - r["sessions"]), "heartbeats_per_s": r["heartbeats_per_s"],
            "broker_cpu_s": r.get("server_cpu_s"), "load_cpu_s": r.get("loadgen_cpu_s"),
            **{k: r[k] for k in ("p50_ms", "p99_ms", "max_ms") if k in r}}
     if r["errors_by_status"]:
         res["errors_by_status"] = r["errors_by_status"]
+    if before and peak.peak and r["sessions"]:
+        # what the broker grew by while holding the sessions (their streams, Settings, registry entries and the
+        # connections' buffers at the peak), per session
+        res["broker_rss_before_mb"] = round(before / 2**20, 1)
+        res["broker_rss_peak_mb"] = round(peak.peak / 2**20, 1)
+        res["rss_per_session_bytes"] = round((peak.peak - before) / r["sessions"])
     _per_hb(res, "broker_cpu_s")
     return res
 
@@ -129,8 +173,12 @@ def main(argv=None) -> int:
     p.add_argument("--protocols", default="grpc,remoting", help="which runs, comma-separated (grpc, remoting)")
     p.add_argument("--pin", help="BROKER_CPU:LOAD_CPU, e.g. 0:1 (taskset)")
     p.add_argument("--out", help="also write the results (JSON) here")
-    p.add_argument("--grpc-transport", default="grpcio", choices=("grpcio", "native"),
-                   help="the broker's grpcTransport (grpcio: grpc.aio; native: engine.http2)")
+    p.add_argument("--grpc-transport", default="native", choices=("grpcio", "native"),
+                   help="the broker's grpcTransport (native, the default: engine.http2; grpcio: grpc.aio)")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="gRPC: offered Heartbeats/s over all sessions, open loop (a 5.x fleet: sessions / 10); "
+                        "0 = the closed loop of --inflight")
+    p.add_argument("--procs", type=int, default=1, help="gRPC: load processes")
     p.add_argument("--sessions-per-connection", type=int, default=SESSIONS_PER_CONNECTION,
                    help="gRPC sessions sharing one HTTP/2 connection (default 128)")
     a = p.parse_args(argv)
@@ -145,6 +193,9 @@ def main(argv=None) -> int:
                                      "--grpcTransport", a.grpc_transport, "--storePathRootDir", store,
                                      # every session comes from 127.0.0.1: the per-address share must hold them
                                      "--grpcMaxSessionsPerIp", "1000000",
+                                     # ... and their Settings (100,000 sessions pass the 64 MiB per address)
+                                     "--grpcMaxSettingsBytesPerIp", str(1 << 30),
+                                     "--grpcMaxSettingsBytesTotal", str(1 << 30),
                                      # its load uses ceil(N / 128) gRPC connections: the rest of the descriptors
                                      # stay the remoting port's (grpcMaxConnections' share is up to half of them)
                                      "--grpcMaxConnections", "1000", "--log-level", "WARNING"],
@@ -165,7 +216,7 @@ def main(argv=None) -> int:
                     runs = []
                     if "grpc" in protocols:
                         runs.append(_machine(lambda: run_grpc(grpc_port, proc.pid, n, a.duration, a.inflight,
-                                                              a.sessions_per_connection)))
+                                                              a.sessions_per_connection, a.rate, a.procs)))
                         _wait_sessions_gone(grpc_port, main_port)
                     if "remoting" in protocols:
                         runs.append(_machine(lambda: run_remoting(main_port, proc.pid, n, a.duration)))
@@ -178,11 +229,13 @@ def main(argv=None) -> int:
                 proc.terminate()
                 proc.wait(30)
     print(f"\n| protocol | sessions / connections | in flight | heartbeats/s | broker CPU per heartbeat | "
-          f"broker's share of its core | machine busy | p50 / p99 ms |\n|---|---|---|---|---|---|---|---|")
+          f"broker's share of its core | machine busy | p50 / p99 ms | broker RSS per session |\n"
+          f"|---|---|---|---|---|---|---|---|---|")
     for res in results:
         print(f"| {res['protocol']} | {res.get('sessions') or res.get('connections')} | {res['inflight']} | "
               f"{res['heartbeats_per_s']:,} | {res.get('broker_us_per_hb')} us | {res.get('broker_cpu_pct')}% | "
-              f"{res.get('machine_busy_pct')}% | {res.get('p50_ms')} / {res.get('p99_ms')} |")
+              f"{res.get('machine_busy_pct')}% | {res.get('p50_ms')} / {res.get('p99_ms')} | "
+              f"{res.get('rss_per_session_bytes', '-')} |")
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
     return 0 if all(r["errors"] == 0 for r in results) else 1

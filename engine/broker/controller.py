@@ -32,7 +32,6 @@ import zlib
 
 from engine import RemotingCommand
 from engine.registry import clientlog
-from engine.registry import clientlog
 from engine.registry.clientlog import JavaLogFormatter
 from engine.broker.config import PROPERTIES, BrokerConfig, ConfigError, ConfigFileError, parse_overrides
 from engine.codec.errors import clip

@@ -733,12 +733,6 @@ class Runner:
         p = self._rid_prefix
         return f"{p[:8]}-{p[8:12]}-4{p[13:16]}-{p[16:20]}-{self._rid:012x}".encode()
 
-    def _dispatch(self) -> None:
-        """Calls waiting for a stream go, as far as the server's concurrent streams allow."""
-        while self.waiting and len(self.streams) < self.max_streams and self.goaway is None:
-            kind, session, body, end, t0, attempt = self.waiting.popleft()
-            self.call(kind, session, body, t0, end, attempt)  # its latency counts its wait for a stream
-
     def flush(self) -> None:
         for c in self.dirty:
             c.flush()

@@ -48,6 +48,7 @@ from engine import loadgen as L
 from engine.http2 import HpackDecoder, HpackEncoder, HpackError
 from engine.http2 import frames as F
 from engine.http2.frames import FrameError
+from engine.http2.server import MAX_CONTINUATIONS
 
 SERVICE = "/apache.rocketmq.v2.MessagingService/"
 HEARTBEAT, TELEMETRY, QUERY_ROUTE, QUERY_ASSIGNMENT, NOTIFY_TERMINATION = range(5)
@@ -71,7 +72,9 @@ MAX_MESSAGE = 4 << 20
 #: CONNECTION_WINDOW per connection
 STREAM_WINDOW = MAX_MESSAGE + 5
 CONNECTION_WINDOW = 16 << 20
-#: a header block (HEADERS + CONTINUATION) and its decoded list at most (SETTINGS_MAX_HEADER_LIST_SIZE we announce)
+#: a header block (HEADERS + CONTINUATION) and its decoded list at most (SETTINGS_MAX_HEADER_LIST_SIZE we announce);
+#: a block also has at most MAX_CONTINUATIONS CONTINUATION frames (32, engine.http2.server's): past either the
+#: connection ends (GOAWAY ENHANCE_YOUR_CALM, counted as "connection: HTTP/2 protocol error")
 MAX_HEADER_LIST = 64 << 10
 #: bytes written and not yet taken by the server past which a connection sends no new call (a server that reads
 #: nothing cannot make the load generator's memory grow): the call counts as not sent
@@ -419,6 +422,8 @@ class GrpcConn(asyncio.Protocol):
             hb[3] += len(payload)
             if hb[3] > MAX_HEADER_LIST:
                 raise FrameError(F.ENHANCE_YOUR_CALM, "header block past our header list size")
+            if len(hb[2]) > 1 + MAX_CONTINUATIONS:  # empty ones add no bytes: their count is bounded too
+                raise FrameError(F.ENHANCE_YOUR_CALM, "CONTINUATION flood")
             if not flags & F.FLAG_END_HEADERS:
                 return
             self.header_block = None

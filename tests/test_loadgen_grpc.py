@@ -357,6 +357,7 @@ class StrictServer(asyncio.Protocol):
         self.resets = []
         self.answer_data = answer  # the DATA frames' payloads of an answer (default: the OK message in one frame)
         self.refuse = set()  # stream ids answered RST_STREAM REFUSED_STREAM
+        self.goaways = []  # the error codes of the client's GOAWAY frames
 
     def connection_made(self, transport):
         self.t = transport
@@ -396,6 +397,8 @@ class StrictServer(asyncio.Protocol):
                 self.pongs += payload == b"pingpong"
             elif ftype == F.RST_STREAM:
                 self.resets.append((sid, F.u32(payload)))
+            elif ftype == F.GOAWAY:
+                self.goaways.append(F.u32(payload, 4))
 
     def answer(self, sid):
         self.open.discard(sid)
@@ -407,11 +410,12 @@ class StrictServer(asyncio.Protocol):
                                self.enc.encode([(b"grpc-status", b"0")])))
 
 
-def _heartbeats(ok, answer=None, calls=10, refuse=()):
-    """``calls`` Heartbeats of one session over one connection to a StrictServer: (runner, server)."""
+def _heartbeats(ok, answer=None, calls=10, refuse=(), server_class=None):
+    """``calls`` Heartbeats of one session over one connection to a StrictServer (or ``server_class``):
+    (runner, server)."""
     async def main():
         loop = asyncio.get_running_loop()
-        srv_proto = StrictServer(ok, answer)
+        srv_proto = (server_class or StrictServer)(ok, answer)
         srv_proto.refuse = set(refuse)
         server = await loop.create_server(lambda: srv_proto, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
@@ -631,3 +635,45 @@ def test_bench_grpc_runs_on_the_load_generator(tmp_path):
     assert remoting["connections"] == 40 and remoting["errors"] == 0
     assert grpc_row["broker_us_per_hb"] > 0 and remoting["broker_us_per_hb"] > 0
     assert "| grpc | 40 | 16 |" in p.stdout and "| remoting | 40 | 40 |" in p.stdout
+
+
+class ContinuationFlood(StrictServer):
+    """Answers a call with HEADERS without END_HEADERS, then 100,000 empty CONTINUATION frames (9 bytes each,
+    none with END_HEADERS): no byte counts against the header list size."""
+
+    def answer(self, sid):
+        self.open.discard(sid)
+        if not self.t.is_closing():
+            self.t.write(F.frame(F.HEADERS, 0, sid, self.enc.encode([(b":status", b"200")]))
+                         + F.frame(F.CONTINUATION, 0, sid) * 100_000)
+
+
+def test_a_continuation_flood_ends_the_connection():
+    """Empty CONTINUATION frames without END_HEADERS: past MAX_CONTINUATIONS of one header block the client ends the
+    connection (GOAWAY ENHANCE_YOUR_CALM), counted once; the call on it ends as an error. Up to the limit a block is
+    read: 32 CONTINUATION frames (some empty) carry an answer's headers."""
+    runner, srv = _heartbeats(_ok_answer(), calls=1, server_class=ContinuationFlood)
+    assert srv.goaways == [F.ENHANCE_YOUR_CALM]
+    assert runner.stats["answered"] == 1 and runner.stats["ok"] == 0
+    assert dict(runner.errors_by_status) == {"connection: HTTP/2 protocol error": 1,
+                                             "Heartbeat: connection lost": 1}
+
+    async def main(continuations):
+        runner = LG.Runner("127.0.0.1", 1, None, "t")
+        conn = LG.GrpcConn(runner, b"127.0.0.1:1", b"http")
+        conn.connection_made(_Transport())
+        [session] = LG.make_sessions(1, 0, "t", 1, 1, 1.0, "T", "127.0.0.1", 1, False)
+        session.conn = conn
+        runner.heartbeat(session, time.perf_counter())
+        block = HpackEncoder().encode([(b":status", b"200"), (b"content-type", b"application/grpc"),
+                                       (b"grpc-status", b"0")])
+        frames = [F.frame(F.CONTINUATION, 0, 1)] * (continuations - 1) + [
+            F.frame(F.CONTINUATION, F.FLAG_END_HEADERS, 1, block)]
+        conn.data_received(F.settings() + F.frame(F.HEADERS, F.FLAG_END_STREAM, 1) + b"".join(frames))
+        return runner, conn
+
+    runner, conn = asyncio.run(main(LG.MAX_CONTINUATIONS))
+    assert not conn.transport.closing and runner.stats["answered"] == 1
+    assert dict(runner.errors_by_status) == {"Heartbeat: no answer message": 1}  # read: trailers without a message
+    runner, conn = asyncio.run(main(LG.MAX_CONTINUATIONS + 1))
+    assert conn.transport.closing and runner.errors_by_status["connection: HTTP/2 protocol error"] == 1

@@ -221,7 +221,7 @@ def make_sessions(n: int, offset: int, token: str, groups: int, topics: int, con
 
 
 class Stream:
-    __slots__ = ("sid", "kind", "session", "t0", "buf", "messages", "status", "message", "send_window", "pending",
+    __slots__ = ("sid", "kind", "session", "t0", "reader", "messages", "status", "message", "send_window", "pending",
                  "end_pending", "recv_used", "http_status", "local_closed", "body", "end", "attempt")
 
     def __init__(self, sid, kind, session, t0, send_window, body, end, attempt):
@@ -230,7 +230,7 @@ class Stream:
         self.session = session
         self.t0 = t0
         self.body, self.end, self.attempt = body, end, attempt  # what a refused stream sends again
-        self.buf = b""  # bytes of a message not yet whole
+        self.reader = F.MessageReader(MAX_MESSAGE)  # its answer's messages out of DATA (None once cancelled)
         self.messages = []  # a unary call's answer messages
         self.status = None  # grpc-status once its trailers came
         self.message = b""  # grpc-message
@@ -358,36 +358,22 @@ class GrpcConn(asyncio.Protocol):
             consumed = payload[0] + 1
             payload = payload[1:n - payload[0]]
         if payload:
-            # a message spread over frames grows in place (a bytearray): linear work whatever the split
-            held = len(st.buf)
-            if held:
-                st.buf += payload
-                buf = st.buf
-            else:
-                buf = payload
-            pos, end = 0, len(buf)
-            while end - pos >= 5:
-                length = int.from_bytes(buf[pos + 1:pos + 5], "big")
-                if length > MAX_MESSAGE:
-                    return self._cancel(st, n + held, 8, b"answer larger than 4 MiB")
-                if end - pos - 5 < length:
-                    break
-                msg = bytes(buf[pos + 5:pos + 5 + length])
-                pos += 5 + length
-                if st.kind == TELEMETRY:
+            reader = st.reader
+            held = reader.buffered
+            messages = reader.feed(payload)
+            if st.kind == TELEMETRY:
+                for msg in messages:
                     self.runner.telemetry_message(st.session, msg)
-                elif st.messages:  # a unary call is answered with one message
-                    return self._cancel(st, n + held, 2, b"several answer messages")
-                else:
-                    st.messages.append(msg)
-            rest = end - pos
-            if not rest:
-                st.buf = b""
-            elif buf is st.buf:
-                del buf[:pos]
-            else:
-                st.buf = bytearray(buf[pos:])
-            consumed += held + len(payload) - rest
+            elif len(st.messages) + len(messages) > 1:  # a unary call is answered with one message
+                return self._cancel(st, n + held, 2, b"several answer messages")
+            elif messages:
+                st.messages.append(messages[0])
+            if reader.error == F.MESSAGE_TOO_LARGE:
+                return self._cancel(st, n + held, 8, b"answer larger than 4 MiB")
+            if reader.error:  # compressed, though we asked for no grpc-encoding: INTERNAL, as grpc clients say
+                return self._cancel(st, n + held, 13, b"compressed answer without grpc-encoding")
+            # consumed: what the reader no longer holds
+            consumed += held + len(payload) - reader.buffered
         # our windows reopen by what was read as whole messages: a stream holds at most one partial message
         # (STREAM_WINDOW), a connection at most CONNECTION_WINDOW of them
         self._give_back(consumed, None if flags & F.FLAG_END_STREAM else st)
@@ -396,7 +382,7 @@ class GrpcConn(asyncio.Protocol):
 
     def _cancel(self, st: Stream, held: int, status: int, why: bytes) -> None:
         """The call ends on our side (RST_STREAM CANCEL) with ``status``; the bytes it held are given back."""
-        st.buf = b""
+        st.reader = None  # what it held is given back here, not again at its end
         st.local_closed = True
         self.out.append(F.rst_stream(st.sid, F.CANCEL))
         self._give_back(held)
@@ -624,9 +610,9 @@ class GrpcConn(asyncio.Protocol):
         if self.streams.pop(st.sid, None) is None:
             return
         self.blocked.pop(st.sid, None)
-        if st.buf:  # a partial message the stream ended in: the connection's window gets it back
-            self._give_back(len(st.buf))
-            st.buf = b""
+        if st.reader is not None and st.reader.buffered:  # a partial message it ended in: the connection's window
+            self._give_back(st.reader.buffered)  # gets it back
+            st.reader = None
         if not st.local_closed and not self.transport.is_closing():
             self.out.append(F.rst_stream(st.sid, F.NO_ERROR if status is not None else F.CANCEL))
         self.runner.finished(self, st, status, message)

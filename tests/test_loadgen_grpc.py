@@ -677,3 +677,42 @@ def test_a_continuation_flood_ends_the_connection():
     assert dict(runner.errors_by_status) == {"Heartbeat: no answer message": 1}  # read: trailers without a message
     runner, conn = asyncio.run(main(LG.MAX_CONTINUATIONS + 1))
     assert conn.transport.closing and runner.errors_by_status["connection: HTTP/2 protocol error"] == 1
+
+
+def test_a_compressed_answer_is_cancelled():
+    """A message with the compressed flag set (we asked for no grpc-encoding) is not read as the answer: the call is
+    cancelled (RST_STREAM CANCEL) and counted INTERNAL, as grpc clients say."""
+    msg = _ok_answer()
+    runner, srv = _heartbeats(msg, [b"\x01" + len(msg).to_bytes(4, "big") + msg], calls=2)
+    assert runner.stats["answered"] == 2 and runner.stats["ok"] == 0
+    assert dict(runner.errors_by_status) == {"Heartbeat: grpc-status INTERNAL": 2}
+    assert [code for _, code in srv.resets] == [F.CANCEL, F.CANCEL]
+
+
+def test_the_receive_windows_reopen_by_what_was_read_whole():
+    """DATA on a Telemetry stream (padded, messages split over frames): the windows get back exactly what was read as
+    whole messages, a partial one is held until the stream ends, and then given back too."""
+    d, s = LG.load_protocol()
+    cmd = LG.grpc_message(s.TelemetryCommand(status=d.Status(code=d.Code.OK)).SerializeToString())
+
+    async def main():
+        runner = LG.Runner("127.0.0.1", 1, None, "t")
+        conn = LG.GrpcConn(runner, b"127.0.0.1:1", b"http")
+        conn.connection_made(_Transport())
+        [session] = LG.make_sessions(1, 0, "t", 1, 1, 1.0, "T", "127.0.0.1", 1, False)
+        session.conn = conn
+        runner.register(session, time.perf_counter())  # QueryRoute on stream 1, Telemetry on stream 3
+        conn.data_received(F.settings())
+        stream = session.telemetry
+        data = cmd * 3 + cmd[:4]  # three whole commands and the first 4 bytes of a fourth
+        frames = [F.frame(F.DATA, F.FLAG_PADDED, 3, b"\x03" + data[:7] + b"\0\0\0"),
+                  F.frame(F.DATA, 0, 3, data[7:len(cmd) + 2]), F.frame(F.DATA, 0, 3, data[len(cmd) + 2:])]
+        conn.data_received(b"".join(frames))
+        received = sum(len(f) - 9 for f in frames)
+        assert runner.stats["settings_ok"] == 1 and runner.stats["errors"] == 0
+        assert conn.recv_used == stream.recv_used == received - 4  # the partial command is held
+        assert stream.reader.buffered == 4
+        conn.data_received(F.rst_stream(3, F.CANCEL))
+        assert conn.recv_used == received and 3 not in conn.streams
+
+    asyncio.run(main())

@@ -79,8 +79,15 @@ MAX_HEADER_LIST = 64 << 10
 #: bytes written and not yet taken by the server past which a connection sends no new call (a server that reads
 #: nothing cannot make the load generator's memory grow): the call counts as not sent
 MAX_WRITE_BUFFER = 4 << 20
-#: the SDKs' request timeout, sent as grpc-timeout on unary calls
+#: the SDKs' request timeout, sent as grpc-timeout on unary calls and kept by us as they keep it: a unary call
+#: (waiting for a stream or sent) older than DEADLINE_S ends DEADLINE_EXCEEDED, its stream reset (RST_STREAM
+#: CANCEL); checked every DEADLINE_SWEEP_S
 DEADLINE = b"3S"
+DEADLINE_S = 3.0
+DEADLINE_SWEEP_S = 0.25
+#: calls waiting for a stream on one connection at most (a server announcing MAX_CONCURRENT_STREAMS 0, or holding
+#: its streams); past it a call is counted not sent ("not sent: no stream free")
+MAX_WAITING = 4096
 #: the SDKs' periods: QueryAssignment of a push consumer, QueryRoute of every client, s
 ASSIGNMENT_INTERVAL_S = 5.0
 ROUTE_INTERVAL_S = 30.0
@@ -286,6 +293,7 @@ class GrpcConn(asyncio.Protocol):
                                                 (F.SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW),
                                                 (F.SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST)))
                         + F.window_update(0, CONNECTION_WINDOW - F.DEFAULT_WINDOW))
+        self.runner.watch(self)
 
     def connection_lost(self, exc):
         self.lost = True
@@ -494,7 +502,7 @@ class GrpcConn(asyncio.Protocol):
                     self.max_streams = max(len(self.streams),  # a Telemetry stream never frees its place
                                            1 + sum(1 for x in self.streams.values() if x.kind == TELEMETRY))
                     self.runner.stats["refused_retries"] += 1
-                    self.waiting.append((st.kind, st.session, st.body, st.end, st.t0, 1))
+                    self._wait((st.kind, st.session, st.body, st.end, st.t0, 1))
                     return self._dispatch()
                 st.local_closed = True
                 self._finish(st, None, b"RST_STREAM " + _name(H2_ERRORS, code).encode())
@@ -538,7 +546,7 @@ class GrpcConn(asyncio.Protocol):
             self.runner.not_sent(kind, session, "the server does not read")
             return None
         if len(self.streams) >= self.max_streams or self.next_sid > F.MAX_WINDOW:
-            self.waiting.append((kind, session, body, end, now, attempt))
+            self._wait((kind, session, body, end, now, attempt))
             return None
         sid = self.next_sid
         self.next_sid = sid + 2
@@ -622,6 +630,30 @@ class GrpcConn(asyncio.Protocol):
             self.flush()
             self.transport.close()
 
+    def _wait(self, call: tuple) -> None:
+        """A call waits for a stream (MAX_WAITING at most: past it, not sent)."""
+        if len(self.waiting) >= MAX_WAITING:
+            self.runner.not_sent(call[0], call[1], "no stream free")
+        else:
+            self.waiting.append(call)
+
+    def expire(self, now: float) -> bool:
+        """Unary calls past their deadline end DEADLINE_EXCEEDED, as the SDKs end them: those waiting for a stream
+        unsent, those sent with RST_STREAM CANCEL. Whether any did."""
+        limit = now - DEADLINE_S
+        expired = [c for c in self.waiting if c[3] and c[4] <= limit]
+        if expired:
+            self.waiting = deque(c for c in self.waiting if not (c[3] and c[4] <= limit))
+            for kind, session, body, end, t0, attempt in expired:
+                self.runner.finished(self, Stream(0, kind, session, t0, 0, body, end, attempt), 4, b"")
+        late = [st for st in self.streams.values() if st.end and st.t0 <= limit]
+        for st in late:
+            if st.sid in self.streams:  # (an earlier one's end may have ended it)
+                st.local_closed = True  # reset here, not again by _finish
+                self.out.append(F.rst_stream(st.sid, F.CANCEL))
+                self._finish(st, 4, b"")
+        return bool(expired or late)
+
     def _dispatch(self) -> None:
         """Calls waiting for a stream go, as far as the server's concurrent streams allow."""
         while self.waiting and len(self.streams) < self.max_streams and self.goaway is None:
@@ -702,6 +734,8 @@ class Runner:
         self.hb_outstanding = 0
         self.terminations_outstanding = 0
         self.conns: list[GrpcConn] = []
+        self.watched: set[GrpcConn] = set()  # open connections: their calls' deadlines are kept
+        self._sweep = None  # the timer of the next deadline check
         self._rid_prefix = os.urandom(12).hex()
         self._rid = 0
         self.date_time = b""
@@ -723,6 +757,22 @@ class Runner:
         self._rid += 1
         p = self._rid_prefix
         return f"{p[:8]}-{p[8:12]}-4{p[13:16]}-{p[16:20]}-{self._rid:012x}".encode()
+
+    def watch(self, conn: GrpcConn) -> None:
+        self.watched.add(conn)
+        if self._sweep is None:
+            self._sweep = conn.loop.call_later(DEADLINE_SWEEP_S, self._expire, conn.loop)
+
+    def _expire(self, loop) -> None:
+        """Every DEADLINE_SWEEP_S while a connection is open: the calls past their deadline end."""
+        self._sweep = None
+        now = time.perf_counter()
+        for c in list(self.watched):
+            if c.expire(now):
+                c.flush()
+        self.flush()  # what the closed loop sent in their place
+        if self.watched:
+            self._sweep = loop.call_later(DEADLINE_SWEEP_S, self._expire, loop)
 
     def flush(self) -> None:
         for c in self.dirty:
@@ -902,6 +952,7 @@ class Runner:
         self.errors_by_status["connection: HTTP/2 protocol error"] += 1
 
     def connection_lost(self, conn: GrpcConn) -> None:
+        self.watched.discard(conn)
         if not conn.bye and conn.goaway is None:  # a connection that went away is counted once, in goaways
             self.stats["connections_lost"] += 1
         for kind, session, *_ in conn.waiting:

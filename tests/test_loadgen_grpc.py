@@ -350,6 +350,8 @@ class StrictServer(asyncio.Protocol):
     """Announces 2 concurrent streams and 16-byte stream windows, pings, answers each call 20 ms later with an OK
     HeartbeatResponse; records what the client did."""
 
+    max_streams = 2
+
     def __init__(self, ok: bytes, answer=None):
         self.ok = ok
         self.open, self.max_open, self.data_sizes, self.pongs, self.errors = set(), 0, [], 0, []
@@ -364,7 +366,8 @@ class StrictServer(asyncio.Protocol):
         self.preface = b""
         self.reader = F.FrameReader()
         self.dec, self.enc = HpackDecoder(), HpackEncoder()
-        transport.write(F.settings(((F.SETTINGS_MAX_CONCURRENT_STREAMS, 2), (F.SETTINGS_INITIAL_WINDOW_SIZE, 16)))
+        transport.write(F.settings(((F.SETTINGS_MAX_CONCURRENT_STREAMS, self.max_streams),
+                                    (F.SETTINGS_INITIAL_WINDOW_SIZE, 16)))
                         + F.ping(b"pingpong"))
 
     def data_received(self, data):
@@ -428,7 +431,7 @@ def _heartbeats(ok, answer=None, calls=10, refuse=(), server_class=None):
             runner.heartbeat(session, time.perf_counter())
         runner.flush()
         deadline = time.monotonic() + 10
-        while runner.stats["answered"] < calls and time.monotonic() < deadline:
+        while runner.stats["answered"] + runner.stats["not_sent"] < calls and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
         conn.close()
@@ -716,3 +719,29 @@ def test_the_receive_windows_reopen_by_what_was_read_whole():
         assert conn.recv_used == received and 3 not in conn.streams
 
     asyncio.run(main())
+
+
+class Silent(StrictServer):
+    """Takes calls on one stream at a time and never answers them."""
+
+    max_streams = 1
+
+    def answer(self, sid):
+        pass
+
+
+def test_calls_a_server_never_answers_end_at_their_deadline(monkeypatch):
+    """A server allowing one stream that never answers (deadline 0.3 s here, the SDKs' 3 s): MAX_WAITING (3 here)
+    calls wait for the stream, the others are counted not sent; at the deadline the sent call is reset (RST_STREAM
+    CANCEL) and it and the waiting ones end DEADLINE_EXCEEDED, none left held; the waiting ones are never sent."""
+    monkeypatch.setattr(LG, "DEADLINE_S", 0.3)
+    monkeypatch.setattr(LG, "DEADLINE_SWEEP_S", 0.05)
+    monkeypatch.setattr(LG, "MAX_WAITING", 3)
+    t0 = time.monotonic()
+    runner, srv = _heartbeats(_ok_answer(), calls=10, server_class=Silent)
+    assert time.monotonic() - t0 < 5
+    assert runner.stats["answered"] == 4 and runner.stats["not_sent"] == 6 and runner.hb_outstanding == 0
+    assert dict(runner.errors_by_status) == {"Heartbeat: grpc-status DEADLINE_EXCEEDED": 4,
+                                             "Heartbeat: not sent: no stream free": 6}
+    assert list(srv.requests) == [1] and srv.resets == [(1, F.CANCEL)]
+    assert all(0.3 <= x < 2 for x in runner.lat)  # each ended at its deadline, counted from when it was made

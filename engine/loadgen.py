@@ -51,6 +51,7 @@ import os
 import queue
 import resource
 import signal
+import stat
 import sys
 import time
 from collections import deque
@@ -980,6 +981,71 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
     return merged
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Output files (--out, --plot) of both load generators: never written through a symbolic link
+
+
+class OutputError(Exception):
+    """An output file that is not written: one line for the user."""
+
+
+def check_output(path: str) -> str | None:
+    """Why ``path`` cannot take an output file (a symbolic link, something other than a regular file), or None:
+    checked before the run, so a mistake costs no run (exit status 2)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot write {path}: {e.strerror}"
+    if stat.S_ISLNK(mode):
+        return f"{path} is a symbolic link; give the file itself (an output file is never written through a link)"
+    if not stat.S_ISREG(mode):
+        return f"{path} exists and is not a regular file"
+    return None
+
+
+def write_output(path: str, text: str) -> None:
+    """``text`` into ``path`` (created 0644, or truncated): O_NOFOLLOW, so a symbolic link planted since the check
+    is refused, not followed; O_NONBLOCK, so a FIFO cannot hang the open; anything but a regular file is refused
+    (OutputError) before a byte is written."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o644)
+    except OSError as e:
+        raise OutputError(check_output(path) or f"cannot write {path}: {e.strerror}") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OutputError(f"{path} exists and is not a regular file")
+        os.set_blocking(fd, True)
+        f.write(text)
+
+
+def check_outputs(a) -> int:
+    """Before the run: --out and --plot can be written (0), else one line and exit status 2."""
+    for path in (a.out, a.plot):
+        why = path and check_output(path)
+        if why:
+            print(f"rmqhb loadgen: {why}", file=sys.stderr)
+            return 2
+    return 0
+
+
+def write_outputs(a, text: str, res: dict) -> int:
+    """After the run (its result printed): --out gets the JSON result, --plot the SVG; 0, or one line and exit
+    status 1 when one cannot be written (swapped for a link or a FIFO during the run, a full disk)."""
+    try:
+        if a.out:
+            write_output(a.out, text + "\n")
+        if a.plot:
+            write_output(a.plot, plot_svg(res))
+    except (OutputError, OSError) as e:
+        print(f"rmqhb loadgen: {e if isinstance(e, OutputError) else f'cannot write: {e.strerror}'}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="rmqhb loadgen", description=__doc__.split("\n\n")[0])
     p.add_argument("scenario", choices=["steady", "storm"])
@@ -1020,6 +1086,8 @@ def main(argv=None) -> int:
         p.error("a port below 65536, --duration > 0, --rate >= 0, --groups, --depth, --burst, --pending >= 1, "
                 "--max-open >= 0, --consumer-share from 0 to 1")
     host = host.strip("[]")
+    if check_outputs(a):
+        return 2
     unreachable = probe(host, int(port))
     if unreachable:
         print(f"rmqhb loadgen: {unreachable}", file=sys.stderr)
@@ -1035,13 +1103,7 @@ def main(argv=None) -> int:
         return 130
     text = json.dumps(res)
     print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
-    if a.plot:
-        with open(a.plot, "w") as f:
-            f.write(plot_svg(res))
-    return 0
+    return write_outputs(a, text, res)
 
 
 def plot_svg(res: dict, width: int = 900, height: int = 520) -> str:

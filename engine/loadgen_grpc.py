@@ -1493,6 +1493,8 @@ def main(argv=None) -> int:
     except AdminError as e:
         p.error(str(e))
     credentials = (a.access_key, secret) if a.access_key else None
+    if L.check_outputs(a):
+        return 2
     try:
         load_protocol()
         why = probe(host, int(port), a.tls, a.topic_prefix, min(a.topics, a.groups), credentials=credentials)
@@ -1513,12 +1515,8 @@ def main(argv=None) -> int:
         return 130
     text = json.dumps(res)
     print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
-    if a.plot:
-        with open(a.plot, "w") as f:
-            f.write(L.plot_svg(res))
+    if L.write_outputs(a, text, res):
+        return 1
     ended = res["goaways"] + res["connections_lost"]
     if not res["connections"] or ended >= res["connections"]:
         # the endpoint went away during the run (stopped, or refused every connection): the result above counts

@@ -205,3 +205,51 @@ def test_rmqhb_loadgen_rejects_a_bad_broker_address(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "engine", "loadgen", "steady", "--broker", "nohost"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "HOST:PORT" in proc.stderr
+
+
+def test_output_files_are_never_written_through_a_symbolic_link(tmp_path):
+    """write_output (--out, --plot of both load generators): a new file 0644, an existing one replaced; a symbolic
+    link (planted after the check before the run) is refused and its target untouched; a FIFO is refused at once
+    (no hang), so is a directory."""
+    path = tmp_path / "res.json"
+    loadgen.write_output(str(path), "first")
+    loadgen.write_output(str(path), "second")
+    assert path.read_text() == "second" and path.stat().st_mode & 0o777 == 0o644 & ~_umask()
+    target = tmp_path / "precious"
+    target.write_text("keep")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    assert "is a symbolic link" in loadgen.check_output(str(link))
+    with pytest.raises(loadgen.OutputError, match="is a symbolic link"):
+        loadgen.write_output(str(link), "overwritten")
+    assert target.read_text() == "keep"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, tmp_path):
+        assert loadgen.check_output(str(path)) == f"{path} exists and is not a regular file"
+        with pytest.raises(loadgen.OutputError):
+            loadgen.write_output(str(path), "x")
+    assert loadgen.check_output(str(tmp_path / "new.svg")) is None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("option", ["--out", "--plot"])
+def test_rmqhb_loadgen_refuses_an_output_link_before_the_run(tmp_path, option):
+    """--out / --plot a symbolic link: one line, exit status 2, before any connection; the target untouched."""
+    import subprocess
+
+    target = tmp_path / "precious"
+    target.write_text("keep")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    proc = subprocess.run([sys.executable, "-m", "engine", "loadgen", "steady", "--broker", "127.0.0.1:1", option,
+                           str(link)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [f"rmqhb loadgen: {link} is a symbolic link; give the file itself (an output "
+                                        "file is never written through a link)"]
+    assert target.read_text() == "keep"

@@ -745,3 +745,26 @@ def test_calls_a_server_never_answers_end_at_their_deadline(monkeypatch):
                                              "Heartbeat: not sent: no stream free": 6}
     assert list(srv.requests) == [1] and srv.resets == [(1, F.CANCEL)]
     assert all(0.3 <= x < 2 for x in runner.lat)  # each ended at its deadline, counted from when it was made
+
+
+def test_output_links_are_refused(tmp_path, capsys):
+    """--protocol grpc shares the remoting load generator's output writer: --out / --plot a symbolic link is one line
+    and exit status 2 before the run; one planted during the run is refused when the result is written (one line,
+    status 1), its target untouched either way."""
+    import argparse
+
+    target = tmp_path / "precious"
+    target.write_text("keep")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    for option in ("--out", "--plot"):
+        p = rmqhb("loadgen", "steady", "--protocol", "grpc", "--broker", "127.0.0.1:1", option, str(link))
+        assert p.returncode == 2 and p.stdout == ""
+        assert one_line(p) == f"rmqhb loadgen: {link} is a symbolic link; give the file itself (an output file is " \
+            "never written through a link)"
+    out = tmp_path / "res.json"
+    a = argparse.Namespace(out=str(out), plot=str(link))
+    assert LG.L.write_outputs(a, "{}", {"timeline": []}) == 1
+    assert capsys.readouterr().err == f"rmqhb loadgen: {link} is a symbolic link; give the file itself (an output " \
+        "file is never written through a link)\n"
+    assert out.read_text() == "{}\n" and target.read_text() == "keep"

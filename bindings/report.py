@@ -27,7 +27,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from engine.logutil import EscapedWriter, escape_text
+from engine.logutil import EscapedWriter, clip, escape_text
+from engine.registry.clientlog import MAX_FIELD
 from engine.recording.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS
 
 #: At most this many groups in the group-size plot (small multiples), and clients in the flapping plot.
@@ -42,7 +43,18 @@ MULTIPLES = 48
 def utc(ms) -> str:
     if ms is None:
         return ""
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return _strftime(ms, "%Y-%m-%d %H:%M:%S.%f", 3)
+
+
+def _strftime(ms, fmt: str, cut: int = 0) -> str:
+    """``ms`` (epoch milliseconds, UTC) as ``fmt`` (its last ``cut`` characters cut); a time past what datetime
+    holds (a crafted record stamped after the year 9999 or before 1) as its raw value, "<ms> ms", so the report
+    is still written."""
+    try:
+        text = datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime(fmt)
+    except (ValueError, OverflowError, OSError):
+        return f"{ms} ms"
+    return text[:-cut] if cut else text
 
 
 def _subs_text(subs) -> str:
@@ -363,15 +375,17 @@ def _label(r: dict, name: str) -> str:
     return f"{r['broker']}: {name}" if r.get("broker") else name
 
 
-def _plot_text(r: dict, name: str) -> str:
-    """A plot's label of client data: control characters escaped (engine.logutil.escape_text), and what XML
-    cannot hold (a lone surrogate, U+FFFE, U+FFFF: the image would not load at all) as ``\\uXXXX``."""
-    return _XML_BAD.sub(lambda m: f"\\u{ord(m.group()):04x}", escape_text(_label(r, name)))
+def _plot_text(r: dict, name: str, limit: int = MAX_FIELD) -> str:
+    """A plot's label of client data: control characters escaped (engine.logutil.escape_text), what XML cannot
+    hold (a lone surrogate, U+FFFE, U+FFFF: the image would not load at all) as ``\\uXXXX``, at most ``limit``
+    characters (a tooltip too: a 100 KB id would make the file as big as its input). Cut before it is
+    XML-escaped, so no entity such as ``&lt;`` is cut in two."""
+    text = _XML_BAD.sub(lambda m: f"\\u{ord(m.group()):04x}", escape_text(clip(_label(r, name), limit)))
+    return clip(text, limit)
 
 
-def _plot_label(r: dict, name: str) -> str:
-    """The label as SVG text (``_plot_text``, then XML-escaped)."""
-    return e(_plot_text(r, name))
+#: At most this many characters of a label shown in a plot (its tooltip holds up to MAX_FIELD).
+PLOT_LABEL = 72
 
 
 _XML_BAD = re.compile("[\ud800-\udfff\ufffe\uffff]")
@@ -481,21 +495,27 @@ def _group_sizes_plot(findings: dict, out: "ReportFiles") -> str:
         peak = max([n for _, n in series] or [1])
         ticks = _nice_ticks(max(peak, 1), 3)
         ytop = ticks[-1]
-        label = _plot_label(g, f"{g['group']} ({g['role']})") + (" *" if f else "")
-        body.append(f'<text x="{(x0 + x1) / 2}" y="{oy + 14}" text-anchor="middle" class="s">{label}</text>')
+        name, star = f"{g['group']} ({g['role']})", " *" if f else ""
+        tip = e(_plot_text(g, name) + star)
+        body.append(f'<text x="{(x0 + x1) / 2}" y="{oy + 14}" text-anchor="middle" class="s"><title>{tip}</title>'
+                    f"{e(_plot_text(g, name, PLOT_LABEL) + star)}</text>")
         body.append(_y_axis(x0, y0, y1, ytop, ticks) + _time_ticks(axis, y0, 4))
         if series:
             pts = [(axis.x(t), y0 - (y0 - y1) * n / ytop) for t, n in series]
             pts.append((x1, pts[-1][1]))  # the last value holds to the end of the input
-            body.append(f'<path d="{_step_path(pts)}" class="line"><title>{label}</title></path>')
+            body.append(f'<path d="{_step_path(pts)}" class="line"><title>{tip}</title></path>')
     _write_plot(out, "group_sizes.svg", _plot_svg(width, height, title, "".join(body)))
     return "group_sizes.svg"
 
 
 def _gap_histogram(findings: dict, out: "ReportFiles") -> str:
     gaps = [r["gap_s"] / 60 for r in findings["heartbeat_gaps"]]
+    drawn = [g for g in gaps if math.isfinite(g)]  # an inf or NaN gap (crafted findings) has no bin: named, not drawn
     width, height, x0, x1, y0, y1 = 720, 400, 56, 700, 350, 40
     title = f"Heartbeat gaps over {findings['parameters']['gap_threshold_s']:g} s ({len(gaps)})"
+    if len(drawn) < len(gaps):
+        title += f", {len(gaps) - len(drawn)} not finite, not drawn"
+    gaps = drawn
     body = [f'<text x="{width / 2}" y="22" text-anchor="middle" class="t">{e(title)}</text>',
             f'<text x="{(x0 + x1) / 2}" y="{height - 8}" text-anchor="middle">gap (minutes)</text>',
             f'<text x="14" y="{(y0 + y1) / 2}" text-anchor="middle" transform="rotate(-90 14 {(y0 + y1) / 2})">'
@@ -507,8 +527,9 @@ def _gap_histogram(findings: dict, out: "ReportFiles") -> str:
     else:
         bins = min(40, max(5, len(gaps)))
         lo, hi = min(gaps), max(gaps)
-        if hi <= lo:
-            lo, hi = lo - 0.5, hi + 0.5
+        if hi <= lo:  # one value: a bin around it (wide enough to be a different float far from 0, too)
+            pad = max(0.5, abs(lo) * 1e-9)
+            lo, hi = lo - pad, hi + pad
         wbin = (hi - lo) / bins
         counts = [0] * bins
         for g in gaps:
@@ -528,12 +549,15 @@ def _gap_histogram(findings: dict, out: "ReportFiles") -> str:
         span = hi - lo
         step = _nice_ticks(span, 6, whole=False)
         step = step[1] if len(step) > 1 else span
-        v = math.ceil(lo / step) * step
-        while v <= hi + 1e-9:
+        first = math.ceil(lo / step)
+        # by index, not by adding up: a step below the float spacing at a large value would never move v on
+        for k in range(min(12, max(0, math.floor(hi / step + 1e-9) - first + 1))):
+            v = (first + k) * step
             x = x0 + (v - lo) * sx
+            if not x0 - 1 <= x <= x1 + 1:  # rounded out of the axis
+                continue
             body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y0}" y2="{y0 + 3}" class="ax"/>'
                         f'<text x="{x:.1f}" y="{y0 + 15}" text-anchor="middle" class="s">{_num(round(v, 10))}</text>')
-            v += step
     _write_plot(out, "gap_histogram.svg", _plot_svg(width, height, e(title), "".join(body)))
     return "gap_histogram.svg"
 
@@ -542,8 +566,8 @@ def _flapping_plot(findings: dict, out: "ReportFiles") -> str:
     """One row per flapping client (the most reconnects first): its connects and closes, or its reconnects."""
     flapping = sorted(findings["flapping_clients"], key=lambda r: -r["reconnects"])[:PLOT_CLIENTS]
     marked = any("connect_ms" in r for r in flapping)
-    texts = [_plot_text(r, r["client_id"]) for r in flapping]
-    left = min(420, 16 + 6 * max([len(t) for t in texts] or [10]))
+    texts = [(_plot_text(r, r["client_id"]), _plot_text(r, r["client_id"], PLOT_LABEL)) for r in flapping]
+    left = min(420, 16 + 6 * max([len(t) for _, t in texts] or [10]))
     width, top, row = left + 720, 48, 22
     height = top + max(1, len(flapping)) * row + 40
     s = findings["summary"]
@@ -567,9 +591,8 @@ def _flapping_plot(findings: dict, out: "ReportFiles") -> str:
                 outx.append(x)
         return outx
 
-    for i, (r, text) in enumerate(zip(flapping, texts)):
+    for i, (r, (text, shown)) in enumerate(zip(flapping, texts)):
         y = top + i * row + row / 2
-        shown = text if len(text) <= 72 else text[:70] + "…"  # the whole id in its tooltip and on the page
         body.append(f'<line x1="{left}" x2="{width - 20}" y1="{y}" y2="{y}" class="grid"/>'
                     f'<text x="{left - 6}" y="{y + 4}" text-anchor="end" class="s"><title>{e(text)}</title>'
                     f"{e(shown)}</text>")
@@ -686,7 +709,7 @@ class _Axis:
         out = []
         t = math.ceil(self.t0 / step) * step
         while t <= self.t1:
-            out.append((self.x(t), datetime.fromtimestamp(t / 1000, tz=timezone.utc).strftime(fmt)))
+            out.append((self.x(t), _strftime(t, fmt)))
             t += step
         return out
 

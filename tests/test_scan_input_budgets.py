@@ -17,6 +17,7 @@ from test_pcap_limits import SERVER, T0, Pcap, _clients_capture, client, heartbe
 from test_pcap_parity import both  # noqa: E402
 
 YEAR_S = 365 * 86_400
+MAX_FIELD = 512  # engine.registry.clientlog.MAX_FIELD: a plot's tooltip at most
 
 
 # -- capture time jumps ------------------------------------------------------------------------------------------
@@ -215,13 +216,79 @@ def test_a_plot_file_is_bounded_by_its_pixels_not_by_its_input(tmp_path):
     r["connect_ms"] = [int(first + i * (last - first) / 100_000) for i in range(100_000)]
     r["closes"] = [[t + 1, "closed"] for t in r["connect_ms"]]
     r["reconnects"] = 10**6  # drawn first
-    report.write_report(f, tmp_path / "report", plots=True)
+    # 100 KB group names and client ids (of '&<' too: a cut must not leave half an entity): every label and its
+    # tooltip clipped; 30 such flapping clients made a 3 MB flapping_timeline.svg
+    for i, c in enumerate(f["flapping_clients"]):
+        c["client_id"] = f"c{i}" + "&<" * 50_000
+    assert len(f["flapping_clients"]) >= 3
+    for i, (c, _, _) in enumerate(report.chart_groups(f)[0]):
+        c["group"] = f"g{i}" + "x&" * 50_000
+    files = report.ReportFiles(tmp_path / "report")  # the plots alone (the CSVs hold every id whole)
+    report.write_plots(f, files)
+    files.commit()
+    files.close()
     for name in ("group_sizes.svg", "flapping_timeline.svg"):
         path = tmp_path / "report" / name
         assert path.stat().st_size < 250_000, (name, path.stat().st_size)
-        ElementTree.parse(path)
+        root = ElementTree.parse(path).getroot()
+        labels = [t for el in root.iter() for t in (el.text, el.tail) if t]  # each label and tooltip alone
+        assert max(map(len, labels)) <= MAX_FIELD + 2
+        assert any(t.startswith("c0&<&<") or t.startswith("g0x&x&") for t in labels)
     panel = report._step_path([(i / 500, float(v)) for i, v in enumerate([5] * 1000 + [0] + [5] * 1000 + [9])])
     assert "V0.0" in panel and "V9.0" in panel  # a dip or a peak inside one pixel column is still drawn
+
+
+def test_gap_histogram_of_huge_and_infinite_gaps_returns(tmp_path):
+    """Gaps of 1e13 s and 1e13 + 0.001 s: the tick step was below the float spacing at the ticks' value, and the
+    tick loop (v += step) never ended; an inf gap raised ValueError (int of NaN). The histogram is drawn at once,
+    its ticks counted by index, a gap that is not finite named in the title and not drawn."""
+    import time
+    from xml.etree import ElementTree
+
+    from engine.bindings import report
+    from engine.recording import scan_py
+    from engine.recording.synth import FleetConfig, generate
+
+    generate(tmp_path / "rec", FleetConfig(clients=6, groups=2, days=0.05, seed=5))
+    f = scan_py.scan(tmp_path / "rec")
+    gap = f["heartbeat_gaps"][0] if f["heartbeat_gaps"] else {"client_id": "c", "groups": ["G"], "start_ms": 0,
+                                                                "end_ms": 1}
+    for n, values in enumerate(([1e13, 1e13 + 0.001], [float("inf"), 5e3], [float("inf")], [1e17, 1e17])):
+        f["heartbeat_gaps"] = [dict(gap, gap_s=v) for v in values]
+        out, files = tmp_path / f"h{n}", report.ReportFiles(tmp_path / f"h{n}")
+        t0 = time.monotonic()
+        report._gap_histogram(f, files)
+        files.commit()
+        files.close()
+        assert time.monotonic() - t0 < 5, values
+        root = ElementTree.parse(out / "gap_histogram.svg").getroot()
+        text = " ".join("".join(el.itertext()) for el in root.iter())
+        assert ("1 not finite, not drawn" in text) == (float("inf") in values), text
+        bars = [el for el in root.iter() if el.get("class") == "bar"]
+        assert sum(int("".join(b.itertext()).split()[0]) for b in bars) == sum(v < float("inf") for v in values)
+
+
+def test_a_record_stamped_after_the_year_9999_does_not_end_the_scan(tmp_path, capsys):
+    """A crafted segment with a heartbeat stamped in the year 10000 ended the whole scan ("failed: ValueError:
+    year 10000 is out of range", exit 1): the report formats such a time as its raw value ("<ms> ms") and is
+    written, plots and CSVs too."""
+    from engine.bindings import cli
+    from engine.recording.recorder import HeartbeatRecorder, iter_records
+    from engine.recording.synth import FleetConfig, generate
+
+    rec = tmp_path / "rec"
+    generate(rec, FleetConfig(clients=6, groups=2, days=0.05, seed=5))
+    r = next(iter_records(rec))
+    late = 253_402_300_800_000 + 5000  # 10000-01-01 00:00:05 UTC
+    with HeartbeatRecorder(rec) as w:
+        w.record(late, r.conn_id, r.remote_addr, r.language, r.version, r.body)
+    rc = cli.scan_main([str(rec), "--out", str(tmp_path / "out")])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert f"{late} ms" in out.out and "failed" not in out.err
+    page = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    assert f"{late} ms" in page
+    assert all((tmp_path / "out" / n).stat().st_size for n in ("group_sizes.svg", "flapping_timeline.svg"))
 
 
 # -- read_broker_logs names its damage ----------------------------------------------------------------------------

@@ -84,7 +84,7 @@ MAX_WRITE_BUFFER = 4 << 20
 #: CANCEL); checked every DEADLINE_SWEEP_S
 DEADLINE = b"3S"
 DEADLINE_S = 3.0
-DEADLINE_SWEEP_S = 0.25
+DEADLINE_SWEEP_S = 0.5
 #: calls waiting for a stream on one connection at most (a server announcing MAX_CONCURRENT_STREAMS 0, or holding
 #: its streams); past it a call is counted not sent ("not sent: no stream free")
 MAX_WAITING = 4096
@@ -1409,6 +1409,8 @@ async def _probe(host: str, port: int, tls: bool, topic_prefix: str, topics: int
         if why == "code TOPIC_NOT_FOUND":
             missing.append(topic)
             continue
+        if why == "grpc-status DEADLINE_EXCEEDED":  # ended at the SDKs' deadline, ours or the server's
+            return f"{where} did not answer QueryRoute within the SDKs' {DEADLINE_S:g} s deadline"
         text = bytes(detail[:200]).decode("utf-8", "replace")
         hint = " (an ACL: sign the calls with --access-key)" if why == "code UNAUTHORIZED" and not credentials \
             else f" ({escape_text(text)})" if text else ""

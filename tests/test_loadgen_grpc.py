@@ -768,3 +768,40 @@ def test_output_links_are_refused(tmp_path, capsys):
     assert capsys.readouterr().err == f"rmqhb loadgen: {link} is a symbolic link; give the file itself (an output " \
         "file is never written through a link)\n"
     assert out.read_text() == "{}\n" and target.read_text() == "keep"
+
+
+def test_the_probe_names_an_endpoint_that_never_answers(monkeypatch):
+    """An HTTP/2 server that sends its SETTINGS and then answers nothing: the probe's QueryRoute ends at its deadline
+    (0.3 s here), said in one line instead of waiting out the probe's timeout."""
+    monkeypatch.setattr(LG, "DEADLINE_S", 0.3)
+    monkeypatch.setattr(LG, "DEADLINE_SWEEP_S", 0.05)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def drain(conn):  # reads every request, answers none
+        with conn:
+            try:
+                while conn.recv(4096):
+                    pass
+            except OSError:  # reset by the client
+                pass
+
+    def run():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            conn.sendall(F.settings())
+            threading.Thread(target=drain, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        port = srv.getsockname()[1]
+        t0 = time.monotonic()
+        why = LG.probe("127.0.0.1", port, False, "T", 1, timeout=10)
+        assert why == f"127.0.0.1:{port} did not answer QueryRoute within the SDKs' 0.3 s deadline"
+        assert time.monotonic() - t0 < 5
+    finally:
+        srv.close()

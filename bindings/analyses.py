@@ -32,6 +32,7 @@ import json
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Optional
 
 import pyarrow as pa
@@ -714,6 +715,25 @@ def _rows(df: DataFrame):
     return [r.asDict(recursive=True) for r in df.collect()]
 
 
+@contextmanager
+def analysis_conf(spark: SparkSession, partitions: int):
+    """The analyses' Spark settings for the ``with`` block, the previous ones restored after it. The merged runs
+    are small (members x state changes, whatever the record count) and every analysis is a chain of small
+    shuffles: measured on local[2], fewer shuffle partitions and no adaptive re-planning cut their latency."""
+    saved = {}
+    try:
+        for key, value in (("spark.sql.shuffle.partitions", str(partitions)), ("spark.sql.adaptive.enabled", "false")):
+            saved[key] = spark.conf.get(key, None)
+            spark.conf.set(key, value)
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
 def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, method: str = "arrow",
          split_records: int = seg.DEFAULT_SPLIT_RECORDS, dedupe: bool = True, on_corrupt: str = "skip",
          plan: Optional[seg.Plan] = None, client_ids: bool = False) -> dict:
@@ -727,51 +747,39 @@ def scan(spark: SparkSession, directory, params: ScanParams = ScanParams(), *, m
     raw, _ = runs_for(spark, directory, method, params, split_records=split_records, dedupe=dedupe,
                       on_corrupt=on_corrupt, plan=plan)
     runs = raw.transform(merge_runs(params)).persist()
-    saved = {}
     try:
         stats = _stats(runs)  # materialises the cached runs once: read, decode, pre-aggregate, merge
         t_runs = clock()
-        # The merged runs are small (members x state changes, whatever the record count) and every analysis is
-        # a chain of small shuffles: measured on local[2], fewer shuffle partitions and no adaptive re-planning
-        # cut the analyses' latency. Applied to this phase only (the same for every method), then restored.
-        for key, value in (("spark.sql.shuffle.partitions", str(max(1, -(-stats.pop("runs") // ANALYSIS_ROWS_PER_PARTITION)))),
-                           ("spark.sql.adaptive.enabled", "false")):
-            saved[key] = spark.conf.get(key, None)
-            spark.conf.set(key, value)
-        # the analyses are small, latency-bound jobs on the cached runs: submit them together
-        jobs = {
-            "inconsistent_subscriptions": lambda: _inconsistent_records(
-                _rows(runs.transform(inconsistent_subscriptions(params)))),
-            "flapping_clients": lambda: with_connection_marks(
-                runs, _flapping_records(_rows(runs.transform(flapping_clients(params))))),
-            "heartbeat_gaps": lambda: sorted(_rows(runs.transform(heartbeat_gaps(params)).select(
-                "client_id", "groups", "start_ms", "end_ms", "gap_s")), key=lambda r: (r["client_id"], r["start_ms"])),
-            "group_sizes": lambda: _rows(runs.transform(group_sizes(params))),
-            "expired_clients": lambda: expired_records(runs, params, stats["last_ms"], lambda rows: connection_addresses(
-                plan, [(r["conn_id"], r["last_heartbeat_ms"]) for r in rows])),
-            "_client_ids": lambda: [r[0] for r in runs.where(F.col("role") == "client").select("client_id")
-                                    .distinct().collect()] if client_ids else None,
-            "_members": lambda: _rows(runs.where(F.col("role").isin("consumer", "producer"))
-                                      .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members"))),
-        }
-        with ThreadPoolExecutor(len(jobs)) as pool:
-            futures = {k: pool.submit(fn) for k, fn in jobs.items()}
-            done = {k: f.result() for k, f in futures.items()}
-        findings = {k: done[k] for k in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps")}
-        findings["group_sizes"] = _size_records(done["group_sizes"], done["_members"])
-        findings["expired_clients"] = done["expired_clients"]
-        findings["member_addresses"] = member_address_records(
-            runs, plan, deviating_members(findings["inconsistent_subscriptions"]), params)
-        if client_ids:
-            findings["_client_ids"] = sorted(done["_client_ids"])
+        with analysis_conf(spark, max(1, -(-stats.pop("runs") // ANALYSIS_ROWS_PER_PARTITION))):
+            # the analyses are small, latency-bound jobs on the cached runs: submit them together
+            jobs = {
+                "inconsistent_subscriptions": lambda: _inconsistent_records(
+                    _rows(runs.transform(inconsistent_subscriptions(params)))),
+                "flapping_clients": lambda: with_connection_marks(
+                    runs, _flapping_records(_rows(runs.transform(flapping_clients(params))))),
+                "heartbeat_gaps": lambda: sorted(_rows(runs.transform(heartbeat_gaps(params)).select(
+                    "client_id", "groups", "start_ms", "end_ms", "gap_s")), key=lambda r: (r["client_id"], r["start_ms"])),
+                "group_sizes": lambda: _rows(runs.transform(group_sizes(params))),
+                "expired_clients": lambda: expired_records(runs, params, stats["last_ms"], lambda rows: connection_addresses(
+                    plan, [(r["conn_id"], r["last_heartbeat_ms"]) for r in rows])),
+                "_client_ids": lambda: [r[0] for r in runs.where(F.col("role") == "client").select("client_id")
+                                        .distinct().collect()] if client_ids else None,
+                "_members": lambda: _rows(runs.where(F.col("role").isin("consumer", "producer"))
+                                          .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members"))),
+            }
+            with ThreadPoolExecutor(len(jobs)) as pool:
+                futures = {k: pool.submit(fn) for k, fn in jobs.items()}
+                done = {k: f.result() for k, f in futures.items()}
+            findings = {k: done[k] for k in ("inconsistent_subscriptions", "flapping_clients", "heartbeat_gaps")}
+            findings["group_sizes"] = _size_records(done["group_sizes"], done["_members"])
+            findings["expired_clients"] = done["expired_clients"]
+            findings["member_addresses"] = member_address_records(
+                runs, plan, deviating_members(findings["inconsistent_subscriptions"]), params)
+            if client_ids:
+                findings["_client_ids"] = sorted(done["_client_ids"])
         t_analyses = clock()
     finally:
         runs.unpersist()
-        for key, value in saved.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
     findings["summary"] = {**stats, **{k: len(findings[k]) for k in FINDING_KEYS}}
     findings["parameters"] = {k: getattr(params, k) for k in ScanParams.__dataclass_fields__}
     findings["scan"] = {"method": method, "splits": len(plan.splits), "segments": plan.segments,

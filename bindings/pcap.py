@@ -993,7 +993,6 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
     plan = plan_captures(paths, shards)
     fn = functools.partial(_runs_task, plan, params, native, dict(options, ports=ports))
     raw = _plan_ids(spark, len(plan)).mapInArrow(fn, sp.RUN_STRUCT).persist()
-    saved = {}
     try:
         results, addrs, task_conns, task_clients = [], {}, {}, {}
         index = {(c.name, tuple(c.shard)): i for i, c in enumerate(plan)}
@@ -1020,39 +1019,32 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
         try:
             stats = sp._stats(runs)
             stats.pop("runs")
-            for key, value in (("spark.sql.shuffle.partitions", "1"), ("spark.sql.adaptive.enabled", "false")):
-                saved[key] = spark.conf.get(key, None)
-                spark.conf.set(key, value)
-            findings = {
-                "inconsistent_subscriptions": sp._inconsistent_records(
-                    sp._rows(runs.transform(sp.inconsistent_subscriptions(params, cuts)))),
-                "flapping_clients": sp.with_connection_marks(
-                    runs, sp._flapping_records(sp._rows(runs.transform(sp.flapping_clients(params)))),
-                    conn_events),
-                "heartbeat_gaps": sorted(sp._rows(runs.transform(sp.heartbeat_gaps(params)).select(
-                    "client_id", "groups", "start_ms", "end_ms", "gap_s")), key=lambda r: (r["client_id"], r["start_ms"])),
-            }
-            members = sp._rows(runs.where(F.col("role").isin("consumer", "producer"))
-                               .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members")))
-            findings["group_sizes"] = sp._size_records(sp._rows(runs.transform(sp.group_sizes(params, cuts))),
-                                                       members)
-            findings["expired_clients"], findings["vanished_clients"] = departed_out(
-                runs, sp.expired_records(runs, params, stats["last_ms"], addrs), conn_events, unregisters, params)
-            findings["member_addresses"] = sp.member_address_records(
-                runs, addrs, deviating_members(findings["inconsistent_subscriptions"]), params, conn_events,
-                unregisters)
-            if client_ids:
-                findings["_client_ids"] = sorted(r[0] for r in runs.where(F.col("role") == "client")
-                                                 .select("client_id").distinct().collect())
+            with sp.analysis_conf(spark, 1):
+                findings = {
+                    "inconsistent_subscriptions": sp._inconsistent_records(
+                        sp._rows(runs.transform(sp.inconsistent_subscriptions(params, cuts)))),
+                    "flapping_clients": sp.with_connection_marks(
+                        runs, sp._flapping_records(sp._rows(runs.transform(sp.flapping_clients(params)))),
+                        conn_events),
+                    "heartbeat_gaps": sorted(sp._rows(runs.transform(sp.heartbeat_gaps(params)).select(
+                        "client_id", "groups", "start_ms", "end_ms", "gap_s")), key=lambda r: (r["client_id"], r["start_ms"])),
+                }
+                members = sp._rows(runs.where(F.col("role").isin("consumer", "producer"))
+                                   .groupBy("group", "role").agg(F.countDistinct("client_id").alias("members")))
+                findings["group_sizes"] = sp._size_records(sp._rows(runs.transform(sp.group_sizes(params, cuts))),
+                                                           members)
+                findings["expired_clients"], findings["vanished_clients"] = departed_out(
+                    runs, sp.expired_records(runs, params, stats["last_ms"], addrs), conn_events, unregisters, params)
+                findings["member_addresses"] = sp.member_address_records(
+                    runs, addrs, deviating_members(findings["inconsistent_subscriptions"]), params, conn_events,
+                    unregisters)
+                if client_ids:
+                    findings["_client_ids"] = sorted(r[0] for r in runs.where(F.col("role") == "client")
+                                                     .select("client_id").distinct().collect())
         finally:
             runs.unpersist()
     finally:
         raw.unpersist()
-        for key, value in saved.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
     findings["summary"] = {**stats, **{k: len(findings[k]) for k in FINDING_KEYS}}
     findings["parameters"] = {k: getattr(params, k) for k in ScanParams.__dataclass_fields__}
     summary = capture_summary(results)
@@ -1197,8 +1189,8 @@ def scan_main(argv=None) -> int:
                    help="partial frames and reordered segments a capture reader buffers, all connections together; "
                         "past it the largest are dropped (damage)")
     p.add_argument("--max-capture-connections", type=int, default=MAX_CAPTURE_CONNECTIONS,
-                   help="connections with heartbeats a capture task reads (each --shards task its share); the "
-                        "heartbeats of further connections are not read (damage)")
+                   help="connections with heartbeats read per capture task (each --shards task has the whole "
+                        "budget); the heartbeats of further connections are not read (damage)")
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     p.add_argument("--min-duration", type=float, default=d.min_duration_s)
     p.add_argument("--gap-threshold", type=float, default=d.gap_threshold_s)

@@ -207,3 +207,28 @@ def test_several_brokers_recordings_in_one_scan(spark, tmp_path):
     assert fleet["groups_on_several_brokers"] and not any(g["uneven"] for g in fleet["groups_on_several_brokers"])
     page = (out / "index.html").read_text()
     assert "<h2>Per broker</h2>" in page and "fleet (all brokers)" in page
+
+
+def test_analysis_conf_is_restored_after_the_analyses(spark):
+    """The analyses' Spark settings (shuffle partitions, no adaptive re-planning: one helper for the recording and
+    the capture scan) hold inside the block only: the caller's values come back after it, an unset key unset
+    again, an error included."""
+    from engine.bindings.analyses import analysis_conf
+
+    keys = ("spark.sql.shuffle.partitions", "spark.sql.adaptive.enabled")
+    before = {k: spark.conf.get(k, None) for k in keys}  # the session's, put back at the end
+    try:
+        spark.conf.set("spark.sql.shuffle.partitions", "7")
+        spark.conf.unset("spark.sql.adaptive.enabled")
+        default = spark.conf.get("spark.sql.adaptive.enabled")
+        with pytest.raises(RuntimeError):
+            with analysis_conf(spark, 3):
+                assert spark.conf.get("spark.sql.shuffle.partitions") == "3"
+                assert spark.conf.get("spark.sql.adaptive.enabled") == "false"
+                raise RuntimeError("an analysis failed")
+        assert spark.conf.get("spark.sql.shuffle.partitions") == "7"
+        assert spark.conf.get("spark.sql.adaptive.enabled", None) is None
+        assert spark.conf.get("spark.sql.adaptive.enabled") == default
+    finally:
+        for k, v in before.items():
+            spark.conf.unset(k) if v is None else spark.conf.set(k, v)

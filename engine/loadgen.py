@@ -855,6 +855,24 @@ def window_cpu(results: list) -> dict:
     return out
 
 
+def merge_measures(merged: dict, results: list, lat: list, ticks: dict, scenario: str, target: str) -> None:
+    """What both load generators merge alike from their workers' results: latency percentiles, the open loop's tick
+    lateness and work, the load generator's CPU and collector passes, the window's CPU, the target."""
+    merged.update(_percentiles(lat))
+    for k, v in ticks.items():
+        if v:
+            v.sort()
+            merged[f"{k}_p99_ms"] = round(v[int(0.99 * (len(v) - 1))] * 1000, 3)
+            merged[f"{k}_max_ms"] = round(v[-1] * 1000, 3)
+    # CPU: the workers' windows overlap; the broker's and the machine's figures come from the longest window
+    merged["loadgen_cpu_s"] = round(sum(r.get("loadgen_cpu_s") or 0 for r in results), 3)
+    if scenario == "steady":
+        merged["loadgen_gc_passes"] = [sum(r["loadgen_gc_passes"][g] for r in results) for g in range(3)]
+        merged["loadgen_gc_max_ms"] = round(1000 * max(r["loadgen_gc_max_s"] for r in results), 3)
+    merged.update(window_cpu(results))
+    merged["target"] = target
+
+
 def per_heartbeat(merged: dict, work: int, seconds: float) -> dict:
     """CPU per unit of ``work`` (heartbeats answered, clients registered) of the load generator and the broker."""
     out = {}
@@ -961,19 +979,7 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
                       errors=total("errors"), opaque_mismatch=total("opaque_mismatch"),
                       unanswered=total("unanswered"), lost=total("lost"), notifies=total("notifies"),
                       connect_retries=total("connect_retries"), connect_failed=total("connect_failed"))
-    merged.update(_percentiles(lat))
-    for k, v in ticks.items():
-        if v:
-            v.sort()
-            merged[f"{k}_p99_ms"] = round(v[int(0.99 * (len(v) - 1))] * 1000, 3)
-            merged[f"{k}_max_ms"] = round(v[-1] * 1000, 3)
-    # CPU: the workers' windows overlap; the broker's and the machine's figures come from the longest window
-    merged["loadgen_cpu_s"] = round(total("loadgen_cpu_s"), 3)
-    if scenario == "steady":
-        merged["loadgen_gc_passes"] = [sum(r["loadgen_gc_passes"][g] for r in results) for g in range(3)]
-        merged["loadgen_gc_max_ms"] = round(1000 * max(r["loadgen_gc_max_s"] for r in results), 3)
-    merged.update(window_cpu(results))
-    merged["target"] = f"{host}:{port}"
+    merge_measures(merged, results, lat, ticks, scenario, f"{host}:{port}")
     if scenario == "steady":
         merged["vary"] = {"set_orders": vary, "subversion_every": sub_every or None}
     merged["timeline"] = timeline
@@ -1046,6 +1052,21 @@ def write_outputs(a, text: str, res: dict) -> int:
     return 0
 
 
+def run_and_print(a, run_fn) -> tuple:
+    """Both load generators' run: its JSON result on stdout, then --out and --plot; (exit status, result). Ctrl-C:
+    the counters so far on stdout as a result would be, then one line (130, None)."""
+    try:
+        res = run_fn()
+    except Interrupted as e:
+        print(json.dumps(e.args[0]))
+        print(f"rmqhb loadgen: interrupted after {e.args[0]['seconds']:.1f} s (partial result above)",
+              file=sys.stderr)
+        return 130, None
+    text = json.dumps(res)
+    print(text)
+    return write_outputs(a, text, res), res
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="rmqhb loadgen", description=__doc__.split("\n\n")[0])
     p.add_argument("scenario", choices=["steady", "storm"])
@@ -1092,18 +1113,11 @@ def main(argv=None) -> int:
     if unreachable:
         print(f"rmqhb loadgen: {unreachable}", file=sys.stderr)
         return 1
-    try:
-        res = run(a.scenario, host, int(port), a.clients, a.procs, a.duration, a.rate, a.groups,
-                  a.consumer_share, a.depth, a.max_open, a.server_pid, a.pending, a.burst, vary=a.vary,
-                  sub_every=a.subversion_every, progress=None if a.quiet else sys.stderr)
-    except Interrupted as e:  # the counters so far, on stdout as a result would be, then one line
-        print(json.dumps(e.args[0]))
-        print(f"rmqhb loadgen: interrupted after {e.args[0]['seconds']:.1f} s (partial result above)",
-              file=sys.stderr)
-        return 130
-    text = json.dumps(res)
-    print(text)
-    return write_outputs(a, text, res)
+    status, _ = run_and_print(a, lambda: run(
+        a.scenario, host, int(port), a.clients, a.procs, a.duration, a.rate, a.groups, a.consumer_share, a.depth,
+        a.max_open, a.server_pid, a.pending, a.burst, vary=a.vary, sub_every=a.subversion_every,
+        progress=None if a.quiet else sys.stderr))
+    return status
 
 
 def plot_svg(res: dict, width: int = 900, height: int = 520) -> str:

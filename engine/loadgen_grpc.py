@@ -35,8 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
-import math
 import os
 import signal
 import ssl as _ssl
@@ -1336,18 +1334,7 @@ def run(scenario: str, host: str, port: int, sessions: int, procs: int = 1, dura
                       ("NotifyClientTermination", "terminations_sent", "terminations_ok"))})
     for r in results:
         r.pop("run_stats")
-    merged.update(L._percentiles(lat))
-    for k, v in ticks.items():
-        if v:
-            v.sort()
-            merged[f"{k}_p99_ms"] = round(v[int(0.99 * (len(v) - 1))] * 1000, 3)
-            merged[f"{k}_max_ms"] = round(v[-1] * 1000, 3)
-    merged["loadgen_cpu_s"] = round(total("loadgen_cpu_s"), 3)
-    if scenario == "steady":
-        merged["loadgen_gc_passes"] = [sum(r["loadgen_gc_passes"][g] for r in results) for g in range(3)]
-        merged["loadgen_gc_max_ms"] = round(1000 * max(r["loadgen_gc_max_s"] for r in results), 3)
-    merged.update(L.window_cpu(results))
-    merged["target"] = f"{host}:{port}"
+    L.merge_measures(merged, results, lat, ticks, scenario, f"{host}:{port}")
     merged["tls"] = tls
     if scenario == "steady":
         merged["vary"] = {"field_orders": vary}
@@ -1505,20 +1492,13 @@ def main(argv=None) -> int:
     if why:
         print(f"rmqhb loadgen: {why}", file=sys.stderr)
         return 1
-    try:
-        res = run(a.scenario, host, int(port), a.clients, a.procs, a.duration, a.rate, a.sessions_per_connection,
-                  a.depth, a.inflight, a.groups, a.topics, a.topic_prefix, a.consumer_share, a.pending,
-                  a.assignment_interval, a.route_interval, a.vary, a.tls, a.server_pid, credentials=credentials,
-                  progress=None if a.quiet else sys.stderr)
-    except L.Interrupted as e:  # the counters so far, on stdout as a result would be, then one line
-        print(json.dumps(e.args[0]))
-        print(f"rmqhb loadgen: interrupted after {e.args[0]['seconds']:.1f} s (partial result above)",
-              file=sys.stderr)
-        return 130
-    text = json.dumps(res)
-    print(text)
-    if L.write_outputs(a, text, res):
-        return 1
+    status, res = L.run_and_print(a, lambda: run(
+        a.scenario, host, int(port), a.clients, a.procs, a.duration, a.rate, a.sessions_per_connection, a.depth,
+        a.inflight, a.groups, a.topics, a.topic_prefix, a.consumer_share, a.pending, a.assignment_interval,
+        a.route_interval, a.vary, a.tls, a.server_pid, credentials=credentials,
+        progress=None if a.quiet else sys.stderr))
+    if status:
+        return status
     ended = res["goaways"] + res["connections_lost"]
     if not res["connections"] or ended >= res["connections"]:
         # the endpoint went away during the run (stopped, or refused every connection): the result above counts

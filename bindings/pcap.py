@@ -1136,17 +1136,17 @@ def plan_brokers(specs: Sequence[str]) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# rmqhb scan CAPTURE... (bindings.spark.scan_main routes captures here: --format pcap, or inputs detected as captures)
+# rmqhb scan CAPTURE... (bindings.cli.scan_main routes captures here: --format pcap, or inputs detected as captures)
 
 
 def local_capture_scan(paths, params, *, shards: int = 1, client_ids: bool = False, **kw) -> dict:
     """scan_local with scan's ``scan`` section (what `rmqhb scan` runs in this process)."""
-    from .scan_engine import _no_clipped_count
+    from .scan_engine import no_clipped_count
 
     t0 = time.perf_counter()
     plan = plan_captures(paths, shards)
     findings = scan_local(paths, params, shards=shards, client_ids=client_ids, **kw)
-    _no_clipped_count(findings)
+    no_clipped_count(findings)
     findings["scan"] = {"method": "pcap", "captures": len(plan) // shards, "tasks": len(plan),
                         "files": sum(len(c.files) for c in plan) // shards,
                         "seconds": round(time.perf_counter() - t0, 3),

@@ -1,6 +1,6 @@
 """Report writer for scan findings: findings.json, one CSV per finding, SVG plots and an index.html.
 
-Takes the findings dict of ``engine.bindings.spark.scan``, ``engine.recording.scan_py.scan``, the broker-log scan or the
+Takes the findings dict of ``engine.bindings.analyses.scan``, ``engine.recording.scan_py.scan``, the broker-log scan or the
 capture scan (same format; every ``rmqhb scan`` input kind ends here). The page is what an operator reads first:
 a banner when the input was damaged or partly unreadable, one summary line per finding kind with its worst case,
 then per finding what is wrong, where, since when and who -- subscription disagreements as a difference from the

@@ -367,7 +367,7 @@ def capture_engine(args, captures: dict) -> Tuple[Tuple[str, str], str]:
     return engine, _files(len(files), "capture", size, files)
 
 
-def _no_clipped_count(findings: dict) -> None:
+def no_clipped_count(findings: dict) -> None:
     """The reference analyses count the records the recorder clipped (``summary.clipped_bodies``); the Spark scan's
     summary has no such count: a count of none is left out, as there (a count of some stays, and differs)."""
     if not findings["summary"].get("clipped_bodies"):
@@ -393,7 +393,7 @@ def local_recording_scan(plan, params) -> dict:
 
     t0 = time.perf_counter()
     findings = scan_py.scan(plan.directory, params)
-    _no_clipped_count(findings)
+    no_clipped_count(findings)
     findings["scan"] = {"method": "local", "splits": len(plan.splits), "segments": plan.segments, "dedupe": False,
                         "seconds": round(time.perf_counter() - t0, 3), **findings.get("scan", {})}
     return findings

@@ -150,7 +150,7 @@ def demo_main(argv=None) -> int:
         _files_left(work)
         return 0
     _section("4. Spark scan")
-    from engine.bindings.spark import cli_main as scan_main  # Ctrl-C while Spark runs: one line, 130
+    from engine.bindings.cli import cli_main as scan_main  # Ctrl-C while Spark runs: one line, 130
     from engine.recording.synth import compare_with_manifest
     import json
 
@@ -177,7 +177,7 @@ def _spark_missing():
     if missing:
         return (f"the scan needs the spark extra (missing: {', '.join(missing)}): "
                 "pip install 'rocketmq-heartbeat-engine[spark]'")
-    from engine.bindings.spark import java_problem
+    from engine.bindings.session import java_problem
 
     return java_problem()
 

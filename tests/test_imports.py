@@ -126,8 +126,8 @@ def test_the_bindings_import_graph_is_acyclic():
     assert "engine.bindings.analyses" in b["engine.bindings.pcap"]
     assert "engine.bindings.gzinput" in b["engine.bindings.brokerlog"]
     assert b["engine.bindings.session"] == set()  # the shared session imports no other binding
-    assert {"engine.bindings.session", "engine.bindings.analyses"} <= b["engine.bindings.spark"]
-    above = {"engine.bindings.cli", "engine.bindings.spark"}  # the entry and the facade of the old names
+    assert b["engine.bindings.spark"] == {"engine.bindings.analyses", "engine.bindings.cli"}
+    above = {"engine.bindings.cli", "engine.bindings.spark"}  # the entry and the short import for notebooks
     back = sorted((a, d) for a, deps in b.items() if a != "engine.bindings.spark" for d in deps & above)
     assert back == []
     packages = {n for n in graph if n in ("engine", "engine.bindings")

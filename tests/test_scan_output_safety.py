@@ -312,7 +312,7 @@ def test_log4j2_config_is_private_and_a_planted_file_at_the_old_path_is_never_us
 def test_the_private_directory_is_removed_at_exit(tmp_path):
     require_module("pyspark")
     env = dict(os.environ, TMPDIR=str(tmp_path))
-    r = subprocess.run([sys.executable, "-c", "from engine.bindings import spark; print(spark._log4j2_file())"],
+    r = subprocess.run([sys.executable, "-c", "from engine.bindings import session; print(session._log4j2_file())"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     path = Path(r.stdout.strip())
@@ -321,10 +321,10 @@ def test_the_private_directory_is_removed_at_exit(tmp_path):
 
 @pytest.mark.slow
 def test_spark_session_uses_the_private_directory(spark):
-    from engine.bindings import spark as sp
+    from engine.bindings.session import private_dir
 
     conf = spark.sparkContext.getConf()
-    private = sp.private_dir()
+    private = private_dir()
     assert f"-Dlog4j2.configurationFile=file:{private}/log4j2.properties" in conf.get("spark.driver.extraJavaOptions")
     assert f"-Djava.io.tmpdir={private}" in conf.get("spark.driver.extraJavaOptions")
     assert conf.get("spark.local.dir") == private

@@ -196,9 +196,11 @@ def main(argv=None) -> int:
                                      # ... and their Settings (100,000 sessions pass the 64 MiB per address)
                                      "--grpcMaxSettingsBytesPerIp", str(1 << 30),
                                      "--grpcMaxSettingsBytesTotal", str(1 << 30),
-                                     # its load uses ceil(N / 128) gRPC connections: the rest of the descriptors
-                                     # stay the remoting port's (grpcMaxConnections' share is up to half of them)
-                                     "--grpcMaxConnections", "1000", "--log-level", "WARNING"],
+                                     # its load uses ceil(N / sessions per connection) gRPC connections: the rest
+                                     # of the descriptors stay the remoting port's (grpcMaxConnections' share is up
+                                     # to half of them)
+                                     "--grpcMaxConnections", str(max(1000, -(-n // a.sessions_per_connection) + 100)),
+                                     "--log-level", "WARNING"],
                                     cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL, text=True, start_new_session=True)
             mine = os.sched_getaffinity(0)

@@ -991,7 +991,7 @@ async def connect(runner: Runner, attempts: int = 20, backoff: float = 0.05) -> 
             break
         except _ssl.SSLError as e:
             return ConnectError(f"TLS handshake failed ({e.reason or e}): a plaintext port? (drop --tls)")
-        except OSError:
+        except (OSError, RuntimeError):  # uvloop: RuntimeError for a transport the server closed at once
             runner.stats["connect_retries"] += 1
             await asyncio.sleep(backoff * (attempt + 1))
     else:

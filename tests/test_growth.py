@@ -85,7 +85,8 @@ def test_auto_created_topics_are_limited(broker_factory):
         assert topics == ["%RETRY%tg"]  # the start topics (TBW102, ...) are not counted
         r = c.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "NewTopic"})
         assert r.code == ResponseCode.TOPIC_NOT_EXIST
-        assert r.remark == "No topic route info in name server for the topic: NewTopic"
+        assert r.remark == ("No topic route info in name server for the topic: NewTopic"
+                            "\nSee http://rocketmq.apache.org/docs/faq/ for further details.")
         # a second group registers (its consumer is served) though its retry topic cannot be created
         assert c.heartbeat(client_id="10.0.0.2@c", group="tg2").code == ResponseCode.SUCCESS
         assert c.call(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "tg2"}).code == ResponseCode.SUCCESS

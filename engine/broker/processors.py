@@ -495,8 +495,10 @@ class Processors:
         topic = _required(cmd, "topic") if cmd.ext_fields is not None else None
         tc = self.broker.ensure_topic(topic, conn.remote_ip) if topic else None
         if tc is None:
+            # DefaultRequestProcessor.getRouteInfoByTopic's remark, FAQUrl.suggestTodo(APPLY_TOPIC_URL) included
             return cmd.response(ResponseCode.TOPIC_NOT_EXIST,
-                                remark=f"No topic route info in name server for the topic: {_name(topic or '')}")
+                                remark=f"No topic route info in name server for the topic: {_name(topic or '')}"
+                                "\nSee http://rocketmq.apache.org/docs/faq/ for further details.")
         addr = self.broker.advertised_addr(conn)
         name = self.config.broker_name
         route = {

@@ -92,6 +92,10 @@ def test_cpp_and_ali_ons_fleet_behind_a_name_server_without_created_topics(deplo
     assert {TOPIC, "TBW102"} <= set(ns.route_queries) and ns.unsupported == []
     assert b.metrics.requests.get("other", 0) == 0, dict(b.metrics.requests)
     assert b.metrics.requests[RequestCode.SEND_MESSAGE_V2] + b.metrics.requests[RequestCode.SEND_MESSAGE] >= 2
+    # 4.9.8 answers a never-committed queue's QUERY_CONSUMER_OFFSET with offset 0 (no message on disk), so the
+    # consumers start there and ask no GET_MAX_OFFSET (answered QUERY_NOT_FOUND, as 5.x does, they ask it per queue)
+    assert b.metrics.requests[RequestCode.QUERY_CONSUMER_OFFSET] > 0
+    assert b.metrics.requests.get(RequestCode.GET_MAX_OFFSET, 0) == 0, dict(b.metrics.requests)
     ons.close()
     cpp.close(tolerate_crash=True)
     assert ti.wait_for(lambda: ti.consumer_connection(port, "CID_NS_ONS") is None, 30)

@@ -988,6 +988,7 @@ def combine(per_broker: List[dict], info: dict, params: ScanParams, client_ids: 
     findings["member_addresses"] = []
     findings["broker_boots"] = []
     clients, unattributed, reasons, explained, at_boot = set(), defaultdict(int), defaultdict(int), defaultdict(int), {}
+    never_registered = {}  # per broker: whether its lines were dropped or an older file is missing is its own log's
     for f in per_broker:
         for k in LOG_FINDING_KEYS + ("member_addresses", "broker_boots"):
             findings[k] += f.get(k, [])
@@ -999,6 +1000,9 @@ def combine(per_broker: List[dict], info: dict, params: ScanParams, client_ids: 
         for k, v in f.get("_explained", {}).items():
             explained[k] += v
         at_boot.update(f.get("_starts_at_boot", {}))
+        if f.get("_reasons", {}).get("never_registered"):
+            for b in f.get("_starts_at_boot", {}):
+                never_registered[b] = f["_reasons"]["never_registered"]
     order = {"group_sizes": ("group", "role", "broker"), "flapping_clients": ("client_id", "broker"),
              "expired_clients": ("expired_ms", "addr", "broker"), "retry_topic_churn": ("group", "broker"),
              "vanished_clients": ("ended_ms", "addr", "broker"),
@@ -1017,9 +1021,11 @@ def combine(per_broker: List[dict], info: dict, params: ScanParams, client_ids: 
     # unattributed_events: close / unregister / consumer_data lines no live member explains, by kind; their
     # reasons: never_registered (the member's register line is not in the log: an older file missing, or lines
     # the broker dropped) or not_live (the member had left already); explained_events: the normal lines of
-    # members the SCAN, the idle handler or the broker's stop had removed before; starts_at_boot per broker
+    # members the SCAN, the idle handler or the broker's stop had removed before; starts_at_boot per broker, and
+    # never_registered_by_broker (a broker whose log starts at a boot dropped those register lines itself)
     findings["log"] = {**info, "unattributed_events": dict(unattributed), "unattributed_reasons": dict(reasons),
-                       "explained_events": dict(explained), "starts_at_boot": dict(sorted(at_boot.items()))}
+                       "explained_events": dict(explained), "starts_at_boot": dict(sorted(at_boot.items())),
+                       "never_registered_by_broker": dict(sorted(never_registered.items()))}
     # what could not be read (overlong lines, truncated or unreadable files, impossible times) is damage, named as
     # a recording's is: the DAMAGED INPUT banner, one stderr line, exit 3
     findings["scan"] = {"torn_tails": [], "corrupt": list(info.get("damage") or [])}

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Tuple
 
 from engine.logutil import EscapedWriter, clip, escape_text
 from engine.registry.clientlog import MAX_FIELD
-from engine.recording.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS
+from engine.recording.scan_py import CLIENT_INNER_PRODUCER, FINDING_KEYS, IDLE_CLOSE_MIN_MS
 
 #: At most this many groups in the group-size plot (small multiples), and clients in the flapping plot.
 PLOT_GROUPS = 24
@@ -761,6 +761,19 @@ RECORDING_CANNOT = {
                         "cleanly",
     "broker_restarts": "a recording holds no broker stop or start: members count as live across a restart until "
                        "their expiry"}
+#: What a capture cannot show (a log shows these: a log with its capture scanned together has them).
+CAPTURE_CANNOT = {
+    "expired_clients (SCAN)": "the broker's channel-expiry SCAN sends nothing on the wire: a client silent with its "
+                              "connection open is listed at its last heartbeat + the expiry (cause inferred); only "
+                              "an idle close (the broker's FIN / RST) is seen",
+    "broker_restarts": "seen only as the broker ending every open connection within 2 s (RESTART_WINDOW_MS); a "
+                       "broker whose host died without closing them shows no stop: its clients' connections go "
+                       "quiet and they come back on new ones"}
+#: What heartbeats alone (a recording, a capture) cannot show.
+HEARTBEATS_CANNOT = {
+    "retry_topic_churn": "heartbeats carry each member's subscriptions, not the broker's subscription table: a member "
+                         "without the group's %RETRY% subscription (e.g. BROADCASTING in a CLUSTERING group) is "
+                         "listed under inconsistent subscriptions instead"}
 
 
 def expiry_cause(findings: dict, r: dict) -> str:
@@ -834,7 +847,7 @@ def _legend_svg(mark: str) -> str:
 
 def unattributed_reason(log: dict) -> str:
     """Why close / unregister lines had no live member, from the evidence: their member never registered in the
-    log (an older file is missing -- unless every such broker's log starts at a boot: then the broker did not write
+    log (an older file is missing -- unless that broker's log starts at a boot: then the broker did not write
     the register lines, as logback's AsyncAppender drops INFO lines when its queue is full), or it had left."""
     why = log.get("unattributed_reasons") or {}
     if not why:
@@ -842,12 +855,17 @@ def unattributed_reason(log: dict) -> str:
     parts = []
     if why.get("never_registered"):
         at_boot = log.get("starts_at_boot") or {}
-        if at_boot and all(at_boot.values()):
-            parts.append(f"{why['never_registered']:,} for members whose register line the broker never wrote "
-                         "(the log starts at a boot; logback's async appender drops INFO lines under load)")
+        per = log.get("never_registered_by_broker")
+        if per is None:  # findings without the per-broker counts: every broker's log starts at a boot, or not
+            dropped = why["never_registered"] if at_boot and all(at_boot.values()) else 0
         else:
-            parts.append(f"{why['never_registered']:,} for members never seen registering (older log files "
-                         "missing?)")
+            dropped = sum(n for b, n in per.items() if at_boot.get(b))
+        if dropped:
+            parts.append(f"{dropped:,} for members whose register line the broker never wrote "
+                         "(the log starts at a boot; logback's async appender drops INFO lines under load)")
+        if why["never_registered"] - dropped:
+            parts.append(f"{why['never_registered'] - dropped:,} for members never seen registering (older log "
+                         "files missing?)")
     if why.get("not_live"):
         parts.append(f"{why['not_live']:,} for members that had left already (lines repeated)")
     return ": " + "; ".join(parts)
@@ -1401,6 +1419,27 @@ def _per_broker(findings: dict) -> str:
     return text
 
 
+def _idle_close_seen(findings: dict) -> List[str]:
+    """How the input shows an idle close (a log, a capture, or both merged)."""
+    seen = []
+    if findings.get("log"):
+        seen.append("a log's NETTY EVENT close whose lastUpdateTimestamp, the last heartbeat, is the silent-since time")
+    if findings.get("capture"):
+        seen.append(f"a capture's FIN or RST from the broker {IDLE_CLOSE_MIN_MS // 1000} s or more after the last "
+                    "heartbeat")
+    return seen or ["the broker's close of the connection long after the last heartbeat"]
+
+
+def _vanished_seen(findings: dict) -> str:
+    """How the input shows a connection that ended without UNREGISTER_CLIENT (a log, a capture, or both)."""
+    seen = []
+    if findings.get("log"):
+        seen.append("the broker's NETTY EVENT close came with a recent last heartbeat")
+    if findings.get("capture"):
+        seen.append("the client's own FIN or RST, no UNREGISTER_CLIENT since its last heartbeat")
+    return "; or ".join(seen) or "its connection ended"
+
+
 def expired_words(findings: dict) -> str:
     """The expired section's words, one sentence per cause its rows have."""
     causes = {expiry_cause(findings, r) for r in findings.get("expired_clients") or []}
@@ -1409,8 +1448,7 @@ def expired_words(findings: dict) -> str:
     words = {"scan": "<i>removed by the broker's SCAN</i>: its channel-expiry scan removed the channel while the "
                      "connection stayed open (from the brokers' SCAN lines; silent since at most the expiry before).",
              "idle_closed": "<i>closed idle by the broker</i>: its Netty idle handler closed the silent connection "
-                            "first (a log's NETTY EVENT close whose lastUpdateTimestamp, the last heartbeat, is the "
-                            "silent-since time).",
+                            f"first ({' or '.join(_idle_close_seen(findings))}).",
              "inferred": "<i>inferred</i>: the input holds heartbeats only; a client that stopped for good is listed "
                          "once its last heartbeat plus the expiry has passed with no close seen, as the broker would "
                          "drop it."}
@@ -1425,9 +1463,9 @@ def _vanished_section(findings: dict, cols, row, link) -> List[str]:
     parts = []
     if "vanished_clients" in findings:
         parts.append("<section id=vanished><h2>Vanished clients</h2><p>Clients whose connection ended without an "
-                     "UNREGISTER_CLIENT (a crash, a kill, a network cut: the broker's NETTY EVENT close came with a "
-                     "recent last heartbeat) and that did not register again: not clean shutdowns (those unregister) "
-                     "and not expiries (those fell silent first).</p>")
+                     f"UNREGISTER_CLIENT (a crash, a kill, a network cut: {_vanished_seen(findings)}) and that did "
+                     "not register again: not clean shutdowns (those unregister) and not expiries (those fell silent "
+                     "first).</p>")
         parts.append(_table(
             cols("client", "address", "groups left", "connected (UTC)", "last heartbeat (UTC)", "ended (UTC)",
                  "rows"),
@@ -1719,8 +1757,9 @@ def write_html(findings: dict, out: "ReportFiles", csvs: List[str], plots: List[
     if cap:
         parts += _capture_section(findings)
     cannot = dict(unsupported)
-    if not log and not cap:  # a recording: heartbeats only
-        cannot.update(RECORDING_CANNOT)
+    if not log:  # heartbeats only (with a log, the log shows these)
+        cannot.update(HEARTBEATS_CANNOT)
+        cannot.update(CAPTURE_CANNOT if cap else RECORDING_CANNOT)
     if cannot:
         parts.append("<h2>What this input cannot show</h2>" + _table(
             ["analysis", "why"], [[k, v] for k, v in sorted(cannot.items())]))

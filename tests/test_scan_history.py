@@ -321,6 +321,37 @@ def test_older_files_are_asked_for_only_when_the_log_does_not_start_at_a_boot(tm
     assert "older log files missing?" not in html and "never wrote" in html
 
 
+def test_older_files_are_asked_for_per_broker(tmp_path):
+    """Two brokers: broker-a's log starts at a boot and holds close lines of members it never logged registering
+    (lines it dropped), broker-b's starts mid-run. The banner asked broker-a's question about older files as soon
+    as any broker's log did not start at a boot; each broker's evidence is its own."""
+    a = Log()
+    a.boot(T0)
+    a.netty_close(T0 + 100_000, 7, 40007, "10.0.0.9@unknown", lut=T0 + 95_000)
+    b = Log()
+    b.register(T0 + 110_000, 8, 40008, "10.0.0.9@other")
+    dirs = []
+    for name, log in (("broker-a", a), ("broker-b", b)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "broker.log").write_text("\n".join(log.lines) + "\n")
+        dirs.append(d)
+    f = bl.scan_local(dirs, log_tz="UTC")
+    assert f["log"]["starts_at_boot"] == {"broker-a": True, "broker-b": False}
+    assert f["log"]["never_registered_by_broker"] == {"broker-a": 3}
+    html = _report_text(f)
+    assert "3 for members whose register line the broker never wrote" in html
+    assert "older log files missing?" not in html
+    # broker-b with such lines too: its own 3 ask about older files, broker-a's 3 do not
+    b.netty_close(T0 + 120_000, 9, 40009, "10.0.0.9@unknown2", lut=T0 + 115_000)
+    (dirs[1] / "broker.log").write_text("\n".join(b.lines) + "\n")
+    f = bl.scan_local(dirs, log_tz="UTC")
+    assert f["log"]["never_registered_by_broker"] == {"broker-a": 3, "broker-b": 3}
+    html = _report_text(f)
+    assert "3 for members whose register line the broker never wrote" in html
+    assert "3 for members never seen registering (older log files missing?)" in html
+
+
 # --- Spark: the same findings --------------------------------------------------------------------------------------
 
 
@@ -422,6 +453,14 @@ def test_a_capture_names_idle_closes_and_vanished_clients(tmp_path):
     html = _report_text(f)
     assert "closed idle by the broker" in html and "inferred: last heartbeat" in html
     assert "removed by the broker&#x27;s SCAN" not in html and "Vanished clients" in html
+    # the words say how a capture shows them (a log's NETTY EVENT lines are not in it), and what it cannot show
+    assert "a capture's FIN or RST from the broker 90 s or more after the last heartbeat" in html
+    assert "the client's own FIN or RST, no UNREGISTER_CLIENT since its last heartbeat" in html
+    assert "NETTY EVENT" not in html
+    cannot = html[html.index("What this input cannot show"):]
+    cannot = cannot[:cannot.index("</table>")]
+    assert "expired_clients (SCAN)" in cannot and "retry_topic_churn" in cannot and "broker_restarts" in cannot
+    assert "vanished_clients" not in cannot  # a capture shows them
 
 
 @pytest.mark.spark
@@ -475,6 +514,10 @@ def restart_capture(path):
 def check_restart_capture(f):
     assert [(r["stopped_ms"] - T0, r["start_ms"] - T0, r["clients_ended"]) for r in f["broker_boots"]] == [
         (100_000, 130_000, 3)]
+    # no member while the broker is down: the three end at its closes, back on their new connections
+    for role, group in (("consumer", "G"), ("producer", bl.CLIENT_INNER_PRODUCER)):
+        assert _size_at(f, role, group, T0 + 99_000) == 3 and _size_at(f, role, group, T0 + 101_000) == 0
+        assert _size_at(f, role, group, T0 + 129_000) == 0 and _size_at(f, role, group, T0 + 130_000) == 3
 
 
 def test_a_capture_names_a_broker_restart(tmp_path):
@@ -497,3 +540,104 @@ def test_a_recording_report_says_what_it_cannot_show(tmp_path):
     assert "vanished_clients" not in f and all(r["cause"] == "inferred" for r in f["expired_clients"])
     html = _report_text(f)
     assert "What this input cannot show" in html and "vanished_clients" in html and "broker_restarts" in html
+
+
+# --- a log and its capture: one timeline of the same history (issue 28 §6) ------------------------------------------
+
+
+def history_log(a: dict) -> Log:
+    """The broker's log of history_capture's run: it started 60 s before; I idle-closed at 180 s (its last heartbeat
+    120 s old), K's channel closed at 70 s (a kill: a recent heartbeat), R's at 75 s and R back at 100 s, U
+    unregistered at 65 s, S removed by the SCAN at 185 s (its connection open), E live."""
+    log = Log()
+    log.boot(T0 - 60_000)
+
+    def channel(c, ms, st="-"):
+        return (f"ClientChannelInfo [channel=[id: 0x{ord(c):08x}, L:/10.0.0.1:10911 {st} R:/{a[c]}], clientId={c}@1, "
+                f"language=JAVA, version=409, lastUpdateTimestamp={ms}]")
+
+    def register(c, ms):
+        log.add(ms, f"new consumer connected, group: G CONSUME_PASSIVELY CLUSTERING channel: {channel(c, ms)}")
+        log.add(ms, f"new producer connected, group: CLIENT_INNER_PRODUCER channel: {channel(c, ms)}")
+
+    def closed(ms, c, lut):
+        log.add(ms, f"NETTY EVENT: remove channel[{channel(c, lut, '!')}][{a[c]}] from ProducerManager "
+                    "groupChannelTable, producer group: CLIENT_INNER_PRODUCER", thread="NettyEventExecutor")
+        log.add(ms, f"NETTY EVENT: remove not active channel[{channel(c, lut, '!')}] from ConsumerGroupInfo "
+                    "groupChannelTable, consumer group: G", level="WARN", thread="NettyEventExecutor")
+
+    for c in "IKRUSE":
+        register(c, T0)
+    log.add(T0 + 65_000, f"unregister a consumer[G] from consumerGroupInfo {channel('U', T0 + 60_000)}",
+            thread="ClientManageThread_1")
+    log.add(T0 + 65_000, f"unregister a producer[CLIENT_INNER_PRODUCER] from groupChannelTable "
+                         f"{channel('U', T0 + 60_000)}", thread="ClientManageThread_1")
+    closed(T0 + 70_000, "K", T0 + 60_000)
+    closed(T0 + 75_000, "R", T0 + 60_000)
+    a["R"] = "10.0.9.9:49000"
+    register("R", T0 + 100_000)
+    closed(T0 + 180_000, "I", T0 + 60_000)
+    t = "ClientHousekeepingScheduledThread1"
+    log.add(T0 + 185_000, f"SCAN: remove expired channel[{a['S']}] from ProducerManager groupChannelTable, producer "
+                          "group name: CLIENT_INNER_PRODUCER", level="WARN", thread=t)
+    log.add(T0 + 185_000, f"SCAN: remove expired channel from ConsumerManager consumerTable. channel={a['S']}, "
+                          "consumerGroup=G", level="WARN", thread=t)
+    return log
+
+
+def _merged_history(tmp_path, spark=None):
+    from engine.bindings import merge, pcap
+
+    d = tmp_path / "broker-a"
+    d.mkdir(parents=True, exist_ok=True)
+    a = history_capture(tmp_path / "history.pcap")
+    (d / "broker.log").write_text("\n".join(history_log(dict(a)).lines) + "\n")
+    if spark is None:
+        lf = bl.scan_local([d], log_tz="UTC", client_ids=True)
+        cf = pcap.scan_local([tmp_path / "history.pcap"], client_ids=True)
+    else:
+        lf = bl.scan(spark, [d], log_tz="UTC", client_ids=True)
+        cf = pcap.scan(spark, [tmp_path / "history.pcap"], client_ids=True)
+    assert merge.same_broker_problem(lf, cf) is None
+    return a, lf, cf, merge.merge_log_and_heartbeats(lf, cf, "broker-a")
+
+
+def check_merged_history(a, lf, cf, m):
+    # alone: the log knows S's SCAN (the capture infers it), both see I's idle close and K's kill
+    assert [(r["client_id"], r["cause"]) for r in lf["expired_clients"]] == [("I@1", "idle_closed"), ("S@1", "scan")]
+    assert [(r["client_id"], r["cause"]) for r in cf["expired_clients"]] == [("I@1", "idle_closed"),
+                                                                            ("S@1", "inferred")]
+    # together: each once, the log's time and cause, the capture's connection times
+    assert [(r["client_id"], r["cause"], r["expired_ms"] - T0, r["source"], r["last_heartbeat_ms"] - T0)
+            for r in m["expired_clients"]] == [("I@1", "idle_closed", 180_000, "capture+log", 60_000),
+                                               ("S@1", "scan", 185_000, "capture+log", 60_000)]
+    assert [(r["client_id"], r["addr"], r["ended_ms"] - T0, r["source"]) for r in m["vanished_clients"]] == [
+        ("K@1", a["K"], 70_000, "log")]
+    assert m["merged"]["expiries"] == {"both": 2, "log_only": 0, "heartbeats_only": 0}
+    assert m["merged"]["clients"] == {"both": 6, "log_only": 0, "heartbeats_only": 0}
+    assert [r["start_ms"] - T0 for r in m["broker_boots"]] == [-60_000]
+    assert m["flapping_clients"] == [] and m["heartbeat_gaps"] == [] and m["log"]["unattributed_events"] == {}
+
+
+def test_a_log_and_its_capture_tell_one_history(tmp_path):
+    a, lf, cf, m = _merged_history(tmp_path)
+    check_merged_history(a, lf, cf, m)
+    html = _report_text(m)
+    assert "Two inputs, one timeline" in html and "closed idle by the broker" in html
+    assert "removed by the broker's SCAN" in html and "What this input cannot show" not in html
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_merged_history_is_the_local_one(spark, tmp_path):
+    local = _merged_history(tmp_path / "local")
+    on_spark = _merged_history(tmp_path / "spark", spark)
+    check_merged_history(*on_spark)
+
+    def comparable(f):  # the findings, not where the files were nor the scans' timings
+        f = {k: v for k, v in f.items() if k not in ("scan", "capture")}
+        f["log"] = {k: v for k, v in f["log"].items() if k != "files"}
+        f["merged"] = {k: v for k, v in f["merged"].items() if k != "inputs"}
+        return f
+
+    assert comparable(on_spark[3]) == comparable(local[3])

@@ -162,6 +162,21 @@ def _wait_sessions_gone(grpc_port: int, main_port: int, timeout: float = 30.0) -
         time.sleep(0.2)
 
 
+def _open_fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+def _wait_fds(pid: int, limit: int, timeout: float = 30.0) -> None:
+    """Until the broker holds at most ``limit`` descriptors: the connections of a finished run are closed, so the
+    next run's connections have the whole connection budget (10,000 + 10,000 pass RLIMIT_NOFILE 20,000)."""
+    deadline = time.monotonic() + timeout
+    while _open_fds(pid) > limit and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def main(argv=None) -> int:
     from engine.broker.admin import AdminClient
 
@@ -217,9 +232,11 @@ def main(argv=None) -> int:
                 for r in range(a.rounds):
                     runs = []
                     if "grpc" in protocols:
+                        idle_fds = _open_fds(proc.pid)
                         runs.append(_machine(lambda: run_grpc(grpc_port, proc.pid, n, a.duration, a.inflight,
                                                               a.sessions_per_connection, a.rate, a.procs)))
                         _wait_sessions_gone(grpc_port, main_port)
+                        _wait_fds(proc.pid, idle_fds + 50)
                     if "remoting" in protocols:
                         runs.append(_machine(lambda: run_remoting(main_port, proc.pid, n, a.duration)))
                     for res in runs:

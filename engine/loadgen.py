@@ -266,7 +266,11 @@ class LoadConn(asyncio.Protocol):
         self.transport = transport
 
     def send(self, now: float, template: FrameTemplate | None = None, count: int = 1) -> None:
-        """Send ``count`` requests in one write (a client pipelining several), each with the next opaque."""
+        """Send ``count`` requests in one write (a client pipelining several), each with the next opaque. A
+        connection the server has closed (a broker past its connection budget closes new ones at accept) sends
+        nothing: its end is counted as lost."""
+        if self.transport.is_closing():
+            return
         tpl = template or self.template
         seq = self.seq
         if template is None and (self.variants is not None or self.sub_every):
@@ -579,7 +583,7 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
     t0 = time.perf_counter()
     for c in conns:
         c.send(t0)
-    while stats["answered"] < len(conns) and time.perf_counter() - t0 < 120:
+    while stats["answered"] + stats["lost"] < len(conns) and time.perf_counter() - t0 < 120:
         await asyncio.sleep(0.01)
     registered_s = time.perf_counter() - t0
     await _together(barrier)  # every process registered: the windows overlap and see no registration traffic

@@ -171,6 +171,10 @@ def test_request_header_readers_parity(hs):
     n = native()
     assert n.scan_request_headers(hs) == P.scan_request_headers(hs)
     assert n.invocation_metadata(hs) == P.invocation_metadata(hs)
+    for name in (b"x-mq-client-id", b":path", b"", b"absent"):
+        assert n.header_value(hs, name) == P.header_value(hs, name)
+        # the first value of that name, as the metadata (decoded) lists it first
+        assert P.header_value(hs, name) == next((v for k, v in hs if k == name), None)
     for _, value in hs:
         a, b = n.parse_timeout(value), P.parse_timeout(value)
         assert a == b and type(a) is type(b)

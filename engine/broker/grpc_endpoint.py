@@ -47,6 +47,7 @@ from engine.codec.enums import BROKER_VERSION, ConsumeFromWhere, ConsumeType, La
 from engine.codec.errors import RemotingError, echo
 from engine.logutil import RateLimitedLog
 from engine.broker.shares import share_key
+from engine.http2.frames import header_value
 
 log = logging.getLogger("engine.grpc")
 
@@ -161,6 +162,13 @@ def _client_id(context) -> str | None:
         if key == "x-mq-client-id":
             return value.strip() if isinstance(value, str) else None
     return None
+
+
+def _header_client_id(headers) -> str | None:
+    """_client_id of a native call's header list (``[(name, value), ...]`` as bytes): its first x-mq-client-id,
+    decoded as invocation_metadata decodes it, stripped."""
+    value = header_value(headers, b"x-mq-client-id")
+    return None if value is None else value.decode("utf-8", "replace").strip()
 
 
 def ip_of(address: str) -> str:
@@ -400,7 +408,8 @@ class GrpcEndpoint:
 
         # the same keepalive as the grpcio server's options (read at start: tests scale the constants down)
         self.keepalive_time_ms, self.keepalive_timeout_ms = KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
-        server = H2Server(self, _Servicer(self), SERVICE)
+        servicer = _Servicer(self)
+        server = H2Server(self, servicer, SERVICE, prepared={"Heartbeat": servicer.heartbeat_repeat})
         host = self.host or "0.0.0.0"
         tls = self._tls_files()
         context = None
@@ -1232,11 +1241,20 @@ class _Servicer:
         from there: no metadata dict, no protobuf parse, no HeartbeatData, no answer built (the repeat route of
         remoting's repeated frames). Anything else, and every call with aclEnable (each call's signature is
         checked) or the on_request hook, takes the full path."""
+        answer = self._heartbeat_repeat(request, _client_id(context), context.peer())
+        return answer if answer is not None else await self._heartbeat(request, context)
+
+    def heartbeat_repeat(self, request: bytes, headers, peer: str) -> bytes | None:
+        """The native transport's prepared answer of a Heartbeat (engine.http2.server's ``prepared``): the repeat
+        path's answer, read from the request's header list; None: the handler runs."""
+        return self._heartbeat_repeat(request, _header_client_id(headers), peer)
+
+    def _heartbeat_repeat(self, request: bytes, client_id, peer: str) -> bytes | None:
         ep = self.ep
         if ep.acl is None and ep.on_request is None:
-            session = ep.sessions.get(_client_id(context))
+            session = ep.sessions.get(client_id)
             if (session is not None and (repeat := session._hb_repeat) is not None and repeat[0] == request
-                    and ((stream := session.stream) is None or stream.peer == context.peer())):
+                    and ((stream := session.stream) is None or stream.peer == peer)):
                 if ep.broker.registry.heartbeat_repeat(repeat[1]) is not None:
                     session.last_seen = time.monotonic()
                     ep.heartbeat_repeats += 1
@@ -1244,7 +1262,7 @@ class _Servicer:
                         ep._record(session)
                     return ep._heartbeat_ok
                 session._hb_repeat = None
-        return await self._heartbeat(request, context)
+        return None
 
     async def _heartbeat(self, raw: bytes, context):
         ep = self.ep

@@ -271,6 +271,15 @@ def scan_request_headers(headers) -> tuple:
     return size, path, content_type, encoding, timeout, bad
 
 
+def header_value(headers, name: bytes):
+    """The value of a header list's first field named ``name`` (bytes; None when there is none): one metadata
+    value read without building the whole invocation metadata."""
+    for key, value in headers:
+        if key == name:
+            return value
+    return None
+
+
 def invocation_metadata(headers) -> tuple:
     """grpc's invocation metadata of a request: ``((key, value), ...)`` without the pseudo-headers and
     RESERVED_HEADERS, keys as ASCII text, values as UTF-8 text (undecodable bytes replaced), a ``-bin`` key's value

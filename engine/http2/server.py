@@ -136,21 +136,24 @@ def _resume(coro, yielded):
 
 
 class _Method:
-    __slots__ = ("path", "handler", "request_type", "raw", "client_streaming", "server_streaming")
+    __slots__ = ("path", "handler", "request_type", "raw", "client_streaming", "server_streaming", "prepared")
 
-    def __init__(self, path, handler, request_type, raw, client_streaming, server_streaming):
+    def __init__(self, path, handler, request_type, raw, client_streaming, server_streaming, prepared=None):
         self.path = path
         self.handler = handler
         self.request_type = request_type
         self.raw = raw
         self.client_streaming = client_streaming
         self.server_streaming = server_streaming
+        #: ``prepared(message, headers, peer) -> bytes | None``: the answer of a request that needs no handler
+        #: (Heartbeat's repeat), else None and the handler runs (see H2Connection._unary)
+        self.prepared = prepared
 
 
 class H2Server:
     """The native gRPC server of a GrpcEndpoint: ``await start(host, port)`` / ``await stop(grace)``."""
 
-    def __init__(self, endpoint, servicer, service_name: str, raw_methods=("Heartbeat",)):
+    def __init__(self, endpoint, servicer, service_name: str, raw_methods=("Heartbeat",), prepared=None):
         self.ep = endpoint
         p = endpoint.p
         self.abort_error = p.aio.AbortError
@@ -160,7 +163,8 @@ class H2Server:
         for m in svc.methods:
             path = f"/{service_name}/{m.name}".encode()
             self.methods[path] = _Method(path, getattr(servicer, m.name), getattr(p.s, m.input_type.name),
-                                         m.name in raw_methods, m.client_streaming, m.server_streaming)
+                                         m.name in raw_methods, m.client_streaming, m.server_streaming,
+                                         (prepared or {}).get(m.name) if m.name in raw_methods else None)
         self.max_connections = getattr(endpoint, "max_connections", 10_000)
         self.max_streams = endpoint.max_streams_per_connection
         self.max_message = endpoint.max_message_bytes
@@ -279,6 +283,11 @@ class _Context:
 
 
 _RESERVED_HEADERS = F.RESERVED_HEADERS
+#: HEADERS flags that keep a call off H2Connection._unary's path (END_STREAM: no DATA follows; PADDED, PRIORITY:
+#: a payload to cut) beside END_HEADERS, which it needs
+_UNARY_HEADERS_MASK = F.FLAG_END_HEADERS | F.FLAG_END_STREAM | F.FLAG_PADDED | F.FLAG_PRIORITY
+_UNARY_DATA_MASK = F.FLAG_END_STREAM | F.FLAG_PADDED  # its DATA: END_STREAM, unpadded
+_DATA, _HEADERS, _END_HEADERS, _END_STREAM = F.DATA, F.HEADERS, F.FLAG_END_HEADERS, F.FLAG_END_STREAM
 
 
 class _Call:
@@ -404,8 +413,22 @@ class H2Connection(asyncio.Protocol):
         later, self._later = self._later, None  # written before this read: they go first
         self._out = out = later or []
         try:
-            for frame in self.reader.feed(data):
-                self._frame(*frame)
+            frames = self.reader.feed(data)
+            i, n = 0, len(frames)
+            while i < n:
+                ftype, flags, sid, payload = frames[i]
+                i += 1
+                # a unary call whole in this read: HEADERS (END_HEADERS only) then its DATA (END_STREAM only)
+                if (ftype == _HEADERS and i < n and flags & _UNARY_HEADERS_MASK == _END_HEADERS
+                        and self.header_block is None and self.got_settings):
+                    nxt = frames[i]
+                    if (nxt[0] == _DATA and nxt[2] == sid and nxt[1] & _UNARY_DATA_MASK == _END_STREAM
+                            and self._unary(sid, payload, nxt[3])):
+                        i += 1
+                        if self.closed:
+                            return
+                        continue
+                self._frame(ftype, flags, sid, payload)
                 if self.closed:
                     return
         except FrameError as e:
@@ -646,8 +669,54 @@ class H2Connection(asyncio.Protocol):
             self.header_block = None
             self._header_block(sid, hb[1], b"".join(hb[2]))
 
+    def _unary(self, sid, block, body) -> bool:
+        """A unary call whose HEADERS and DATA (END_STREAM) came in one read, for a method with a prepared answer
+        (Heartbeat's repeat): answered here, without a _Call, a context or the handler's coroutine; the frames and
+        windows counted as _headers and _data count them. False (nothing done): the frames take the general path,
+        as do, once the header block is decoded, a request the checks below do not pass or one ``prepared``
+        declines (its handler then runs)."""
+        server = self.server
+        n = len(body)
+        if (not sid & 1 or sid <= self.last_sid or self.going_away or len(self.streams) >= server.max_streams
+                or server.calls >= server.max_calls or n > self.recv_window or n > STREAM_WINDOW):
+            return False
+        self.fed = True
+        headers = self.decoder.decode(block)  # from here the frames are taken: the HPACK table has moved on
+        size, path, content_type, encoding, timeout, bad = F.scan_request_headers(headers)
+        method = server.methods.get(path)
+        answer = None
+        if (method is not None and method.prepared is not None and not bad and size <= server.max_metadata
+                and content_type is not None and content_type.startswith(b"application/grpc")
+                and encoding in (None, b"identity") and n >= 5 and not body[0] and F.u32(body, 1) == n - 5
+                and n - 5 <= server.max_message):
+            answer = method.prepared(body[5:], headers, self.peer)
+        if answer is None:
+            self._open(sid, F.FLAG_END_HEADERS, headers)
+            self._data(F.FLAG_END_STREAM, sid, body)
+            return True
+        self.last_sid = sid
+        self.recv_window -= n
+        if self.recv_window < CONNECTION_WINDOW // 2:
+            self.write(F.window_update(0, CONNECTION_WINDOW - self.recv_window))
+            self.recv_window = CONNECTION_WINDOW
+        size = len(answer) + 5
+        if (size <= self.send_window and size <= self.peer_initial_window and size <= self.peer_max_frame
+                and size - 5 <= server.max_message):
+            self.send_window -= size
+            self.write(F.unary_answer(sid, _RESPONSE_HEADERS, answer, _OK_TRAILERS, False))
+        else:  # no window for it now: a call waiting for one, as _finish queues it
+            call = _Call(sid, self, method, headers, self.peer_initial_window)
+            call.remote_closed = call.started = True
+            self.streams[sid] = call
+            server.calls += 1
+            self._finish(call, None, answer)
+        return True
+
     def _header_block(self, sid, flags, block):
-        headers = self.decoder.decode(block)  # always: the HPACK table stays in sync
+        self._open(sid, flags, self.decoder.decode(block))  # always decoded: the HPACK table stays in sync
+
+    def _open(self, sid, flags, headers):
+        """A decoded header block: a new call (or a request's trailers)."""
         end_stream = flags & F.FLAG_END_STREAM
         call = self.streams.get(sid)
         if call is not None:  # trailers of a request

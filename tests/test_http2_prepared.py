@@ -1,0 +1,222 @@
+"""The native transport's prepared path (engine.http2.server.H2Connection._unary): a unary call whose HEADERS and
+DATA come in one read, for a method with a prepared answer (Heartbeat's repeat), is answered without a _Call, a
+context or the handler's coroutine. It must write exactly what the general path writes for the same requests (the
+frames split over two reads take the general path), decline to the handler whatever it does not answer, keep HPACK
+in sync, and wait for a window like any answer. In process, on a real broker's endpoint, a stand-in socket; both
+builds of the frame layer and HPACK (the twin run sets ENGINE_NO_EXTENSIONS=1)."""
+import asyncio
+
+import pytest
+
+from conftest import require_module
+from engine.broker.controller import Broker
+from engine.http2 import HpackEncoder
+from engine.http2 import frames as F
+from engine.http2 import server as H
+
+require_module("rocketmq.grpc_protocol")
+from rocketmq.grpc_protocol import definition_pb2 as d  # noqa: E402
+from rocketmq.grpc_protocol import service_pb2 as s  # noqa: E402
+
+from test_grpc_endpoint import free_port  # noqa: E402
+from test_server import make_config  # noqa: E402
+
+REQUEST = s.HeartbeatRequest(client_type=d.ClientType.PRODUCER).SerializeToString()
+
+HEARTBEAT = b"/apache.rocketmq.v2.MessagingService/Heartbeat"
+
+
+class Sink:
+    """A stand-in transport: what the connection writes."""
+
+    def __init__(self):
+        self.out = []
+
+    def write(self, data):
+        self.out.append(bytes(data))
+
+    def take(self) -> bytes:
+        data, self.out = b"".join(self.out), []
+        return data
+
+    def get_extra_info(self, name):
+        return ("127.0.0.1", 40000) if name == "peername" else None
+
+    def get_write_buffer_size(self):
+        return 0
+
+    def close(self):
+        pass
+
+    abort = close
+
+
+class Client:
+    """One HTTP/2 client connection to an H2Connection, fed in process."""
+
+    def __init__(self, b, client_id):
+        self.b, self.client_id = b, client_id
+        self.enc = HpackEncoder()
+        self.sink = Sink()
+        self.sid = 1
+
+        async def make():
+            conn = H.H2Connection(b.grpc._server)
+            conn.connection_made(self.sink)
+            conn.data_received(F.PREFACE + F.settings() + F.settings(ack=True))
+            return conn
+        self.conn = self.run(make())
+        self.sink.take()
+
+    def run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.b.loop).result(10)
+
+    def headers(self, path=HEARTBEAT, extra=(), content_type=b"application/grpc"):
+        hs = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path), (b":authority", b"localhost"),
+              (b"te", b"trailers"), (b"content-type", content_type), (b"grpc-timeout", b"2999m"),
+              (b"x-mq-client-id", self.client_id.encode()), (b"x-mq-language", b"PYTHON"),
+              (b"x-mq-client-version", b"5.1.2"), (b"x-mq-protocol", b"v2"), *extra]
+        return self.enc.encode(hs)
+
+    def call(self, block, body, split=False, flags=F.FLAG_END_HEADERS, data_flags=F.FLAG_END_STREAM):
+        """One call's frames, in one read (or two: HEADERS, then DATA); the bytes the server wrote, with the
+        stream id of this call."""
+        sid, self.sid = self.sid, self.sid + 2
+        frames = [F.frame(F.HEADERS, flags, sid, block), F.frame(F.DATA, data_flags, sid, body)]
+
+        async def feed():
+            for data in (frames if split else [b"".join(frames)]):
+                self.conn.data_received(data)
+            await asyncio.sleep(0.01)  # a handler that waited: its task
+        self.run(feed())
+        return self.sink.take()
+
+
+def message(data, flag=0):
+    return bytes((flag,)) + len(data).to_bytes(4, "big") + data
+
+
+@pytest.fixture(scope="module")
+def b(tmp_path_factory):
+    broker = Broker(make_config(tmp_path_factory.mktemp("prepared"), grpc_server_port=free_port(),
+                                grpc_transport="native")).start()
+    yield broker
+    broker.stop()
+
+
+def settle(b, client_id, kind=d.ClientType.PRODUCER):
+    """A session with its Settings, as a Telemetry stream gives them."""
+    ep = b.grpc
+
+    class Ctx:
+        def invocation_metadata(self):
+            return (("x-mq-client-id", client_id), ("x-mq-language", "PYTHON"), ("x-mq-client-version", "5.1.2"))
+
+        def peer(self):
+            return "ipv4:127.0.0.1:40000"
+
+    settings = d.Settings(client_type=kind)
+    settings.publishing.topics.add(name="T1")
+
+    async def go():
+        ep._update_settings(ep._session(Ctx(), create=True), settings)
+    asyncio.run_coroutine_threadsafe(go(), b.loop).result(10)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How many calls reached a handler (H2Connection._start)."""
+    seen = []
+    start = H.H2Connection._start
+
+    def counting(self, call, request):
+        seen.append(call.method.path)
+        return start(self, call, request)
+    monkeypatch.setattr(H.H2Connection, "_start", counting)
+    return seen
+
+
+def test_a_repeated_heartbeat_is_answered_without_its_handler_and_writes_what_the_handler_writes(b, counted):
+    settle(b, "prepared@1")
+    one, split = Client(b, "prepared@1"), Client(b, "prepared@1")
+    body = message(REQUEST)
+    first = one.call(one.headers(), body)  # the first heartbeat takes the full path and arms the repeat
+    assert counted == [HEARTBEAT] and first == split.call(split.headers(), body, split=True)
+    repeats = b.grpc.heartbeat_repeats
+    answers = [one.call(one.headers(), body) for _ in range(5)]
+    assert len(counted) == 2  # the split call ran its handler; none of the five did
+    assert b.grpc.heartbeat_repeats == repeats + 5
+    # the same bytes as the general path's answer of the same repeat (HEADERS, DATA, trailers: the stream ids the
+    # same on both connections), and HPACK in sync: every block after the first names indexed fields
+    general = [split.call(split.headers(), body, split=True) for _ in range(5)]
+    assert answers == general and len(counted) == 7
+    frames = F.FrameReader(1 << 20).feed(answers[-1])
+    assert [f[0] for f in frames] == [F.HEADERS, F.DATA, F.HEADERS]
+    assert frames[1][3] == message(b.grpc._heartbeat_ok)
+    assert not one.conn.streams and not one.conn.closed
+
+
+def test_what_the_prepared_path_does_not_answer_goes_to_the_handler(b, counted):
+    settle(b, "prepared@2")
+    c, ref = Client(b, "prepared@2"), Client(b, "prepared@2")
+    body = message(REQUEST)
+    c.call(c.headers(), body)
+    ref.call(ref.headers(), body, split=True)
+    other = message(s.HeartbeatRequest(client_type=d.ClientType.PUSH_CONSUMER, group=d.Resource(name="G"))
+                    .SerializeToString())
+    cases = [
+        (lambda k: k.headers(), other),  # other bytes than the armed repeat: the full path
+        (lambda k: k.headers(content_type=b"text/plain"), body),  # not gRPC
+        (lambda k: k.headers(extra=[(b"grpc-encoding", b"gzip")]), message(REQUEST, flag=1)),  # compressed
+        (lambda k: k.headers(), body[:3]),  # a message cut short
+        (lambda k: k.headers(), body + b"x"),  # bytes past the message
+        (lambda k: k.headers(path=b"/apache.rocketmq.v2.MessagingService/Nope"), body),
+        (lambda k: k.headers(extra=[(b"x-pad", b"v" * 9_000)] * 2), body),  # metadata past the 16 KiB budget
+        (lambda k: k.headers(), body),  # the repeat again: answered
+    ]
+    for make, data in cases:
+        counted.clear()
+        got, want = c.call(make(c), data), ref.call(make(ref), data, split=True)
+        assert got == want, (make, data)
+    assert not c.conn.closed and not c.conn.streams
+
+
+def test_an_unknown_session_goes_to_the_handler(b, counted):
+    c = Client(b, "prepared@nobody")
+    answer = c.call(c.headers(), message(REQUEST))
+    assert counted == [HEARTBEAT]
+    data = F.FrameReader(1 << 20).feed(answer)[1][3]
+    assert s.HeartbeatResponse.FromString(data[5:]).status.code == d.Code.UNRECOGNIZED_CLIENT_TYPE
+
+
+def test_an_answer_without_a_window_waits_for_it(b, counted):
+    settle(b, "prepared@3")
+    c = Client(b, "prepared@3")
+    body = message(REQUEST)
+    c.call(c.headers(), body)
+    c.conn.send_window = 0  # the client has not opened the connection's window for the answer
+
+    answer = c.call(c.headers(), body)
+    frames = F.FrameReader(1 << 20).feed(answer)
+    assert [f[0] for f in frames] == [F.HEADERS] and len(counted) == 1  # headers now, no handler
+    assert c.conn.blocked
+    calls = b.grpc._server.calls  # the waiting answer is a call in progress
+
+    async def window():
+        c.conn.data_received(F.window_update(0, 1 << 20))
+    c.run(window())
+    frames = F.FrameReader(1 << 20).feed(c.sink.take())
+    assert [f[0] for f in frames] == [F.DATA, F.HEADERS] and frames[0][3] == message(b.grpc._heartbeat_ok)
+    assert b.grpc._server.calls == calls - 1
+    assert not c.conn.streams and not c.conn.blocked
+
+
+@pytest.mark.parametrize("sid, code", [(4, F.PROTOCOL_ERROR), (1, F.STREAM_CLOSED)])
+def test_protocol_errors_in_the_pair_end_the_connection_as_before(b, sid, code):
+    """A pair on an even stream id, or on a stream id already used: GOAWAY with the general path's code."""
+    settle(b, "prepared@4")
+    c = Client(b, "prepared@4")
+    c.call(c.headers(), message(REQUEST))
+    c.sid = sid
+    goaways = [f for f in F.FrameReader(1 << 20).feed(c.call(c.headers(), message(REQUEST))) if f[0] == F.GOAWAY]
+    assert goaways and F.u32(goaways[0][3], 4) == code and c.conn.closed

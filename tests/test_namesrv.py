@@ -2,6 +2,7 @@
 broker's REGISTER_BROKER), and the routes a standalone broker answers itself, which follow the name server's."""
 import json
 import logging
+import time
 
 import pytest
 
@@ -305,3 +306,18 @@ def test_the_topic_properties_are_used_not_listed_as_unused():
     assert cfg.java_unused_properties() == []
     assert (cfg.auto_create_topic_enable, cfg.cluster_topic_enable, cfg.broker_topic_enable,
             cfg.trace_topic_enable, cfg.msg_trace_topic_name) == (False, False, False, True, "T_TRACE")
+
+
+def test_a_broker_stops_at_once_while_it_registers_a_new_topic(nameserver, tmp_path):
+    """A heartbeat creates its group's retry topic, which is registered at once; a stop right then ends at once.
+    (Python 3.11's asyncio.wait_for could swallow the stop's cancel of the registration task, which then waited
+    for the next topic for ever and held Broker.stop until its 30 s join timeout, and stop_async for ever.)"""
+    for i in range(5):
+        b = Broker(make_config(tmp_path / str(i), broker_ip1="127.0.0.1", namesrv_addr=nameserver.addr)).start()
+        c = Client(b.ports["main"])
+        assert c.call(RequestCode.HEART_BEAT, {}, hb_body()).code == 0
+        c.close()
+        thread = b._thread
+        t0 = time.monotonic()
+        b.stop(timeout=10)
+        assert not thread.is_alive() and time.monotonic() - t0 < 5, i

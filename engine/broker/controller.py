@@ -96,6 +96,7 @@ class Broker:
         ``(time.monotonic, asyncio.sleep)``)."""
         self.config = config if config is not None else BrokerConfig()
         self._namesrv_timers = namesrv_timers
+        self._local_ip = None  # brokerIP1's default (local_address), read once when first needed
         self.config.validate()
         self.metrics = Metrics()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -235,13 +236,26 @@ class Broker:
 
     # ------------------------------------------------------------------ addresses and topics
     def advertised_addr(self, conn=None) -> str:
-        """The ip:port clients should use: brokerIP1 if set, else the local address the client reached us on."""
-        ip = self.config.broker_ip1 or (conn.local_ip if conn is not None and conn.local_ip else "127.0.0.1")
+        """The ip:port clients should use: brokerIP1 if set, else the local address the client reached us on;
+        without a client (REGISTER_BROKER, the boot line) the address bound by ``listenHost``, or for every
+        interface brokerIP1's 4.9.8 default (RemotingUtil.getLocalAddress): not 127.0.0.1, which a client on
+        another host would take for its own."""
+        ip = self.config.broker_ip1 or (conn.local_ip if conn is not None and conn.local_ip else self._own_ip())
         if ip in ("0.0.0.0", "::"):
             ip = "127.0.0.1"
         if ":" in ip:
             ip = f"[{ip}]"
         return f"{ip}:{self.ports.get('main', self.config.listen_port)}"
+
+    def _own_ip(self) -> str:
+        host = self.config.listen_host
+        if host and host not in ("0.0.0.0", "::"):
+            return host
+        if self._local_ip is None:
+            from engine.broker.local_address import local_address
+
+            self._local_ip = local_address()
+        return self._local_ip
 
     def ensure_topic(self, topic: str, remote_ip: str = ""):
         """The TopicConfig a standalone broker routes ``topic`` with, as a name server would answer from this
@@ -568,6 +582,14 @@ async def _as_coro(fn, *args):
 # REGISTER_BROKER to the name servers (BrokerOuterAPI.registerBrokerAll)
 
 
+def _raise_if_cancelling() -> None:
+    """End the current task if it was asked to: Python 3.11's asyncio.wait_for can swallow a cancel that arrives as
+    the call it waits for completes, and a registration loop would then wait on for ever, holding the broker's stop."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class NamesrvRegistrar:
     """Registers the broker with every configured name server, keeping one connection to each."""
 
@@ -597,6 +619,7 @@ class NamesrvRegistrar:
                 await self.register_all()
             except Exception:
                 log.exception("registerBrokerAll for a new topic failed")
+            _raise_if_cancelling()
 
     async def run_periodic(self, first_s: float, period_s: float) -> None:
         """scheduleAtFixedRate(registerBrokerAll, first_s, period_s): the k-th run is due at start + first + k x
@@ -610,6 +633,7 @@ class NamesrvRegistrar:
                 await self.register_all()
             except Exception:
                 log.exception("registerBrokerAll Exception")
+            _raise_if_cancelling()
 
     def _header(self) -> dict:
         cfg = self.broker.config

@@ -143,6 +143,10 @@ class NameServer:
             pass
         except Exception:  # a frame the codec refuses: Netty closes the channel
             pass
+        except asyncio.CancelledError:
+            # the name server stops: end as a finished task, since the stream server's done callback calls
+            # task.exception(), which raises for a cancelled one (logged as "Exception in callback ...")
+            pass
         finally:
             self._on_channel_destroy(writer)
             writer.close()

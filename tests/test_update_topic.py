@@ -192,3 +192,20 @@ def test_a_5x_client_routes_the_created_topic(broker_factory):
         assert all(q.topic.name == "Topic5x" and q.permission == d.Permission.READ_WRITE for q in r.message_queues)
     finally:
         channel.close()
+
+
+def test_the_topic_config_lines_are_javas(broker_factory, caplog):
+    """TopicConfigManager.updateTopicConfig's lines, with TopicConfig.toString() (4.9.8), not a Python repr."""
+    import logging
+
+    b = broker_factory()
+    with caplog.at_level(logging.INFO, logger="engine.broker.controller"):
+        assert invoke(b, header("TopicLog", r="3", w="5", perm="4")).code == ResponseCode.SUCCESS
+        assert invoke(b, header("TopicLog", r="8", w="8", perm="6")).code == ResponseCode.SUCCESS
+    lines = [r.getMessage() for r in caplog.records if "topic" in r.getMessage()]
+    first = ("TopicConfig [topicName=TopicLog, readQueueNums=3, writeQueueNums=5, perm=R--, topicFilterType=SINGLE_TAG, "
+             "topicSysFlag=0, order=false]")
+    second = ("TopicConfig [topicName=TopicLog, readQueueNums=8, writeQueueNums=8, perm=RW-, "
+              "topicFilterType=SINGLE_TAG, topicSysFlag=0, order=false]")
+    assert f"create new topic [{first}]" in lines
+    assert f"update topic config, old:[{first}] new:[{second}]" in lines

@@ -336,7 +336,13 @@ class Broker:
                                    "%d topics (maxTopicConfigs=%d)", topic, clip(remote_addr, 64), limit, limit)
             return ResponseCode.SYSTEM_ERROR, f"the topic table is full (maxTopicConfigs={limit})"
         log.info("updateAndCreateTopic called by %s", clip(remote_addr, 64))
+        old = self.registry.topic_config(topic)
         self.registry.update_topic_config(tc)  # not derivable: written at once
+        # TopicConfigManager.updateTopicConfig's line, TopicConfig.toString() in it
+        if old is not None:
+            log.info("update topic config, old:[%s] new:[%s]", old, tc)
+        else:
+            log.info("create new topic [%s]", tc)
         if self._namesrv is not None:  # registerIncrementBrokerData: a changed topic is registered too
             self._namesrv.request_register(topic)
         return None

@@ -1086,7 +1086,8 @@ class _LogWriter:
 
 def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: int = 0, duration_s: int = 3600,
                         start_ms: int = 1_795_400_000_000, tz_offset_min: int = 480, noise: int = 1,
-                        inject: bool = True, seed: int = 0) -> dict:
+                        inject: bool = True, seed: int = 0, history: bool = False,
+                        broker_name: str = "broker-a") -> dict:
     """Write a 4.9.8-style broker.log of a fleet (``groups`` consumer groups of ``members`` clients, each also a
     producer; every group is redeployed ``restarts`` times, rolling, each client restarting cleanly once per
     deploy: at most max_restarts) and return its manifest: the injected anomalies
@@ -1096,7 +1097,15 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
     address each time), a client of group 1 that freezes and is expired by SCAN, then comes back; a BROADCASTING
     member of group 0 for 5 minutes (its heartbeats remove the group's retry subscription, the others' add it back:
     retry-topic churn, and a member with another set); an extra member of group 2 (if any) with another tag for 10 minutes (its heartbeats and the others' flip the group's table),
-    and damaged lines (a truncated register, an unknown format, a stack trace)."""
+    and damaged lines (a truncated register, an unknown format, a stack trace).
+
+    ``history``: also a broker's history (issue 28): the log starts at the broker's boot; a client frozen until
+    the broker's Netty idle handler closes its channel (an expiry, cause idle_closed); a client killed (a NETTY
+    EVENT close with a recent heartbeat, never back: a vanished client); the unregister lines of a member whose
+    register lines the broker dropped (unattributed, never_registered); a Java stack trace (a header-less
+    exception line and a frame: continuation lines); and, after the fleet's last event, the broker stopped and
+    started again, every live client registering again on a new connection (manifest ``boots``; ``broker_name``
+    is the name its boot lines give)."""
     import random
 
     rnd = random.Random(seed)
@@ -1105,6 +1114,8 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
     state = {"cid": 1}
     manifest = {"flapping": [], "expired": [], "inconsistent": [], "flips": [], "retry_churn": [],
                 "counts": defaultdict(int), "tz_offset_min": tz_offset_min}
+    if history:
+        manifest.update(vanished=[], boots=[], causes={}, unattributed={}, unattributed_reasons={})
     group_live = defaultdict(int)
     retry_version: Dict[int, int] = {}  # the group's table: its retry subscription's subVersion
     ports: Dict[str, int] = {}
@@ -1170,7 +1181,7 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
     def _churn(g, what, ms):
         r = churn.setdefault(g, {"group": f"CID_G{g}", "adds": 0, "changes": 0, "removes": 0, "ms": []})
         r[what] += 1
-        r["ms"].append(ms)
+        r["ms"].append(ms // 1000 * 1000)  # the line's time: whole seconds (a restart's register is not)
 
     def _retry_add(c, g, ms, th="HeartbeatThread_4", retry=None):
         if g in retry_gone:
@@ -1200,9 +1211,9 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
         w.add(ms, "INFO", th, f"unregister a producer[{pg}] from groupChannelTable {cci(c, ms)}")
         w.add(ms, "INFO", th, f"unregister a producer[CLIENT_INNER_PRODUCER] from groupChannelTable {cci(c, ms)}")
 
-    def _closed(c, g, ms):
+    def _closed(c, g, ms, lut=None):
         cg, pg = f"CID_G{g}", f"PID_G{g}"
-        x = cci(c, ms, "!")
+        x = cci(c, ms if lut is None else lut, "!")
         w.add(ms, "INFO", "NettyEventExecutor", f"NETTY EVENT: remove channel[{x}][{c['addr']}] from ProducerManager "
                                                 "groupChannelTable, producer group: CLIENT_INNER_PRODUCER")
         w.add(ms, "INFO", "NettyEventExecutor", f"NETTY EVENT: remove channel[{x}][{c['addr']}] from ProducerManager "
@@ -1349,6 +1360,9 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
         w.raw(t, "\tat io.netty.channel.AbstractChannel.write(AbstractChannel.java:304)")
         manifest["counts"]["other"] += 1
         manifest["counts"]["continuation"] += 1
+    if history:
+        _history(start_ms, end_ms, groups, inject, fleet, w, manifest, conn, register, closed, later, group_live,
+                 retry_gone, broker_name)
     for _, _, fn, a, k in sorted(pending, key=lambda x: x[:2]):
         fn(*a, **k)
     manifest["retry_churn"] = [churn[g] for g in sorted(churn)]
@@ -1366,6 +1380,76 @@ def generate_broker_log(path, *, groups: int = 3, members: int = 4, restarts: in
     return manifest
 
 
+def _history(start_ms, end_ms, groups, inject, fleet, w, manifest, conn, register, closed, later, group_live,
+             retry_gone, name):
+    """generate_broker_log's ``history`` injections (its docstring), with what the scan must find."""
+    counts = manifest["counts"]
+    addr = "10.0.0.1:10911"  # the L:/ address of the generated channels
+
+    def boot(ms):
+        w.add(ms, "INFO", "main", "rocketmqHome=/opt/rocketmq")
+        w.add(ms + 3000, "INFO", "main", f"The broker[{name}, {addr}] boot success. serializeType=JSON and name "
+                                         "server is 127.0.0.1:9876")
+        counts["event_broker_start"] += 1
+        counts["event_broker_boot"] += 1
+
+    def stop(c, g, ms):  # applied in time order: the broker's tables are empty after it
+        w.add(ms, "INFO", "ShutdownHook", "Shutdown hook was invoked, 1")
+        counts["event_broker_stop"] += 1
+        group_live.clear()
+        retry_gone.clear()
+
+    boot(start_ms - 60_000)
+    manifest["boots"].append({"start_ms": start_ms - 60_000, "ready_ms": start_ms - 57_000, "name": name,
+                              "addr": addr, "stopped_ms": None, "members_ended": 0, "clients_ended": 0})
+    # frozen until the idle handler closes it: its lastUpdateTimestamp (its register, its last heartbeat) 130 s old
+    g, client, t = 1 % groups, "10.9.0.5@idle", start_ms + 3_000_000
+    c = conn(client)
+    register(c, g, t)
+    closed(c, g, t + 130_000, lut=t)
+    manifest["expired"].append({"client_id": client, "addr": c["addr"], "expired_ms": t + 130_000,
+                                "groups": [f"CID_G{g}", f"PID_G{g}"], "connected_ms": t, "returned_ms": None})
+    manifest["causes"][client] = "idle_closed"
+    # killed (kill -9): its channel closed 5 s after its last heartbeat, no unregister, never back
+    client, t = "10.9.0.6@killed", start_ms + 3_100_000
+    c = conn(client)
+    register(c, 0, t)
+    closed(c, 0, t + 50_000, lut=t + 45_000)
+    manifest["vanished"].append({"client_id": client, "addr": c["addr"], "ended_ms": t + 50_000,
+                                 "groups": ["CID_G0", "PID_G0"], "connected_ms": t, "last_heartbeat_ms": t + 45_000})
+    # a Java stack trace after the failed write to it: its exception line has no header
+    w.add(t + 51_000, "ERROR", "NettyServerNIOSelector_3_2", f"processRequestWrapper response to /{c['addr']} failed")
+    w.raw(t + 51_000, "java.nio.channels.ClosedChannelException: null")
+    w.raw(t + 51_000, "\tat io.netty.channel.AbstractChannel$AbstractUnsafe.write(AbstractChannel.java:865)")
+    counts["other"] += 1
+    counts["continuation"] += 2
+    # a member whose register lines the broker dropped (its async appender's queue full): its unregister lines only
+    client, t = "10.9.0.7@dropped", start_ms + 3_200_000
+    c = conn(client)
+    x = _CCI.format(cid=c["cid"], st="-", addr=c["addr"], client=client, lut=t)
+    for what in ("a consumer[CID_G0] from consumerGroupInfo", "a producer[PID_G0] from groupChannelTable",
+                 "a producer[CLIENT_INNER_PRODUCER] from groupChannelTable"):
+        w.add(t, "INFO", "ClientManageThread_1", f"unregister {what} {x}")
+    counts["event_unregister"] += 3
+    manifest["unattributed"] = {"unregister": 3}
+    manifest["unattributed_reasons"] = {"never_registered": 3}
+    # the broker stops after the fleet's last event and starts a minute later: every live client registers again
+    t_stop = max(end_ms, start_ms + 3_400_000) + 60_000
+    later(stop)(None, None, t_stop)
+    boot(t_stop + 60_000)
+    alive = [(g, c2["client"]) for g, c2 in fleet]
+    if inject:
+        alive += [(0, "10.9.0.1@flapper"), (1 % groups, "10.9.0.2@frozen")]
+    for k, (g, client) in enumerate(alive):
+        t = t_stop + 70_000 + (k // 10) * 1000
+        register(conn(client), g, t)
+        for r in manifest["flapping"]:
+            if r["client_id"] == client:
+                r["connect_ms"].append(t)  # a connect after the restart, not a reconnect
+    manifest["boots"].append({"start_ms": t_stop + 60_000, "ready_ms": t_stop + 63_000, "name": name, "addr": addr,
+                              "stopped_ms": t_stop, "members_ended": 3 * len(alive), "clients_ended": len(alive)})
+
+
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "rmqhb-synth-broker-log-manifest/1"
 
@@ -1373,8 +1457,9 @@ MANIFEST_FORMAT = "rmqhb-synth-broker-log-manifest/1"
 def compare_with_manifest(findings: dict, manifest: dict, broker: Optional[str] = None) -> List[str]:
     """Differences between a log scan's findings and what ``generate_broker_log`` injected into one broker's log
     (``broker``: only that broker's findings; None: all of them). Empty when the scan found exactly the
-    injections: flapping clients, expired clients, members with different subscriptions, group-table flips,
-    retry-topic churn, and the line counts by kind."""
+    injections: flapping clients, expired clients and their causes, members with different subscriptions,
+    group-table flips, retry-topic churn, vanished clients, broker boots, the line counts by kind and the
+    unattributed lines (the last three and vanished clients empty unless ``history`` injected them)."""
     def mine(key):
         return [r for r in findings[key] if broker is None or r.get("broker") == broker]
 
@@ -1387,9 +1472,10 @@ def compare_with_manifest(findings: dict, manifest: dict, broker: Optional[str] 
     check("flapping_clients", [(r["client_id"], r["groups"], r["reconnect_ms"], r["connect_ms"], r["closes"])
                                for r in mine("flapping_clients")],
           [(x["client_id"], x["groups"], x["reconnect_ms"], x["connect_ms"], x["closes"]) for x in manifest["flapping"]])
+    causes = manifest.get("causes", {})  # a broker's history (idle closes); else every expiry is the SCAN's
     check("expired_clients", [{k: r[k] for k in ("client_id", "addr", "expired_ms", "groups", "connected_ms",
-                                                  "returned_ms")} for r in mine("expired_clients")],
-          manifest["expired"])
+                                                  "returned_ms", "cause")} for r in mine("expired_clients")],
+          [{**x, "cause": causes.get(x["client_id"], "scan")} for x in manifest["expired"]])
     inc = mine("inconsistent_subscriptions")
     check("inconsistent_subscriptions (members)",
           [{k: r[k] for k in ("group", "start_ms", "end_ms", "variants")} for r in inc if r["source"] == "members"],
@@ -1402,7 +1488,17 @@ def compare_with_manifest(findings: dict, manifest: dict, broker: Optional[str] 
           [(x["group"], x["adds"], x["changes"], x["removes"], x["ms"][0], x["ms"][-1])
            for x in manifest.get("retry_churn", [])])
     check("heartbeat_gaps", findings["heartbeat_gaps"], [])
+    # a broker's history: what a log without it must not show (vanished clients, restarts), and with it, exactly
+    # what was injected
+    check("vanished_clients", [{k: r[k] for k in ("client_id", "addr", "ended_ms", "groups", "connected_ms",
+                                                   "last_heartbeat_ms")} for r in mine("vanished_clients")],
+          manifest.get("vanished", []))
+    check("broker_boots", [{k: v for k, v in r.items() if k != "broker"} for r in mine("broker_boots")],
+          manifest.get("boots", []))
     if broker is None:
+        check("unattributed_events", findings["log"]["unattributed_events"], manifest.get("unattributed", {}))
+        check("unattributed_reasons", findings["log"]["unattributed_reasons"],
+              manifest.get("unattributed_reasons", {}))
         check("line counts", findings["log"]["counts"], manifest["counts"])
     return problems
 
@@ -1411,13 +1507,19 @@ def compare_with_generated(findings: dict, doc: dict) -> List[str]:
     """``compare_with_manifest`` for every broker of an ``rmqhb generate --format broker-log`` manifest, plus
     the line counts of all of them together (a broker of one log directory is named after it)."""
     problems = []
-    counts: Dict[str, int] = defaultdict(int)
+    totals: Dict[str, Dict[str, int]] = {k: defaultdict(int) for k in ("counts", "unattributed",
+                                                                       "unattributed_reasons")}
     for broker, manifest in doc["brokers"].items():
         problems += compare_with_manifest(findings, manifest, broker)
-        for k, v in manifest["counts"].items():
-            counts[k] += v
-    if findings["log"]["counts"] != dict(sorted(counts.items())):
-        problems.append(f"line counts: found {findings['log']['counts']}, generated {dict(sorted(counts.items()))}")
+        for key, total in totals.items():
+            for k, v in manifest.get(key, {}).items():
+                total[k] += v
+    for key, found in (("counts", "counts"), ("unattributed", "unattributed_events"),
+                       ("unattributed_reasons", "unattributed_reasons")):
+        want = dict(sorted(totals[key].items()))
+        if dict(sorted(findings["log"][found].items())) != want:
+            problems.append(f"{'line counts' if key == 'counts' else found}: found {findings['log'][found]}, "
+                            f"generated {want}")
     if sorted(findings["log"]["brokers"]) != sorted(doc["brokers"]):
         problems.append(f"brokers: found {findings['log']['brokers']}, generated {sorted(doc['brokers'])}")
     return problems
@@ -1472,6 +1574,10 @@ def generate_main(argv=None) -> int:
     p.add_argument("--noise", type=int, default=1, help="unrelated lines per client start")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-anomalies", action="store_true", help="a clean fleet (the manifest lists nothing)")
+    p.add_argument("--history", action="store_true",
+                   help="also a broker's history: the log starts at a boot, a client closed idle, a client killed, a "
+                        "member whose register lines the broker dropped, a Java stack trace, and a broker restart "
+                        "after the fleet's last event")
     p.add_argument("--gzip", action="store_true", help="write broker.log.gz")
     args = p.parse_args(argv)
     m = re.fullmatch(r"([+-])(\d{1,2}):?(\d{2})?", args.tz_offset)
@@ -1496,7 +1602,8 @@ def generate_main(argv=None) -> int:
         path = args.out / name if args.brokers == 1 else args.out / broker / name
         mf = generate_broker_log(path, groups=args.groups, members=args.members, restarts=restarts,
                                  duration_s=int(args.hours * 3600), start_ms=args.start_ms, tz_offset_min=off,
-                                 noise=args.noise, inject=not args.no_anomalies, seed=args.seed + k)
+                                 noise=args.noise, inject=not args.no_anomalies, seed=args.seed + k,
+                                 history=args.history, broker_name=broker)
         mf["file"] = str(path.relative_to(args.out))
         brokers[broker] = mf
     doc = {"format": MANIFEST_FORMAT, "log_tz": args.tz_offset, "restarts": restarts, "brokers": brokers}

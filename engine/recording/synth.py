@@ -730,7 +730,7 @@ def load_manifest(directory) -> dict:
 
 
 #: options of `rmqhb generate` (either format) that take no value: what follows them is a positional
-_GENERATE_FLAGS = ("--no-progress", "--gzip", "--no-anomalies", "-h", "--help")
+_GENERATE_FLAGS = ("--no-progress", "--gzip", "--no-anomalies", "--history", "-h", "--help")
 
 
 def _output_dir(argv) -> Optional[Path]:

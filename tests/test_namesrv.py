@@ -321,3 +321,23 @@ def test_a_broker_stops_at_once_while_it_registers_a_new_topic(nameserver, tmp_p
         t0 = time.monotonic()
         b.stop(timeout=10)
         assert not thread.is_alive() and time.monotonic() - t0 < 5, i
+
+
+def test_registration_lines_are_broker_outer_apis(nameserver, tmp_path, caplog):
+    """BrokerOuterAPI's lines (4.9.8), which alert rules on a Java broker's broker.log look for: each registration's
+    'register broker[0]to name server ADDR OK', the stop's 'unregisterBroker OK, NamesrvAddr: ADDR', and
+    'registerBroker Exception, ADDR' (WARN) for a name server that cannot be reached."""
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    with caplog.at_level(logging.INFO, logger="engine.broker.controller"):
+        b = Broker(make_config(tmp_path, broker_ip1="127.0.0.1",
+                               namesrv_addr=f"{nameserver.addr};{dead}")).start()
+        b.stop()
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "engine.broker.controller"]
+    assert (logging.INFO, f"register broker[0]to name server {nameserver.addr} OK") in lines
+    assert (logging.INFO, f"unregisterBroker OK, NamesrvAddr: {nameserver.addr}") in lines
+    assert any(level == logging.WARNING and m.startswith(f"registerBroker Exception, {dead} (") for level, m in lines)
+    assert any(level == logging.WARNING and m.startswith(f"unregisterBroker Exception, {dead} (") for level, m in lines)

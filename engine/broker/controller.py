@@ -712,17 +712,17 @@ class NamesrvRegistrar:
         for addr in self.broker.config.namesrv_addr_list:
             try:
                 resp = await self._invoke(addr, RequestCode.REGISTER_BROKER, header, body)
+                # BrokerOuterAPI.registerBrokerAll's lines (4.9.8); Java puts the exception on the lines after
                 if resp.code == ResponseCode.SUCCESS:
                     metrics.register_broker_ok += 1
-                    log.debug("registered with name server %s:%d", *addr)
+                    log.info("register broker[%s]to name server %s:%d OK", self.broker.config.broker_id, *addr)
                 else:
                     metrics.register_broker_failed += 1
-                    log.warning("name server %s:%d refused REGISTER_BROKER: code %d %s", addr[0], addr[1],
-                                resp.code, resp.remark)
+                    log.warning("registerBroker Exception, %s:%d (CODE: %d  DESC: %s)", addr[0], addr[1],
+                                resp.code, clip(resp.remark or "", 255))
             except (OSError, asyncio.TimeoutError, ConnectionError) as e:
                 metrics.register_broker_failed += 1
-                log.warning("Failed to register current broker to name server. TargetHost=%s:%d (%s)",
-                            addr[0], addr[1], e or type(e).__name__)
+                log.warning("registerBroker Exception, %s:%d (%s)", addr[0], addr[1], e or type(e).__name__)
 
     async def unregister_all(self) -> None:
         async with self._lock:
@@ -734,9 +734,14 @@ class NamesrvRegistrar:
                "clusterName": cfg.broker_cluster_name, "brokerId": str(cfg.broker_id)}
         for addr in cfg.namesrv_addr_list:
             try:
-                await self._invoke(addr, RequestCode.UNREGISTER_BROKER, ext)
+                resp = await self._invoke(addr, RequestCode.UNREGISTER_BROKER, ext)
+                if resp.code == ResponseCode.SUCCESS:
+                    log.info("unregisterBroker OK, NamesrvAddr: %s:%d", *addr)
+                else:
+                    log.warning("unregisterBroker Exception, %s:%d (CODE: %d  DESC: %s)", addr[0], addr[1],
+                                resp.code, clip(resp.remark or "", 255))
             except (OSError, asyncio.TimeoutError, ConnectionError) as e:
-                log.info("UNREGISTER_BROKER to %s:%d failed: %s", addr[0], addr[1], e or type(e).__name__)
+                log.warning("unregisterBroker Exception, %s:%d (%s)", addr[0], addr[1], e or type(e).__name__)
 
     async def close(self) -> None:
         for addr in list(self._conns):

@@ -769,6 +769,12 @@ CAPTURE_CANNOT = {
     "broker_restarts": "seen only as the broker ending every open connection within 2 s (RESTART_WINDOW_MS); a "
                        "broker whose host died without closing them shows no stop: its clients' connections go "
                        "quiet and they come back on new ones"}
+#: What a broker log cannot show besides heartbeat gaps (its ``unsupported``).
+LOG_CANNOT = {
+    "lines the broker did not write": "a broker under load drops INFO lines (logback's async appender): a member "
+                                      "whose close or unregister line is missing stays live until the broker's next "
+                                      "start (group sizes run high); one whose register line is missing is left out "
+                                      "(its later lines are the unattributed events)"}
 #: What heartbeats alone (a recording, a capture) cannot show.
 HEARTBEATS_CANNOT = {
     "retry_topic_churn": "heartbeats carry each member's subscriptions, not the broker's subscription table: a member "
@@ -1760,6 +1766,8 @@ def write_html(findings: dict, out: "ReportFiles", csvs: List[str], plots: List[
     if not log:  # heartbeats only (with a log, the log shows these)
         cannot.update(HEARTBEATS_CANNOT)
         cannot.update(CAPTURE_CANNOT if cap else RECORDING_CANNOT)
+    else:  # the group sizes are the log's, with a capture too
+        cannot.update(LOG_CANNOT)
     if cannot:
         parts.append("<h2>What this input cannot show</h2>" + _table(
             ["analysis", "why"], [[k, v] for k, v in sorted(cannot.items())]))

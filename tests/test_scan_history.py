@@ -319,6 +319,9 @@ def test_older_files_are_asked_for_only_when_the_log_does_not_start_at_a_boot(tm
     assert f["log"]["unattributed_reasons"] == {"never_registered": 3}
     html = _report_text(f)
     assert "older log files missing?" not in html and "never wrote" in html
+    # what a log cannot know: the lines its broker did not write
+    cannot = html[html.index("What this input cannot show"):]
+    assert "lines the broker did not write" in cannot[:cannot.index("</table>")]
 
 
 def test_older_files_are_asked_for_per_broker(tmp_path):
@@ -624,7 +627,10 @@ def test_a_log_and_its_capture_tell_one_history(tmp_path):
     check_merged_history(a, lf, cf, m)
     html = _report_text(m)
     assert "Two inputs, one timeline" in html and "closed idle by the broker" in html
-    assert "removed by the broker's SCAN" in html and "What this input cannot show" not in html
+    assert "removed by the broker's SCAN" in html
+    cannot = html[html.index("What this input cannot show"):]
+    cannot = cannot[:cannot.index("</table>")]
+    assert "lines the broker did not write" in cannot and "heartbeat_gaps" not in cannot  # the capture has them
 
 
 @pytest.mark.spark

@@ -23,7 +23,8 @@ from test_server import make_config  # noqa: E402
 
 REQUEST = s.HeartbeatRequest(client_type=d.ClientType.PRODUCER).SerializeToString()
 
-HEARTBEAT = b"/apache.rocketmq.v2.MessagingService/Heartbeat"
+SERVICE = b"/apache.rocketmq.v2.MessagingService/"
+HEARTBEAT = SERVICE + b"Heartbeat"
 
 
 class Sink:
@@ -71,10 +72,11 @@ class Client:
     def run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.b.loop).result(10)
 
-    def headers(self, path=HEARTBEAT, extra=(), content_type=b"application/grpc"):
+    def headers(self, path=HEARTBEAT, extra=(), content_type=b"application/grpc", client_id=None):
+        client_id = self.client_id if client_id is None else client_id
         hs = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path), (b":authority", b"localhost"),
               (b"te", b"trailers"), (b"content-type", content_type), (b"grpc-timeout", b"2999m"),
-              (b"x-mq-client-id", self.client_id.encode()), (b"x-mq-language", b"PYTHON"),
+              (b"x-mq-client-id", client_id.encode()), (b"x-mq-language", b"PYTHON"),
               (b"x-mq-client-version", b"5.1.2"), (b"x-mq-protocol", b"v2"), *extra]
         return self.enc.encode(hs)
 
@@ -94,6 +96,9 @@ class Client:
 
 def message(data, flag=0):
     return bytes((flag,)) + len(data).to_bytes(4, "big") + data
+
+
+msg = message
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +225,111 @@ def test_protocol_errors_in_the_pair_end_the_connection_as_before(b, sid, code):
     c.sid = sid
     goaways = [f for f in F.FrameReader(1 << 20).feed(c.call(c.headers(), message(REQUEST))) if f[0] == F.GOAWAY]
     assert goaways and F.u32(goaways[0][3], 4) == code and c.conn.closed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# QueryRoute and QueryAssignment: answers kept by request bytes (GrpcEndpoint.prepared_route)
+
+
+def route_request(topic="PreparedT", endpoints=("127.0.0.1",)):
+    r = s.QueryRouteRequest()
+    r.topic.name = topic
+    for host in endpoints:
+        r.endpoints.addresses.add(host=host, port=8081)
+    return r.SerializeToString()
+
+
+def assignment_request(topic="PreparedT", group="PreparedG"):
+    r = s.QueryAssignmentRequest()
+    r.topic.name = topic
+    r.group.name = group
+    r.endpoints.addresses.add(host="127.0.0.1", port=8081)
+    return r.SerializeToString()
+
+
+def answer_of(data, kind):
+    frames = [f for f in F.FrameReader(1 << 20).feed(data) if f[0] == F.DATA]
+    return getattr(s, kind).FromString(frames[0][3][5:])
+
+
+def put_topic(b, name, queues, perm=6):
+    from engine.registry.topic_config_manager import TopicConfig
+
+    async def go():
+        b.registry.update_topic_config(TopicConfig(name, read_queue_nums=queues, write_queue_nums=queues, perm=perm))
+    asyncio.run_coroutine_threadsafe(go(), b.loop).result(10)
+
+
+def test_route_answers_are_kept_and_follow_the_tables(b, counted):
+    put_topic(b, "PreparedT", 4)
+    c, ref = Client(b, "prepared@route"), Client(b, "prepared@route")
+    ep = b.grpc
+    for path, request, kind in ((SERVICE + b"QueryRoute", route_request(), "QueryRouteResponse"),
+                                (SERVICE + b"QueryAssignment", assignment_request(), "QueryAssignmentResponse")):
+        counted.clear()
+        hits = ep.answer_cache_hits
+        answers = [c.call(c.headers(path=path), msg(request)) for _ in range(3)]
+        general = [ref.call(ref.headers(path=path), msg(request), split=True) for _ in range(3)]
+        assert answers == general and answer_of(answers[0], kind).status.code == d.Code.OK
+        assert ep.answer_cache_hits == hits + 2 and len(counted) == 3  # built once, kept; the split calls ran
+    route = SERVICE + b"QueryRoute"
+    assert len(answer_of(c.call(c.headers(path=route), msg(route_request())), "QueryRouteResponse")
+               .message_queues) == 4
+    put_topic(b, "PreparedT", 2)  # a changed topic: the kept answer is not used
+    assert len(answer_of(c.call(c.headers(path=route), msg(route_request())), "QueryRouteResponse")
+               .message_queues) == 2
+    # the group turns orderly: QueryAssignment gives every queue (a FIFO group) instead of one queue id -1
+    assign = SERVICE + b"QueryAssignment"
+    before = answer_of(c.call(c.headers(path=assign), msg(assignment_request())), "QueryAssignmentResponse")
+    assert [a.message_queue.id for a in before.assignments] == [-1]
+    from engine.registry.subscription_group_manager import SubscriptionGroupConfig
+
+    async def orderly():
+        b.registry.store.groups.put(SubscriptionGroupConfig("PreparedG", consume_message_orderly=True))
+    c.run(orderly())
+    after = answer_of(c.call(c.headers(path=assign), msg(assignment_request())), "QueryAssignmentResponse")
+    assert [a.message_queue.id for a in after.assignments] == [0, 1]
+
+
+def test_route_errors_and_bad_client_ids_go_to_the_handler(b, counted):
+    put_topic(b, "PreparedT", 4)
+    c, ref = Client(b, "prepared@route2"), Client(b, "prepared@route2")
+    route = SERVICE + b"QueryRoute"
+    for kw, request in (({}, route_request("NoSuchTopic")), ({"client_id": ""}, route_request()),
+                        ({"client_id": "x" * 1100}, route_request()), ({}, b"\xff\xff")):
+        counted.clear()
+        hits = b.grpc.answer_cache_hits
+        got = c.call(c.headers(path=route, **kw), msg(request))
+        assert got == ref.call(ref.headers(path=route, **kw), msg(request), split=True)
+        assert b.grpc.answer_cache_hits == hits
+        if request == b"\xff\xff":  # not a request: both paths answer INTERNAL before any handler
+            assert b"grpc-status\x0213" in got and counted == []
+        else:
+            assert answer_of(got, "QueryRouteResponse").status.code != d.Code.OK and counted == [route, route]
+
+
+def test_kept_answers_stay_within_their_budget(b, monkeypatch):
+    from engine.broker import grpc_endpoint as ge
+
+    put_topic(b, "PreparedT", 4)
+    monkeypatch.setattr(ge, "ANSWER_CACHE_BYTES", 4000)
+    c = Client(b, "prepared@route3")
+    route = SERVICE + b"QueryRoute"
+    for k in range(40):  # 40 different requests (other endpoints: other bytes)
+        c.call(c.headers(path=route), msg(route_request(endpoints=(f"10.0.0.{k}",))))
+        assert b.grpc._answers_bytes <= 4000
+    assert 0 < len(b.grpc._answers) < 40
+    long = route_request(endpoints=[f"10.0.{k}.1" for k in range(16)] * 8)  # past ANSWER_CACHE_MAX_REQUEST
+    kept = len(b.grpc._answers)
+    assert answer_of(c.call(c.headers(path=route), msg(long)), "QueryRouteResponse").status.code == d.Code.OK
+    assert len(b.grpc._answers) == kept
+
+
+def test_with_acl_every_route_call_goes_to_the_handler(b, counted, monkeypatch):
+    put_topic(b, "PreparedT", 4)
+    monkeypatch.setattr(b.grpc, "on_request", lambda *a: None)  # a hook that sees every call
+    c = Client(b, "prepared@route4")
+    route = SERVICE + b"QueryRoute"
+    for _ in range(3):
+        c.call(c.headers(path=route), msg(route_request()))
+    assert counted == [route] * 3

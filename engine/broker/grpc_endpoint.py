@@ -64,6 +64,12 @@ MAX_SETTINGS_ENTRIES = 1024
 MAX_ENDPOINT_ADDRESSES = 16
 #: longest client id accepted (characters)
 MAX_CLIENT_ID = 1024
+#: QueryRoute and QueryAssignment answers the native transport keeps by their request's bytes, while the topic's and
+#: the group's configs and brokerIP1 are unchanged (an SDK repeats the same query every 5-30 s: answered from here
+#: without parsing it or building the answer), bytes of requests and answers at most; past it the cache starts
+#: over. Requests past ANSWER_CACHE_MAX_REQUEST bytes are not kept
+ANSWER_CACHE_BYTES = 8 << 20
+ANSWER_CACHE_MAX_REQUEST = 1024
 #: file (in the store's config folder) of the sessions' Settings a graceful stop leaves for the next start
 SESSIONS_FILE = "grpcSessions.json"
 #: longest sessions file written at stop and read at start, bytes: a stop saves the smallest sessions first and
@@ -316,6 +322,11 @@ class GrpcEndpoint:
         self.restored = 0
         #: heartbeats answered on the repeat path (see _Servicer.Heartbeat)
         self.heartbeat_repeats = 0
+        #: QueryRoute / QueryAssignment answers by (method, request bytes): (answer, topic, its config, group (None
+        #: for a route), its config, brokerIP1) (see prepared_route); their bytes; hits
+        self._answers: dict = {}
+        self._answers_bytes = 0
+        self.answer_cache_hits = 0
         self.p = load_protocol()
         #: the serialized answer of a heartbeat that registered (the Heartbeat handler answers with bytes)
         self._heartbeat_ok = self.p.s.HeartbeatResponse(status=self._status(self.p.d.Code.OK)).SerializeToString()
@@ -409,7 +420,10 @@ class GrpcEndpoint:
         # the same keepalive as the grpcio server's options (read at start: tests scale the constants down)
         self.keepalive_time_ms, self.keepalive_timeout_ms = KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
         servicer = _Servicer(self)
-        server = H2Server(self, servicer, SERVICE, prepared={"Heartbeat": servicer.heartbeat_repeat})
+        server = H2Server(self, servicer, SERVICE, prepared={
+            "Heartbeat": servicer.heartbeat_repeat,
+            "QueryRoute": lambda message, headers, peer: self.prepared_route("QueryRoute", message, headers),
+            "QueryAssignment": lambda message, headers, peer: self.prepared_route("QueryAssignment", message, headers)})
         host = self.host or "0.0.0.0"
         tls = self._tls_files()
         context = None
@@ -1139,6 +1153,52 @@ class GrpcEndpoint:
                 q.broker.CopyFrom(broker)
                 qid += 1
         return resp
+
+    def prepared_route(self, method: str, message: bytes, headers) -> bytes | None:
+        """The native transport's prepared answer of a QueryRoute / QueryAssignment (``method``): the serialized
+        answer of the same request bytes while what it was read from is unchanged (the topic's config and the
+        group's, the very objects: the tables replace a config to change it; brokerIP1), else built here and kept
+        when it is OK; None (the handler runs and answers): ACL or the on_request hook in force (each call is
+        checked or seen), a request without a valid client id, one that does not parse, or any answer but OK."""
+        if self.acl is not None or self.on_request is not None:
+            return None
+        client_id = _header_client_id(headers)
+        if not client_id or len(client_id) > MAX_CLIENT_ID:
+            return None
+        registry = self.broker.registry
+        key = (method, message)
+        kept = self._answers.get(key)
+        if (kept is not None and kept[5] == self.broker.config.broker_ip1 and registry.topic_config(kept[1]) is kept[2]
+                and (kept[3] is None or registry.subscription_group_config(kept[3]) is kept[4])):
+            self.answer_cache_hits += 1
+            return kept[0]
+        group = None
+        try:
+            if method == "QueryRoute":
+                request = self.p.s.QueryRouteRequest.FromString(message)
+                response = self.query_route(request)
+            else:
+                request = self.p.s.QueryAssignmentRequest.FromString(message)
+                response = self.query_assignment(request)
+                group = request.group.name
+        except Exception:  # _BadRequest, a parse error, a failure: the handler answers it in its words
+            return None
+        if response.status.code != self.p.d.Code.OK:
+            return None
+        answer = response.SerializeToString()
+        if len(message) <= ANSWER_CACHE_MAX_REQUEST:
+            cost = len(message) + len(answer) + 300  # the dict entry, the key and the entry's tuples, about
+            if kept is not None:
+                self._answers_bytes -= len(message) + len(kept[0]) + 300
+            elif self._answers_bytes + cost > ANSWER_CACHE_BYTES:
+                self._answers.clear()
+                self._answers_bytes = 0
+            topic = request.topic.name
+            self._answers[key] = (answer, topic, registry.topic_config(topic), group,
+                                  None if group is None else registry.subscription_group_config(group),
+                                  self.broker.config.broker_ip1)
+            self._answers_bytes += cost
+        return answer
 
     def query_assignment(self, request):
         d = self.p.d

@@ -164,7 +164,8 @@ class H2Server:
             path = f"/{service_name}/{m.name}".encode()
             self.methods[path] = _Method(path, getattr(servicer, m.name), getattr(p.s, m.input_type.name),
                                          m.name in raw_methods, m.client_streaming, m.server_streaming,
-                                         (prepared or {}).get(m.name) if m.name in raw_methods else None)
+                                         None if m.client_streaming or m.server_streaming
+                                         else (prepared or {}).get(m.name))
         self.max_connections = getattr(endpoint, "max_connections", 10_000)
         self.max_streams = endpoint.max_streams_per_connection
         self.max_message = endpoint.max_message_bytes

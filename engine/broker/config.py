@@ -53,7 +53,10 @@ class BrokerConfig:
     #: MessageStoreConfig: ASYNC_MASTER or SYNC_MASTER (the same here: there is no slave to wait for); SLAVE is
     #: refused (no HA)
     broker_role: str = "ASYNC_MASTER"
-    #: address put in routes and REGISTER_BROKER; empty = the local address each client connected to
+    #: address put in routes and REGISTER_BROKER; empty: a route answer carries the local address its client
+    #: connected to, and REGISTER_BROKER (and the boot line) `listenHost` when that names one address, else 4.9.8's
+    #: default (`RemotingUtil.getLocalAddress`: the first IPv4 address of a non-loopback, non-bridge interface
+    #: outside 127.0 and 192.168, else the last IPv4 one, else the first IPv6 one)
     broker_ip1: str = ""
     #: name servers, `host:port;host:port`; empty = this broker answers route queries itself
     namesrv_addr: str = ""

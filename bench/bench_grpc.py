@@ -22,6 +22,10 @@ per round, in this order against the same broker process:
 * remoting: engine.loadgen's steady scenario, N connections (N clients: the same 100 groups, half consumers),
   closed loop, one heartbeat in flight per connection, the same duration and CPU accounting.
 
+With ``--rate R`` both runs are open loops offering R heartbeats/s (spread over the sessions, over the
+connections): the broker then handles the same load on both protocols, whichever load generator is faster (in a
+closed loop the faster one keeps the broker busier, and a busier broker handles more events per wake-up).
+
 Both report ``broker_us_per_hb`` (the broker's CPU per answered heartbeat: the figure that does not depend on how
 busy the machine is) and ``broker_cpu_pct`` (how much of its core the broker used in the window: near 100 the
 broker was the bottleneck, below it the load process was).
@@ -137,9 +141,10 @@ def run_grpc(port: int, pid: int, n: int, duration: float, inflight: int, per_co
     return res
 
 
-def run_remoting(port: int, pid: int, n: int, duration: float) -> dict:
-    r = loadgen.run("steady", "127.0.0.1", port, n, 1, duration, 0.0, GROUPS, 0.5, 1, server_pid=pid)
-    res = {"protocol": "remoting", "connections": r["connections"], "inflight": r["connections"],
+def run_remoting(port: int, pid: int, n: int, duration: float, rate: float = 0.0) -> dict:
+    r = loadgen.run("steady", "127.0.0.1", port, n, 1, duration, rate, GROUPS, 0.5, 1, server_pid=pid)
+    res = {"protocol": "remoting", "connections": r["connections"],
+           "inflight": f"open loop {rate:g}/s" if rate else r["connections"],
            "registered_s": r["registered_s"], "seconds": r["seconds"], "answered": r["answered"],
            "errors": r["errors"] + r["opaque_mismatch"], "heartbeats_per_s": r["heartbeats_per_s"],
            "broker_cpu_s": r.get("server_cpu_s"), "load_cpu_s": r.get("loadgen_cpu_s"),
@@ -191,8 +196,9 @@ def main(argv=None) -> int:
     p.add_argument("--grpc-transport", default="native", choices=("grpcio", "native"),
                    help="the broker's grpcTransport (native, the default: engine.http2; grpcio: grpc.aio)")
     p.add_argument("--rate", type=float, default=0.0,
-                   help="gRPC: offered Heartbeats/s over all sessions, open loop (a 5.x fleet: sessions / 10); "
-                        "0 = the closed loop of --inflight")
+                   help="offered heartbeats/s over all sessions (gRPC) and over all connections (remoting), open "
+                        "loop: both runs at the same rate (a 5.x fleet: sessions / 10); 0 = closed loops (gRPC: "
+                        "--inflight; remoting: one per connection)")
     p.add_argument("--procs", type=int, default=1, help="gRPC: load processes")
     p.add_argument("--sessions-per-connection", type=int, default=SESSIONS_PER_CONNECTION,
                    help="gRPC sessions sharing one HTTP/2 connection (default 128)")
@@ -238,7 +244,7 @@ def main(argv=None) -> int:
                         _wait_sessions_gone(grpc_port, main_port)
                         _wait_fds(proc.pid, idle_fds + 50)
                     if "remoting" in protocols:
-                        runs.append(_machine(lambda: run_remoting(main_port, proc.pid, n, a.duration)))
+                        runs.append(_machine(lambda: run_remoting(main_port, proc.pid, n, a.duration, a.rate)))
                     for res in runs:
                         res.update(round=r + 1, pin=a.pin)
                         results.append(res)

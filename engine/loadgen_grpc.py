@@ -458,12 +458,8 @@ class GrpcConn(asyncio.Protocol):
                 if key == F.SETTINGS_MAX_CONCURRENT_STREAMS:
                     self.max_streams = value
                 elif key == F.SETTINGS_INITIAL_WINDOW_SIZE:
-                    if value > F.MAX_WINDOW:
-                        raise FrameError(F.FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE past 2^31-1")
-                    delta = value - self.peer_initial_window
-                    self.peer_initial_window = value
-                    for st in self.streams.values():
-                        st.send_window += delta
+                    self.peer_initial_window = F.apply_initial_window(self.streams.values(),
+                                                                      self.peer_initial_window, value)
                 elif key == F.SETTINGS_MAX_FRAME_SIZE:
                     if not F.DEFAULT_MAX_FRAME_SIZE <= value <= F.MAX_MAX_FRAME_SIZE:
                         raise FrameError(F.PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")

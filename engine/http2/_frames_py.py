@@ -68,6 +68,17 @@ class FrameError(RemotingError, ValueError):
         self.code = code
 
 
+def _rest(buf, pos: int, end: int, kept: bool):
+    """What a reader keeps after reading up to ``pos`` of ``buf`` (``kept``: ``buf`` is its own buffer, cut in
+    place): nothing, or the partial frame / message, growing in place as more arrives."""
+    if pos >= end:
+        return b""
+    if kept:
+        del buf[:pos]
+        return buf
+    return bytearray(buf[pos:])
+
+
 class FrameReader:
     """Bytes in, frames out: ``feed(data)`` returns ``[(type, flags, stream_id, payload), ...]`` (payload: bytes)
     of the whole frames received so far; the rest is kept for the next call (at most one frame's worth)."""
@@ -104,12 +115,7 @@ class FrameReader:
             payload = buf[pos + 9:stop]
             out.append((ftype, flags, sid & 0x7FFFFFFF, bytes(payload) if copy else payload))
             pos = stop
-        if pos >= end:
-            self._buf = b""
-        elif kept:
-            del buf[:pos]
-        else:
-            self._buf = bytearray(buf[pos:])
+        self._buf = _rest(buf, pos, end, kept)
         return out
 
     @property
@@ -165,12 +171,7 @@ class MessageReader:
             pos = stop
             self._need = 5
             self._length = -1
-        if pos >= end:
-            self._buf = b""
-        elif buf is self._buf:
-            del buf[:pos]
-        else:
-            self._buf = bytearray(buf[pos:])
+        self._buf = _rest(buf, pos, end, buf is self._buf)
         return out
 
     @property

@@ -41,3 +41,17 @@ if not NATIVE_FRAMES:
                                          header_value, invocation_metadata, parse_settings, parse_timeout, ping,
                                          rst_stream, scan_request_headers, settings, u32, unary_answer,
                                          window_update)
+
+
+def apply_initial_window(streams, old: int, value: int) -> int:
+    """A peer's SETTINGS_INITIAL_WINDOW_SIZE ``value`` (RFC 7540 §6.9.2): the send window of every open stream (an
+    object with ``send_window``) moves by its change from ``old``; returns ``value``, the new initial window.
+    FrameError FLOW_CONTROL_ERROR past 2^31-1, the setting's or a stream window's."""
+    if value > MAX_WINDOW:
+        raise FrameError(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE past 2^31-1")
+    delta = value - old
+    for stream in streams:
+        stream.send_window += delta
+        if stream.send_window > MAX_WINDOW:
+            raise FrameError(FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
+    return value

@@ -572,14 +572,8 @@ class H2Connection(asyncio.Protocol):
         self.got_settings = True
         for key, value in F.parse_settings(payload):
             if key == F.SETTINGS_INITIAL_WINDOW_SIZE:
-                if value > F.MAX_WINDOW:
-                    raise FrameError(F.FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE past 2^31-1")
-                delta = value - self.peer_initial_window
-                self.peer_initial_window = value
-                for call in self.streams.values():
-                    call.send_window += delta
-                    if call.send_window > F.MAX_WINDOW:
-                        raise FrameError(F.FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
+                self.peer_initial_window = F.apply_initial_window(self.streams.values(), self.peer_initial_window,
+                                                                  value)
             elif key == F.SETTINGS_MAX_FRAME_SIZE:
                 if not F.DEFAULT_MAX_FRAME_SIZE <= value <= F.MAX_MAX_FRAME_SIZE:
                     raise FrameError(F.PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")

@@ -391,6 +391,16 @@ cdef inline bint _pair(object field):
         and type((<tuple>field)[1]) is bytes
 
 
+cdef bint _all_pairs(object headers):
+    """A list of (bytes, bytes) tuples: what the compiled readers take; anything else goes to the twin's code."""
+    if type(headers) is not list:
+        return False
+    for field in <list>headers:
+        if not _pair(field):
+            return False
+    return True
+
+
 def scan_request_headers(headers):
     """``(size, path, content_type, encoding, timeout, bad)`` of a request's header list (see the twin)."""
     cdef Py_ssize_t size = 0, n, m
@@ -398,11 +408,8 @@ def scan_request_headers(headers):
     cdef bint bad = False
     cdef bytes name, value
     cdef const char* p
-    if type(headers) is not list:
+    if not _all_pairs(headers):
         return _py.scan_request_headers(headers)
-    for field in <list>headers:
-        if not _pair(field):
-            return _py.scan_request_headers(headers)
     for field in <list>headers:
         name = (<tuple>field)[0]
         value = (<tuple>field)[1]
@@ -446,11 +453,8 @@ def invocation_metadata(headers):
     cdef bytes name, value
     cdef const char* p
     cdef Py_ssize_t n
-    if type(headers) is not list:
+    if not _all_pairs(headers):
         return _py.invocation_metadata(headers)
-    for field in <list>headers:
-        if not _pair(field):
-            return _py.invocation_metadata(headers)
     for field in <list>headers:
         name = (<tuple>field)[0]
         value = (<tuple>field)[1]

@@ -180,6 +180,29 @@ def test_request_header_readers_parity(hs):
         assert a == b and type(a) is type(b)
 
 
+bodies = st.sampled_from([b"", b"\0\0\0\0", b"\0\0\0\0\0", b"\0\0\0\0\x04abcd", b"\x01\0\0\0\x04abcd",
+                          b"\0\0\0\0\x05abcd", b"\0\0\0\0\x03abcd", b"\0\xff\xff\xff\xffab"]) | st.binary(max_size=12)
+grpc_headers = st.lists(st.sampled_from([(b":method", b"POST"), (b":method", b"GET"), (b":path", b"/S/M"),
+                                         (b"content-type", b"application/grpc"),
+                                         (b"content-type", b"application/grpc+proto"), (b"content-type", b"text/x"),
+                                         (b"grpc-encoding", b"identity"), (b"grpc-encoding", b"gzip"),
+                                         (b"grpc-timeout", b"1S"), (b"grpc-timeout", b"1x"), (b"te", b"trailers")]),
+                        max_size=8) | headers
+
+
+@SETTINGS
+@given(hs=grpc_headers, body=bodies, max_metadata=st.sampled_from([0, 60, 16384]),
+       max_message=st.sampled_from([0, 3, 4, 4 << 20]))
+def test_unary_path_parity(hs, body, max_metadata, max_message):
+    n = native()
+    got = n.unary_path(hs, body, max_metadata, max_message)
+    assert got == P.unary_path(hs, body, max_metadata, max_message)
+    if got is not None:  # what it stands for, said the long way
+        size, path, ctype, enc, timeout, bad = P.scan_request_headers(hs)
+        assert got == path and not bad and size <= max_metadata and ctype.startswith(b"application/grpc")
+        assert enc in (None, b"identity") and body[0] == 0 and len(body) - 5 == P.u32(body, 1) <= max_message
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # behaviour, both builds
 

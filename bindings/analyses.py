@@ -576,24 +576,29 @@ def member_address_records(runs: DataFrame, plan, wanted, params: ScanParams, co
             for (g, c), d in sorted(conns.items())]
 
 
-def reconnects():
-    """merged runs -> client_id, reconnect_ms: every heartbeat on another connection than the client's previous."""
+def reconnects(restarted=()):
+    """merged runs -> client_id, reconnect_ms: every heartbeat on another connection than the client's previous
+    (``restarted``: a capture's connections a broker restart ended: the next one after such a connection is no
+    reconnect, engine.recording.scan_py._flapping)."""
 
     def transform(runs: DataFrame) -> DataFrame:
         steps = _client_steps(runs)
-        return steps.where(F.col("prev_conn").isNotNull() & (F.col("conn_id") != F.col("prev_conn"))).select(
-            "client_id", F.col("first_ms").alias("reconnect_ms"))
+        new = F.col("prev_conn").isNotNull() & (F.col("conn_id") != F.col("prev_conn"))
+        if restarted:
+            new = new & ~F.col("prev_conn").isin(list(restarted))
+        return steps.where(new).select("client_id", F.col("first_ms").alias("reconnect_ms"))
 
     return transform
 
 
-def flapping_clients(params: ScanParams = ScanParams()):
+def flapping_clients(params: ScanParams = ScanParams(), restarted=()):
     """merged runs -> clients with flap_min_reconnects or more reconnects in some flap_window (epoch-aligned):
-    client_id, groups, reconnects, max_reconnects_per_window, first/last_reconnect_ms, windows, reconnect_ms."""
+    client_id, groups, reconnects, max_reconnects_per_window, first/last_reconnect_ms, windows, reconnect_ms
+    (``restarted``: see :func:`reconnects`)."""
     w_ms, need = params.window_ms, params.flap_min_reconnects
 
     def transform(runs: DataFrame) -> DataFrame:
-        per_client = runs.transform(reconnects()).groupBy("client_id").agg(
+        per_client = runs.transform(reconnects(restarted)).groupBy("client_id").agg(
             F.count("*").alias("reconnects"), F.min("reconnect_ms").alias("first_reconnect_ms"),
             F.max("reconnect_ms").alias("last_reconnect_ms"), F.array_sort(F.collect_list("reconnect_ms")).alias("reconnect_ms"))
         start = lambda t: t - F.pmod(t, F.lit(w_ms))  # noqa: E731

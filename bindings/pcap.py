@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import functools
 import gzip
+import heapq
 import itertools
 import json
 import os
@@ -220,7 +221,8 @@ class CaptureResult:
     #: it has no packet
     first_ms: Optional[int] = None
     last_ms: Optional[int] = None
-    #: {conn_id: [client address, first ms, last ms]} of the connections it shows (continued_connections)
+    #: {conn_id: [client address, first ms, last ms, last heartbeat / UNREGISTER_CLIENT ms or None]} of the
+    #: connections it shows (continued_connections, broker_restarts)
     conns: dict = field(default_factory=dict)
     #: {kind: [first ms, last ms]} of what the reader's budgets left unread (CaptureDecoder.damage_times)
     damage_times: dict = field(default_factory=dict)
@@ -287,18 +289,21 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
     dropped = [0, None, None]  # events and losses not kept: count, first ms, last ms
     untracked = [0, None, None]  # heartbeats of connections past max_capture_connections: count, first ms, last ms
     salt = capture_salt(capture.index)
-    # conn_id -> [client address, first ms, last ms] of its records and events: the connections with heartbeats
-    # (at most max_capture_connections, ``tracked``) and those with events only (at most max_events)
+    # conn_id -> [client address, first ms, last ms, last heartbeat or unregister ms] of its records and events:
+    # the connections with heartbeats (at most max_capture_connections, ``tracked``) and those with events only (at
+    # most max_events)
     conns: dict = {}
     tracked: set = set()
 
-    def seen(conn, addr, first, last):
+    def seen(conn, addr, first, last, client_last=None):
         info = conns.get(conn)
         if info is None:
-            conns[conn] = [addr, first, last]
+            conns[conn] = [addr, first, last, client_last]
         else:
             info[0] = info[0] or addr
             info[1], info[2] = min(info[1], first), max(info[2], last)
+            if client_last is not None and (info[3] is None or client_last > info[3]):
+                info[3] = client_last
 
     def drain():
         rec, ev, lo = dec.take()
@@ -337,9 +342,9 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
             np.maximum.at(hi_ms, inverse.reshape(-1), recv)
             ao, ad = rec["addr_offsets"], rec["addr_data"]
             for c, i, a, b in zip(uniq.tolist(), first.tolist(), lo_ms.tolist(), hi_ms.tolist()):
-                seen(c, ad[ao[i]:ao[i + 1]].decode("utf-8", "replace"), a, b)
+                seen(c, ad[ao[i]:ao[i + 1]].decode("utf-8", "replace"), a, b, b)
         for e in ev:
-            seen(e[1], e[3] or "", e[0], e[0])
+            seen(e[1], e[3] or "", e[0], e[0], e[0] if e[2] == "unregister" else None)
         return rec
 
     for path in capture.files:
@@ -375,7 +380,7 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
     if len(rec["recv_ms"]):
         yield rec
     # what the capture shows: from its first packet to its last (in file order), and every record and event
-    times = [t for info in conns.values() for t in info[1:]]
+    times = [t for info in conns.values() for t in info[1:3]]
     times += [t for t in (dec.first_packet_ms, dec.last_packet_ms) if t >= 0]
     times += [t for t in untracked[1:] if t is not None]
     stats = dict(dec.stats, events_dropped=dropped[0], heartbeats_untracked=untracked[0])
@@ -564,62 +569,183 @@ def connection_events(results: Sequence[CaptureResult]) -> dict:
 #: A broker stop in a capture: every connection open at that moment (two or more) ended by the broker's side within
 #: this window (a stopping broker closes its channels; a killed one's kernel does).
 RESTART_WINDOW_MS = 2_000
+#: How a capture saw a broker restart (``broker_boots`` rows' ``seen``).
+RESTART_SEEN_CLOSES = "the broker closed its connections"
+RESTART_SEEN_SILENT = "new connections, none surviving"
+#: The channel expiry a capture's restart rule takes when not given one (ScanParams.expiry_s's default): a
+#: connection silent longer than this is no channel of the broker any more, so no restart ends it.
+RESTART_EXPIRY_MS = 120_000
 
 
-def broker_restarts(results: Sequence[CaptureResult]) -> List[dict]:
-    """The broker stops a capture shows (``broker_boots`` rows, as a log's): a time when every connection of the
-    capture open then -- two or more -- ended by the server's FIN / RST within ``RESTART_WINDOW_MS``; ``start_ms``
-    is the first connection opened after it (the broker accepting again), None if none. A broker that starts has no
-    channels: its members' intervals end at those closes already (member_left)."""
-    out = []
+def broker_restarts(results: Sequence[CaptureResult], expiry_ms: int = RESTART_EXPIRY_MS) -> List[dict]:
+    """The broker restarts a capture shows (``broker_boots`` rows, as a log's): :func:`restart_scan`'s rows."""
+    return restart_scan(results, expiry_ms)[0]
+
+
+def restart_scan(results: Sequence[CaptureResult], expiry_ms: int = RESTART_EXPIRY_MS) -> Tuple[List[dict], dict]:
+    """(``broker_boots`` rows, {conn_id: (ms, silent)} of the connections each ended) of a capture's broker restarts,
+    seen two ways (``seen``):
+
+    * the broker closed its connections (:func:`_closed_restarts`): a time when every connection of the capture
+      open then -- two or more -- was ended by the server's FIN / RST within ``RESTART_WINDOW_MS``;
+    * new connections, none surviving (:func:`_silent_restarts`): its host died without a close on the wire (a
+      crash, a power loss), the clients' old connections went silent (or got a reset from the new host later) and
+      they came back on new ones.
+
+    ``start_ms`` is the first connection opened after it (the broker accepting again), None if none. A broker that
+    starts has no channels: its members' intervals end at those closes already (member_left), or, when silent, at
+    the restart (:func:`restart_events` gives those connections that end). The driver's step, shared by the local
+    and the Spark scans."""
+    out, ended = [], {}
     for r in results:
         ends = connection_events([r])
-        server_ends = sorted({int(e["end"][0]) for e in ends.values()
-                              if e.get("end") is not None and str(e["end"][1]).endswith("_by_server")})
         opens = sorted(int(e["open"]) for e in ends.values() if e.get("open") is not None)
-        # A connection is live at t when first < t <= its end (no end: from first on); a stop at t needs two or
-        # more live and none of them "bad" (not ended by the server by t + RESTART_WINDOW_MS). Both are counted
-        # as intervals of t holding t (sorted bounds, bisect): O(n log n), not server ends x connections (a
-        # capture of 8,000 connections each reset by the server took 30 s)
-        live, bad, by_server = ([], []), ([], []), []  # ([lo], [hi]) of the intervals; (first, end) of server ends
-        for c, v in r.conns.items():
-            first, end = int(v[1]), (ends.get(c) or {}).get("end")
-            if end is None:
-                spans = [(live, float("inf")), (bad, float("inf"))]
-            elif str(end[1]).endswith("_by_server"):
-                spans = [(live, int(end[0])), (bad, int(end[0]) - RESTART_WINDOW_MS - 1)]
-                by_server.append((first, int(end[0])))
-            else:
-                spans = [(live, int(end[0])), (bad, int(end[0]))]
-            for (los, his), hi in spans:
-                if first + 1 <= hi:
-                    los.append(first + 1)
-                    his.append(hi)
-        for bounds in (live, bad):
-            bounds[0].sort()
-            bounds[1].sort()
-        by_server.sort()
-        firsts = [f for f, _ in by_server]
-        last_end = list(itertools.accumulate((e for _, e in by_server), max))  # of the server ends opened so far
+        for rows, conns in (_closed_restarts(r, ends, opens), _silent_restarts(r, ends, opens, expiry_ms)):
+            out += rows
+            ended.update(conns)
+    return sorted(out, key=lambda x: (x["broker"], x["stopped_ms"])), ended
 
-        def holding(bounds, t):  # intervals [lo, hi] with lo <= t <= hi (every one with hi < t has lo < t)
-            return bisect.bisect_right(bounds[0], t) - bisect.bisect_left(bounds[1], t)
 
-        after = -1
-        for t in server_ends:
-            if t <= after:
-                continue
-            n = holding(live, t)
-            if n < 2 or holding(bad, t):
-                continue
-            # every one opened before t ended by the server before t or within [t, t + window] (else it were a
-            # bad live one): the last of their ends is the live ones'
-            after = last_end[bisect.bisect_left(firsts, t) - 1]
-            k = bisect.bisect_right(opens, after)
-            out.append({"broker": r.name, "start_ms": opens[k] if k < len(opens) else None, "ready_ms": None,
-                        "name": None, "addr": None, "stopped_ms": t, "members_ended": None,
-                        "clients_ended": n})
-    return sorted(out, key=lambda x: (x["broker"], x["stopped_ms"]))
+def _holding(bounds, t) -> int:
+    """How many of the intervals ([lo...], [hi...], both sorted) hold t (lo <= t <= hi; each with hi < t has lo < t)."""
+    return bisect.bisect_right(bounds[0], t) - bisect.bisect_left(bounds[1], t)
+
+
+def _restart_row(r, t, start, n, seen) -> dict:
+    return {"broker": r.name, "start_ms": start, "ready_ms": None, "name": None, "addr": None, "stopped_ms": t,
+            "members_ended": None, "clients_ended": n, "seen": seen}
+
+
+def _closed_restarts(r: CaptureResult, ends: dict, opens: list) -> Tuple[List[dict], dict]:
+    """Restarts seen as the broker closing every connection open then (two or more) within RESTART_WINDOW_MS."""
+    out, ended = [], {}
+    server_ends = sorted({int(e["end"][0]) for e in ends.values()
+                          if e.get("end") is not None and str(e["end"][1]).endswith("_by_server")})
+    # A connection is live at t when first < t <= its end (no end: from first on); a stop at t needs two or
+    # more live and none of them "bad" (not ended by the server by t + RESTART_WINDOW_MS). Both are counted
+    # as intervals of t holding t (sorted bounds, bisect): O(n log n), not server ends x connections (a
+    # capture of 8,000 connections each reset by the server took 30 s)
+    live, bad, by_server = ([], []), ([], []), []  # ([lo], [hi]) of the intervals; (first, end, conn) of server ends
+    for c, v in r.conns.items():
+        first, end = int(v[1]), (ends.get(c) or {}).get("end")
+        if end is None:
+            spans = [(live, float("inf")), (bad, float("inf"))]
+        elif str(end[1]).endswith("_by_server"):
+            spans = [(live, int(end[0])), (bad, int(end[0]) - RESTART_WINDOW_MS - 1)]
+            by_server.append((first, int(end[0]), c))
+        else:
+            spans = [(live, int(end[0])), (bad, int(end[0]))]
+        for (los, his), hi in spans:
+            if first + 1 <= hi:
+                los.append(first + 1)
+                his.append(hi)
+    for bounds in (live, bad):
+        bounds[0].sort()
+        bounds[1].sort()
+    by_server.sort()
+    firsts = [f for f, _, _ in by_server]
+    last_end = list(itertools.accumulate((e for _, e, _ in by_server), max))  # of the server ends opened so far
+    by_end = sorted((e, f, c) for f, e, c in by_server)  # the connections each stop ended: a pointer over these
+    i = 0
+    after = -1
+    for t in server_ends:
+        if t <= after:
+            continue
+        n = _holding(live, t)
+        if n < 2 or _holding(bad, t):
+            continue
+        # every one opened before t ended by the server before t or within [t, t + window] (else it were a
+        # bad live one): the last of their ends is the live ones'
+        after = last_end[bisect.bisect_left(firsts, t) - 1]
+        while i < len(by_end) and by_end[i][0] <= after:
+            e, f, c = by_end[i]
+            if e >= t and f < t:
+                ended[c] = (e, False)
+            i += 1
+        k = bisect.bisect_right(opens, after)
+        out.append(_restart_row(r, t, opens[k] if k < len(opens) else None, n, RESTART_SEEN_CLOSES))
+    return out, ended
+
+
+def _silent_restarts(r: CaptureResult, ends: dict, opens: list, expiry_ms: int) -> Tuple[List[dict], dict]:
+    """Restarts whose closes the capture did not see (the broker's host crashed or lost power: no FIN / RST of the
+    old process): a time t when two or more connections with a heartbeat (or UNREGISTER_CLIENT) less than the expiry
+    before t went silent -- nothing at or after t, or only the new host's reset more than RESTART_WINDOW_MS after
+    t, answering their next packet -- with no connection surviving across t, and a new connection (its SYN) at or
+    after t. A connection survives t when it was opened before t and sent a heartbeat or UNREGISTER_CLIENT at or
+    after t (not one the server's reset answered within RESTART_WINDOW_MS), has anything at all at or after t when
+    it did not end, or was closed by the server at or after t otherwise than by such a late reset (the old process
+    alive). t is the first such time: one past the last packet before the silence (the crash itself is not on the
+    wire, it came after). A client reconnecting alone is no restart (the others survive), nor is a silence the
+    capture ends in (no new connection). Each connection has one silence interval and one or two survival
+    intervals, counted with sorted bounds: O(n log n)."""
+    out, ended = [], {}
+    survive, silent = ([], []), []  # survive: ([lo], [hi]); silent: (lo, hi, conn) of the times t it is silent at
+    for c, v in r.conns.items():
+        first, last, active = int(v[1]), int(v[2]), (v[3] if len(v) > 3 else None)
+        end = (ends.get(c) or {}).get("end")
+        how, e = (str(end[1]), int(end[0])) if end is not None else ("", None)
+        answered = how == "rst_by_server" and active is not None and active >= e - RESTART_WINDOW_MS
+        spans = []
+        if end is None:
+            spans.append((first + 1, last))
+        elif active is not None and not answered:
+            spans.append((first + 1, int(active)))
+        if how == "fin_by_server":
+            spans.append((first + 1, e))
+        elif how == "rst_by_server":
+            spans.append((max(first + 1, e - RESTART_WINDOW_MS), e))
+        for lo, hi in spans:
+            if lo <= hi:
+                survive[0].append(lo)
+                survive[1].append(hi)
+        if active is None:  # no heartbeat: no member of the broker's to end
+            continue
+        if end is None:
+            lo, hi = last + 1, int(active) + expiry_ms - 1
+        elif how == "rst_by_server" and not answered:
+            lo, hi = int(active) + 1, min(int(active) + expiry_ms - 1, e - RESTART_WINDOW_MS - 1)
+        else:
+            continue
+        if lo <= hi:
+            silent.append((lo, hi, c))
+    survive[0].sort()
+    survive[1].sort()
+    silent.sort()
+    live: list = []  # heap of (hi, conn) of the silent intervals begun by the candidate t
+    i, after = 0, -1
+    while i < len(silent):
+        t = silent[i][0]
+        while i < len(silent) and silent[i][0] == t:
+            heapq.heappush(live, (silent[i][1], silent[i][2]))
+            i += 1
+        while live and live[0][0] < t:
+            heapq.heappop(live)
+        if t <= after or len(live) < 2 or _holding(survive, t):
+            continue
+        k = bisect.bisect_left(opens, t)
+        if k == len(opens):
+            continue
+        for _, c in live:
+            ended[c] = (t, True)
+        out.append(_restart_row(r, t, opens[k], len(live), RESTART_SEEN_SILENT))
+        live, after = [], opens[k]
+    return out, ended
+
+
+def restart_events(results: Sequence[CaptureResult], expiry_ms: int = RESTART_EXPIRY_MS) -> Tuple[dict, List[dict]]:
+    """(conn_events, broker_boots) of captures, for the scans: :func:`connection_events` where each connection a
+    restart ended carries ``restart`` (its ms: a client's next connection after it is no reconnect, as in a log),
+    and one whose end the capture did not see (a silent restart) ends there: ``end`` = [ms, "broker_restart"] (its
+    members end at the restart: not an expiry, not a vanished client)."""
+    conn_events = connection_events(results)
+    rows, ended = restart_scan(results, expiry_ms)
+    for c, (t, silent) in ended.items():
+        e = conn_events.setdefault(c, {})
+        e["restart"] = t
+        if silent:
+            e["end"] = [t, "broker_restart"]
+    return conn_events, rows
 
 
 def unregister_times(results: Sequence[CaptureResult]) -> dict:
@@ -666,7 +792,7 @@ def continued_connections(results: Sequence[CaptureResult]) -> dict:
         opened = {e[1] for e in r.events if e[2] == "open"}
         ended = {e[1] for e in r.events if e[2] in ("fin", "rst")}
         by_addr = defaultdict(list)
-        for conn, (addr, first, last) in r.conns.items():
+        for conn, (addr, first, last, *_) in r.conns.items():
             if addr:
                 by_addr[addr].append((first, last, conn))
         for addr, cs in by_addr.items():
@@ -1008,7 +1134,7 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
             task_clients[(p["name"], tuple(p["shard"]))] = set(p["clients"])
         unseen = unseen_unregisters(results, task_clients)
         results = merge_shards(results)
-        conn_events, unregisters = connection_events(results), unregister_times(results)
+        (conn_events, boots), unregisters = restart_events(results, params.expiry_ms), unregister_times(results)
         cuts = sp.capture_cuts(spark, conn_events, unregisters)
         unregister_frame = cuts[1] if cuts is not None and unregisters else None
         runs = raw.where(F.col("role") != CAPTURE_ROLE)
@@ -1024,7 +1150,8 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
                     "inconsistent_subscriptions": sp._inconsistent_records(
                         sp._rows(runs.transform(sp.inconsistent_subscriptions(params, cuts)))),
                     "flapping_clients": sp.with_connection_marks(
-                        runs, sp._flapping_records(sp._rows(runs.transform(sp.flapping_clients(params)))),
+                        runs, sp._flapping_records(sp._rows(runs.transform(sp.flapping_clients(
+                            params, sorted(c for c, e in conn_events.items() if "restart" in e))))),
                         conn_events),
                     "heartbeat_gaps": sorted(sp._rows(runs.transform(sp.heartbeat_gaps(params)).select(
                         "client_id", "groups", "start_ms", "end_ms", "gap_s")), key=lambda r: (r["client_id"], r["start_ms"])),
@@ -1049,7 +1176,7 @@ def scan(spark, paths, params: ScanParams = ScanParams(), *, native: Optional[bo
     findings["parameters"] = {k: getattr(params, k) for k in ScanParams.__dataclass_fields__}
     summary = capture_summary(results)
     findings["capture"] = summary
-    findings["broker_boots"] = broker_restarts(results)
+    findings["broker_boots"] = boots
     damage = loss_damage(summary)
     findings["scan"] = {"method": "pcap", "captures": len(results), "tasks": len(plan),
                         "files": sum(len(r.files) for r in results),
@@ -1068,7 +1195,8 @@ def scan_local(paths, params: ScanParams = ScanParams(), *, native: Optional[boo
     from engine.recording.scan_py import scan_records
 
     rec, results = read_local(paths, native=native, **options)
-    findings = scan_records(records_iter([rec]), params, connection_events(results), unregister_times(results))
+    conn_events, boots = restart_events(results, params.expiry_ms)
+    findings = scan_records(records_iter([rec]), params, conn_events, unregister_times(results))
     if client_ids:
         ids = set()
         for body in {r[5] for r in records_iter([rec])}:
@@ -1079,7 +1207,7 @@ def scan_local(paths, params: ScanParams = ScanParams(), *, native: Optional[boo
         findings["_client_ids"] = sorted(i for i in ids if i is not None)
     summary = capture_summary(results)
     findings["capture"] = summary
-    findings["broker_boots"] = broker_restarts(results)
+    findings["broker_boots"] = boots
     damage = loss_damage(summary)
     findings["scan"] = {"torn_tails": [], "corrupt": damage}
     separate_data_loss(findings, [], damage)

@@ -279,9 +279,10 @@ def _write_all_csvs(findings: dict, out: "ReportFiles") -> Tuple[List[str], Dict
     if "broker_boots" in findings:
         _write_csv(out, "broker_restarts.csv",
                    ["broker", "stopped_utc", "start_utc", "ready_utc", "broker_name", "broker_addr", "members_ended",
-                    "clients_ended"],
+                    "clients_ended", "seen"],
                    [[r["broker"], utc(r["stopped_ms"]), utc(r["start_ms"]), utc(r["ready_ms"]), r["name"] or "",
-                     r["addr"] or "", r["members_ended"], r["clients_ended"]] for r in findings["broker_boots"]])
+                     r["addr"] or "", r["members_ended"], r["clients_ended"], r.get("seen") or ""]
+                    for r in findings["broker_boots"]])
         names.append("broker_restarts.csv")
     if "retry_topic_churn" in findings:
         lines["retry_topic_churn"] = [[n] for n in _write_csv(
@@ -745,7 +746,8 @@ def _span_strip(t0, t1, a, b, label) -> str:
 #: How a close mark was found, in words (the flapping rows' ``closes``: [ms, how]).
 CLOSE_HOW = {"last_heartbeat": "closed after this, its last heartbeat (the client went on on another connection)",
              "closed": "channel closed (NETTY EVENT)", "unregister": "unregistered (UNREGISTER_CLIENT)",
-             "expired": "expired (the broker's SCAN)"}
+             "expired": "expired (the broker's SCAN)",
+             "broker_restart": "ended by the broker's restart (its host died: no close on the wire)"}
 
 
 #: What ended a silent client (expired_clients' ``cause``), in the report's words.
@@ -766,9 +768,10 @@ CAPTURE_CANNOT = {
     "expired_clients (SCAN)": "the broker's channel-expiry SCAN sends nothing on the wire: a client silent with its "
                               "connection open is listed at its last heartbeat + the expiry (cause inferred); only "
                               "an idle close (the broker's FIN / RST) is seen",
-    "broker_restarts": "seen only as the broker ending every open connection within 2 s (RESTART_WINDOW_MS); a "
-                       "broker whose host died without closing them shows no stop: its clients' connections go "
-                       "quiet and they come back on new ones"}
+    "broker_restarts": "seen as the broker ending every open connection within 2 s (RESTART_WINDOW_MS), or, when "
+                       "its host died without closing them, as their going silent with new connections after and "
+                       "none surviving; a broker that died and was not back while the capture ran shows no "
+                       "restart: its clients' silences are expiries (cause inferred)"}
 #: What a broker log cannot show besides heartbeat gaps (its ``unsupported``).
 LOG_CANNOT = {
     "lines the broker did not write": "a broker under load drops INFO lines (logback's async appender): a member "
@@ -1482,8 +1485,12 @@ def _vanished_section(findings: dict, cols, row, link) -> List[str]:
         parts.append("</section>")
     if "broker_boots" in findings:
         boots = findings["broker_boots"]
-        how = ("In a capture: a time when every connection open then (two or more) was ended by the broker within "
-               "2 s; started: the first connection after it. " if findings.get("capture") else
+        how = ("In a capture (seen): the broker closed its connections -- a time when every connection open then "
+               "(two or more) was ended by the broker within 2 s -- or, when its host died without a close on "
+               "the wire, new connections, none surviving -- two or more connections went silent (or only got the "
+               "new host's reset later) and new ones followed, no connection going on across it: stopped is then "
+               "one past their last packet (the crash itself came after it and is not on the wire). Started: the "
+               "first connection after it. " if findings.get("capture") else
                "In a log: its stop is the shutdown hook's line, its start its first startup line (else its boot "
                "success line); a start with no stop logged before it (a killed broker) ends the memberships at the "
                "start: when the broker died is not in the log. ")
@@ -1493,10 +1500,11 @@ def _vanished_section(findings: dict, cols, row, link) -> List[str]:
         if boots:
             parts.append(_table(
                 ["broker", "stopped (UTC)", "started (UTC)", "boot success (UTC)", "name, address",
-                 "memberships ended", "clients"],
+                 "memberships ended", "clients", "seen"],
                 [[r["broker"], utc(r["stopped_ms"]) or "", utc(r["start_ms"]) or "(not started again in the input)",
                   utc(r["ready_ms"]) or "", ", ".join(x for x in (r["name"], r["addr"]) if x),
-                  "" if r["members_ended"] is None else r["members_ended"], r["clients_ended"]] for r in boots],
+                  "" if r["members_ended"] is None else r["members_ended"], r["clients_ended"],
+                  r.get("seen") or ("its log lines" if findings.get("log") else "")] for r in boots],
                 csv_name="broker_restarts.csv"))
     return parts
 
@@ -1964,7 +1972,8 @@ def print_summary(findings: dict, file) -> None:
     for r in findings.get("broker_boots", [])[:5]:
         print(f"  broker {r['broker']} " + (f"stopped {utc(r['stopped_ms'])} " if r["stopped_ms"] else "")
               + (f"started {utc(r['start_ms'])}" if r["start_ms"] else "(not started again in the input)")
-              + f", {r['clients_ended']} clients' channels ended", file=file)
+              + f", {r['clients_ended']} clients' channels ended"
+              + (f" (seen: {r['seen']})" if r.get("seen") else ""), file=file)
     n = {k: len(findings[k]) for k in _keys(findings)}
     gaps = "heartbeat gaps not visible" if "heartbeat_gaps" in (findings.get("unsupported") or {}) else \
         f"{n['heartbeat_gaps']} heartbeat gaps"

@@ -152,7 +152,7 @@ def _restarts_reference(results):
             k = bisect.bisect_right(opens, after)
             out.append({"broker": r.name, "start_ms": opens[k] if k < len(opens) else None, "ready_ms": None,
                         "name": None, "addr": None, "stopped_ms": t, "members_ended": None,
-                        "clients_ended": len(live)})
+                        "clients_ended": len(live), "seen": pcap.RESTART_SEEN_CLOSES})
     return sorted(out, key=lambda x: (x["broker"], x["stopped_ms"]))
 
 

@@ -17,6 +17,7 @@ from conftest import strict
 from engine.bindings import brokerlog as bl
 from engine.bindings import report
 from engine.recording import _brokerlog_py as twin
+from engine.recording.scan_py import ScanParams
 
 SAMPLE = Path(os.environ.get("ENGINE_SHARED_DIR", Path(__file__).resolve().parents[2] / "shared")) / "samples" / \
     "rocketmq-4.9.8-broker.log"
@@ -532,6 +533,106 @@ def test_a_capture_names_a_broker_restart(tmp_path):
     check_restart_capture(f)
     html = _report_text(f)
     assert "Broker restarts" in html and ts(T0 + 100_000) in html
+
+
+def crash_capture(path, *, alone=False, survivor=False):
+    """Three clients heartbeat every 30 s on their connections from 0 s, the last at 90, 91 and 92 s; the broker's
+    host dies after that (no FIN / RST of the old process: the old connections go silent) and the clients come back
+    on new connections at 250, 251 and 252 s (longer than the expiry). ``alone``: only A goes silent and comes back,
+    B and C go on heartbeating on their connections (a client reconnecting, no restart). ``survivor``: C's old
+    connection goes on heartbeating across the silence (no restart either)."""
+    a = {c: f"10.0.7.{i + 1}:4{i}000" for i, c in enumerate("ABC")}
+    again = {c: f"10.0.7.{i + 1}:4{i}001" for i, c in enumerate("ABC")}
+    back = "A" if alone else "AB" if survivor else "ABC"
+    steps = []
+    for i, c in enumerate("ABC"):
+        steps += [(T0 + s * 1000 + i * 1000, a[c], "hb", _hb(f"{c}@1"))
+                  for s in (range(0, 91, 30) if c in back else range(0, 391, 30))]
+        if c in back:
+            steps += [(T0 + s * 1000 + i * 1000, again[c], "hb", _hb(f"{c}@1")) for s in range(250, 391, 30)]
+    pcap_tool.write_script(path, sorted(steps, key=lambda x: x[0]))
+
+
+CRASH_T = T0 + 92_001  # one past the old connections' last packet (C's heartbeat at 92 s)
+
+
+def check_crash_capture(f):
+    assert [(r["stopped_ms"] - T0, r["start_ms"] - T0, r["clients_ended"], r["seen"]) for r in f["broker_boots"]] == [
+        (92_001, 250_000, 3, "new connections, none surviving")]
+    # the old memberships end at the restart: not expiries (the outage is longer than the expiry), not vanished
+    for role, group in (("consumer", "G"), ("producer", bl.CLIENT_INNER_PRODUCER)):
+        assert _size_at(f, role, group, CRASH_T - 1) == 3 and _size_at(f, role, group, CRASH_T) == 0
+        assert _size_at(f, role, group, T0 + 249_000) == 0 and _size_at(f, role, group, T0 + 252_000) == 3
+    assert f["expired_clients"] == [] and f["vanished_clients"] == []
+    # coming back after the restart is no reconnect (flap_min_reconnects 1: any reconnect would flag)
+    assert f["flapping_clients"] == []
+
+
+FLAP_ONE = ScanParams(flap_min_reconnects=1)
+
+
+def test_a_capture_names_a_broker_restart_whose_closes_it_did_not_see(tmp_path):
+    from engine.bindings import pcap
+
+    cap = tmp_path / "crash.pcap"
+    crash_capture(cap)
+    f = pcap.scan_local([cap], FLAP_ONE)
+    check_crash_capture(f)
+    html = _report_text(f)
+    assert "Broker restarts" in html and ts(CRASH_T) in html and "new connections, none surviving" in html
+    cannot = html[html.index("What this input cannot show"):]
+    cannot = cannot[:cannot.index("</table>")]
+    # a capture shows a restart without closes now; what it cannot show is a broker not back while it ran
+    assert "broker_restarts" in cannot and "not back while the capture ran" in cannot
+    assert "shows no stop: its clients' connections go quiet" not in cannot
+    assert f["broker_boots"] == pcap.broker_restarts(pcap.read_local([cap])[1])
+
+
+def test_a_client_reconnecting_alone_or_a_surviving_connection_is_no_restart(tmp_path):
+    from engine.bindings import pcap
+
+    for kw in ({"alone": True}, {"survivor": True}):
+        cap = tmp_path / f"{next(iter(kw))}.pcap"
+        crash_capture(cap, **kw)
+        f = pcap.scan_local([cap], FLAP_ONE)
+        assert f["broker_boots"] == [], kw
+        # their silence is an expiry as before, and their reconnect counts (a reconnect, not a restart's)
+        back = "A" if kw.get("alone") else "AB"
+        assert sorted(r["client_id"] for r in f["expired_clients"]) == [f"{c}@1" for c in back], kw
+        assert sorted(r["client_id"] for r in f["flapping_clients"]) == [f"{c}@1" for c in back], kw
+
+
+def test_reconnects_after_a_restart_the_broker_closed_are_no_flapping(tmp_path):
+    from engine.bindings import pcap
+
+    cap = tmp_path / "restart.pcap"
+    restart_capture(cap)
+    f = pcap.scan_local([cap], FLAP_ONE)
+    check_restart_capture(f)
+    assert f["broker_boots"][0]["seen"] == "the broker closed its connections"
+    assert f["flapping_clients"] == []
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_silent_restart_is_the_local_one(spark, tmp_path):
+    from engine.bindings import pcap
+
+    def comparable(f):
+        return {k: f[k] for k in ("broker_boots", "group_sizes", "expired_clients", "vanished_clients",
+                                  "flapping_clients", "heartbeat_gaps")}
+
+    for kw in ({}, {"alone": True}, {"survivor": True}):
+        cap = tmp_path / f"crash{len(kw)}{next(iter(kw), '')}.pcap"
+        crash_capture(cap, **kw)
+        got, ref = pcap.scan(spark, [cap], FLAP_ONE), pcap.scan_local([cap], FLAP_ONE)
+        if not kw:
+            check_crash_capture(got)
+        assert comparable(got) == comparable(ref), kw
+    cap = tmp_path / "restart.pcap"
+    restart_capture(cap)
+    got, ref = pcap.scan(spark, [cap], FLAP_ONE), pcap.scan_local([cap], FLAP_ONE)
+    assert got["flapping_clients"] == ref["flapping_clients"] == []
 
 
 def test_a_recording_report_says_what_it_cannot_show(tmp_path):

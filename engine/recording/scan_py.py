@@ -28,8 +28,10 @@ Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
   and the clients that held them during the span.
 * ``heartbeat_gaps``: per client, consecutive heartbeats (any connection, any group) more than ``gap_threshold``
   apart.
-* ``flapping_clients``: a *reconnect* is a heartbeat of a client on another connection than its previous one;
-  a client flaps when some window (``flap_window``, aligned to the epoch) holds ``flap_min_reconnects`` or more.
+* ``flapping_clients``: a *reconnect* is a heartbeat of a client on another connection than its previous one
+  (in a capture, not when a broker restart ended that previous one: ``conn_events``' ``restart``,
+  bindings.pcap.restart_events); a client flaps when some window (``flap_window``, aligned to the epoch) holds
+  ``flap_min_reconnects`` or more.
   Each flapping row also carries its client's connections as marks for the report's timeline (see
   :func:`connection_marks`): ``connect_ms``, the first heartbeat of each of its connections (a new connection is a
   connect), and ``closes``, ``[ms, how]`` per connection it left: ``how`` = ``last_heartbeat`` (the connection's
@@ -479,7 +481,10 @@ def _flapping(client_obs, groups_of, params: ScanParams, conn_events: Optional[d
     w = params.window_ms
     for client in sorted(client_obs):
         obs = sorted(client_obs[client])
-        reconnects = [t for (t0, c0), (t, c) in zip(obs, obs[1:]) if c != c0]
+        # a capture's connection a broker restart ended (conn_events' "restart"): the client's next one is no
+        # reconnect (a broker that starts has no channels; a log's scan does not count them either)
+        reconnects = [t for (t0, c0), (t, c) in zip(obs, obs[1:])
+                      if c != c0 and "restart" not in ((conn_events or {}).get(c0) or {})]
         per_window: Dict[int, int] = defaultdict(int)
         for t in reconnects:
             per_window[t // w] += 1

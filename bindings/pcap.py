@@ -712,16 +712,25 @@ def _silent_restarts(r: CaptureResult, ends: dict, opens: list, expiry_ms: int) 
     survive[0].sort()
     survive[1].sort()
     silent.sort()
-    live: list = []  # heap of (hi, conn) of the silent intervals begun by the candidate t
-    i, after = 0, -1
-    while i < len(silent):
-        t = silent[i][0]
-        while i < len(silent) and silent[i][0] == t:
+    # the first t of a restart is where a silence begins, a survival ends, or just after the last restart's start
+    times = sorted({lo for lo, _, _ in silent} | {hi + 1 for hi in survive[1]})
+    live: list = []  # heap of (hi, conn) of the silent intervals begun by t
+    i = j = 0
+    after, pending = -1, None  # pending: the time just after the last restart's start
+    while j < len(times) or pending is not None:
+        if pending is not None and (j == len(times) or pending <= times[j]):
+            t, pending = pending, None
+        else:
+            t = times[j]
+            j += 1
+        if t <= after:
+            continue
+        while i < len(silent) and silent[i][0] <= t:
             heapq.heappush(live, (silent[i][1], silent[i][2]))
             i += 1
         while live and live[0][0] < t:
             heapq.heappop(live)
-        if t <= after or len(live) < 2 or _holding(survive, t):
+        if len(live) < 2 or _holding(survive, t):
             continue
         k = bisect.bisect_left(opens, t)
         if k == len(opens):
@@ -729,7 +738,7 @@ def _silent_restarts(r: CaptureResult, ends: dict, opens: list, expiry_ms: int) 
         for _, c in live:
             ended[c] = (t, True)
         out.append(_restart_row(r, t, opens[k], len(live), RESTART_SEEN_SILENT))
-        live, after = [], opens[k]
+        live, after, pending = [], opens[k], opens[k] + 1
     return out, ended
 
 

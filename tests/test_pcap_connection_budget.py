@@ -227,3 +227,105 @@ def test_broker_restarts_are_the_rule_and_linear():
     t = time.perf_counter()
     assert pcap.broker_restarts([res]) == []
     assert time.perf_counter() - t < 5
+
+
+def _silent_reference(results, expiry):
+    """The silent restarts (their closes not seen) by their definition, every connection checked at every time that
+    could begin one: the rule's reference (pcap._silent_restarts)."""
+    import bisect
+
+    w = pcap.RESTART_WINDOW_MS
+    out, ended = [], {}
+    for r in results:
+        ends = pcap.connection_events([r])
+        opens = sorted(int(e["open"]) for e in ends.values() if e.get("open") is not None)
+
+        def parts(c):
+            _, f, last, act = r.conns[c]
+            end = (ends.get(c) or {}).get("end")
+            how, e = (end[1], int(end[0])) if end is not None else ("", None)
+            return f, last, act, how, e, how == "rst_by_server" and act is not None and act >= e - w
+
+        def survives(c, t):
+            f, last, act, how, e, answered = parts(c)
+            return f < t and ((e is None and last >= t) or (e is not None and act is not None and act >= t
+                                                            and not answered)
+                              or (how == "fin_by_server" and e >= t) or (how == "rst_by_server" and e - w <= t <= e))
+
+        def silent(c, t):
+            f, last, act, how, e, answered = parts(c)
+            return act is not None and t < act + expiry and (
+                (e is None and last < t) or (how == "rst_by_server" and not answered and act < t and e > t + w))
+
+        bounds = {x for c in r.conns for x in parts(c)[:5] if isinstance(x, int)} | set(opens)
+        bounds |= {x - w for x in bounds} | {x + expiry for x in bounds}
+        times = sorted({x + d for x in bounds for d in (-1, 0, 1)})
+        after, done = -1, set()
+        while times:
+            t = times.pop(0)
+            if t <= after:
+                continue
+            old = [c for c in r.conns if c not in done and silent(c, t)]
+            k = bisect.bisect_left(opens, t)
+            if len(old) < 2 or any(survives(c, t) for c in r.conns) or k == len(opens):
+                continue
+            done.update(old)
+            ended.update((c, (t, True)) for c in old)
+            after = opens[k]
+            times = sorted(set(times) | {after + 1})
+            out.append({"broker": r.name, "start_ms": opens[k], "ready_ms": None, "name": None, "addr": None,
+                        "stopped_ms": t, "members_ended": None, "clients_ended": len(old),
+                        "seen": pcap.RESTART_SEEN_SILENT})
+    return out, ended
+
+
+def _random_silent_result(rng, n):
+    """n connections over ~60 s with heartbeats (some none), most silent at one of two 'crashes' (nothing after,
+    or the new host's reset later), some going on, some ended by either side, new connections opened after."""
+    conns, events = {}, []
+    crashes = sorted(rng.sample(range(5_000, 60_000, 500), 2))
+    for c in range(n):
+        first = rng.randrange(0, 60_000, 500)
+        if rng.random() < 0.7:
+            events.append((first, c, "open", "a", "client", None, None, None))
+        act = None if rng.random() < 0.1 else first + rng.randrange(0, 20_000, 500)
+        if act is not None and rng.random() < 0.6:
+            crash = [s for s in crashes if s >= first]
+            act = max(first, (crash[0] if crash else act) - rng.randrange(0, 3_001, 500))
+        last = first if act is None else act
+        x = rng.random()
+        if x < 0.25:
+            how, by = rng.choice([("rst", "server"), ("rst", "server"), ("fin", "server"), ("fin", "client")])
+            end = last + rng.choice([0, 500, 2_000, 2_500, 3_000, 10_000])
+            events.append((end, c, how, "a", by, None, None, None))
+            last = end
+        conns[c] = ["a", first, last, act]
+    events.sort()
+    return pcap.CaptureResult("cap", [], {}, events, [], [], (1, 0), 0, 90_000, conns)
+
+
+def test_silent_restarts_are_the_rule_and_linear():
+    """A restart whose closes the capture did not see (issue 28 s1 audit): pcap._silent_restarts equals its
+    definition on random connections and takes linear-log time on many."""
+    import random
+    import time
+
+    rng = random.Random(28)
+    found = 0
+    for _ in range(400):
+        rs = [_random_silent_result(rng, rng.randrange(0, 10))]
+        ends = pcap.connection_events(rs)
+        opens = sorted(int(e["open"]) for e in ends.values() if e.get("open") is not None)
+        got = pcap._silent_restarts(rs[0], ends, opens, 120_000)
+        want = _silent_reference(rs, 120_000)
+        assert got == want, rs[0]
+        found += len(want[0])
+    assert found > 20
+    # 20,000 connections, each silent at its own time and a new connection after it: 10,000 restarts checked
+    n = 20_000
+    conns = {c: ["a", 10 * c, 10 * c + 5, 10 * c + 5] for c in range(n)}
+    events = [(10 * c, c, "open", "a", "client", None, None, None) for c in range(n)]
+    res = pcap.CaptureResult("cap", [], {}, events, [], [], (1, 0), 0, 10 * n, conns)
+    t = time.perf_counter()
+    assert len(pcap.broker_restarts([res])) == n // 2 - 1  # two at a time; the last pair has no new connection
+    assert time.perf_counter() - t < 5

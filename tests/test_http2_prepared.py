@@ -80,11 +80,12 @@ class Client:
               (b"x-mq-client-version", b"5.1.2"), (b"x-mq-protocol", b"v2"), *extra]
         return self.enc.encode(hs)
 
-    def call(self, block, body, split=False, flags=F.FLAG_END_HEADERS, data_flags=F.FLAG_END_STREAM):
-        """One call's frames, in one read (or two: HEADERS, then DATA); the bytes the server wrote, with the
-        stream id of this call."""
+    def call(self, block, body, split=False, flags=F.FLAG_END_HEADERS, data_flags=F.FLAG_END_STREAM, between=()):
+        """One call's frames, in one read (or one read per frame); the bytes the server wrote, with the stream id
+        of this call. ``between``: frames (given the stream id) sent between its HEADERS and its DATA."""
         sid, self.sid = self.sid, self.sid + 2
-        frames = [F.frame(F.HEADERS, flags, sid, block), F.frame(F.DATA, data_flags, sid, body)]
+        frames = [F.frame(F.HEADERS, flags, sid, block), *(make(sid) for make in between),
+                  F.frame(F.DATA, data_flags, sid, body)]
 
         async def feed():
             for data in (frames if split else [b"".join(frames)]):
@@ -183,6 +184,32 @@ def test_what_the_prepared_path_does_not_answer_goes_to_the_handler(b, counted):
         counted.clear()
         got, want = c.call(make(c), data), ref.call(make(ref), data, split=True)
         assert got == want, (make, data)
+    assert not c.conn.closed and not c.conn.streams
+
+
+def test_grpc_c_cores_window_update_between_headers_and_data(b, counted):
+    """grpc C-core (the Python 5.x SDK) sends HEADERS, a WINDOW_UPDATE of the new stream, DATA, and a WINDOW_UPDATE
+    of the connection in one write: still the prepared path, the same bytes as the general path; a zero increment
+    (a stream error) or a frame of another stream between them takes the general path."""
+    settle(b, "prepared@5")
+    c, ref = Client(b, "prepared@5"), Client(b, "prepared@5")
+    body = message(REQUEST)
+    c.call(c.headers(), body)
+    ref.call(ref.headers(), body, split=True)
+    # handlers run: the reference's two calls (split: the general path), plus one when ours is not prepared; a
+    # stream reset by a bad WINDOW_UPDATE runs none on either side
+    cases = [
+        ((lambda sid: F.window_update(sid, 4),), 2),  # C-core's
+        ((lambda sid: F.window_update(sid, 4), lambda sid: F.window_update(sid, 1 << 20)), 2),
+        ((lambda sid: F.window_update(sid, 0),), 1),  # a stream error: RST_STREAM PROTOCOL_ERROR
+        ((lambda sid: F.window_update(sid, 0x7FFFFFFF),), 1),  # past 2^31-1: RST_STREAM FLOW_CONTROL_ERROR
+        ((lambda sid: F.ping(b"12345678"),), 3),  # another frame between: not a pair
+    ]
+    for between, handlers in cases:
+        counted.clear()
+        got = c.call(c.headers(), body, between=between) + c.call(c.headers(), body)
+        want = ref.call(ref.headers(), body, split=True, between=between) + ref.call(ref.headers(), body, split=True)
+        assert got == want and len(counted) == handlers, between
     assert not c.conn.closed and not c.conn.streams
 
 

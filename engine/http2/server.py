@@ -288,7 +288,8 @@ _RESERVED_HEADERS = F.RESERVED_HEADERS
 #: a payload to cut) beside END_HEADERS, which it needs
 _UNARY_HEADERS_MASK = F.FLAG_END_HEADERS | F.FLAG_END_STREAM | F.FLAG_PADDED | F.FLAG_PRIORITY
 _UNARY_DATA_MASK = F.FLAG_END_STREAM | F.FLAG_PADDED  # its DATA: END_STREAM, unpadded
-_DATA, _HEADERS, _END_HEADERS, _END_STREAM = F.DATA, F.HEADERS, F.FLAG_END_HEADERS, F.FLAG_END_STREAM
+_DATA, _HEADERS, _WINDOW_UPDATE = F.DATA, F.HEADERS, F.WINDOW_UPDATE
+_END_HEADERS, _END_STREAM = F.FLAG_END_HEADERS, F.FLAG_END_STREAM
 
 
 class _Call:
@@ -419,13 +420,18 @@ class H2Connection(asyncio.Protocol):
             while i < n:
                 ftype, flags, sid, payload = frames[i]
                 i += 1
-                # a unary call whole in this read: HEADERS (END_HEADERS only) then its DATA (END_STREAM only)
+                # a unary call whole in this read: HEADERS (END_HEADERS only), WINDOW_UPDATEs of its stream (grpc
+                # C-core sends one), then its DATA (END_STREAM only)
                 if (ftype == _HEADERS and i < n and flags & _UNARY_HEADERS_MASK == _END_HEADERS
                         and self.header_block is None and self.got_settings):
-                    nxt = frames[i]
-                    if (nxt[0] == _DATA and nxt[2] == sid and nxt[1] & _UNARY_DATA_MASK == _END_STREAM
-                            and self._unary(sid, payload, nxt[3])):
-                        i += 1
+                    j = i
+                    while j < n and frames[j][0] == _WINDOW_UPDATE and frames[j][2] == sid:
+                        j += 1
+                    nxt = frames[j] if j < n else None
+                    if (nxt is not None and nxt[0] == _DATA and nxt[2] == sid
+                            and nxt[1] & _UNARY_DATA_MASK == _END_STREAM
+                            and self._unary(sid, payload, nxt[3], frames[i:j] if j > i else ())):
+                        i = j + 1
                         if self.closed:
                             return
                         continue
@@ -664,17 +670,24 @@ class H2Connection(asyncio.Protocol):
             self.header_block = None
             self._header_block(sid, hb[1], b"".join(hb[2]))
 
-    def _unary(self, sid, block, body) -> bool:
+    def _unary(self, sid, block, body, updates=()) -> bool:
         """A unary call whose HEADERS and DATA (END_STREAM) came in one read, for a method with a prepared answer
         (Heartbeat's repeat): answered here, without a _Call, a context or the handler's coroutine; the frames and
-        windows counted as _headers and _data count them. False (nothing done): the frames take the general path,
-        as do, once the header block is decoded, a request the checks below do not pass or one ``prepared``
-        declines (its handler then runs)."""
+        windows counted as _headers, _window_update (``updates``: WINDOW_UPDATE frames of the stream between its
+        HEADERS and DATA) and _data count them. False (nothing done): the frames take the general path, as do, once
+        the header block is decoded, a request the checks below do not pass or one ``prepared`` declines (its
+        handler then runs)."""
         server = self.server
         n = len(body)
         if (not sid & 1 or sid <= self.last_sid or self.going_away or len(self.streams) >= server.max_streams
                 or server.calls >= server.max_calls or n > self.recv_window or n > STREAM_WINDOW):
             return False
+        stream_window = self.peer_initial_window
+        for update in updates:  # what _window_update would do on the open stream; its errors: the general path
+            increment = F.u32(update[3]) & 0x7FFFFFFF if len(update[3]) == 4 else 0
+            stream_window += increment
+            if not increment or stream_window > F.MAX_WINDOW:
+                return False
         self.fed = True
         headers = self.decoder.decode(block)  # from here the frames are taken: the HPACK table has moved on
         # the path of a well-formed unary request whose body is one uncompressed message within the budgets
@@ -688,6 +701,9 @@ class H2Connection(asyncio.Protocol):
                 server.ep.internal_error("native gRPC prepared answer")
         if answer is None:
             self._open(sid, F.FLAG_END_HEADERS, headers)
+            for update in updates:
+                if not self.closed:
+                    self._window_update(sid, update[3])
             if not self.closed:
                 self._data(F.FLAG_END_STREAM, sid, body)
             return True
@@ -697,12 +713,12 @@ class H2Connection(asyncio.Protocol):
             self.write(F.window_update(0, CONNECTION_WINDOW - self.recv_window))
             self.recv_window = CONNECTION_WINDOW
         size = len(answer) + 5
-        if (size <= self.send_window and size <= self.peer_initial_window and size <= self.peer_max_frame
+        if (size <= self.send_window and size <= stream_window and size <= self.peer_max_frame
                 and size - 5 <= server.max_message):
             self.send_window -= size
             self.write(F.unary_answer(sid, _RESPONSE_HEADERS, answer, _OK_TRAILERS, False))
         else:  # no window for it now: a call waiting for one, as _finish queues it
-            call = _Call(sid, self, method, headers, self.peer_initial_window)
+            call = _Call(sid, self, method, headers, stream_window)
             call.remote_closed = call.started = True
             self.streams[sid] = call
             server.calls += 1

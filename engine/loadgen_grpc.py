@@ -70,6 +70,9 @@ MAX_MESSAGE = 4 << 20
 #: CONNECTION_WINDOW per connection
 STREAM_WINDOW = MAX_MESSAGE + 5
 CONNECTION_WINDOW = 16 << 20
+#: --core-frames: the increment of the WINDOW_UPDATE a call's new stream gets before its DATA (grpc C-core sends
+#: one; a few bytes, so what a server may send on a stream stays STREAM_WINDOW and this)
+CORE_STREAM_UPDATE = 5
 #: a header block (HEADERS + CONTINUATION) and its decoded list at most (SETTINGS_MAX_HEADER_LIST_SIZE we announce);
 #: a block also has at most MAX_CONTINUATIONS CONTINUATION frames (32, engine.http2.server's): past either the
 #: connection ends (GOAWAY ENHANCE_YOUR_CALM, counted as "connection: HTTP/2 protocol error")
@@ -269,6 +272,8 @@ class GrpcConn(asyncio.Protocol):
         self.streams: dict[int, Stream] = {}
         self.next_sid = 1
         self.max_streams = 100  # until the server's SETTINGS say otherwise (RFC 7540 says unlimited)
+        self.pinging = False  # --core-frames: our flow-control (BDP) PING waits for its ACK
+        self.ended_calls = False  # --core-frames: a unary call ended in this read
         self.peer_initial_window = F.DEFAULT_WINDOW
         self.peer_max_frame = F.DEFAULT_MAX_FRAME_SIZE
         self.send_window = F.DEFAULT_WINDOW
@@ -313,6 +318,7 @@ class GrpcConn(asyncio.Protocol):
                 return
         try:
             frames = self.reader.feed(data)
+            self.ended_calls = False
             for ftype, flags, sid, payload in frames:
                 if ftype == F.DATA:
                     self._data(flags, sid, payload)
@@ -324,6 +330,10 @@ class GrpcConn(asyncio.Protocol):
             self._error(e.code, str(e))
         except HpackError as e:
             self._error(F.COMPRESSION_ERROR, f"HPACK: {e}")
+        if self.ended_calls and self.runner.core_frames and not self.pinging:
+            # grpc C-core's BDP estimator pings when data arrives and none of its pings is in flight
+            self.pinging = True
+            self.out.append(F.ping(b"rmqhbbdp"))
         self.flush()
         if self.runner.dirty:  # calls the answers sent on other connections (closed loop, sessions in turn)
             self.runner.flush()
@@ -475,6 +485,8 @@ class GrpcConn(asyncio.Protocol):
                 raise FrameError(F.FRAME_SIZE_ERROR, "PING of a length other than 8")
             if not flags & F.FLAG_ACK:
                 self.out.append(F.ping(payload, ack=True))
+            elif payload == b"rmqhbbdp":
+                self.pinging = False
         elif ftype == F.WINDOW_UPDATE:
             if len(payload) != 4:
                 raise FrameError(F.FRAME_SIZE_ERROR, "WINDOW_UPDATE of a length other than 4")
@@ -560,6 +572,8 @@ class GrpcConn(asyncio.Protocol):
         limit = self.peer_max_frame
         if len(block) <= limit:
             out.append(F.frame(F.HEADERS, F.FLAG_END_HEADERS, sid, block))
+            if end and runner.core_frames:  # C-core: the new stream's WINDOW_UPDATE before its DATA
+                out.append(F.window_update(sid, CORE_STREAM_UPDATE))
         else:
             out.append(F.frame(F.HEADERS, 0, sid, block[:limit]))
             for i in range(limit, len(block), limit):
@@ -618,6 +632,8 @@ class GrpcConn(asyncio.Protocol):
         if not st.local_closed and not self.transport.is_closing():
             self.out.append(F.rst_stream(st.sid, F.NO_ERROR if status is not None else F.CANCEL))
         self.runner.finished(self, st, status, message)
+        if st.end:
+            self.ended_calls = True
         self._dispatch()
         if self.goaway is not None and not self.streams and not self.transport.is_closing():
             self.bye = True  # closed by us after the server's GOAWAY: counted there, not as lost
@@ -701,8 +717,11 @@ def _new_stats() -> dict:
 class Runner:
     """The sessions of one process: counters, answer checks, the closed loop."""
 
-    def __init__(self, host: str, port: int, tls, token: str, credentials: tuple | None = None):
+    def __init__(self, host: str, port: int, tls, token: str, credentials: tuple | None = None,
+                 core_frames: bool = False):
         self.d, self.s = load_protocol()
+        #: send each call's frames as grpc C-core does (--core-frames)
+        self.core_frames = core_frames
         self.credentials = credentials  # (access key, secret key): every call signed as the 5.x SDKs sign
         self.authorization = None
         d, s = self.d, self.s
@@ -1065,7 +1084,8 @@ async def register_all(runner: Runner, sessions: list, pending: int, timeout: fl
 
 
 def _runner_and_fleet(a: dict):
-    runner = Runner(a["host"], a["port"], client_tls() if a["tls"] else None, a["token"], a["credentials"])
+    runner = Runner(a["host"], a["port"], client_tls() if a["tls"] else None, a["token"], a["credentials"],
+                    a.get("core_frames", False))
     sessions = make_sessions(a["n"], a["offset"], a["token"], a["groups"], a["topics"], a["consumer_share"],
                              a["topic_prefix"], a["host"], a["port"], a["vary"])
     return runner, sessions
@@ -1272,7 +1292,7 @@ def run(scenario: str, host: str, port: int, sessions: int, procs: int = 1, dura
         topics: int = 7, topic_prefix: str = "TopicLoad", consumer_share: float = 0.5, pending: int = 1024,
         assignment_interval: float = ASSIGNMENT_INTERVAL_S, route_interval: float = ROUTE_INTERVAL_S,
         vary: bool = False, tls: bool = False, server_pid: int | None = None, warmup: float = 2.0,
-        credentials: tuple | None = None, progress=None) -> dict:
+        credentials: tuple | None = None, progress=None, core_frames: bool = False) -> dict:
     """Run a scenario over ``procs`` processes and merge their results (engine.loadgen.run's keys where they
     apply; see the module's doc)."""
     token = f"{int(time.time() * 1000) % 36 ** 6:x}{os.getpid() % 4096:x}"  # client ids unique to this run
@@ -1284,7 +1304,8 @@ def run(scenario: str, host: str, port: int, sessions: int, procs: int = 1, dura
                          inflight=max(1, inflight // procs) if inflight else 0, groups=groups, topics=topics,
                          topic_prefix=topic_prefix, consumer_share=consumer_share, pending=max(1, pending // procs),
                          assignment_interval=assignment_interval, route_interval=route_interval, vary=vary, tls=tls,
-                         server_pid=server_pid, warmup=warmup, token=token, credentials=credentials, index=i))
+                         server_pid=server_pid, warmup=warmup, token=token, credentials=credentials, index=i,
+                         core_frames=core_frames))
         off += n
     results = L.run_workers(_worker, args, PROGRESS_FIELDS,
                             lambda elapsed, totals, last, dt: _progress_line(scenario, elapsed, totals, last, dt),
@@ -1332,6 +1353,7 @@ def run(scenario: str, host: str, port: int, sessions: int, procs: int = 1, dura
         r.pop("run_stats")
     L.merge_measures(merged, results, lat, ticks, scenario, f"{host}:{port}")
     merged["tls"] = tls
+    merged["core_frames"] = core_frames
     if scenario == "steady":
         merged["vary"] = {"field_orders": vary}
     merged["timeline"] = timeline
@@ -1453,6 +1475,10 @@ def main(argv=None) -> int:
                    help="steady: send each Heartbeat in two encodings in turn (other bytes, the same request)")
     p.add_argument("--tls", action="store_true",
                    help="TLS with ALPN h2, no certificate check (the 5.x Java client's default)")
+    p.add_argument("--core-frames", action="store_true",
+                   help="send each call as grpc C-core (the Python 5.x SDK) does: a WINDOW_UPDATE of the new stream "
+                        "between its HEADERS and DATA, and a flow-control (BDP) PING after a read that ended a call, "
+                        "one in flight per connection")
     p.add_argument("--access-key", help="ACL: sign every call with this account, as the 5.x SDKs do; its secret key "
                                         "comes from $RMQHB_SECRET_KEY or --secret-key-file, never the command line")
     p.add_argument("--secret-key-file", metavar="PATH", help="file holding the ACL secret key (its first line)")
@@ -1492,7 +1518,7 @@ def main(argv=None) -> int:
         a.scenario, host, int(port), a.clients, a.procs, a.duration, a.rate, a.sessions_per_connection, a.depth,
         a.inflight, a.groups, a.topics, a.topic_prefix, a.consumer_share, a.pending, a.assignment_interval,
         a.route_interval, a.vary, a.tls, a.server_pid, credentials=credentials,
-        progress=None if a.quiet else sys.stderr))
+        progress=None if a.quiet else sys.stderr, core_frames=a.core_frames))
     if status:
         return status
     ended = res["goaways"] + res["connections_lost"]

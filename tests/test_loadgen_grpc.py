@@ -158,6 +158,40 @@ def test_repeats_take_the_repeat_path_and_varied_bytes_do_not(gbroker):
     wait_until(lambda: len(b.grpc.sessions) == 0)
 
 
+def test_core_frames_send_calls_as_grpc_core_does(tmp_path, monkeypatch):
+    """--core-frames: each unary call's new stream gets a WINDOW_UPDATE between its HEADERS and DATA, and a read
+    that ended calls is followed by a flow-control PING (one in flight per connection), as the Python 5.x SDK's
+    grpc C-core sends them; the native broker still answers the calls on its prepared path."""
+    from engine.http2 import server as H
+
+    pings, updated = [], []
+    frame, unary = H.H2Connection._frame, H.H2Connection._unary
+
+    def counting_frame(self, ftype, flags, sid, payload):
+        if ftype == H.F.PING and not flags & H.F.FLAG_ACK:
+            pings.append(payload)
+        return frame(self, ftype, flags, sid, payload)
+
+    def counting_unary(self, sid, block, body, updates=()):
+        updated.append(len(updates))
+        return unary(self, sid, block, body, updates)
+    monkeypatch.setattr(H.H2Connection, "_frame", counting_frame)
+    monkeypatch.setattr(H.H2Connection, "_unary", counting_unary)
+    b = start_broker(tmp_path, "native")
+    try:
+        repeats = b.grpc.heartbeat_repeats
+        res = json.loads(loadgen("steady", "--protocol", "grpc", "--broker", f"127.0.0.1:{b.ports['grpc']}",
+                                 "--clients", "8", "--sessions-per-connection", "1", "--rate", "80", "--duration",
+                                 "1.5", "--core-frames", "--quiet").stdout)
+        assert res["errors"] == 0 and res["core_frames"] is True and res["answered"] >= 80
+        assert b.grpc.heartbeat_repeats - repeats >= res["answered"] // 2  # the prepared path answered them
+        # every call of the run: HEADERS, its stream's WINDOW_UPDATE, DATA (the probe before it sends plain calls)
+        assert updated.count(1) >= res["answered"] and updated.count(0) <= 7 and set(updated) == {0, 1}
+        assert pings.count(b"rmqhbbdp") >= res["answered"] // 2
+    finally:
+        b.stop()
+
+
 def test_inflight_takes_the_sessions_in_turn_over_all_connections(tmp_path):
     """--inflight 3 over 16 sessions on 8 connections: every session heartbeats (not only those of 3
     connections), and a two-process storm registers all."""

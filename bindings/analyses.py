@@ -403,8 +403,14 @@ def live_intervals(params: ScanParams = ScanParams(), cuts=None):
         if cuts is not None:
             conn_ends, unregs = cuts
             cols = df.columns
-            df = df.join(F.broadcast(conn_ends.select("conn_id", F.col("cut_ms").alias("_ce"))), "conn_id", "left") \
-                .withColumn("_ce", F.when(F.col("_ce") >= F.col("last_ms"), F.col("_ce"))).select(*cols, "_ce")
+            # a silent restart's cut (bindings.pcap.restart_events) the capture's reader did not know: a run may
+            # hold it (its heartbeats before it end there) or start after it (the new host reset that connection:
+            # out at once), as scan_py.member_left has it
+            df = df.join(F.broadcast(conn_ends.select("conn_id", F.col("cut_ms").alias("_ce"),
+                                                      F.col("restart").alias("_rs"))), "conn_id", "left") \
+                .withColumn("_ce", F.when(F.col("_ce") >= F.col("last_ms"), F.col("_ce"))
+                            .when(F.col("_rs") & (F.col("_ce") > F.col("first_ms")), F.col("_ce"))
+                            .when(F.col("_rs"), F.col("first_ms"))).select(*cols, "_ce")
             u = F.broadcast(unregs.select(F.col("client_id").alias("_uc"), F.col("role").alias("_ur"),
                                           F.col("group").alias("_ug"), F.col("cut_ms").alias("_u")))
             df = df.join(u, (F.col("client_id") == F.col("_uc")) & (F.col("role") == F.col("_ur"))
@@ -420,14 +426,16 @@ def capture_cuts(spark: SparkSession, conn_events: dict, unregisters: dict):
     """(conn_id, cut_ms) of the connections' first FIN / RST and (client_id, role, group, cut_ms) of the
     UNREGISTER_CLIENT requests of a capture (bindings.pcap.connection_events / unregister_times), as small frames
     for live_intervals; None when the capture saw neither."""
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
+    from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
-    ends = [(int(c), int(e["end"][0])) for c, e in conn_events.items() if e.get("end") is not None]
+    ends = [(int(c), int(e["end"][0]), e["end"][1] == "broker_restart") for c, e in conn_events.items()
+            if e.get("end") is not None]
     unregs = [(c, r, g, int(t)) for (c, r, g), ts in unregisters.items() for t in ts]
     if not ends and not unregs:
         return None
     return (spark.createDataFrame(ends, StructType([StructField("conn_id", LongType()),
-                                                    StructField("cut_ms", LongType())])),
+                                                    StructField("cut_ms", LongType()),
+                                                    StructField("restart", BooleanType())])),
             spark.createDataFrame(unregs, StructType([StructField("client_id", StringType()),
                                                       StructField("role", StringType()),
                                                       StructField("group", StringType()),

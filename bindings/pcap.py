@@ -221,8 +221,8 @@ class CaptureResult:
     #: it has no packet
     first_ms: Optional[int] = None
     last_ms: Optional[int] = None
-    #: {conn_id: [client address, first ms, last ms, last heartbeat / UNREGISTER_CLIENT ms or None]} of the
-    #: connections it shows (continued_connections, broker_restarts)
+    #: {conn_id: [client address, first ms, last ms, last heartbeat / UNREGISTER_CLIENT ms or None, the one before
+    #: it or None]} of the connections it shows (continued_connections, broker_restarts)
     conns: dict = field(default_factory=dict)
     #: {kind: [first ms, last ms]} of what the reader's budgets left unread (CaptureDecoder.damage_times)
     damage_times: dict = field(default_factory=dict)
@@ -289,21 +289,26 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
     dropped = [0, None, None]  # events and losses not kept: count, first ms, last ms
     untracked = [0, None, None]  # heartbeats of connections past max_capture_connections: count, first ms, last ms
     salt = capture_salt(capture.index)
-    # conn_id -> [client address, first ms, last ms, last heartbeat or unregister ms] of its records and events:
+    # conn_id -> [client address, first ms, last ms, last two heartbeat or unregister ms] of its records and events:
     # the connections with heartbeats (at most max_capture_connections, ``tracked``) and those with events only (at
     # most max_events)
     conns: dict = {}
     tracked: set = set()
 
-    def seen(conn, addr, first, last, client_last=None):
+    def seen(conn, addr, first, last, *client):  # client: its heartbeat / unregister times (the last two)
         info = conns.get(conn)
         if info is None:
-            conns[conn] = [addr, first, last, client_last]
+            info = conns[conn] = [addr, first, last, None, None]
         else:
             info[0] = info[0] or addr
             info[1], info[2] = min(info[1], first), max(info[2], last)
-            if client_last is not None and (info[3] is None or client_last > info[3]):
-                info[3] = client_last
+        for t in client:  # the last two distinct ones: broker_restarts reads a connection's heartbeat before the
+            if t is None or t == info[3] or t == info[4]:  # one a restarted host's reset answered
+                continue
+            if info[3] is None or t > info[3]:
+                info[3], info[4] = t, info[3]
+            elif info[4] is None or t > info[4]:
+                info[4] = t
 
     def drain():
         rec, ev, lo = dec.take()
@@ -340,9 +345,13 @@ def iter_capture(capture: Capture, *, native: Optional[bool] = None, ports=None,
             hi_ms = np.full(len(uniq), np.iinfo(np.int64).min, np.int64)
             np.minimum.at(lo_ms, inverse.reshape(-1), recv)
             np.maximum.at(hi_ms, inverse.reshape(-1), recv)
+            below = np.full(len(uniq), np.iinfo(np.int64).min, np.int64)  # the last time before each one's last
+            earlier = recv < hi_ms[inverse.reshape(-1)]
+            np.maximum.at(below, inverse.reshape(-1)[earlier], recv[earlier])
             ao, ad = rec["addr_offsets"], rec["addr_data"]
-            for c, i, a, b in zip(uniq.tolist(), first.tolist(), lo_ms.tolist(), hi_ms.tolist()):
-                seen(c, ad[ao[i]:ao[i + 1]].decode("utf-8", "replace"), a, b, b)
+            for c, i, a, b, p in zip(uniq.tolist(), first.tolist(), lo_ms.tolist(), hi_ms.tolist(), below.tolist()):
+                seen(c, ad[ao[i]:ao[i + 1]].decode("utf-8", "replace"), a, b, b,
+                     p if p > np.iinfo(np.int64).min else None)
         for e in ev:
             seen(e[1], e[3] or "", e[0], e[0], e[0] if e[2] == "unregister" else None)
         return rec
@@ -671,11 +680,11 @@ def _silent_restarts(r: CaptureResult, ends: dict, opens: list, expiry_ms: int) 
     """Restarts whose closes the capture did not see (the broker's host crashed or lost power: no FIN / RST of the
     old process): a time t when two or more connections with a heartbeat (or UNREGISTER_CLIENT) less than the expiry
     before t went silent -- nothing at or after t, or only the new host's reset more than RESTART_WINDOW_MS after
-    t, answering their next packet -- with no connection surviving across t, and a new connection (its SYN) at or
+    t, answering their next packet (a heartbeat it answered within RESTART_WINDOW_MS is not counted: the one before
+    it is the connection's last) -- with no connection surviving across t, and a new connection (its SYN) at or
     after t. A connection survives t when it was opened before t and sent a heartbeat or UNREGISTER_CLIENT at or
-    after t (not one the server's reset answered within RESTART_WINDOW_MS), has anything at all at or after t when
-    it did not end, or was closed by the server at or after t otherwise than by such a late reset (the old process
-    alive). t is the first such time: one past the last packet before the silence (the crash itself is not on the
+    after t (not one such a reset answered), has anything at all at or after t when it did not end, or was closed
+    by the server at or after t otherwise than by such a late reset (the old process alive). t is the first such time: one past the last packet before the silence (the crash itself is not on the
     wire, it came after). A client reconnecting alone is no restart (the others survive), nor is a silence the
     capture ends in (no new connection). Each connection has one silence interval and one or two survival
     intervals, counted with sorted bounds: O(n log n)."""
@@ -685,11 +694,14 @@ def _silent_restarts(r: CaptureResult, ends: dict, opens: list, expiry_ms: int) 
         first, last, active = int(v[1]), int(v[2]), (v[3] if len(v) > 3 else None)
         end = (ends.get(c) or {}).get("end")
         how, e = (str(end[1]), int(end[0])) if end is not None else ("", None)
-        answered = how == "rst_by_server" and active is not None and active >= e - RESTART_WINDOW_MS
+        if how == "rst_by_server" and active is not None and active >= e - RESTART_WINDOW_MS:
+            # the new host's reset answered this heartbeat: the one before it is the connection's last to the
+            # old process (none: no member of its)
+            active = v[4] if len(v) > 4 else None
         spans = []
         if end is None:
             spans.append((first + 1, last))
-        elif active is not None and not answered:
+        elif active is not None:
             spans.append((first + 1, int(active)))
         if how == "fin_by_server":
             spans.append((first + 1, e))
@@ -703,7 +715,7 @@ def _silent_restarts(r: CaptureResult, ends: dict, opens: list, expiry_ms: int) 
             continue
         if end is None:
             lo, hi = last + 1, int(active) + expiry_ms - 1
-        elif how == "rst_by_server" and not answered:
+        elif how == "rst_by_server":
             lo, hi = int(active) + 1, min(int(active) + expiry_ms - 1, e - RESTART_WINDOW_MS - 1)
         else:
             continue

@@ -241,21 +241,22 @@ def _silent_reference(results, expiry):
         opens = sorted(int(e["open"]) for e in ends.values() if e.get("open") is not None)
 
         def parts(c):
-            _, f, last, act = r.conns[c]
+            _, f, last, act, before = r.conns[c]
             end = (ends.get(c) or {}).get("end")
             how, e = (end[1], int(end[0])) if end is not None else ("", None)
-            return f, last, act, how, e, how == "rst_by_server" and act is not None and act >= e - w
+            if how == "rst_by_server" and act is not None and act >= e - w:  # a heartbeat the reset answered
+                act = before
+            return f, last, act, how, e
 
         def survives(c, t):
-            f, last, act, how, e, answered = parts(c)
-            return f < t and ((e is None and last >= t) or (e is not None and act is not None and act >= t
-                                                            and not answered)
+            f, last, act, how, e = parts(c)
+            return f < t and ((e is None and last >= t) or (e is not None and act is not None and act >= t)
                               or (how == "fin_by_server" and e >= t) or (how == "rst_by_server" and e - w <= t <= e))
 
         def silent(c, t):
-            f, last, act, how, e, answered = parts(c)
+            f, last, act, how, e = parts(c)
             return act is not None and t < act + expiry and (
-                (e is None and last < t) or (how == "rst_by_server" and not answered and act < t and e > t + w))
+                (e is None and last < t) or (how == "rst_by_server" and act < t and e > t + w))
 
         bounds = {x for c in r.conns for x in parts(c)[:5] if isinstance(x, int)} | set(opens)
         bounds |= {x - w for x in bounds} | {x + expiry for x in bounds}
@@ -293,13 +294,16 @@ def _random_silent_result(rng, n):
             crash = [s for s in crashes if s >= first]
             act = max(first, (crash[0] if crash else act) - rng.randrange(0, 3_001, 500))
         last = first if act is None else act
+        before = None if act is None or act == first else rng.randrange(first, act, 500)
         x = rng.random()
         if x < 0.25:
             how, by = rng.choice([("rst", "server"), ("rst", "server"), ("fin", "server"), ("fin", "client")])
-            end = last + rng.choice([0, 500, 2_000, 2_500, 3_000, 10_000])
+            end = last + rng.choice([0, 500, 2_000, 2_500, 3_000, 10_000, 30_000])
             events.append((end, c, how, "a", by, None, None, None))
+            if how == "rst" and rng.random() < 0.5:  # the new host's reset answering a heartbeat
+                act, before = end - rng.choice([0, 500, 2_000]), act
             last = end
-        conns[c] = ["a", first, last, act]
+        conns[c] = ["a", first, last, act, before]
     events.sort()
     return pcap.CaptureResult("cap", [], {}, events, [], [], (1, 0), 0, 90_000, conns)
 
@@ -323,7 +327,7 @@ def test_silent_restarts_are_the_rule_and_linear():
     assert found > 20
     # 20,000 connections, each silent at its own time and a new connection after it: 10,000 restarts checked
     n = 20_000
-    conns = {c: ["a", 10 * c, 10 * c + 5, 10 * c + 5] for c in range(n)}
+    conns = {c: ["a", 10 * c, 10 * c + 5, 10 * c + 5, None] for c in range(n)}
     events = [(10 * c, c, "open", "a", "client", None, None, None) for c in range(n)]
     res = pcap.CaptureResult("cap", [], {}, events, [], [], (1, 0), 0, 10 * n, conns)
     t = time.perf_counter()

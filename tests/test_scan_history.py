@@ -535,13 +535,15 @@ def test_a_capture_names_a_broker_restart(tmp_path):
     assert "Broker restarts" in html and ts(T0 + 100_000) in html
 
 
-def crash_capture(path, *, alone=False, survivor=False, reset=False):
+def crash_capture(path, *, alone=False, survivor=False, reset=False, answered=False):
     """Three clients heartbeat every 30 s on their connections from 0 s, the last at 90, 91 and 92 s; the broker's
     host dies after that (no FIN / RST of the old process: the old connections go silent) and the clients come back
     on new connections at 250, 251 and 252 s (longer than the expiry). ``alone``: only A goes silent and comes back,
     B and C go on heartbeating on their connections (a client reconnecting, no restart). ``survivor``: C's old
     connection goes on heartbeating across the silence (no restart either). ``reset``: the new host resets C's old
-    connection at 200 s (answering a packet of C's there: a restart still, C's membership ends at it too)."""
+    connection at 200 s (answering a packet of C's there: a restart still, C's membership ends at it too).
+    ``answered``: C heartbeats on its old connection at 122 s and the new host resets it (its last heartbeat to the
+    old process is the one at 92 s)."""
     a = {c: f"10.0.7.{i + 1}:4{i}000" for i, c in enumerate("ABC")}
     again = {c: f"10.0.7.{i + 1}:4{i}001" for i, c in enumerate("ABC")}
     back = "A" if alone else "AB" if survivor else "ABC"
@@ -553,6 +555,8 @@ def crash_capture(path, *, alone=False, survivor=False, reset=False):
             steps += [(T0 + s * 1000 + i * 1000, again[c], "hb", _hb(f"{c}@1")) for s in range(250, 391, 30)]
     if reset:
         steps.append((T0 + 200_000, a["C"], "rst", "server"))
+    if answered:
+        steps += [(T0 + 122_000, a["C"], "hb", _hb("C@1")), (T0 + 122_000, a["C"], "rst", "server")]
     pcap_tool.write_script(path, sorted(steps, key=lambda x: x[0]))
 
 
@@ -577,9 +581,10 @@ FLAP_ONE = ScanParams(flap_min_reconnects=1)
 def test_a_capture_names_a_broker_restart_whose_closes_it_did_not_see(tmp_path):
     from engine.bindings import pcap
 
-    cap = tmp_path / "reset.pcap"
-    crash_capture(cap, reset=True)
-    check_crash_capture(pcap.scan_local([cap], FLAP_ONE))
+    for kw in ({"reset": True}, {"answered": True}):
+        cap = tmp_path / f"{next(iter(kw))}.pcap"
+        crash_capture(cap, **kw)
+        check_crash_capture(pcap.scan_local([cap], FLAP_ONE))
     cap = tmp_path / "crash.pcap"
     crash_capture(cap)
     f = pcap.scan_local([cap], FLAP_ONE)
@@ -628,11 +633,11 @@ def test_spark_silent_restart_is_the_local_one(spark, tmp_path):
         return {k: f[k] for k in ("broker_boots", "group_sizes", "expired_clients", "vanished_clients",
                                   "flapping_clients", "heartbeat_gaps")}
 
-    for kw in ({}, {"reset": True}, {"alone": True}, {"survivor": True}):
+    for kw in ({}, {"reset": True}, {"answered": True}, {"alone": True}, {"survivor": True}):
         cap = tmp_path / f"crash{len(kw)}{next(iter(kw), '')}.pcap"
         crash_capture(cap, **kw)
         got, ref = pcap.scan(spark, [cap], FLAP_ONE), pcap.scan_local([cap], FLAP_ONE)
-        if not kw or kw.get("reset"):
+        if not kw or kw.get("reset") or kw.get("answered"):
             check_crash_capture(got)
         assert comparable(got) == comparable(ref), kw
     cap = tmp_path / "restart.pcap"

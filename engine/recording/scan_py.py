@@ -336,6 +336,8 @@ def member_left(conn_events: Optional[dict], unregisters: Optional[dict], client
         end = (conn_events.get(conn) or {}).get("end")
         if end is not None and int(end[0]) >= t:
             out = int(end[0])
+        elif end is not None and end[1] == "broker_restart":  # after a silent restart: the new host reset it
+            return t
     if unregisters:
         times = unregisters.get((client, role, group))
         if times:
@@ -378,6 +380,8 @@ def departure(conn_events: Optional[dict], unregisters: Optional[dict], groups_a
     its groups at ``t`` (``groups_at(client, t)``: {(role, group)}). The broker removed it then; no expiry."""
     end = ((conn_events or {}).get(conn) or {}).get("end")
     if end is not None and t <= int(end[0]) < t + expiry_ms and not idle_close(end, t):
+        return True
+    if end is not None and end[1] == "broker_restart" and t >= int(end[0]):  # the new host reset it: no channel
         return True
     return unregistered(unregisters, client, groups_at(client, t), t, t + expiry_ms)
 

@@ -18,7 +18,8 @@ Definitions (``expiry`` = the broker's channel expiry, 120 s by default):
   ``conn_events`` and ``unregisters``), also at most until the first FIN / RST of the observation's connection or
   the client's first UNREGISTER_CLIENT for that group at or after it (:func:`member_left`): the broker removed the
   member then; a later heartbeat adds it back (also one on that connection after its FIN, a half-closed
-  connection). (The Spark scan ends a member's run at such an unregister and at its connection's first FIN /
+  connection, but not one after a broker restart the capture did not see the closes of, ``end`` =
+  ``[ms, "broker_restart"]`` from bindings.pcap.restart_events: the new host reset that connection). (The Spark scan ends a member's run at such an unregister and at its connection's first FIN /
   RST, bindings.pcap.capture_runs and bindings.spark.merge_runs, for the same intervals; a capture read in shards
   applies every shard's unregisters to every shard's runs, bindings.pcap.recut_runs, as a client may unregister
   on another connection than the one it heartbeats on.)
@@ -330,7 +331,8 @@ def member_left(conn_events: Optional[dict], unregisters: Optional[dict], client
     """When a member observed at ``t`` on ``conn`` left before its next heartbeat, as far as a capture saw: the
     first FIN / RST of that connection (either side) at or after ``t``, or the first UNREGISTER_CLIENT of that
     client for that group (producerGroup for a producer, consumerGroup for a consumer) at or after ``t``,
-    whichever is first; None without such an event (a recording has none)."""
+    whichever is first; None without such an event (a recording has none). ``t`` itself when the connection ended
+    by a silent broker restart before ``t`` (a heartbeat the new host reset: no membership)."""
     out = None
     if conn_events:
         end = (conn_events.get(conn) or {}).get("end")

@@ -360,3 +360,55 @@ def test_with_acl_every_route_call_goes_to_the_handler(b, counted, monkeypatch):
     for _ in range(3):
         c.call(c.headers(path=route), msg(route_request()))
     assert counted == [route] * 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# any call: the prepared path and the general path write the same bytes
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+METHODS = [b"Heartbeat", b"QueryRoute", b"QueryAssignment", b"Nope", b"Telemetry"]
+EXTRA_VARIANTS = [((b"grpc-encoding", b"identity"),), ((b"grpc-encoding", b"gzip"),), ((b"grpc-timeout", b"1x"),),
+                  ((b"grpc-timeout", b"0n"),), ((b":method", b"GET"),), ((b"x-mq-client-id", b"second"),),
+                  ((b"x-pad", b"v" * 600),)]
+BETWEEN = st.lists(st.sampled_from([lambda sid: F.window_update(sid, 4), lambda sid: F.window_update(sid, 0),
+                                    lambda sid: F.window_update(sid, 0x7FFFFFFF),
+                                    lambda sid: F.frame(F.WINDOW_UPDATE, 0, sid, b"\0\0\x01"),
+                                    lambda sid: F.window_update(0, 4)]), max_size=2)
+
+
+@st.composite
+def calls(draw):
+    """A call near the prepared path's: each part is usually what it takes (the armed Heartbeat), else a variant."""
+    def part(valid, *variants):
+        return draw(st.sampled_from([valid, valid, valid, *variants]))
+
+    method = part(b"Heartbeat", *METHODS[1:])
+    body = part(REQUEST, route_request(), assignment_request(), b"", b"\x08\x01", b"\xff\xff")
+    framed = part(message(body), message(body, flag=1), message(body)[:-1] or b"\0", message(body) + b"\0")
+    extra = part((), *EXTRA_VARIANTS)
+    return (method, extra, part("armed", "", "unknown@1"),
+            part(b"application/grpc", b"application/grpc+proto", b"text/plain"), framed, draw(BETWEEN))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(sequence=st.lists(calls(), min_size=1, max_size=6))
+def test_any_call_gets_the_same_bytes_on_both_paths(b, sequence):
+    put_topic(b, "PreparedT", 4)
+    settle(b, "armed")
+    c, ref = Client(b, "armed"), Client(b, "armed")
+    c.call(c.headers(), message(REQUEST))  # the repeat path armed
+    ref.call(ref.headers(), message(REQUEST), split=True)
+    for method, extra, client_id, ctype, framed, between in sequence:
+        got = c.call(c.headers(path=SERVICE + method, extra=extra, client_id=client_id, content_type=ctype),
+                     framed, between=between)
+        want = ref.call(ref.headers(path=SERVICE + method, extra=extra, client_id=client_id, content_type=ctype),
+                        framed, split=True, between=between)
+        assert got == want
+        assert c.conn.closed == ref.conn.closed
+        if c.conn.closed:
+            break
+    for k in (c, ref):
+        if not k.conn.closed:
+            k.conn.connection_lost(None)

@@ -17,9 +17,13 @@ from engine import loadgen
 class Sink:
     def __init__(self):
         self.written = []
+        self.closing = False
 
     def write(self, data):
         self.written.append(data)
+
+    def is_closing(self):
+        return self.closing
 
 
 def answer(seq, code=ResponseCode.SUCCESS, ext=None):
@@ -48,6 +52,10 @@ def test_a_burst_is_one_write_of_frames_with_consecutive_opaques():
         frames = engine.FrameDecoder().feed(conn.transport.written[0])
         assert [f.opaque for f in frames] == [loadgen.OPAQUE_BASE + i for i in range(8)]
         assert all(f.code == RequestCode.HEART_BEAT for f in frames) and stats["sent"] == 8
+        # a connection the server has closed (a broker past its connection budget closes at accept) sends nothing
+        conn.transport.closing = True
+        conn.send(0.0)
+        assert len(conn.transport.written) == 1 and stats["sent"] == 8
 
     asyncio.run(main())
 

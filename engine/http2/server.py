@@ -332,6 +332,14 @@ class _Call:
 
 
 class H2Connection(asyncio.Protocol):
+    # slots: a call touches a dozen of these; with thousands of connections each read finds its connection's state
+    # cold, and a slotted object holds it in a few cache lines instead of a dict's table and entries
+    __slots__ = ("server", "loop", "transport", "peer", "preface", "reader", "decoder", "streams", "last_sid",
+                 "send_window", "recv_window", "peer_initial_window", "peer_max_frame", "got_settings",
+                 "settings_acked", "settings_sent_at", "header_block", "buffered", "pending", "blocked", "stall_since",
+                 "resets", "resets_since", "control", "control_since", "last_recv", "ping_sent", "fed", "keepalive",
+                 "going_away", "closed", "_out", "_later")
+
     def __init__(self, server: H2Server):
         self.server = server
         self.loop = None

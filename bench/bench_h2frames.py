@@ -168,7 +168,7 @@ def _run(b, coro):
 
 
 @pytest.mark.parametrize("impl", list(IMPLS))
-@pytest.mark.parametrize("per_read", [3, 32])
+@pytest.mark.parametrize("per_read", [1, 3, 32])
 def test_transport_repeated_heartbeat(benchmark, broker, monkeypatch, impl, per_read):
     """``per_read`` repeated Heartbeats of one session per read, answered from the repeat path; figure per read.
     The twin row runs server.py over the twins (frame layer and HPACK) instead of the native modules."""

@@ -213,6 +213,29 @@ def test_grpc_c_cores_window_update_between_headers_and_data(b, counted):
     assert not c.conn.closed and not c.conn.streams
 
 
+def test_request_bytes_held_past_the_budget_end_the_call_as_on_the_general_path(b, counted, monkeypatch):
+    """Another stream holds a partial message near the connection's budget of held request bytes: a repeat in one
+    read is answered as the general path answers it (RESOURCE_EXHAUSTED), not from the prepared path."""
+    monkeypatch.setattr(H, "MAX_BUFFERED_MESSAGES", 0)
+    settle(b, "prepared@6")
+    c, ref = Client(b, "prepared@6"), Client(b, "prepared@6")
+    body = message(REQUEST)
+    c.call(c.headers(), body)
+    ref.call(ref.headers(), body, split=True)
+    held = b"\0" + (1 << 20).to_bytes(4, "big") + b"x" * (H.STREAM_WINDOW - 8)  # a message not whole yet
+
+    async def hold(k):
+        sid, k.sid = k.sid, k.sid + 2
+        k.conn.data_received(F.frame(F.HEADERS, F.FLAG_END_HEADERS, sid, k.headers(path=SERVICE + b"QueryRoute")))
+        for i in range(0, len(held), 16_384):
+            k.conn.data_received(F.frame(F.DATA, 0, sid, held[i:i + 16_384]))
+    for k in (c, ref):
+        k.run(hold(k))
+        k.sink.take()
+    got, want = c.call(c.headers(), body), ref.call(ref.headers(), body, split=True)
+    assert got == want and b"grpc-status\x018" in got
+
+
 def test_an_unknown_session_goes_to_the_handler(b, counted):
     c = Client(b, "prepared@nobody")
     answer = c.call(c.headers(), message(REQUEST))
@@ -350,6 +373,30 @@ def test_kept_answers_stay_within_their_budget(b, monkeypatch):
     kept = len(b.grpc._answers)
     assert answer_of(c.call(c.headers(path=route), msg(long)), "QueryRouteResponse").status.code == d.Code.OK
     assert len(b.grpc._answers) == kept
+    # the kept requests asked again after their topic grew: every stale answer is replaced within the budget (a
+    # replacement was not counted against it: 18x the budget in review), and an answer past a 16th of it is not kept
+    monkeypatch.setattr(ge, "ANSWER_CACHE_BYTES", 40_000)
+    b.grpc._answers.clear()
+    b.grpc._answers_bytes = 0
+    put_topic(b, "PreparedT", 1)
+    for k in range(60):
+        c.call(c.headers(path=route), msg(route_request(endpoints=(f"10.0.0.{k}",))))
+    assert 40 <= len(b.grpc._answers) <= 60
+    put_topic(b, "PreparedT", 64)  # each answer now 64 queues: past 2,500 bytes, a 16th of 40,000
+    for k in range(60):
+        c.conn.send_window = 1 << 20  # the stand-in client sends no WINDOW_UPDATE for the answers it reads
+        got = answer_of(c.call(c.headers(path=route), msg(route_request(endpoints=(f"10.0.0.{k}",)))),
+                        "QueryRouteResponse")
+        assert len(got.message_queues) == 64
+        assert b.grpc._answers_bytes <= 40_000
+    assert not b.grpc._answers  # each too large to keep
+    real = sum(len(m) + len(v[0]) + 300 for (_, m), v in b.grpc._answers.items())
+    assert real == b.grpc._answers_bytes
+    put_topic(b, "PreparedT", 4)
+    for k in range(60):
+        c.call(c.headers(path=route), msg(route_request(endpoints=(f"10.0.0.{k}",))))
+        assert b.grpc._answers_bytes <= 40_000
+    assert sum(len(m) + len(v[0]) + 300 for (_, m), v in b.grpc._answers.items()) == b.grpc._answers_bytes
 
 
 def test_with_acl_every_route_call_goes_to_the_handler(b, counted, monkeypatch):

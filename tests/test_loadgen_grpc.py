@@ -164,8 +164,8 @@ def test_core_frames_send_calls_as_grpc_core_does(tmp_path, monkeypatch):
     grpc C-core sends them; the native broker still answers the calls on its prepared path."""
     from engine.http2 import server as H
 
-    pings, updated = [], []
-    frame, unary = H.H2Connection._frame, H.H2Connection._unary
+    pings, updated, handled = [], [], []
+    frame, unary, start = H.H2Connection._frame, H.H2Connection._unary, H.H2Connection._start
 
     def counting_frame(self, ftype, flags, sid, payload):
         if ftype == H.F.PING and not flags & H.F.FLAG_ACK:
@@ -175,8 +175,12 @@ def test_core_frames_send_calls_as_grpc_core_does(tmp_path, monkeypatch):
     def counting_unary(self, sid, block, body, updates=()):
         updated.append(len(updates))
         return unary(self, sid, block, body, updates)
+    def counting_start(self, call, request):
+        handled.append(call.method.path.rsplit(b"/", 1)[1])
+        return start(self, call, request)
     monkeypatch.setattr(H.H2Connection, "_frame", counting_frame)
     monkeypatch.setattr(H.H2Connection, "_unary", counting_unary)
+    monkeypatch.setattr(H.H2Connection, "_start", counting_start)
     b = start_broker(tmp_path, "native")
     try:
         repeats = b.grpc.heartbeat_repeats
@@ -184,7 +188,10 @@ def test_core_frames_send_calls_as_grpc_core_does(tmp_path, monkeypatch):
                                  "--clients", "8", "--sessions-per-connection", "1", "--rate", "80", "--duration",
                                  "1.5", "--core-frames", "--quiet").stdout)
         assert res["errors"] == 0 and res["core_frames"] is True and res["answered"] >= 80
-        assert b.grpc.heartbeat_repeats - repeats >= res["answered"] // 2  # the prepared path answered them
+        assert b.grpc.heartbeat_repeats - repeats >= res["answered"] // 2
+        # the prepared path answered them: a Heartbeat handler ran only for each session's first (8), the route
+        # and assignment handlers only before their answers were kept
+        assert handled.count(b"Heartbeat") <= 8 and len(handled) < res["answered"] // 4
         # every call of the run: HEADERS, its stream's WINDOW_UPDATE, DATA (the probe before it sends plain calls)
         assert updated.count(1) >= res["answered"] and updated.count(0) <= 7 and set(updated) == {0, 1}
         assert pings.count(b"rmqhbbdp") >= res["answered"] // 2

@@ -67,7 +67,8 @@ MAX_CLIENT_ID = 1024
 #: QueryRoute and QueryAssignment answers the native transport keeps by their request's bytes, while the topic's and
 #: the group's configs and brokerIP1 are unchanged (an SDK repeats the same query every 5-30 s: answered from here
 #: without parsing it or building the answer), bytes of requests and answers at most; past it the cache starts
-#: over. Requests past ANSWER_CACHE_MAX_REQUEST bytes are not kept
+#: over. Requests past ANSWER_CACHE_MAX_REQUEST bytes, and an answer that would take more than a 16th of the budget,
+#: are answered, not kept
 ANSWER_CACHE_BYTES = 8 << 20
 ANSWER_CACHE_MAX_REQUEST = 1024
 #: file (in the store's config folder) of the sessions' Settings a graceful stop leaves for the next start
@@ -1186,11 +1187,15 @@ class GrpcEndpoint:
         if response.status.code != self.p.d.Code.OK:
             return None
         answer = response.SerializeToString()
-        if len(message) <= ANSWER_CACHE_MAX_REQUEST:
-            cost = len(message) + len(answer) + 300  # the dict entry, the key and the entry's tuples, about
-            if kept is not None:
-                self._answers_bytes -= len(message) + len(kept[0]) + 300
-            elif self._answers_bytes + cost > ANSWER_CACHE_BYTES:
+        if kept is not None:  # stale: out, whatever comes next
+            del self._answers[key]
+            self._answers_bytes -= len(message) + len(kept[0]) + 300
+        cost = len(message) + len(answer) + 300  # the dict entry, the key and the entry's tuples, about
+        # kept: a request of at most ANSWER_CACHE_MAX_REQUEST bytes whose answer can be sent (within
+        # grpcMaxMessageBytes) and fits the budget on its own (a topic of many queues: answered, not kept)
+        if (len(message) <= ANSWER_CACHE_MAX_REQUEST and len(answer) <= self.max_message_bytes
+                and cost <= ANSWER_CACHE_BYTES // 16):
+            if self._answers_bytes + cost > ANSWER_CACHE_BYTES:
                 self._answers.clear()
                 self._answers_bytes = 0
             topic = request.topic.name

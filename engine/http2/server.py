@@ -691,8 +691,9 @@ class H2Connection(asyncio.Protocol):
         server = self.server
         n = len(body)
         if (not sid & 1 or sid <= self.last_sid or self.going_away or len(self.streams) >= server.max_streams
-                or server.calls >= server.max_calls or n > self.recv_window or n > STREAM_WINDOW):
-            return False
+                or server.calls >= server.max_calls or n > self.recv_window or n > STREAM_WINDOW
+                or self.buffered + n > MAX_BUFFERED_MESSAGES * server.max_message + STREAM_WINDOW):
+            return False  # (the last: the general path's answer to request bytes held past the budget)
         stream_window = self.peer_initial_window
         for update in updates:  # what _window_update would do on the open stream; its errors: the general path
             increment = F.u32(update[3]) & 0x7FFFFFFF if len(update[3]) == 4 else 0

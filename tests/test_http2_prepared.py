@@ -459,3 +459,27 @@ def test_any_call_gets_the_same_bytes_on_both_paths(b, sequence):
     for k in (c, ref):
         if not k.conn.closed:
             k.conn.connection_lost(None)
+
+
+def test_a_route_past_the_message_budget_is_an_error_not_built(b, counted, monkeypatch):
+    """readQueueNums is not bounded (as in 4.9.8): a route or a FIFO group's assignment whose answer would pass
+    grpcMaxMessageBytes is answered INTERNAL_ERROR before it is built, on both paths."""
+    from engine.registry.subscription_group_manager import SubscriptionGroupConfig
+
+    monkeypatch.setattr(b.grpc, "max_message_bytes", 4096)
+    put_topic(b, "PreparedHuge", 1_000_000)
+
+    async def orderly():
+        b.registry.store.groups.put(SubscriptionGroupConfig("PreparedHugeG", consume_message_orderly=True))
+    c, ref = Client(b, "prepared@huge"), Client(b, "prepared@huge")
+    c.run(orderly())
+    for path, request, kind in ((SERVICE + b"QueryRoute", route_request("PreparedHuge"), "QueryRouteResponse"),
+                                (SERVICE + b"QueryAssignment", assignment_request("PreparedHuge", "PreparedHugeG"),
+                                 "QueryAssignmentResponse")):
+        got = c.call(c.headers(path=path), msg(request))
+        assert got == ref.call(ref.headers(path=path), msg(request), split=True)
+        status = answer_of(got, kind).status
+        assert status.code == d.Code.INTERNAL_ERROR and "larger than grpcMaxMessageBytes" in status.message
+    put_topic(b, "PreparedHuge", 20)  # within it: answered
+    got = c.call(c.headers(path=SERVICE + b"QueryRoute"), msg(route_request("PreparedHuge")))
+    assert len(answer_of(got, "QueryRouteResponse").message_queues) == 20

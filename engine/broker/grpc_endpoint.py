@@ -1144,6 +1144,7 @@ class GrpcEndpoint:
             r = reads
         else:
             n = max(1, reads, writes)
+        self._check_queues(r + w + rw + n, broker, request.topic)
         resp = self.p.s.QueryRouteResponse(status=self._status(d.Code.OK))
         qid = 0
         for count, permission in ((r, d.Permission.READ), (w, d.Permission.WRITE), (rw, d.Permission.READ_WRITE),
@@ -1154,6 +1155,15 @@ class GrpcEndpoint:
                 q.broker.CopyFrom(broker)
                 qid += 1
         return resp
+
+    def _check_queues(self, count: int, broker, topic) -> None:
+        """An answer listing ``count`` queues (each with the broker's endpoints and the topic) is built only when it
+        fits grpcMaxMessageBytes: a topic given a huge queue count (readQueueNums is not bounded, as in 4.9.8)
+        costs a route query an error, not the memory of an answer that could not be sent."""
+        per_queue = broker.ByteSize() + topic.ByteSize() + 24  # the queue's id, permission, types and tags
+        if count * per_queue > self.max_message_bytes:
+            raise _BadRequest(self.p.d.Code.INTERNAL_ERROR, f"the route of {count} queues is larger than "
+                              f"grpcMaxMessageBytes ({self.max_message_bytes})")
 
     def prepared_route(self, method: str, message: bytes, headers) -> bytes | None:
         """The native transport's prepared answer of a QueryRoute / QueryAssignment (``method``): the serialized
@@ -1217,10 +1227,12 @@ class GrpcEndpoint:
         sgc = self.broker.registry.subscription_group_config(group)
         permission = d.Permission.READ_WRITE if perm & _PERM_WRITE else d.Permission.READ
         broker = self._broker_message(request.endpoints if request.HasField("endpoints") else None)
+        orderly = sgc is not None and sgc.consume_message_orderly
+        self._check_queues(reads if orderly else 1, broker, request.topic)
         resp = self.p.s.QueryAssignmentResponse(status=self._status(d.Code.OK))
         # RouteActivity.queryAssignment: a FIFO group gets every queue, any other one queue id -1 (the broker's
         # pop service picks the queue)
-        for qid in (range(reads) if sgc is not None and sgc.consume_message_orderly else (-1,)):
+        for qid in (range(reads) if orderly else (-1,)):
             q = resp.assignments.add().message_queue
             q.topic.CopyFrom(request.topic)
             q.id = qid

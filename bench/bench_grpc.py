@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_grpc.py [--sessions 1000,10000] [--duration 10] [--pin 0:1] [--inflight 256]
         [--rounds 1] [--protocols grpc,remoting] [--grpc-transport native|grpcio] [--sessions-per-connection 128]
-        [--rate 0] [--procs 1] [--core-frames] [--out results.json]
+        [--rate 0] [--procs 1] [--core-frames] [--heartbeats-only] [--out results.json]
 
 Per session count N: one broker (`rmqhb serve` with grpcServerPort, its own process and session; with --pin
 BROKER:LOAD it runs on CPU BROKER, pinned with taskset before it starts, and every load process on CPU LOAD), then,
@@ -116,15 +116,17 @@ class PeakRss:
 
 
 def run_grpc(port: int, pid: int, n: int, duration: float, inflight: int, per_connection: int, rate: float = 0.0,
-             procs: int = 1, core_frames: bool = False) -> dict:
+             procs: int = 1, core_frames: bool = False, heartbeats_only: bool = False) -> dict:
     # at most 500 sessions registering at a time, as before: grpcio's server cancels calls (CANCELLED) when about
     # a thousand arrive at once
     before = rss_bytes(pid)
     with PeakRss(pid) as peak:
         r = loadgen_grpc.run("steady", "127.0.0.1", port, n, procs, duration, rate, per_connection=per_connection,
                              inflight=0 if rate else inflight, groups=GROUPS, pending=500, server_pid=pid,
-                             core_frames=core_frames)
-    res = {"protocol": "grpc" + (" (core frames)" if core_frames else ""), "sessions": r["sessions"],
+                             core_frames=core_frames,
+                             **({"assignment_interval": 0, "route_interval": 0} if heartbeats_only else {}))
+    res = {"protocol": "grpc" + (" (core frames)" if core_frames else "") + (" (heartbeats only)" if heartbeats_only
+                                                                             else ""), "sessions": r["sessions"],
            "channels": r["connections"],
            "inflight": f"open loop {rate:g}/s" if rate else inflight,
            "registered_s": r["registered_s"], "seconds": r["seconds"], "answered": r["answered"],
@@ -202,6 +204,9 @@ def main(argv=None) -> int:
                         "loop: both runs at the same rate (a 5.x fleet: sessions / 10); 0 = closed loops (gRPC: "
                         "--inflight; remoting: one per connection)")
     p.add_argument("--procs", type=int, default=1, help="gRPC: load processes")
+    p.add_argument("--heartbeats-only", action="store_true",
+                   help="gRPC: no QueryAssignment / QueryRoute beside the Heartbeats (the SDKs' periodic calls are "
+                        "on by default: the broker's CPU per heartbeat then includes them)")
     p.add_argument("--core-frames", action="store_true",
                    help="gRPC: calls sent as grpc C-core sends them (rmqhb loadgen --core-frames: a WINDOW_UPDATE per "
                         "call, a flow-control PING after each read that ended calls)")
@@ -246,7 +251,7 @@ def main(argv=None) -> int:
                         idle_fds = _open_fds(proc.pid)
                         runs.append(_machine(lambda: run_grpc(grpc_port, proc.pid, n, a.duration, a.inflight,
                                                               a.sessions_per_connection, a.rate, a.procs,
-                                                              a.core_frames)))
+                                                              a.core_frames, a.heartbeats_only)))
                         _wait_sessions_gone(grpc_port, main_port)
                         _wait_fds(proc.pid, idle_fds + 50)
                     if "remoting" in protocols:

@@ -16,7 +16,8 @@ VECTORS = SHARED / "vectors"
 #: Hot-path modules as (native, twin) pairs; the facade picks one of each, the parity tests use both.
 HOT_PATHS = {"frame": ("engine.codec._frame", "engine.codec._frame_py"), "heartbeat": ("engine.codec._heartbeat", "engine.codec._heartbeat_py"),
              "expiry": ("engine.registry._expiry", "engine.registry._expiry_py"), "digest": ("engine.registry._digest", "engine.registry._digest_py"),
-             "hpack": ("engine.http2._hpack", "engine.http2._hpack_py")}
+             "hpack": ("engine.http2._hpack", "engine.http2._hpack_py"),
+             "h2core": ("engine.http2._core", "engine.http2._core_py")}
 
 
 def load_vectors():

@@ -97,6 +97,8 @@ COMPILED_MODULES = {
     "_brokerlog": ("engine.recording._brokerlog", "engine.recording._brokerlog_py"),
     "_pcap": ("engine.recording._pcap", "engine.recording._pcap_py"),
     "_hpack": ("engine.http2._hpack", "engine.http2._hpack_py"),
+    "_frames": ("engine.http2._frames", "engine.http2._frames_py"),
+    "_core": ("engine.http2._core", "engine.http2._core_py"),  # the native gRPC transport's connection core
     "_protocol": ("engine.broker._protocol", "engine.broker.server"),  # twin: server.PyConnection
 }
 _native_modules: dict | None = None

@@ -163,10 +163,16 @@ header_names = st.sampled_from([b":path", b":method", b":scheme", b"content-type
 header_values = st.sampled_from([b"POST", b"GET", b"application/grpc", b"1S", b"2999m", b"99999999n",
                                  b"123456789S", b"S", b"", b"1x", b"\xd9\xa1S", b"AAE", b"AA=", b"!!", b"\xff"])
 headers = st.lists(st.tuples(header_names, header_values | st.binary(max_size=12)), max_size=12)
+grpc_headers = st.lists(st.sampled_from([(b":method", b"POST"), (b":method", b"GET"), (b":path", b"/S/M"),
+                                         (b"content-type", b"application/grpc"),
+                                         (b"content-type", b"application/grpc+proto"), (b"content-type", b"text/x"),
+                                         (b"grpc-encoding", b"identity"), (b"grpc-encoding", b"gzip"),
+                                         (b"grpc-timeout", b"1S"), (b"grpc-timeout", b"1x"), (b"te", b"trailers")]),
+                        max_size=8) | headers
 
 
 @SETTINGS
-@given(hs=headers)
+@given(hs=grpc_headers)
 def test_request_header_readers_parity(hs):
     n = native()
     assert n.scan_request_headers(hs) == P.scan_request_headers(hs)
@@ -178,29 +184,6 @@ def test_request_header_readers_parity(hs):
     for _, value in hs:
         a, b = n.parse_timeout(value), P.parse_timeout(value)
         assert a == b and type(a) is type(b)
-
-
-bodies = st.sampled_from([b"", b"\0\0\0\0", b"\0\0\0\0\0", b"\0\0\0\0\x04abcd", b"\x01\0\0\0\x04abcd",
-                          b"\0\0\0\0\x05abcd", b"\0\0\0\0\x03abcd", b"\0\xff\xff\xff\xffab"]) | st.binary(max_size=12)
-grpc_headers = st.lists(st.sampled_from([(b":method", b"POST"), (b":method", b"GET"), (b":path", b"/S/M"),
-                                         (b"content-type", b"application/grpc"),
-                                         (b"content-type", b"application/grpc+proto"), (b"content-type", b"text/x"),
-                                         (b"grpc-encoding", b"identity"), (b"grpc-encoding", b"gzip"),
-                                         (b"grpc-timeout", b"1S"), (b"grpc-timeout", b"1x"), (b"te", b"trailers")]),
-                        max_size=8) | headers
-
-
-@SETTINGS
-@given(hs=grpc_headers, body=bodies, max_metadata=st.sampled_from([0, 60, 16384]),
-       max_message=st.sampled_from([0, 3, 4, 4 << 20]))
-def test_unary_path_parity(hs, body, max_metadata, max_message):
-    n = native()
-    got = n.unary_path(hs, body, max_metadata, max_message)
-    assert got == P.unary_path(hs, body, max_metadata, max_message)
-    if got is not None:  # what it stands for, said the long way
-        size, path, ctype, enc, timeout, bad = P.scan_request_headers(hs)
-        assert got == path and not bad and size <= max_metadata and ctype.startswith(b"application/grpc")
-        assert enc in (None, b"identity") and body[0] == 0 and len(body) - 5 == P.u32(body, 1) <= max_message
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import require_module, require_native
-from engine.http2 import _hpack_py
+from engine.http2 import _frames_py, _hpack_py
 from engine.http2._hpack_py import HpackError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -473,3 +473,87 @@ def test_interop_with_the_hpack_package(impl, lists, sizes, huffman):
             e.set_max_table_size(size)
             ref.max_allowed_table_size = min(size, 4096)
         assert [tuple(f) for f in ref.decode(e.encode(fields), raw=True)] == fields
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# decode_unary: the fields, and what the gRPC transport's prepared path reads of them (the compiled build keeps
+# each table entry's size and kind beside it and reads those, not the fields)
+
+REQUEST_NAMES = [b":method", b":path", b"content-type", b"grpc-timeout", b"grpc-encoding", b"x-mq-client-id", b"te",
+                 b":authority", b"x-mq-client-ids", b"content-typ"]
+REQUEST_VALUES = [b"POST", b"GET", b"post", b"/svc/M", b"application/grpc", b"application/grpc+proto",
+                  b"application/grp", b"text/plain", b"1S", b"99999999m", b"123456789S", b"S", b"1x", b"-1S", b"1\xb9S",
+                  b"identity", b"gzip", b"client@1", b""]
+request_lists = st.lists(st.lists(st.tuples(st.sampled_from(REQUEST_NAMES),
+                                            st.sampled_from(REQUEST_VALUES) | st.binary(max_size=12)),
+                                  max_size=10), min_size=1, max_size=5)
+
+
+def unary_verdicts(mod, blocks, max_metadata, **kw):
+    d = mod.HpackDecoder(**kw)
+    out = []
+    for block in blocks:
+        try:
+            out.append(("ok", d.decode_unary(block, max_metadata), d.entries, d.table_size))
+        except HpackError as exc:
+            out.append(("HpackError", str(exc)))
+            break
+    return out
+
+
+def same_unary_verdicts(blocks, max_metadata, **kw):
+    from engine.http2 import _hpack
+
+    twin = unary_verdicts(_hpack_py, blocks, max_metadata, **kw)
+    assert unary_verdicts(_hpack, blocks, max_metadata, **kw) == twin
+    assert [v[0] for v in twin] == [v[0] for v in verdicts(_hpack_py, blocks, **kw)]  # the same blocks decode
+    return twin
+
+
+def test_decode_unary_reads_what_the_prepared_path_needs(impl):
+    enc = impl.hpack.HpackEncoder()
+    d = impl.hpack.HpackDecoder()
+    base = [(b":method", b"POST"), (b":path", b"/svc/M"), (b"content-type", b"application/grpc"),
+            (b"grpc-timeout", b"2999m"), (b"x-mq-client-id", b"c1"), (b"x-mq-client-id", b"c2")]
+    for _ in range(2):  # literals, then indexed fields of the dynamic table
+        assert d.decode_unary(enc.encode(base), 8192) == (base, b"/svc/M", b"c1")
+    for extra in ([(b":method", b"GET")], [(b"grpc-timeout", b"1x")], [(b"content-type", b"text/plain")],
+                  [(b"grpc-encoding", b"gzip")]):
+        fields, path, client_id = d.decode_unary(enc.encode(base + extra), 8192)
+        assert fields == base + extra and path is None and client_id == b"c1"
+    assert d.decode_unary(enc.encode(base + [(b"grpc-encoding", b"identity")]), 8192)[1] == b"/svc/M"
+    assert d.decode_unary(enc.encode(base), 100)[1] is None  # the list past max_metadata
+    assert d.decode_unary(enc.encode(base[2:]), 8192) == (base[2:], None, b"c1")
+
+
+@SETTINGS
+@given(lists=request_lists, sizes=resizes, cap=st.sampled_from([0, 64, 256, 4096]),
+       max_metadata=st.sampled_from([0, 120, 400, 8192]))
+def test_decode_unary_parity(lists, sizes, cap, max_metadata):
+    require_native()
+    blocks = [b for b, _, _ in run_encoder(_hpack_py, lists, sizes, cap)]
+    twin = same_unary_verdicts(blocks, max_metadata, max_table_size=4096, max_header_list_size=1 << 20)
+    for fields, verdict in zip(lists, twin):  # the twin is decode and the frame layer's rules
+        size, path, content_type, encoding, _, bad = _frames_py.scan_request_headers(fields)
+        ok = (not bad and size <= max_metadata and content_type is not None
+              and content_type.startswith(b"application/grpc") and encoding in (None, b"identity"))
+        assert verdict[1] == (fields, path if ok else None, _frames_py.header_value(fields, b"x-mq-client-id"))
+
+
+@SETTINGS
+@given(blocks=st.lists(st.binary(max_size=200), min_size=1, max_size=4), kw=budgets,
+       max_metadata=st.sampled_from([0, 100, 8192]))
+def test_decode_unary_parity_on_random_bytes(blocks, kw, max_metadata):
+    require_native()
+    same_unary_verdicts(blocks, max_metadata, **kw)
+
+
+@SETTINGS
+@given(data=st.data(), kw=budgets)
+def test_decode_unary_parity_on_mutated_valid_blocks(data, kw):
+    require_native()
+    start = data.draw(st.integers(0, len(VALID) - 1))
+    blocks = VALID[start : start + data.draw(st.integers(1, 3))]
+    k = data.draw(st.integers(0, len(blocks) - 1))
+    blocks[k] = data.draw(mutated(blocks[k]))
+    same_unary_verdicts(blocks, 8192, **kw)

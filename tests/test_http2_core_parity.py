@@ -201,7 +201,8 @@ def _encode(ops):
                 out.append(P.window_update(sid, number % 3))
             message = _message(body)
             if number % 13 == 0:  # a compressed flag, a length that is not the body's: the general path's to answer
-                message = (b"\x01" + message[1:]) if number % 2 else message[:4] + bytes(((message[4] + 1) % 256,)) + message[5:]
+                message = (b"\x01" + message[1:] if number % 2
+                           else message[:4] + bytes(((message[4] + 1) % 256,)) + message[5:])
             out.append(P.frame(P.DATA, P.FLAG_END_STREAM if number % 11 else 0, sid, message))
             sid += 2
         elif kind == "stream":

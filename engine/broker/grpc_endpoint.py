@@ -47,7 +47,6 @@ from engine.codec.enums import BROKER_VERSION, ConsumeFromWhere, ConsumeType, La
 from engine.codec.errors import RemotingError, echo
 from engine.logutil import RateLimitedLog
 from engine.broker.shares import share_key
-from engine.http2.frames import header_value
 
 log = logging.getLogger("engine.grpc")
 
@@ -171,10 +170,9 @@ def _client_id(context) -> str | None:
     return None
 
 
-def _header_client_id(headers) -> str | None:
-    """_client_id of a native call's header list (``[(name, value), ...]`` as bytes): its first x-mq-client-id,
-    decoded as invocation_metadata decodes it, stripped."""
-    value = header_value(headers, b"x-mq-client-id")
+def _header_client_id(value: bytes | None) -> str | None:
+    """_client_id of a native call's first x-mq-client-id header value (bytes, None without one), decoded as
+    invocation_metadata decodes it, stripped."""
     return None if value is None else value.decode("utf-8", "replace").strip()
 
 
@@ -423,8 +421,9 @@ class GrpcEndpoint:
         servicer = _Servicer(self)
         server = H2Server(self, servicer, SERVICE, prepared={
             "Heartbeat": servicer.heartbeat_repeat,
-            "QueryRoute": lambda message, headers, peer: self.prepared_route("QueryRoute", message, headers),
-            "QueryAssignment": lambda message, headers, peer: self.prepared_route("QueryAssignment", message, headers)})
+            "QueryRoute": lambda message, client_id, peer: self.prepared_route("QueryRoute", message, client_id),
+            "QueryAssignment": lambda message, client_id, peer: self.prepared_route("QueryAssignment", message,
+                                                                                    client_id)})
         host = self.host or "0.0.0.0"
         tls = self._tls_files()
         context = None
@@ -1165,7 +1164,7 @@ class GrpcEndpoint:
             raise _BadRequest(self.p.d.Code.INTERNAL_ERROR, f"the route of {count} queues is larger than "
                               f"grpcMaxMessageBytes ({self.max_message_bytes})")
 
-    def prepared_route(self, method: str, message: bytes, headers) -> bytes | None:
+    def prepared_route(self, method: str, message: bytes, client_id: bytes | None) -> bytes | None:
         """The native transport's prepared answer of a QueryRoute / QueryAssignment (``method``): the serialized
         answer of the same request bytes while what it was read from is unchanged (the topic's config and the
         group's, the very objects: the tables replace a config to change it; brokerIP1), else built here and kept
@@ -1173,7 +1172,7 @@ class GrpcEndpoint:
         checked or seen), a request without a valid client id, one that does not parse, or any answer but OK."""
         if self.acl is not None or self.on_request is not None:
             return None
-        client_id = _header_client_id(headers)
+        client_id = _header_client_id(client_id)
         if not client_id or len(client_id) > MAX_CLIENT_ID:
             return None
         registry = self.broker.registry
@@ -1321,10 +1320,10 @@ class _Servicer:
         answer = self._heartbeat_repeat(request, _client_id(context), context.peer())
         return answer if answer is not None else await self._heartbeat(request, context)
 
-    def heartbeat_repeat(self, request: bytes, headers, peer: str) -> bytes | None:
-        """The native transport's prepared answer of a Heartbeat (engine.http2.server's ``prepared``): the repeat
-        path's answer, read from the request's header list; None: the handler runs."""
-        return self._heartbeat_repeat(request, _header_client_id(headers), peer)
+    def heartbeat_repeat(self, request: bytes, client_id: bytes | None, peer: str) -> bytes | None:
+        """The native transport's prepared answer of a Heartbeat (engine.http2.server's ``prepared``; ``client_id``:
+        the call's first x-mq-client-id value): the repeat path's answer; None: the handler runs."""
+        return self._heartbeat_repeat(request, _header_client_id(client_id), peer)
 
     def _heartbeat_repeat(self, request: bytes, client_id, peer: str) -> bytes | None:
         ep = self.ep

@@ -395,14 +395,16 @@ class H2Core:
             if not increment or stream_window > F.MAX_WINDOW:
                 return False
         self.fed = True
-        headers = self.decoder.decode(block)  # from here the frames are taken: the HPACK table has moved on
+        # from here the frames are taken: the HPACK table has moved on
+        headers, path, client_id = self.decoder.decode_unary(block, self.max_metadata)
         # the path of a well-formed unary request whose body is one uncompressed message within the budgets
-        path = F.unary_path(headers, body, self.max_metadata, self.max_message)
+        if n < 5 or body[0] or int.from_bytes(body[1:5], "big") != n - 5 or n - 5 > self.max_message:
+            path = None
         method = None if path is None else server.methods.get(path)
         answer = None
         if method is not None and method.prepared is not None:
             try:
-                answer = method.prepared(body[5:], headers, self.peer)
+                answer = method.prepared(body[5:], client_id, self.peer)
             except Exception:  # a bug: the handler answers instead, as the general path would run it
                 server.ep.internal_error("native gRPC prepared answer")
         if answer is None:

@@ -272,20 +272,6 @@ def scan_request_headers(headers) -> tuple:
     return size, path, content_type, encoding, timeout, bad
 
 
-def unary_path(headers, body, max_metadata: int, max_message: int):
-    """The :path of a unary request that needs nothing the general path checks: a POST with a gRPC content-type,
-    no grpc-encoding but identity, a well-formed grpc-timeout (if any), its header list within ``max_metadata``
-    (RFC 7540 §6.5.2's size), and a body that is one uncompressed message of at most ``max_message`` bytes; None
-    for anything else (the general path answers it)."""
-    size, path, content_type, encoding, timeout, bad = scan_request_headers(headers)
-    n = len(body)
-    if (path is None or bad or size > max_metadata or content_type is None
-            or not content_type.startswith(b"application/grpc") or encoding not in (None, b"identity")
-            or n < 5 or body[0] or int.from_bytes(body[1:5], "big") != n - 5 or n - 5 > max_message):
-        return None
-    return path
-
-
 def header_value(headers, name: bytes):
     """The value of a header list's first field named ``name`` (bytes; None when there is none): one metadata
     value read without building the whole invocation metadata."""

@@ -16,6 +16,7 @@ Decoding errors name the byte offset in the block where the faulty representatio
 from collections import deque
 
 from engine.codec.errors import RemotingError
+from engine.http2._frames_py import header_value, scan_request_headers
 
 __all__ = ["HpackDecoder", "HpackEncoder", "HpackError", "DEFAULT_MAX_TABLE_SIZE", "DEFAULT_MAX_HEADER_LIST_SIZE"]
 
@@ -332,6 +333,19 @@ class HpackDecoder:
         if index - 62 >= len(self._entries):
             raise HpackError(f"hpack: index {index} past the table ({61 + len(self._entries)} entries) at byte {pos}")
         return self._entries[index - 62]
+
+    def decode_unary(self, block, max_metadata: int) -> tuple:
+        """``(fields, path, client_id)``: decode's fields; the :path when the list passes what a unary call's
+        prepared path needs (engine.http2._frames_py.scan_request_headers' fields: a POST, a gRPC content-type, no
+        grpc-encoding but identity, well-formed grpc-timeouts, its size within ``max_metadata``), else None; the first
+        x-mq-client-id value (None without one). (The compiled build reads these from sizes and kinds it keeps beside
+        the table's entries, without touching the fields.)"""
+        fields = self.decode(block)
+        size, path, content_type, encoding, _, bad = scan_request_headers(fields)
+        if (bad or size > max_metadata or content_type is None or not content_type.startswith(b"application/grpc")
+                or encoding not in (None, b"identity")):
+            path = None
+        return fields, path, header_value(fields, b"x-mq-client-id")
 
     def decode(self, block) -> list:
         """The (name, value) fields of one complete header block (HEADERS + CONTINUATION payloads joined)."""

@@ -31,7 +31,7 @@ if not _os.environ.get("ENGINE_NO_EXTENSIONS"):
         from engine.http2._frames import (FrameReader, MessageReader, data_message, frame, goaway,
                                           header_value, invocation_metadata, parse_settings, parse_timeout, ping,
                                           rst_stream, scan_request_headers, settings, u32, unary_answer,
-                                          unary_path, window_update)
+                                          window_update)
 
         NATIVE_FRAMES = True
     except ImportError:  # not built: the twin below
@@ -40,7 +40,7 @@ if not NATIVE_FRAMES:
     from engine.http2._frames_py import (FrameReader, MessageReader, data_message, frame, goaway,  # noqa: F401
                                          header_value, invocation_metadata, parse_settings, parse_timeout, ping,
                                          rst_stream, scan_request_headers, settings, u32, unary_answer,
-                                         unary_path, window_update)
+                                         window_update)
 
 
 def apply_initial_window(streams, old: int, value: int) -> int:

@@ -3,7 +3,10 @@
 One :class:`H2Connection` (an ``asyncio.Protocol``) per client connection: connection preface, SETTINGS and their
 ACK, PING, GOAWAY, flow control both ways (connection and stream windows), HEADERS + CONTINUATION (HPACK:
 engine.http2), DATA carrying gRPC's length-prefixed messages, RST_STREAM, stream states (RFC 7540 §5.1), trailers
-(grpc-status, percent-encoded grpc-message) and grpc-timeout deadlines. Calls are handed to the handlers of
+(grpc-status, percent-encoded grpc-message) and grpc-timeout deadlines. What every frame passes through (the frame
+loop, the windows, the prepared path, the request bytes held) is its core, ``H2Core``: compiled
+(engine.http2._core, pyx/http2/_core.pyx) when built, else the twin engine.http2._core_py; the methods here are what
+waits on the loop (the calls' handlers, deadlines, keepalive, GOAWAY and closing). Calls are handed to the handlers of
 engine.broker.grpc_endpoint's ``_Servicer`` with a context (:class:`_Context`) giving them what they use of grpc's:
 ``abort``, ``invocation_metadata``, ``peer``, ``read``, ``write``, ``time_remaining``.
 
@@ -150,8 +153,9 @@ class _Method:
         self.raw = raw
         self.client_streaming = client_streaming
         self.server_streaming = server_streaming
-        #: ``prepared(message, headers, peer) -> bytes | None``: the answer of a request that needs no handler
-        #: (Heartbeat's repeat), else None and the handler runs (see H2Connection._unary)
+        #: ``prepared(message, client_id, peer) -> bytes | None``: the answer of a request that needs no handler
+        #: (Heartbeat's repeat), else None and the handler runs (see H2Core._unary); ``client_id``: the first
+        #: x-mq-client-id header's value (bytes), None without one
         self.prepared = prepared
 
 

@@ -9,7 +9,7 @@ from cpython.list cimport PyList_GET_SIZE
 
 from engine.http2 import _core_py as _py
 from engine.http2 import _frames_py as _fp
-from engine.http2._frames import (FrameReader, frame, ping, settings, unary_answer, unary_path, window_update)
+from engine.http2._frames import FrameReader, frame, ping, settings, unary_answer, window_update
 from engine.http2._frames import data_message as _data_message, parse_settings as _fp_parse_settings
 from engine.http2.frames import apply_initial_window as _apply_initial_window
 from engine.http2._frames_py import FrameError
@@ -436,6 +436,7 @@ cdef class H2Core:
         between its HEADERS and DATA."""
         cdef Py_ssize_t n = PyBytes_GET_SIZE(body), k
         cdef long long stream_window, increment, size
+        cdef const unsigned char* p
         cdef object server = self.server
         cdef Call call
         if (not sid & 1 or sid <= self.last_sid or self.going_away or len(self.streams) >= self.max_streams
@@ -449,16 +450,20 @@ cdef class H2Core:
             if increment <= 0 or stream_window > MAX_WINDOW:
                 return False
         self.fed = True
-        headers = self.decoder.decode(block)  # from here the frames are taken: the HPACK table has moved on
+        # from here the frames are taken: the HPACK table has moved on
+        headers, path, client_id = self.decoder.decode_unary(block, self.max_metadata)
         # the path of a well-formed unary request whose body is one uncompressed message within the budgets
-        path = unary_path(headers, body, self.max_metadata, self.max_message)
+        p = <const unsigned char*>PyBytes_AS_STRING(body)
+        if (n < 5 or p[0] or ((<long long>p[1] << 24) | (p[2] << 16) | (p[3] << 8) | p[4]) != n - 5
+                or n - 5 > self.max_message):
+            path = None
         method = None if path is None else server.methods.get(path)
         answer = None
         if method is not None:
             prepared = method.prepared
             if prepared is not None:
                 try:
-                    answer = prepared(body[5:], headers, self.peer)
+                    answer = prepared(body[5:], client_id, self.peer)
                 except Exception:  # a bug: the handler answers instead, as the general path would run it
                     server.ep.internal_error("native gRPC prepared answer")
         if answer is None:
@@ -571,8 +576,8 @@ cdef class H2Core:
             call.recv_window = STREAM_WINDOW
 
     # ------------------------------------------------------------------------------------------------ answers out
-    def send_message(self, Call call, bytes data):
-        cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    def send_message(self, Call call, data):
+        cdef Py_ssize_t n = len(data)  # bytes, or a subclass (a handler's answer)
         cdef long long size = n + 5
         if n > self.max_message:
             call.status = (S_RESOURCE_EXHAUSTED, f"Sent message larger than max ({n} vs. {self.max_message})")

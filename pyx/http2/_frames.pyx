@@ -434,26 +434,6 @@ def scan_request_headers(headers):
     return size, path, content_type, encoding, timeout, bad
 
 
-def unary_path(headers, body, max_metadata, max_message):
-    """The :path of a unary request the general path has nothing to check on (see the twin), else None."""
-    cdef tuple scan
-    cdef Py_ssize_t n
-    cdef const unsigned char* p
-    if type(body) is not bytes or not _all_pairs(headers):
-        return _py.unary_path(headers, body, max_metadata, max_message)
-    scan = scan_request_headers(headers)
-    path, content_type, encoding = scan[1], scan[2], scan[3]
-    n = PyBytes_GET_SIZE(body)
-    p = <const unsigned char*>PyBytes_AS_STRING(body)
-    if (path is None or scan[5] or scan[0] > max_metadata or content_type is None
-            or PyBytes_GET_SIZE(content_type) < 16
-            or memcmp(PyBytes_AS_STRING(content_type), b"application/grpc", 16) != 0
-            or not (encoding is None or encoding == b"identity")
-            or n < 5 or p[0] or <Py_ssize_t>_be32(p + 1) != n - 5 or n - 5 > max_message):
-        return None
-    return path
-
-
 def header_value(headers, name):
     """The value of a header list's first field named ``name`` (see the twin)."""
     cdef object field

@@ -7,10 +7,12 @@ What is native here: the block is read through a char pointer, integers, raw str
 tuples, so an indexed field costs a tuple reference and no copy.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_SIZE
+from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_ITEM
 from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 from engine.http2._hpack_py import (DEFAULT_MAX_HEADER_LIST_SIZE, DEFAULT_MAX_TABLE_SIZE, ENTRY_OVERHEAD,
                                     HUFFMAN_CODES, HUFFMAN_END, HUFFMAN_FSM, MAX_INTEGER, MAX_INTEGER_BYTES,
@@ -37,6 +39,69 @@ cdef dict STATIC_NAMES = {}
 for _k in range(61):
     STATIC_FIELDS.setdefault(STATIC[_k], _k + 1)
     STATIC_NAMES.setdefault(STATIC[_k][0], _k + 1)
+cdef enum:
+    # what decode_unary reads of a field (its name and value, classified once, when the field enters the table)
+    K_OTHER = 0
+    K_PATH = 1
+    K_METHOD_POST = 2
+    K_METHOD_OTHER = 3
+    K_CONTENT_GRPC = 4
+    K_CONTENT_OTHER = 5
+    K_TIMEOUT_OK = 6
+    K_TIMEOUT_BAD = 7
+    K_ENCODING_IDENTITY = 8
+    K_ENCODING_OTHER = 9
+    K_CLIENT_ID = 10
+
+
+cdef inline bint _eq(const char* p, Py_ssize_t n, const char* lit, Py_ssize_t m) noexcept:
+    return n == m and memcmp(p, lit, m) == 0
+
+
+cdef unsigned char _kind(bytes name, bytes value) noexcept:
+    """The field's kind for decode_unary (engine.http2._frames_py.scan_request_headers' rules, and the
+    x-mq-client-id of header_value)."""
+    cdef const char* p = PyBytes_AS_STRING(name)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(name), m = PyBytes_GET_SIZE(value), i
+    cdef const char* v = PyBytes_AS_STRING(value)
+    cdef unsigned char u
+    if _eq(p, n, b":path", 5):
+        return K_PATH
+    if _eq(p, n, b":method", 7):
+        return K_METHOD_POST if _eq(v, m, b"POST", 4) else K_METHOD_OTHER
+    if _eq(p, n, b"content-type", 12):
+        return K_CONTENT_GRPC if m >= 16 and memcmp(v, b"application/grpc", 16) == 0 else K_CONTENT_OTHER
+    if _eq(p, n, b"grpc-timeout", 12):  # 1-8 digits and a unit (parse_timeout)
+        if not 2 <= m <= 9:
+            return K_TIMEOUT_BAD
+        u = v[m - 1]
+        if u not in b"HMSmun":
+            return K_TIMEOUT_BAD
+        for i in range(m - 1):
+            if not 48 <= <unsigned char>v[i] <= 57:
+                return K_TIMEOUT_BAD
+        return K_TIMEOUT_OK
+    if _eq(p, n, b"grpc-encoding", 13):
+        return K_ENCODING_IDENTITY if _eq(v, m, b"identity", 8) else K_ENCODING_OTHER
+    if _eq(p, n, b"x-mq-client-id", 14):
+        return K_CLIENT_ID
+    return K_OTHER
+
+
+cdef struct _Scan:
+    Py_ssize_t size
+    PyObject* path  # borrowed: the fields' list holds them
+    PyObject* client_id
+    unsigned char content, encoding
+    bint bad
+
+
+cdef Py_ssize_t STATIC_SIZE[61]
+cdef unsigned char STATIC_KIND[61]
+for _k in range(61):
+    STATIC_SIZE[_k] = len(STATIC[_k][0]) + len(STATIC[_k][1]) + ENTRY_OVERHEAD
+    STATIC_KIND[_k] = _kind(STATIC[_k][0], STATIC[_k][1])
+
 cdef frozenset NEVER = NEVER_INDEXED
 cdef frozenset NOT_IDX = NOT_INDEXED
 cdef Py_ssize_t OVERHEAD = ENTRY_OVERHEAD
@@ -133,39 +198,70 @@ cdef inline Py_ssize_t _entry_size(tuple entry):
 
 
 cdef class _Ring:
-    """The dynamic table: (name, value) tuples in a growing ring, oldest at ``tail``; index 0 is the newest."""
+    """The dynamic table: (name, value) tuples in a growing ring, oldest at ``tail``; index 0 is the newest. Each
+    slot's entry size and kind are kept beside it in C arrays: decode_unary reads them without touching the entry."""
     cdef list slots
+    cdef Py_ssize_t* sizes
+    cdef unsigned char* kinds
     cdef Py_ssize_t cap, tail, count
     cdef public Py_ssize_t size, limit
 
     def __cinit__(self, Py_ssize_t limit):
         self.slots = [None] * 8
         self.cap = 8
+        self.sizes = <Py_ssize_t*>malloc(8 * sizeof(Py_ssize_t))
+        self.kinds = <unsigned char*>malloc(8)
+        if self.sizes == NULL or self.kinds == NULL:
+            raise MemoryError()
         self.tail = self.count = self.size = 0
         self.limit = limit
 
+    def __dealloc__(self):
+        free(self.sizes)
+        free(self.kinds)
+
+    cdef inline Py_ssize_t slot(self, Py_ssize_t i) noexcept:
+        return (self.tail + self.count - 1 - i) % self.cap
+
     cdef inline tuple get(self, Py_ssize_t i):
-        return <tuple>self.slots[(self.tail + self.count - 1 - i) % self.cap]
+        return <tuple>self.slots[self.slot(i)]
 
     cdef tuple pop_oldest(self):
         cdef tuple entry = <tuple>self.slots[self.tail]
         self.slots[self.tail] = None
+        self.size -= self.sizes[self.tail]
         self.tail = (self.tail + 1) % self.cap
         self.count -= 1
-        self.size -= _entry_size(entry)
         return entry
 
-    cdef void push(self, tuple entry, Py_ssize_t size):
+    cdef int push(self, tuple entry, Py_ssize_t size) except -1:
         cdef list grown
-        cdef Py_ssize_t i
-        if self.count == self.cap:
-            grown = [None] * (2 * self.cap)
+        cdef Py_ssize_t i, j, cap = self.cap
+        cdef Py_ssize_t* sizes
+        cdef unsigned char* kinds
+        if self.count == cap:
+            grown = [None] * (2 * cap)
+            sizes = <Py_ssize_t*>malloc(2 * cap * sizeof(Py_ssize_t))
+            kinds = <unsigned char*>malloc(2 * cap)
+            if sizes == NULL or kinds == NULL:
+                free(sizes)
+                free(kinds)
+                raise MemoryError()
             for i in range(self.count):
-                grown[i] = self.slots[(self.tail + i) % self.cap]
-            self.slots, self.cap, self.tail = grown, 2 * self.cap, 0
-        self.slots[(self.tail + self.count) % self.cap] = entry
+                j = (self.tail + i) % cap
+                grown[i] = self.slots[j]
+                sizes[i] = self.sizes[j]
+                kinds[i] = self.kinds[j]
+            free(self.sizes)
+            free(self.kinds)
+            self.slots, self.sizes, self.kinds, self.cap, self.tail = grown, sizes, kinds, 2 * cap, 0
+        i = (self.tail + self.count) % self.cap
+        self.slots[i] = entry
+        self.sizes[i] = size
+        self.kinds[i] = _kind(<bytes>PyTuple_GET_ITEM(entry, 0), <bytes>PyTuple_GET_ITEM(entry, 1))
         self.count += 1
         self.size += size
+        return 0
 
     cdef void clear(self):
         while self.count:
@@ -210,28 +306,54 @@ cdef class HpackDecoder:
             raise HpackError(f"hpack: index {index} past the table ({61 + self._table.count} entries) at byte {pos}")
         return self._table.get(index - 62)
 
-    cdef void _add(self, tuple entry):
+    cdef int _add(self, tuple entry) except -1:
         cdef _Ring t = self._table
         cdef Py_ssize_t size = _entry_size(entry)
         if size > t.limit:
             t.clear()
-            return
+            return 0
         while t.size > t.limit - size:
             t.pop_oldest()
         t.push(entry, size)
+        return 0
 
     def decode(self, block):
         """The (name, value) fields of one complete header block (HEADERS + CONTINUATION payloads joined)."""
         if not isinstance(block, bytes):
             block = bytes(block)
-        cdef bytes data = <bytes>block
-        cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
-        cdef Py_ssize_t end = PyBytes_GET_SIZE(data), pos = 0, start, index, size
-        cdef Py_ssize_t list_size = 0, budget = self.max_header_list_size
         cdef list out = []
+        self._decode(<bytes>block, out, NULL)
+        return out
+
+    def decode_unary(self, block, Py_ssize_t max_metadata):
+        """``(fields, path, client_id)``: decode's fields; the :path when the list passes what a unary call's
+        prepared path needs (engine.http2._frames_py.scan_request_headers' fields: a POST, a gRPC content-type, no
+        grpc-encoding but identity, well-formed grpc-timeouts, its size within ``max_metadata``), else None; the first
+        x-mq-client-id value (None without one). Read from the sizes and kinds kept beside the table's entries."""
+        if not isinstance(block, bytes):
+            block = bytes(block)
+        cdef list out = []
+        cdef _Scan scan
+        scan.size = 0
+        scan.path = scan.client_id = NULL
+        scan.content = scan.encoding = 0
+        scan.bad = False
+        self._decode(<bytes>block, out, &scan)
+        path = client_id = None
+        if scan.client_id != NULL:
+            client_id = <object>scan.client_id
+        if (scan.path != NULL and not scan.bad and scan.size <= max_metadata and scan.content == K_CONTENT_GRPC
+                and scan.encoding != K_ENCODING_OTHER):
+            path = <object>scan.path
+        return out, path, client_id
+
+    cdef int _decode(self, bytes data, list out, _Scan* scan) except -1:
+        cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t end = PyBytes_GET_SIZE(data), pos = 0, start, index, size, fsize, i
+        cdef Py_ssize_t list_size = 0, budget = self.max_header_list_size
         cdef tuple field
         cdef bytes name, value
-        cdef unsigned char b
+        cdef unsigned char b, kind = K_OTHER
         cdef _Ring t = self._table
         while pos < end:
             start = pos
@@ -239,8 +361,13 @@ cdef class HpackDecoder:
             if b & 128:
                 index = _read_int(p, end, &pos, 7)
                 field = self._field(index, start)
+                if index <= 61:
+                    fsize, kind = STATIC_SIZE[index - 1], STATIC_KIND[index - 1]
+                else:
+                    i = t.slot(index - 62)
+                    fsize, kind = t.sizes[i], t.kinds[i]
             elif (b & 0xE0) == 0x20:
-                if out:
+                if PyList_GET_SIZE(out):
                     raise HpackError(f"hpack: table size update after a header field at byte {start}")
                 size = _read_int(p, end, &pos, 5)
                 if size > self.max_table_size:
@@ -258,13 +385,30 @@ cdef class HpackDecoder:
                     name = _read_string(p, end, &pos)
                 value = _read_string(p, end, &pos)
                 field = (name, value)
+                fsize = PyBytes_GET_SIZE(name) + PyBytes_GET_SIZE(value) + OVERHEAD
+                if scan != NULL:
+                    kind = _kind(name, value)
                 if b & 64:
                     self._add(field)
-            list_size += _entry_size(field)
+            list_size += fsize
             if list_size > budget:
                 raise HpackError(f"hpack: header list over {budget} bytes at byte {start}")
             out.append(field)
-        return out
+            if scan != NULL and kind:
+                if kind == K_PATH:
+                    scan.path = PyTuple_GET_ITEM(field, 1)
+                elif kind == K_CLIENT_ID:
+                    if scan.client_id == NULL:
+                        scan.client_id = PyTuple_GET_ITEM(field, 1)
+                elif kind == K_METHOD_OTHER or kind == K_TIMEOUT_BAD:
+                    scan.bad = True
+                elif kind == K_CONTENT_GRPC or kind == K_CONTENT_OTHER:
+                    scan.content = kind
+                elif kind == K_ENCODING_IDENTITY or kind == K_ENCODING_OTHER:
+                    scan.encoding = kind
+        if scan != NULL:
+            scan.size = list_size
+        return 0
 
 
 cdef class _Out:

@@ -411,6 +411,7 @@ budgets = st.fixed_dictionaries({"max_table_size": st.sampled_from([0, 64, 256, 
 def test_parity_on_random_bytes(blocks, kw):
     require_native()
     same_verdicts(blocks, **kw)
+    same_unary_verdicts(blocks, 100, **kw)
 
 
 VALID = [h(b) for b in C3 + C4 + C5 + C6] + [h(b) for b in GRPC_BLOCKS["requests"] + GRPC_BLOCKS["responses"]]
@@ -449,6 +450,7 @@ def test_parity_on_mutated_valid_blocks(data, kw):
     blocks[k] = data.draw(mutated(blocks[k]))
     same_verdicts(blocks, **kw)
     same_verdicts(blocks)  # and with the default budgets
+    same_unary_verdicts(blocks, 8192, **kw)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -538,22 +540,3 @@ def test_decode_unary_parity(lists, sizes, cap, max_metadata):
         ok = (not bad and size <= max_metadata and content_type is not None
               and content_type.startswith(b"application/grpc") and encoding in (None, b"identity"))
         assert verdict[1] == (fields, path if ok else None, _frames_py.header_value(fields, b"x-mq-client-id"))
-
-
-@SETTINGS
-@given(blocks=st.lists(st.binary(max_size=200), min_size=1, max_size=4), kw=budgets,
-       max_metadata=st.sampled_from([0, 100, 8192]))
-def test_decode_unary_parity_on_random_bytes(blocks, kw, max_metadata):
-    require_native()
-    same_unary_verdicts(blocks, max_metadata, **kw)
-
-
-@SETTINGS
-@given(data=st.data(), kw=budgets)
-def test_decode_unary_parity_on_mutated_valid_blocks(data, kw):
-    require_native()
-    start = data.draw(st.integers(0, len(VALID) - 1))
-    blocks = VALID[start : start + data.draw(st.integers(1, 3))]
-    k = data.draw(st.integers(0, len(blocks) - 1))
-    blocks[k] = data.draw(mutated(blocks[k]))
-    same_unary_verdicts(blocks, 8192, **kw)

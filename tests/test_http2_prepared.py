@@ -1,9 +1,10 @@
-"""The native transport's prepared path (engine.http2.server.H2Connection._unary): a unary call whose HEADERS and
-DATA come in one read, for a method with a prepared answer (Heartbeat's repeat), is answered without a _Call, a
-context or the handler's coroutine. It must write exactly what the general path writes for the same requests (the
-frames split over two reads take the general path), decline to the handler whatever it does not answer, keep HPACK
-in sync, and wait for a window like any answer. In process, on a real broker's endpoint, a stand-in socket; both
-builds of the frame layer and HPACK (the twin run sets ENGINE_NO_EXTENSIONS=1)."""
+"""The native transport's prepared path (the connection core's _unary, engine.http2._core_py.H2Core and its compiled
+build): a unary call whose HEADERS and DATA come in one read, for a method with a prepared answer (Heartbeat's
+repeat), is answered without a Call, a context or the handler's coroutine. It must write exactly what the general
+path writes for the same requests (the frames split over two reads take the general path), decline to the handler
+whatever it does not answer, keep HPACK in sync, and wait for a window like any answer. In process, on a real
+broker's endpoint, a stand-in socket; both builds of the connection core, the frame layer and HPACK (the twin run
+sets ENGINE_NO_EXTENSIONS=1)."""
 import asyncio
 
 import pytest

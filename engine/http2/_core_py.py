@@ -26,7 +26,7 @@ CONNECTION_WINDOW = 8 << 20
 RESET_WINDOW_S = 1.0
 CONTROL_WINDOW_S = 1.0
 
-_OK, _UNKNOWN, _INTERNAL, _RESOURCE_EXHAUSTED, _UNIMPLEMENTED = 0, 2, 13, 8, 12
+_INTERNAL, _RESOURCE_EXHAUSTED, _UNIMPLEMENTED = 13, 8, 12  # grpc status codes
 
 # response header blocks without the dynamic table (literals without indexing): the same bytes on every
 # connection, no HPACK encoder state to keep

@@ -14,7 +14,7 @@ A handler coroutine is first run inline, in the callback that received its last 
 waiting (Heartbeat's repeat path, QueryRoute, ...) costs no task; only one that waits becomes a task. A unary call
 whose frames come in one read (as the SDKs write them) and whose method has a ``prepared`` answer for it (the
 endpoint's: a repeated Heartbeat, a QueryRoute / QueryAssignment asked before) is answered without a call, a context
-or a coroutine (:meth:`H2Connection._unary`), byte for byte what the handler's answer would be.
+or a coroutine (the core's ``_unary``), byte for byte what the handler's answer would be.
 
 Budgets (README, 5.x gRPC budget table): the endpoint's grpcMax* properties (connections, streams per connection,
 calls in progress, message and metadata bytes) and the constants below; past each one the answer named there.

@@ -7,7 +7,8 @@ engine.http2._hpack_py), with budgets from the CRC (max_table_size 0-4096, max_h
 whole with the default budgets:
 
 * both give the same fields, dynamic table and table size after each block, or the same HpackError (a RemotingError
-  and ValueError, message word for word, at most 512 characters);
+  and ValueError, message word for word, at most 512 characters); decode_unary (max_metadata from the CRC) gives
+  decode's fields or error and the same :path and client id in both;
 * after each block the budgets hold: table size <= the last size update <= max_table_size, the table size is its
   entries' (name + value + 32 each), the header list is within max_header_list_size;
 * the fields decoded go through both encoders (table size and a peer's SETTINGS_HEADER_TABLE_SIZE from the CRC): the
@@ -37,15 +38,30 @@ def options_for(data):
     return {"max_table_size": (0, 64, 256, 4096)[x % 4], "max_header_list_size": (0, 200, 4096, 16384)[(x >> 2) % 4]}
 
 
-def verdict(mod, blocks, options):
+def verdict(mod, blocks, options, max_metadata=None):
+    """Each block's fields, table and sizes, up to the first error; with ``max_metadata``, decode_unary's verdict
+    (decoded by a second decoder: the same fields, or the same error) beside each."""
     d = mod.HpackDecoder(**options)
+    u = None if max_metadata is None else mod.HpackDecoder(**options)
     out = []
     for block in blocks:
+        unary = None
+        if u is not None:
+            try:
+                unary = u.decode_unary(block, max_metadata)
+            except Exception as exc:  # noqa: BLE001 - check_error re-raises anything that is not a typed error
+                unary = fuzzlib.check_error(exc)
         try:
             fields = d.decode(block)
         except Exception as exc:  # noqa: BLE001 - check_error re-raises anything that is not a typed error
             out.append(fuzzlib.check_error(exc))
+            if u is not None and unary != out[-1]:
+                raise fuzzlib.Divergence(f"{mod.__name__}: decode_unary {unary!r:.200} != decode {out[-1]!r:.200}")
             return out
+        if u is not None:
+            if not isinstance(unary, tuple) or unary[0] != fields:
+                raise fuzzlib.Divergence(f"{mod.__name__}: decode_unary {unary!r:.200} != decode {fields!r:.200}")
+            out.append(("unary", unary[1], unary[2]))
         entries = d.entries
         if not (d.table_size <= d.table_size_limit <= options["max_table_size"]
                 and d.table_size == sum(len(n) + len(v) + 32 for n, v in entries)):
@@ -87,7 +103,8 @@ def check_encoders(lists, data):
 def test_one_input(data):
     blocks = list(fuzzlib.chunks(data, fuzzlib.cuts_for(data, 5))) or [b""]
     options = options_for(data)
-    same("HpackDecoder", [verdict(mod, blocks, options) for mod in IMPLS], data)
+    max_metadata = (0, 100, 16384)[zlib.crc32(data, 31) % 3]
+    same("HpackDecoder", [verdict(mod, blocks, options, max_metadata) for mod in IMPLS], data)
     defaults = {"max_table_size": TWIN.DEFAULT_MAX_TABLE_SIZE,
                 "max_header_list_size": TWIN.DEFAULT_MAX_HEADER_LIST_SIZE}
     whole = [verdict(mod, [data], defaults) for mod in IMPLS]

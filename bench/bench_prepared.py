@@ -25,22 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-class _Transport:
-    def write(self, data):
-        pass
-
-    def get_extra_info(self, name):
-        return ("127.0.0.1", 40000) if name == "peername" else None
-
-    def get_write_buffer_size(self):
-        return 0
-
-    def close(self):
-        pass
-
-    abort = close
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--method", default="Heartbeat", choices=("Heartbeat", "QueryRoute", "QueryAssignment"))
@@ -51,6 +35,7 @@ def main(argv=None) -> int:
     from engine.broker.config import BrokerConfig
     from engine.broker.controller import Broker
     from engine.http2 import _frames_py as F
+    from bench_h2frames import _Transport  # the stand-in socket of the bench suite's transport row
     from engine.http2 import server
     from engine.http2 import HpackEncoder
     from engine.registry.topic_config_manager import TopicConfig

@@ -43,7 +43,6 @@ if not os.environ.get("ENGINE_NO_EXTENSIONS"):
         pass
 if not NATIVE_CORE:
     from engine.http2._core_py import H2Core
-_RESPONSE_HEADERS, _OK_TRAILERS = RESPONSE_HEADERS, OK_TRAILERS
 
 log = logging.getLogger("engine.grpc")
 
@@ -435,7 +434,7 @@ class H2Connection(H2Core, asyncio.Protocol):
         """A call answered at once with a status (trailers only), its stream closed (RST NO_ERROR when the client
         may still be sending)."""
         self.write(F.frame(F.HEADERS, F.FLAG_END_HEADERS | F.FLAG_END_STREAM, call.sid,
-                           _RESPONSE_HEADERS + status_block(code, message)))
+                           RESPONSE_HEADERS + status_block(code, message)))
         if not call.remote_closed:
             self.write(F.rst_stream(call.sid, F.NO_ERROR))
         call.closed = True
@@ -522,7 +521,7 @@ class H2Connection(H2Core, asyncio.Protocol):
                     self.send_window -= size
                     call.send_window -= size
                     call.headers_sent = True
-                    self.write(F.unary_answer(call.sid, _RESPONSE_HEADERS, data, _OK_TRAILERS,
+                    self.write(F.unary_answer(call.sid, RESPONSE_HEADERS, data, OK_TRAILERS,
                                               not call.remote_closed))
                     self._drop(call)
                     call.closed = True
@@ -532,9 +531,9 @@ class H2Connection(H2Core, asyncio.Protocol):
         else:
             code, message = status
         if call.headers_sent:
-            block = _OK_TRAILERS if code == 0 and not message else status_block(code, message)
+            block = OK_TRAILERS if code == 0 and not message else status_block(code, message)
         else:  # trailers only
-            block = _RESPONSE_HEADERS + status_block(code, message)
+            block = RESPONSE_HEADERS + status_block(code, message)
             call.headers_sent = True
         trailers = F.frame(F.HEADERS, F.FLAG_END_HEADERS | F.FLAG_END_STREAM, call.sid, block)
         if not call.remote_closed:

@@ -6,7 +6,7 @@ SETTINGS_MAX_FRAME_SIZE is a FRAME_SIZE_ERROR of the connection (RFC 7540 §4.2)
 buffered, so a peer cannot make the buffer grow past one frame.
 
 ``FrameReader``, ``MessageReader``, the serializers and the request-header readers (``scan_request_headers``,
-``header_value``, ``invocation_metadata``, ``parse_timeout``) come from the compiled ``engine.http2._frames``
+``invocation_metadata``, ``parse_timeout``) come from the compiled ``engine.http2._frames``
 (pyx/http2/_frames.pyx) when it is built, else from its pure-Python twin ``engine.http2._frames_py`` (which
 documents the rules; the constants and ``FrameError`` are defined there); ``ENGINE_NO_EXTENSIONS=1`` forces the
 twin. ``NATIVE_FRAMES`` says which one this process uses.
@@ -29,7 +29,7 @@ NATIVE_FRAMES = False
 if not _os.environ.get("ENGINE_NO_EXTENSIONS"):
     try:
         from engine.http2._frames import (FrameReader, MessageReader, data_message, frame, goaway,
-                                          header_value, invocation_metadata, parse_settings, parse_timeout, ping,
+                                          invocation_metadata, parse_settings, parse_timeout, ping,
                                           rst_stream, scan_request_headers, settings, u32, unary_answer,
                                           window_update)
 
@@ -38,7 +38,7 @@ if not _os.environ.get("ENGINE_NO_EXTENSIONS"):
         pass
 if not NATIVE_FRAMES:
     from engine.http2._frames_py import (FrameReader, MessageReader, data_message, frame, goaway,  # noqa: F401
-                                         header_value, invocation_metadata, parse_settings, parse_timeout, ping,
+                                         invocation_metadata, parse_settings, parse_timeout, ping,
                                          rst_stream, scan_request_headers, settings, u32, unary_answer,
                                          window_update)
 

@@ -434,19 +434,6 @@ def scan_request_headers(headers):
     return size, path, content_type, encoding, timeout, bad
 
 
-def header_value(headers, name):
-    """The value of a header list's first field named ``name`` (see the twin)."""
-    cdef object field
-    if type(headers) is not list or type(name) is not bytes:
-        return _py.header_value(headers, name)
-    for field in <list>headers:
-        if not _pair(field):
-            return _py.header_value(headers, name)
-        if (<tuple>field)[0] == name:
-            return (<tuple>field)[1]
-    return None
-
-
 def invocation_metadata(headers):
     """grpc's invocation metadata of a request (see the twin)."""
     cdef list md = []

@@ -9,13 +9,13 @@ import os
 from setuptools import setup
 
 #: modules whose C layout (their .pxd) another module compiles against: built together, so that a partial
-#: developer build (ENGINE_BUILD_ONLY) never leaves engine.registry._rules reading a stale layout
-LAYOUT_GROUP = {"_heartbeat", "_channel_table", "_intern", "_rules"}
+#: developer build (ENGINE_BUILD_ONLY) never leaves engine.registry._rules or engine.http2._core reading a stale layout
+LAYOUT_GROUPS = ({"_heartbeat", "_channel_table", "_intern", "_rules"}, {"_hpack", "_core"})
 
 
 def _build_only(names: str) -> set:
     only = set(names.split(","))
-    return only | LAYOUT_GROUP if only & LAYOUT_GROUP else only
+    return only.union(*(group for group in LAYOUT_GROUPS if only & group))
 
 
 ext_modules = []
@@ -39,7 +39,7 @@ if not os.environ.get("ENGINE_NO_EXTENSIONS"):
             )
             for path in sorted(glob.glob("pyx/*/*.pyx"))
             # ENGINE_BUILD_ONLY=_frame,_heartbeat limits an in-place developer build to those modules (and the rest
-            # of LAYOUT_GROUP when it names one of it)
+            # of a LAYOUT_GROUPS set when it names one of it)
             if not os.environ.get("ENGINE_BUILD_ONLY")
             or os.path.splitext(os.path.basename(path))[0] in _build_only(os.environ["ENGINE_BUILD_ONLY"])
         ],

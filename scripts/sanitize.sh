@@ -5,7 +5,8 @@
 #   bash scripts/sanitize.sh [test] [pytest args]   gcc ASan/UBSan build in build/sanitize/tree, then the codec
 #                                                    suites (tests/test_frame*, tests/test_heartbeat*), the short
 #                                                    fuzz run (tests/test_fuzz_short.py), the channel table, the string pool, the rules,
-#                                                    registry, protocol parity, repeat, HPACK and HTTP/2 frame suites under it
+#                                                    registry, protocol parity, repeat, HPACK, HTTP/2 frame and
+#                                                    connection core suites under it
 #   bash scripts/sanitize.sh fuzz-build              clang build with ASan/UBSan *and* libFuzzer coverage
 #                                                    (-fsanitize=...,fuzzer-no-link) in build/fuzz/tree, for the
 #                                                    long atheris runs; prints the environment to run them with
@@ -37,7 +38,7 @@ build_copy() {
     exit 1
   fi
   for m in codec/_frame codec/_heartbeat registry/_expiry registry/_digest registry/_channel_table registry/_intern \
-      registry/_rules broker/_protocol http2/_hpack http2/_frames; do
+      registry/_rules broker/_protocol http2/_hpack http2/_frames http2/_core; do
     ls "$tree"/engine/$m.*.so >/dev/null 2>&1 || { echo "sanitized build of engine/$m failed" >&2; exit 1; }
   done
 }
@@ -73,7 +74,8 @@ case "${1:-test}" in
     "$PYTHON" -m pytest -p no:cacheprovider -q -m "not slow" \
       tests/test_frame.py tests/test_frame_parity.py tests/test_frame_vectors.py \
       tests/test_heartbeat.py tests/test_heartbeat_parity.py tests/test_fuzz_short.py \
-      tests/test_channel_table.py tests/test_registry_intern.py tests/test_registry_rules.py tests/test_registry.py tests/test_protocol_parity.py tests/test_repeat.py tests/test_hpack.py tests/test_h2frames.py "$@"
+      tests/test_channel_table.py tests/test_registry_intern.py tests/test_registry_rules.py tests/test_registry.py tests/test_protocol_parity.py tests/test_repeat.py tests/test_hpack.py tests/test_h2frames.py \
+      tests/test_http2_core_parity.py tests/test_http2_prepared.py "$@"
     rc=$?
     set -e
     if ls "$TREE"/sanitizer.* >/dev/null 2>&1; then

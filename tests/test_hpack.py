@@ -540,3 +540,53 @@ def test_decode_unary_parity(lists, sizes, cap, max_metadata):
         ok = (not bad and size <= max_metadata and content_type is not None
               and content_type.startswith(b"application/grpc") and encoding in (None, b"identity"))
         assert verdict[1] == (fields, path if ok else None, _frames_py.header_value(fields, b"x-mq-client-id"))
+
+
+def _lit(first: int, name: bytes | None, value: bytes) -> bytes:
+    """A literal field without Huffman: ``first`` its prefix byte (an indexed name's index in it), ``name`` None
+    for an indexed name."""
+    out = bytes([first])
+    if name is not None:
+        out += bytes([len(name)]) + name
+    return out + bytes([len(value)]) + value
+
+
+def test_decode_unary_keeps_entries_evicted_by_the_same_block(impl):
+    """The compiled scan records the table's tuples without taking a reference; an entry evicted later in the same
+    block (by a new entry or a size update) must stay what the field read. Run under scripts/sanitize.sh this is a
+    use-after-free check."""
+    d, ref = impl.hpack.HpackDecoder(), impl.hpack.HpackDecoder()
+    blocks = [
+        b"\x3f\x45" + _lit(0x40, b"a", b"x" * 30),  # table size 100; ("a", x*30) is 63 bytes
+        # indexed "a", then ("b", y*30) evicts it
+        b"\xbe" + _lit(0x40, b"b", b"y" * 30),
+        # a literal not indexed named by entry 62 ("b"), then ("c", w*30) evicts "b"; then a size update-free
+        # literal never indexed with a new name
+        _lit(0x0F, None, b"z")[:1] + b"\x2f" + _lit(0, None, b"z")[1:] + _lit(0x40, b"c", b"w" * 30)
+        + _lit(0x10, b"x-mq-client-id", b"c9"),
+    ]
+    for block in blocks:
+        expect = ref.decode(block)
+        assert d.decode_unary(block, 8192) == (expect, None, b"c9" if b"c9" in block else None)
+        assert d.entries == ref.entries and d.table_size == ref.table_size
+    assert expect == [(b"b", b"z"), (b"c", b"w" * 30), (b"x-mq-client-id", b"c9")]
+
+
+def test_decode_unary_reads_literals_not_indexed(impl):
+    """grpc C-core sends the SDK's metadata as literals without indexing: the :path and the client id are read from
+    those too (a Huffman-coded value, a raw one, an indexed name, a new name, never indexed)."""
+    d = impl.hpack.HpackDecoder()
+    huffman_path = _hpack_py.huffman_encode(b"/svc/M")
+    block = (b"\x83"  # :method POST
+             + b"\x04" + bytes([0x80 | len(huffman_path)]) + huffman_path  # :path, indexed name, Huffman value
+             + _lit(0x0F, None, b"")[:1] + b"\x10" + bytes([16]) + b"application/grpc"  # content-type (31)
+             + _lit(0x00, b"x-mq-client-id", b"c1") + _lit(0x10, b"x-mq-client-id", b"c2")
+             + _lit(0x00, b"grpc-timeout", b"3S"))
+    fields = [(b":method", b"POST"), (b":path", b"/svc/M"), (b"content-type", b"application/grpc"),
+              (b"x-mq-client-id", b"c1"), (b"x-mq-client-id", b"c2"), (b"grpc-timeout", b"3S")]
+    assert d.decode_unary(block, 8192) == (fields, b"/svc/M", b"c1")
+    assert d.entries == []
+    # the same literals with a bad timeout, or past max_metadata: no path; the client id all the same
+    bad = block[:-3] + b"\x02" + b"3x"
+    assert d.decode_unary(bad, 8192) == (fields[:-1] + [(b"grpc-timeout", b"3x")], None, b"c1")
+    assert d.decode_unary(block, 100) == (fields, None, b"c1")

@@ -25,6 +25,9 @@ CONNECTION_WINDOW = 8 << 20
 #: the windows of the rate budgets (engine.http2.server's MAX_RESETS_PER_WINDOW, MAX_CONTROL_FRAMES_PER_WINDOW)
 RESET_WINDOW_S = 1.0
 CONTROL_WINDOW_S = 1.0
+#: the WINDOW_UPDATEs of a unary call's stream between its HEADERS and DATA that the prepared path takes (grpc C-core
+#: sends one); a call with more takes the general path
+UNARY_MAX_UPDATES = 4
 
 _INTERNAL, _RESOURCE_EXHAUSTED, _UNIMPLEMENTED = 13, 8, 12  # grpc status codes
 
@@ -175,7 +178,8 @@ class H2Core:
                 if (ftype == _HEADERS and i < n and flags & _UNARY_HEADERS_MASK == _END_HEADERS
                         and self.header_block is None and self.got_settings):
                     j = i
-                    while j < n and frames[j][0] == _WINDOW_UPDATE and frames[j][2] == sid:
+                    while (j < n and j - i < UNARY_MAX_UPDATES and frames[j][0] == _WINDOW_UPDATE
+                           and frames[j][2] == sid):
                         j += 1
                     nxt = frames[j] if j < n else None
                     if (nxt is not None and nxt[0] == _DATA and nxt[2] == sid

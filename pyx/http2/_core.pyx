@@ -4,7 +4,7 @@ the reference (the same state, the same frames written, the same errors). What i
 passes through: the frame loop, the connection and stream windows both ways (flow control), the prepared path of a
 unary call, and the accounting of request bytes; the state is C fields of the connection and of its calls."""
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_SIZE
 
 from engine.http2 import _core_py as _py
@@ -13,7 +13,8 @@ from engine.http2._frames import FrameReader, frame, ping, settings, unary_answe
 from engine.http2._frames import data_message as _data_message, parse_settings as _fp_parse_settings
 from engine.http2.frames import apply_initial_window as _apply_initial_window
 from engine.http2._frames_py import FrameError
-from engine.http2 import HpackDecoder, HpackError
+from engine.http2._hpack_py import HpackError
+from engine.http2._hpack cimport HpackDecoder
 
 cdef long long STREAM_WINDOW = _py.STREAM_WINDOW
 cdef long long CONNECTION_WINDOW = _py.CONNECTION_WINDOW
@@ -23,6 +24,7 @@ cdef long long MAX_WINDOW = _fp.MAX_WINDOW
 cdef bytes RESPONSE_HEADERS = _py.RESPONSE_HEADERS
 cdef bytes OK_TRAILERS = _py.OK_TRAILERS
 cdef bytes PREFACE = _fp.PREFACE
+cdef int UNARY_MAX_UPDATES = _py.UNARY_MAX_UPDATES
 
 cdef enum:
     # frame types and flags (RFC 7540 §6)
@@ -73,13 +75,14 @@ cdef inline double _monotonic() noexcept:
     return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
-cdef inline long long _increment(bytes payload) noexcept:
-    """A WINDOW_UPDATE payload's increment (4 bytes, the reserved bit cleared), -1 for another length."""
-    cdef const unsigned char* p
-    if PyBytes_GET_SIZE(payload) != 4:
-        return -1
-    p = <const unsigned char*>PyBytes_AS_STRING(payload)
-    return ((<long long>(p[0] & 0x7F) << 24) | (<long long>p[1] << 16) | (<long long>p[2] << 8) | p[3])
+cdef inline long long _increment(const unsigned char* p) noexcept:
+    """The increment of a WINDOW_UPDATE payload of 4 bytes (the reserved bit cleared)."""
+    return (<long long>(p[0] & 0x7F) << 24) | (<long long>p[1] << 16) | (<long long>p[2] << 8) | p[3]
+
+
+cdef inline long long _stream_id(const unsigned char* p) noexcept:
+    """A frame header's stream id (the reserved bit cleared)."""
+    return (<long long>(p[0] & 0x7F) << 24) | (<long long>p[1] << 16) | (<long long>p[2] << 8) | p[3]
 
 
 cdef class Call:
@@ -123,7 +126,8 @@ cdef class Call:
 cdef class H2Core:
     """An HTTP/2 connection's state and its frames in (see the twin)."""
 
-    cdef public object server, loop, transport, peer, preface, reader, decoder, header_block, ping_sent, keepalive
+    cdef public object server, loop, transport, peer, preface, reader, header_block, ping_sent, keepalive
+    cdef public HpackDecoder decoder
     cdef public dict streams, blocked
     cdef public list _out, _later
     cdef public long long last_sid, send_window, recv_window, peer_initial_window, peer_max_frame, buffered, pending
@@ -132,6 +136,8 @@ cdef class H2Core:
     cdef public double settings_sent_at, stall_since, resets_since, control_since, last_recv
     cdef public long long max_streams, max_message, max_metadata, hard_metadata, max_held, max_pending
     cdef public long long max_resets, max_control, max_continuations, max_write_buffer
+    cdef long long max_frame  # ours (the frame reader's): a longer frame is a FRAME_SIZE_ERROR
+    cdef bint partial  # the frame reader keeps the start of a frame: the next read goes through it
 
     def __init__(self, server):
         self.server = server
@@ -140,6 +146,8 @@ cdef class H2Core:
         self.peer = ""
         self.preface = b""
         self.reader = FrameReader(_fp.DEFAULT_MAX_FRAME_SIZE)
+        self.max_frame = _fp.DEFAULT_MAX_FRAME_SIZE
+        self.partial = False
         self.decoder = HpackDecoder(4096, server.hard_metadata)
         self.streams = {}
         self.last_sid = 0
@@ -184,11 +192,7 @@ cdef class H2Core:
 
     # ------------------------------------------------------------------------------------------------ reading
     def data_received(self, data):
-        cdef list frames, out, later
-        cdef tuple fr, nxt
-        cdef Py_ssize_t i, j, n
-        cdef int ftype, flags, nflags
-        cdef long long sid
+        cdef list out, later
         if self.closed:
             return
         self.last_recv = _monotonic()
@@ -203,38 +207,17 @@ cdef class H2Core:
                 return self.goaway(E_PROTOCOL, b"bad connection preface")
             self.preface = None
             data = buf[24:]
+        if type(data) is not bytes:
+            data = bytes(data)
         later = self._later
         self._later = None  # written before this read: they go first
         out = later if later else []
         self._out = out
         try:
-            frames = self.reader.feed(data)
-            i, n = 0, PyList_GET_SIZE(frames)
-            while i < n:
-                fr = <tuple>frames[i]
-                ftype = fr[0]
-                flags = fr[1]
-                sid = fr[2]
-                i += 1
-                # a unary call whole in this read: HEADERS (END_HEADERS only), WINDOW_UPDATEs of its stream (grpc
-                # C-core sends one), then its DATA (END_STREAM only)
-                if (ftype == T_HEADERS and i < n and flags & UNARY_HEADERS_MASK == F_END_HEADERS
-                        and self.header_block is None and self.got_settings):
-                    j = i
-                    while j < n and (<tuple>frames[j])[0] == T_WINDOW_UPDATE and (<tuple>frames[j])[2] == sid:
-                        j += 1
-                    if j < n:
-                        nxt = <tuple>frames[j]
-                        nflags = nxt[1]
-                        if (nxt[0] == T_DATA and nxt[2] == sid and nflags & UNARY_DATA_MASK == F_END_STREAM
-                                and self._unary(sid, <bytes>fr[3], <bytes>nxt[3], frames, i, j)):
-                            i = j + 1
-                            if self.closed:
-                                return
-                            continue
-                self._frame(ftype, flags, sid, <bytes>fr[3])
-                if self.closed:
-                    return
+            if self.partial or not self._read_whole(<bytes>data):
+                frames = self.reader.feed(data)
+                self.partial = self.reader.buffered != 0
+                self._read_frames(frames)
         except FrameError as e:
             self.goaway(e.code, str(e).encode()[:200])
         except HpackError as e:
@@ -242,9 +225,98 @@ cdef class H2Core:
         finally:
             self._out = None
             if out and not self.closed:
-                self.transport.write(b"".join(out))
+                self.transport.write(b"".join(out) if len(out) > 1 else out[0])
         if not self.closed and self.transport.get_write_buffer_size() > self.max_write_buffer:
             self.abort()  # a peer that does not read what it asks for (pings, settings answers)
+
+    cdef bint _read_whole(self, bytes data) except -1:
+        """A read of whole frames, none past our frame size, with nothing kept from the last read (the usual read):
+        its frames straight from its bytes, as the frame reader's list would give them. False (nothing done):
+        otherwise. (Only when the reader keeps no part of a frame: ``partial``.)"""
+        cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0, length, j, dlen
+        cdef int ftype, flags, k
+        cdef long long sid
+        cdef long long increments[4]
+        while n - pos >= 9:
+            length = (<Py_ssize_t>p[pos] << 16) | (<Py_ssize_t>p[pos + 1] << 8) | p[pos + 2]
+            if length > self.max_frame:
+                return False  # the reader's error
+            pos += 9 + length
+        if pos != n:
+            return False
+        pos = 0
+        while pos < n:
+            length = (<Py_ssize_t>p[pos] << 16) | (<Py_ssize_t>p[pos + 1] << 8) | p[pos + 2]
+            ftype = p[pos + 3]
+            flags = p[pos + 4]
+            sid = _stream_id(p + pos + 5)
+            # a unary call whole in this read: HEADERS (END_HEADERS only), WINDOW_UPDATEs of its stream (grpc C-core
+            # sends one), then its DATA (END_STREAM only)
+            if (ftype == T_HEADERS and flags & UNARY_HEADERS_MASK == F_END_HEADERS and self.header_block is None
+                    and self.got_settings):
+                j = pos + 9 + length
+                k = 0
+                while (j < n and k < UNARY_MAX_UPDATES and p[j + 3] == T_WINDOW_UPDATE
+                       and _stream_id(p + j + 5) == sid):
+                    dlen = (<Py_ssize_t>p[j] << 16) | (<Py_ssize_t>p[j + 1] << 8) | p[j + 2]
+                    increments[k] = _increment(p + j + 9) if dlen == 4 else -1
+                    k += 1
+                    j += 9 + dlen
+                if (j < n and p[j + 3] == T_DATA and _stream_id(p + j + 5) == sid
+                        and p[j + 4] & UNARY_DATA_MASK == F_END_STREAM):
+                    dlen = (<Py_ssize_t>p[j] << 16) | (<Py_ssize_t>p[j + 1] << 8) | p[j + 2]
+                    if self._unary(sid, data, p + pos + 9, length, p + j + 9, dlen, increments, k):
+                        pos = j + 9 + dlen
+                        if self.closed:
+                            return True
+                        continue
+            self._frame(ftype, flags, sid, PyBytes_FromStringAndSize(<const char*>p + pos + 9, length))
+            if self.closed:
+                return True
+            pos += 9 + length
+        return True
+
+    cdef _read_frames(self, list frames):
+        """The frame reader's frames of a read."""
+        cdef tuple fr, nxt
+        cdef Py_ssize_t i, j, n
+        cdef int ftype, flags, nflags
+        cdef long long sid
+        cdef long long increments[4]
+        cdef bytes block, body
+        i, n = 0, PyList_GET_SIZE(frames)
+        while i < n:
+            fr = <tuple>frames[i]
+            ftype = fr[0]
+            flags = fr[1]
+            sid = fr[2]
+            i += 1
+            # a unary call whole in this read (see _read_whole)
+            if (ftype == T_HEADERS and i < n and flags & UNARY_HEADERS_MASK == F_END_HEADERS
+                    and self.header_block is None and self.got_settings):
+                j = i
+                while (j < n and j - i < UNARY_MAX_UPDATES and (<tuple>frames[j])[0] == T_WINDOW_UPDATE
+                       and (<tuple>frames[j])[2] == sid):
+                    nxt = <tuple>frames[j]
+                    increments[j - i] = (_increment(<const unsigned char*>PyBytes_AS_STRING(<bytes>nxt[3]))
+                                         if PyBytes_GET_SIZE(<bytes>nxt[3]) == 4 else -1)
+                    j += 1
+                if j < n:
+                    nxt = <tuple>frames[j]
+                    nflags = nxt[1]
+                    if nxt[0] == T_DATA and nxt[2] == sid and nflags & UNARY_DATA_MASK == F_END_STREAM:
+                        block, body = <bytes>fr[3], <bytes>nxt[3]
+                        if self._unary(sid, block, <const unsigned char*>PyBytes_AS_STRING(block),
+                                       PyBytes_GET_SIZE(block), <const unsigned char*>PyBytes_AS_STRING(body),
+                                       PyBytes_GET_SIZE(body), increments, j - i):
+                            i = j + 1
+                            if self.closed:
+                                return
+                            continue
+            self._frame(ftype, flags, sid, <bytes>fr[3])
+            if self.closed:
+                return
 
     # ------------------------------------------------------------------------------------------------ writing
     cdef inline _emit(self, data):
@@ -350,10 +422,12 @@ cdef class H2Core:
             self._flush()
 
     cdef _window_update(self, long long sid, bytes payload):
-        cdef long long increment = _increment(payload)
-        cdef Call call
-        if increment < 0:
+        if PyBytes_GET_SIZE(payload) != 4:
             raise FrameError(E_FRAME_SIZE, "WINDOW_UPDATE of a length other than 4")
+        self._window_increment(sid, _increment(<const unsigned char*>PyBytes_AS_STRING(payload)))
+
+    cdef _window_increment(self, long long sid, long long increment):
+        cdef Call call
         if sid == 0:
             if not increment:
                 raise FrameError(E_PROTOCOL, "WINDOW_UPDATE of 0")
@@ -430,31 +504,33 @@ cdef class H2Core:
             self.header_block = None
             self._open(sid, hb[1], self.decoder.decode(b"".join(hb[2])))
 
-    cdef bint _unary(self, long long sid, bytes block, bytes body, list frames, Py_ssize_t first,
-                     Py_ssize_t stop) except -1:
-        """The prepared path (see the twin's _unary): ``frames[first:stop]`` are the WINDOW_UPDATEs of the stream
-        between its HEADERS and DATA."""
-        cdef Py_ssize_t n = PyBytes_GET_SIZE(body), k
-        cdef long long stream_window, increment, size
-        cdef const unsigned char* p
+    cdef bint _unary(self, long long sid, object owner, const unsigned char* block, Py_ssize_t block_n,
+                     const unsigned char* body, Py_ssize_t n, long long* increments, int updates) except -1:
+        """The prepared path (see the twin's _unary): the header block and the body are read where they lie in the
+        read (``owner``); ``increments``: those of the ``updates`` WINDOW_UPDATEs of the stream between its HEADERS
+        and DATA (-1: one of a length other than 4). The header block is scanned, not made a list, unless the call
+        takes the general path after all."""
+        cdef long long stream_window, size
+        cdef int k
         cdef object server = self.server
+        cdef HpackDecoder decoder = self.decoder
         cdef Call call
+        cdef bint fits
         if (not sid & 1 or sid <= self.last_sid or self.going_away or len(self.streams) >= self.max_streams
                 or server.calls >= server.max_calls or n > self.recv_window or n > STREAM_WINDOW
                 or self.buffered + n > self.max_held):
             return False  # (the last: the general path's answer to request bytes held past the budget)
         stream_window = self.peer_initial_window
-        for k in range(first, stop):  # what _window_update would do on the open stream; its errors: the general path
-            increment = _increment(<bytes>(<tuple>frames[k])[3])
-            stream_window += increment
-            if increment <= 0 or stream_window > MAX_WINDOW:
+        for k in range(updates):  # what _window_update would do on the open stream; its errors: the general path
+            stream_window += increments[k]
+            if increments[k] <= 0 or stream_window > MAX_WINDOW:
                 return False
         self.fed = True
         # from here the frames are taken: the HPACK table has moved on
-        headers, path, client_id = self.decoder.decode_unary(block, self.max_metadata)
+        decoder.scan_unary(owner, block, block_n, self.max_metadata)
+        path = decoder.path
         # the path of a well-formed unary request whose body is one uncompressed message within the budgets
-        p = <const unsigned char*>PyBytes_AS_STRING(body)
-        if (n < 5 or p[0] or ((<long long>p[1] << 24) | (p[2] << 16) | (p[3] << 8) | p[4]) != n - 5
+        if (n < 5 or body[0] or ((<long long>body[1] << 24) | (body[2] << 16) | (body[3] << 8) | body[4]) != n - 5
                 or n - 5 > self.max_message):
             path = None
         method = None if path is None else server.methods.get(path)
@@ -463,25 +539,31 @@ cdef class H2Core:
             prepared = method.prepared
             if prepared is not None:
                 try:
-                    answer = prepared(body[5:], client_id, self.peer)
+                    answer = prepared(PyBytes_FromStringAndSize(<const char*>body + 5, n - 5), decoder.client_id,
+                                      self.peer)
                 except Exception:  # a bug: the handler answers instead, as the general path would run it
                     server.ep.internal_error("native gRPC prepared answer")
         if answer is None:
+            headers = decoder.fields()
+            decoder.release()
             self._open(sid, F_END_HEADERS, headers)
-            for k in range(first, stop):
+            for k in range(updates):
                 if not self.closed:
-                    self._window_update(sid, <bytes>(<tuple>frames[k])[3])
+                    self._window_increment(sid, increments[k])
             if not self.closed:
-                self._data(F_END_STREAM, sid, body)
+                self._data(F_END_STREAM, sid, PyBytes_FromStringAndSize(<const char*>body, n))
             return True
+        size = len(answer) + 5
+        fits = (size <= self.send_window and size <= stream_window and size <= self.peer_max_frame
+                and size - 5 <= self.max_message)
+        headers = None if fits else decoder.fields()
+        decoder.release()
         self.last_sid = sid
         self.recv_window -= n
         if self.recv_window < CONNECTION_WINDOW // 2:
             self._emit(window_update(0, CONNECTION_WINDOW - self.recv_window))
             self.recv_window = CONNECTION_WINDOW
-        size = len(answer) + 5
-        if (size <= self.send_window and size <= stream_window and size <= self.peer_max_frame
-                and size - 5 <= self.max_message):
+        if fits:
             self.send_window -= size
             self._emit(unary_answer(sid, RESPONSE_HEADERS, answer, OK_TRAILERS, False))
         else:  # no window for it now: a call waiting for one, as _finish queues it

@@ -7,7 +7,8 @@ What is native here: the block is read through a char pointer, integers, raw str
 tuples, so an indexed field costs a tuple reference and no copy.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.list cimport PyList_GET_SIZE
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_ITEM
 from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
@@ -58,12 +59,10 @@ cdef inline bint _eq(const char* p, Py_ssize_t n, const char* lit, Py_ssize_t m)
     return n == m and memcmp(p, lit, m) == 0
 
 
-cdef unsigned char _kind(bytes name, bytes value) noexcept:
-    """The field's kind for decode_unary (engine.http2._frames_py.scan_request_headers' rules, and the
-    x-mq-client-id of header_value)."""
-    cdef const char* p = PyBytes_AS_STRING(name)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(name), m = PyBytes_GET_SIZE(value), i
-    cdef const char* v = PyBytes_AS_STRING(value)
+cdef unsigned char _kind_of(const char* p, Py_ssize_t n, const char* v, Py_ssize_t m) noexcept:
+    """The kind of the field ``p[:n]: v[:m]`` for scan_unary (engine.http2._frames_py.scan_request_headers' rules,
+    and the x-mq-client-id of header_value)."""
+    cdef Py_ssize_t i
     cdef unsigned char u
     if _eq(p, n, b":path", 5):
         return K_PATH
@@ -88,12 +87,9 @@ cdef unsigned char _kind(bytes name, bytes value) noexcept:
     return K_OTHER
 
 
-cdef struct _Scan:
-    Py_ssize_t size
-    PyObject* path  # borrowed: the fields' list holds them
-    PyObject* client_id
-    unsigned char content, encoding
-    bint bad
+cdef inline unsigned char _kind(bytes name, bytes value) noexcept:
+    return _kind_of(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), PyBytes_AS_STRING(value),
+                    PyBytes_GET_SIZE(value))
 
 
 cdef Py_ssize_t STATIC_SIZE[61]
@@ -177,19 +173,25 @@ cdef bytes _huffman_decode(const unsigned char* s, Py_ssize_t n, Py_ssize_t star
             free(buf)
 
 
-cdef bytes _read_string(const unsigned char* p, Py_ssize_t end, Py_ssize_t* pos):
+cdef Py_ssize_t _string_span(const unsigned char* p, Py_ssize_t end, Py_ssize_t* pos) except -1:
+    """The offset of the string literal's octets at ``p[pos]`` (RFC 7541 5.2); ``pos`` moves past them."""
     cdef Py_ssize_t at = pos[0], n, start
     if at >= end:
         raise HpackError(f"hpack: string missing at byte {at}")
-    cdef bint huffman = p[at] & 128
     n = _read_int(p, end, pos, 7)
     start = pos[0]
     if n > end - start:
         raise HpackError(f"hpack: string of {n} bytes past the block's end at byte {at}")
     pos[0] = start + n
-    if huffman:
-        return _huffman_decode(p + start, n, at)
-    return PyBytes_FromStringAndSize(<const char*>p + start, n)
+    return start
+
+
+cdef bytes _read_string(const unsigned char* p, Py_ssize_t end, Py_ssize_t* pos):
+    cdef Py_ssize_t at = pos[0]
+    cdef Py_ssize_t start = _string_span(p, end, pos)
+    if p[at] & 128:
+        return _huffman_decode(p + start, pos[0] - start, at)
+    return PyBytes_FromStringAndSize(<const char*>p + start, pos[0] - start)
 
 
 cdef inline Py_ssize_t _entry_size(tuple entry):
@@ -199,12 +201,8 @@ cdef inline Py_ssize_t _entry_size(tuple entry):
 
 cdef class _Ring:
     """The dynamic table: (name, value) tuples in a growing ring, oldest at ``tail``; index 0 is the newest. Each
-    slot's entry size and kind are kept beside it in C arrays: decode_unary reads them without touching the entry."""
-    cdef list slots
-    cdef Py_ssize_t* sizes
-    cdef unsigned char* kinds
-    cdef Py_ssize_t cap, tail, count
-    cdef public Py_ssize_t size, limit
+    slot's entry size and kind are kept beside it in C arrays: scan_unary reads them without touching the entry.
+    (Its C layout: pyx/engine/http2/_hpack.pxd.)"""
 
     def __cinit__(self, Py_ssize_t limit):
         self.slots = [None] * 8
@@ -220,10 +218,10 @@ cdef class _Ring:
         free(self.sizes)
         free(self.kinds)
 
-    cdef inline Py_ssize_t slot(self, Py_ssize_t i) noexcept:
+    cdef Py_ssize_t slot(self, Py_ssize_t i) noexcept:
         return (self.tail + self.count - 1 - i) % self.cap
 
-    cdef inline tuple get(self, Py_ssize_t i):
+    cdef tuple get(self, Py_ssize_t i):
         return <tuple>self.slots[self.slot(i)]
 
     cdef tuple pop_oldest(self):
@@ -272,9 +270,25 @@ cdef class _Ring:
 
 
 cdef class HpackDecoder:
-    """The decoding context of one connection (see the twin): its dynamic table lives across header blocks."""
-    cdef readonly Py_ssize_t max_table_size, max_header_list_size
-    cdef _Ring _table
+    """The decoding context of one connection (see the twin): its dynamic table lives across header blocks.
+
+    ``decode`` makes the list of (name, value) tuples. ``scan_unary``, for the connection core's prepared path (C
+    only; ``decode_unary`` is its Python face), reads a block without making that list: each field is recorded as the
+    table's or the static table's tuple, unread, or as the offsets of a literal's strings, and only the :path and the
+    client id are made objects; ``fields()`` makes the list afterwards when the call needs it. Entries evicted while
+    such a record points at them are kept in ``_graves`` until ``release()``. (C layout: pyx/engine/http2/_hpack.pxd.)
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        self._lazy = NULL
+        self._lazy_n = self._lazy_cap = 0
+        self._graves = []
+        self._block = self.path = self.client_id = None
+        self._block_p = NULL
+        self._block_n = 0
+
+    def __dealloc__(self):
+        PyMem_Free(self._lazy)
 
     def __init__(self, Py_ssize_t max_table_size=DEFAULT_MAX_TABLE_SIZE,
                  Py_ssize_t max_header_list_size=DEFAULT_MAX_HEADER_LIST_SIZE):
@@ -306,14 +320,23 @@ cdef class HpackDecoder:
             raise HpackError(f"hpack: index {index} past the table ({61 + self._table.count} entries) at byte {pos}")
         return self._table.get(index - 62)
 
+    cdef int _evict_to(self, Py_ssize_t size) except -1:
+        """Evict the oldest entries until the table holds at most ``size`` bytes (kept alive while scanning)."""
+        cdef _Ring t = self._table
+        cdef tuple entry
+        while t.size > size:
+            entry = t.pop_oldest()
+            if self._block is not None:
+                self._graves.append(entry)
+        return 0
+
     cdef int _add(self, tuple entry) except -1:
         cdef _Ring t = self._table
         cdef Py_ssize_t size = _entry_size(entry)
         if size > t.limit:
-            t.clear()
+            self._evict_to(0)
             return 0
-        while t.size > t.limit - size:
-            t.pop_oldest()
+        self._evict_to(t.limit - size)
         t.push(entry, size)
         return 0
 
@@ -322,92 +345,184 @@ cdef class HpackDecoder:
         if not isinstance(block, bytes):
             block = bytes(block)
         cdef list out = []
-        self._decode(<bytes>block, out, NULL)
+        self._decode(<const unsigned char*>PyBytes_AS_STRING(block), PyBytes_GET_SIZE(block), out, 0)
         return out
 
     def decode_unary(self, block, Py_ssize_t max_metadata):
         """``(fields, path, client_id)``: decode's fields; the :path when the list passes what a unary call's
         prepared path needs (engine.http2._frames_py.scan_request_headers' fields: a POST, a gRPC content-type, no
         grpc-encoding but identity, well-formed grpc-timeouts, its size within ``max_metadata``), else None; the first
-        x-mq-client-id value (None without one). Read from the sizes and kinds kept beside the table's entries."""
+        x-mq-client-id value (None without one). scan_unary, then fields()."""
         if not isinstance(block, bytes):
             block = bytes(block)
-        cdef list out = []
-        cdef _Scan scan
-        scan.size = 0
-        scan.path = scan.client_id = NULL
-        scan.content = scan.encoding = 0
-        scan.bad = False
-        self._decode(<bytes>block, out, &scan)
-        path = client_id = None
-        if scan.client_id != NULL:
-            client_id = <object>scan.client_id
-        if (scan.path != NULL and not scan.bad and scan.size <= max_metadata and scan.content == K_CONTENT_GRPC
-                and scan.encoding != K_ENCODING_OTHER):
-            path = <object>scan.path
-        return out, path, client_id
+        self.scan_unary(block, <const unsigned char*>PyBytes_AS_STRING(block), PyBytes_GET_SIZE(block), max_metadata)
+        out = self.fields(), self.path, self.client_id
+        self.release()
+        return out
 
-    cdef int _decode(self, bytes data, list out, _Scan* scan) except -1:
-        cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
-        cdef Py_ssize_t end = PyBytes_GET_SIZE(data), pos = 0, start, index, size, fsize, i
+    cdef int scan_unary(self, object owner, const unsigned char* p, Py_ssize_t n, Py_ssize_t max_metadata) except -1:
+        """Decode the block ``p[:n]`` (inside ``owner``, kept until release()) as decode does (the same table
+        changes, the same errors), setting ``path`` and ``client_id`` as decode_unary returns them; its fields are
+        recorded for fields()."""
+        self.release()
+        self._block, self._block_p, self._block_n = owner, p, n
+        self._decode(p, n, None, max_metadata)
+        return 0
+
+    cdef list fields(self):
+        """The last scanned block's fields, as decode returns them."""
+        cdef list out = []
+        cdef Lazy* f
+        cdef Py_ssize_t k, pos
+        for k in range(self._lazy_n):
+            f = &self._lazy[k]
+            if f.entry != NULL:
+                out.append(<object>f.entry)
+                continue
+            pos = f.npos
+            name = <object>f.name if f.name != NULL else _read_string(self._block_p, self._block_n, &pos)
+            pos = f.vpos
+            out.append((name, _read_string(self._block_p, self._block_n, &pos)))
+        return out
+
+    cdef void release(self):
+        """Forget the last scan (its block, the entries it kept alive)."""
+        self._lazy_n = 0
+        self._block = self.path = self.client_id = None
+        self._block_p = NULL
+        if PyList_GET_SIZE(self._graves):
+            del self._graves[:]
+
+    cdef int _lazy_field(self, PyObject* entry, PyObject* name, Py_ssize_t npos, Py_ssize_t vpos) except -1:
+        cdef Lazy* grown
+        cdef Py_ssize_t cap
+        if self._lazy_n == self._lazy_cap:
+            cap = 16 if not self._lazy_cap else 2 * self._lazy_cap
+            grown = <Lazy*>PyMem_Realloc(self._lazy, cap * sizeof(Lazy))
+            if grown == NULL:
+                raise MemoryError()
+            self._lazy, self._lazy_cap = grown, cap
+        self._lazy[self._lazy_n] = Lazy(entry, name, npos, vpos)
+        self._lazy_n += 1
+        return 0
+
+    cdef int _decode(self, const unsigned char* p, Py_ssize_t end, list out, Py_ssize_t max_metadata) except -1:
+        """decode's loop; ``out`` None: scan_unary's (fields recorded, path and client id set)."""
+        cdef Py_ssize_t pos = 0, start, index, size, fsize, i, nfields = 0, nstart, vstart, nn, vn
         cdef Py_ssize_t list_size = 0, budget = self.max_header_list_size
         cdef tuple field
-        cdef bytes name, value
-        cdef unsigned char b, kind = K_OTHER
+        cdef bytes name, value, held
+        cdef const char* np
+        cdef const char* vp
+        cdef PyObject* entry
+        cdef PyObject* path = NULL
+        cdef PyObject* client_id = NULL
+        cdef unsigned char b, kind = K_OTHER, content = 0, encoding = 0
+        cdef bint bad = False, lazy = out is None
         cdef _Ring t = self._table
         while pos < end:
             start = pos
             b = p[pos]
             if b & 128:
                 index = _read_int(p, end, &pos, 7)
-                field = self._field(index, start)
+                if index == 0 or index - 62 >= t.count:
+                    self._field(index, start)  # its error
                 if index <= 61:
+                    entry = PyTuple_GET_ITEM(STATIC, index - 1)
                     fsize, kind = STATIC_SIZE[index - 1], STATIC_KIND[index - 1]
-                else:
+                else:  # the slot's tuple, not read: a repeated call's fields stay cold
                     i = t.slot(index - 62)
+                    entry = PyList_GET_ITEM(t.slots, i)
                     fsize, kind = t.sizes[i], t.kinds[i]
+                if lazy:
+                    self._lazy_field(entry, NULL, 0, 0)
+                else:
+                    out.append(<object>entry)
             elif (b & 0xE0) == 0x20:
-                if PyList_GET_SIZE(out):
+                if nfields:
                     raise HpackError(f"hpack: table size update after a header field at byte {start}")
                 size = _read_int(p, end, &pos, 5)
                 if size > self.max_table_size:
                     raise HpackError(f"hpack: table size update to {size} over the limit {self.max_table_size} "
                                      f"at byte {start}")
                 t.limit = size
-                while t.size > size:
-                    t.pop_oldest()
+                self._evict_to(size)
                 continue
             else:
                 index = _read_int(p, end, &pos, 6 if b & 64 else 4)
-                if index:
-                    name = <bytes>PyTuple_GET_ITEM(self._field(index, start), 0)
-                else:
-                    name = _read_string(p, end, &pos)
-                value = _read_string(p, end, &pos)
-                field = (name, value)
-                fsize = PyBytes_GET_SIZE(name) + PyBytes_GET_SIZE(value) + OVERHEAD
-                if scan != NULL:
-                    kind = _kind(name, value)
-                if b & 64:
-                    self._add(field)
+                if not lazy or b & 64:  # the field as a tuple (a new table entry)
+                    if index:
+                        name = <bytes>PyTuple_GET_ITEM(self._field(index, start), 0)
+                    else:
+                        name = _read_string(p, end, &pos)
+                    value = _read_string(p, end, &pos)
+                    field = (name, value)
+                    fsize = PyBytes_GET_SIZE(name) + PyBytes_GET_SIZE(value) + OVERHEAD
+                    if lazy:
+                        kind = _kind(name, value)
+                        self._graves.append(field)  # held while recorded (an entry too large for the table is not)
+                        self._lazy_field(<PyObject*>field, NULL, 0, 0)
+                        entry = <PyObject*>field
+                    else:
+                        out.append(field)
+                    if b & 64:
+                        self._add(field)
+                else:  # a literal not indexed, recorded by its strings' offsets: no tuple, no copy
+                    held = None
+                    if index:
+                        entry = PyTuple_GET_ITEM(self._field(index, start), 0)  # the name: held by its entry
+                        np, nn, nstart = PyBytes_AS_STRING(<bytes>entry), PyBytes_GET_SIZE(<bytes>entry), 0
+                    else:
+                        entry, nstart = NULL, pos
+                        i = _string_span(p, end, &pos)
+                        if p[nstart] & 128:
+                            held = _huffman_decode(p + i, pos - i, nstart)
+                            np, nn = PyBytes_AS_STRING(held), PyBytes_GET_SIZE(held)
+                        else:
+                            np, nn = <const char*>p + i, pos - i
+                    vstart = pos
+                    i = _string_span(p, end, &pos)
+                    if p[vstart] & 128:
+                        value = _huffman_decode(p + i, pos - i, vstart)
+                        vp, vn = PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value)
+                    else:
+                        value = None
+                        vp, vn = <const char*>p + i, pos - i
+                    fsize = nn + vn + OVERHEAD
+                    kind = _kind_of(np, nn, vp, vn)
+                    self._lazy_field(NULL, entry, nstart, vstart)
+                    if kind == K_PATH or kind == K_CLIENT_ID:  # wanted as an object: kept alive with the graves
+                        if value is None:
+                            value = PyBytes_FromStringAndSize(vp, vn)
+                        self._graves.append(value)
+                        entry = NULL
+                        if kind == K_PATH:
+                            path = <PyObject*>value
+                        elif client_id == NULL:
+                            client_id = <PyObject*>value
+                        kind = K_OTHER
+            nfields += 1
             list_size += fsize
             if list_size > budget:
                 raise HpackError(f"hpack: header list over {budget} bytes at byte {start}")
-            out.append(field)
-            if scan != NULL and kind:
+            if lazy and kind:
                 if kind == K_PATH:
-                    scan.path = PyTuple_GET_ITEM(field, 1)
+                    path = PyTuple_GET_ITEM(<tuple>entry, 1)
                 elif kind == K_CLIENT_ID:
-                    if scan.client_id == NULL:
-                        scan.client_id = PyTuple_GET_ITEM(field, 1)
+                    if client_id == NULL:
+                        client_id = PyTuple_GET_ITEM(<tuple>entry, 1)
                 elif kind == K_METHOD_OTHER or kind == K_TIMEOUT_BAD:
-                    scan.bad = True
+                    bad = True
                 elif kind == K_CONTENT_GRPC or kind == K_CONTENT_OTHER:
-                    scan.content = kind
+                    content = kind
                 elif kind == K_ENCODING_IDENTITY or kind == K_ENCODING_OTHER:
-                    scan.encoding = kind
-        if scan != NULL:
-            scan.size = list_size
+                    encoding = kind
+        if lazy:
+            if client_id != NULL:
+                self.client_id = <object>client_id
+            if (path != NULL and not bad and list_size <= max_metadata and content == K_CONTENT_GRPC
+                    and encoding != K_ENCODING_OTHER):
+                self.path = <object>path
         return 0
 
 

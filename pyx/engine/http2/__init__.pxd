@@ -1,0 +1,1 @@
+# package marker: Cython finds the .pxd files below by module name (engine.<layer>.<name>) on the include path pyx/

@@ -590,3 +590,22 @@ def test_decode_unary_reads_literals_not_indexed(impl):
     bad = block[:-3] + b"\x02" + b"3x"
     assert d.decode_unary(bad, 8192) == (fields[:-1] + [(b"grpc-timeout", b"3x")], None, b"c1")
     assert d.decode_unary(block, 100) == (fields, None, b"c1")
+
+
+def test_shared_header_names_are_bounded():
+    """The compiled decoder shares one object per distinct header name across connections (interned): a peer sending
+    ever new names does not grow that pool past its bound (4,096 strings of at most 256 bytes)."""
+    require_native()
+    from engine.http2 import _hpack
+
+    enc = _hpack_py.HpackEncoder()
+    blocks = [enc.encode([(b"n%0248d" % k, b"v")]) for k in range(12000)]  # 249-byte names: ~3.4 MiB unbounded
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for block in blocks:
+            _hpack.HpackDecoder(max_table_size=0).decode(block)  # nothing in the table: only the pool could keep it
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert retained < 2 << 20

@@ -7,9 +7,10 @@ What is native here: the block is read through a char pointer, integers, raw str
 tuples, so an indexed field costs a tuple reference and no copy.
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.list cimport PyList_GET_SIZE
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM
 from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
@@ -97,6 +98,26 @@ cdef unsigned char STATIC_KIND[61]
 for _k in range(61):
     STATIC_SIZE[_k] = len(STATIC[_k][0]) + len(STATIC[_k][1]) + ENTRY_OVERHEAD
     STATIC_KIND[_k] = _kind(STATIC[_k][0], STATIC[_k][1])
+
+#: one object per distinct header name (and :path value) decoded, shared by every connection's table: a repeated
+#: call's name and path are then warm where they are read and hashed. Bounded: at most MAX_INTERNED strings of at
+#: most MAX_INTERNED_LEN bytes (about 1.5 MiB); past it a string is kept as it came (only slower to read)
+cdef dict INTERNED = {}
+cdef Py_ssize_t MAX_INTERNED = 4096
+cdef Py_ssize_t MAX_INTERNED_LEN = 256
+
+
+cdef bytes _intern(bytes s):
+    cdef object known = INTERNED.get(s)
+    if known is not None:
+        return <bytes>known
+    if PyBytes_GET_SIZE(s) <= MAX_INTERNED_LEN and len(INTERNED) < MAX_INTERNED:
+        INTERNED[s] = s
+    return s
+
+
+for _k in range(61):
+    _intern(<bytes>STATIC[_k][0])
 
 cdef frozenset NEVER = NEVER_INDEXED
 cdef frozenset NOT_IDX = NOT_INDEXED
@@ -200,63 +221,61 @@ cdef inline Py_ssize_t _entry_size(tuple entry):
 
 
 cdef class _Ring:
-    """The dynamic table: (name, value) tuples in a growing ring, oldest at ``tail``; index 0 is the newest. Each
-    slot's entry size and kind are kept beside it in C arrays: scan_unary reads them without touching the entry.
-    (Its C layout: pyx/engine/http2/_hpack.pxd.)"""
+    """The dynamic table: (name, value) tuples in a growing ring of C structs, oldest at ``tail``; index 0 is the
+    newest. Each slot keeps its tuple (a reference), the tuple's name and value (borrowed) and the entry's size and
+    kind: scan_unary reads a repeated call's fields from the slots alone, without touching the tuples, which with
+    thousands of connections are cold. (Its C layout: pyx/engine/http2/_hpack.pxd.)"""
 
     def __cinit__(self, Py_ssize_t limit):
-        self.slots = [None] * 8
-        self.cap = 8
-        self.sizes = <Py_ssize_t*>malloc(8 * sizeof(Py_ssize_t))
-        self.kinds = <unsigned char*>malloc(8)
-        if self.sizes == NULL or self.kinds == NULL:
+        self.entries = <Entry*>PyMem_Malloc(8 * sizeof(Entry))
+        if self.entries == NULL:
             raise MemoryError()
+        self.cap = 8
         self.tail = self.count = self.size = 0
         self.limit = limit
 
     def __dealloc__(self):
-        free(self.sizes)
-        free(self.kinds)
+        cdef Py_ssize_t i
+        if self.entries != NULL:
+            for i in range(self.count):
+                Py_XDECREF(self.entries[(self.tail + i) % self.cap].field)
+            PyMem_Free(self.entries)
 
     cdef Py_ssize_t slot(self, Py_ssize_t i) noexcept:
         return (self.tail + self.count - 1 - i) % self.cap
 
     cdef tuple get(self, Py_ssize_t i):
-        return <tuple>self.slots[self.slot(i)]
+        return <tuple>self.entries[self.slot(i)].field
 
     cdef tuple pop_oldest(self):
-        cdef tuple entry = <tuple>self.slots[self.tail]
-        self.slots[self.tail] = None
-        self.size -= self.sizes[self.tail]
+        cdef Entry* e = &self.entries[self.tail]
+        cdef tuple entry = <tuple>e.field
+        Py_DECREF(entry)  # the slot's reference, now the local's
+        e.field = NULL
+        self.size -= e.size
         self.tail = (self.tail + 1) % self.cap
         self.count -= 1
         return entry
 
     cdef int push(self, tuple entry, Py_ssize_t size) except -1:
-        cdef list grown
-        cdef Py_ssize_t i, j, cap = self.cap
-        cdef Py_ssize_t* sizes
-        cdef unsigned char* kinds
+        cdef Entry* grown
+        cdef Entry* e
+        cdef Py_ssize_t i, cap = self.cap
         if self.count == cap:
-            grown = [None] * (2 * cap)
-            sizes = <Py_ssize_t*>malloc(2 * cap * sizeof(Py_ssize_t))
-            kinds = <unsigned char*>malloc(2 * cap)
-            if sizes == NULL or kinds == NULL:
-                free(sizes)
-                free(kinds)
+            grown = <Entry*>PyMem_Malloc(2 * cap * sizeof(Entry))
+            if grown == NULL:
                 raise MemoryError()
             for i in range(self.count):
-                j = (self.tail + i) % cap
-                grown[i] = self.slots[j]
-                sizes[i] = self.sizes[j]
-                kinds[i] = self.kinds[j]
-            free(self.sizes)
-            free(self.kinds)
-            self.slots, self.sizes, self.kinds, self.cap, self.tail = grown, sizes, kinds, 2 * cap, 0
-        i = (self.tail + self.count) % self.cap
-        self.slots[i] = entry
-        self.sizes[i] = size
-        self.kinds[i] = _kind(<bytes>PyTuple_GET_ITEM(entry, 0), <bytes>PyTuple_GET_ITEM(entry, 1))
+                grown[i] = self.entries[(self.tail + i) % cap]
+            PyMem_Free(self.entries)
+            self.entries, self.cap, self.tail = grown, 2 * cap, 0
+        e = &self.entries[(self.tail + self.count) % self.cap]
+        Py_INCREF(entry)
+        e.field = <PyObject*>entry
+        e.name = PyTuple_GET_ITEM(entry, 0)
+        e.value = PyTuple_GET_ITEM(entry, 1)
+        e.size = size
+        e.kind = _kind(<bytes>e.name, <bytes>e.value)
         self.count += 1
         self.size += size
         return 0
@@ -319,6 +338,14 @@ cdef class HpackDecoder:
         if index - 62 >= self._table.count:
             raise HpackError(f"hpack: index {index} past the table ({61 + self._table.count} entries) at byte {pos}")
         return self._table.get(index - 62)
+
+    cdef bytes _name(self, Py_ssize_t index, Py_ssize_t pos):
+        """The name of field ``index`` (_field's errors), read from the static table or the slot."""
+        if index == 0 or index - 62 >= self._table.count:
+            self._field(index, pos)  # its error
+        if index <= 61:
+            return <bytes>PyTuple_GET_ITEM(STATIC[index - 1], 0)
+        return <bytes>self._table.entries[self._table.slot(index - 62)].name
 
     cdef int _evict_to(self, Py_ssize_t size) except -1:
         """Evict the oldest entries until the table holds at most ``size`` bytes (kept alive while scanning)."""
@@ -415,6 +442,8 @@ cdef class HpackDecoder:
         cdef const char* np
         cdef const char* vp
         cdef PyObject* entry
+        cdef PyObject* value_p = NULL
+        cdef Entry* e
         cdef PyObject* path = NULL
         cdef PyObject* client_id = NULL
         cdef unsigned char b, kind = K_OTHER, content = 0, encoding = 0
@@ -430,12 +459,13 @@ cdef class HpackDecoder:
                 if index <= 61:
                     entry = PyTuple_GET_ITEM(STATIC, index - 1)
                     fsize, kind = STATIC_SIZE[index - 1], STATIC_KIND[index - 1]
-                else:  # the slot's tuple, not read: a repeated call's fields stay cold
-                    i = t.slot(index - 62)
-                    entry = PyList_GET_ITEM(t.slots, i)
-                    fsize, kind = t.sizes[i], t.kinds[i]
+                else:  # read from the slot: the tuple stays untouched
+                    e = &t.entries[t.slot(index - 62)]
+                    entry, fsize, kind = e.field, e.size, e.kind
                 if lazy:
                     self._lazy_field(entry, NULL, 0, 0)
+                    if kind == K_PATH or kind == K_CLIENT_ID:
+                        value_p = e.value if index > 61 else PyTuple_GET_ITEM(<tuple>entry, 1)
                 else:
                     out.append(<object>entry)
             elif (b & 0xE0) == 0x20:
@@ -452,17 +482,21 @@ cdef class HpackDecoder:
                 index = _read_int(p, end, &pos, 6 if b & 64 else 4)
                 if not lazy or b & 64:  # the field as a tuple (a new table entry)
                     if index:
-                        name = <bytes>PyTuple_GET_ITEM(self._field(index, start), 0)
+                        name = self._name(index, start)
                     else:
-                        name = _read_string(p, end, &pos)
+                        name = _intern(_read_string(p, end, &pos))
                     value = _read_string(p, end, &pos)
                     field = (name, value)
                     fsize = PyBytes_GET_SIZE(name) + PyBytes_GET_SIZE(value) + OVERHEAD
                     if lazy:
                         kind = _kind(name, value)
+                        if kind == K_PATH:  # one object for every connection's path: warm where it is hashed
+                            value = _intern(value)
+                            field = (name, value)
                         self._graves.append(field)  # held while recorded (an entry too large for the table is not)
                         self._lazy_field(<PyObject*>field, NULL, 0, 0)
                         entry = <PyObject*>field
+                        value_p = <PyObject*>value
                     else:
                         out.append(field)
                     if b & 64:
@@ -470,8 +504,9 @@ cdef class HpackDecoder:
                 else:  # a literal not indexed, recorded by its strings' offsets: no tuple, no copy
                     held = None
                     if index:
-                        entry = PyTuple_GET_ITEM(self._field(index, start), 0)  # the name: held by its entry
-                        np, nn, nstart = PyBytes_AS_STRING(<bytes>entry), PyBytes_GET_SIZE(<bytes>entry), 0
+                        name = self._name(index, start)  # held by its entry (or interned)
+                        entry = <PyObject*>name
+                        np, nn, nstart = PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), 0
                     else:
                         entry, nstart = NULL, pos
                         i = _string_span(p, end, &pos)
@@ -494,6 +529,8 @@ cdef class HpackDecoder:
                     if kind == K_PATH or kind == K_CLIENT_ID:  # wanted as an object: kept alive with the graves
                         if value is None:
                             value = PyBytes_FromStringAndSize(vp, vn)
+                        if kind == K_PATH:
+                            value = _intern(value)
                         self._graves.append(value)
                         entry = NULL
                         if kind == K_PATH:
@@ -507,10 +544,10 @@ cdef class HpackDecoder:
                 raise HpackError(f"hpack: header list over {budget} bytes at byte {start}")
             if lazy and kind:
                 if kind == K_PATH:
-                    path = PyTuple_GET_ITEM(<tuple>entry, 1)
+                    path = value_p
                 elif kind == K_CLIENT_ID:
                     if client_id == NULL:
-                        client_id = PyTuple_GET_ITEM(<tuple>entry, 1)
+                        client_id = value_p
                 elif kind == K_METHOD_OTHER or kind == K_TIMEOUT_BAD:
                     bad = True
                 elif kind == K_CONTENT_GRPC or kind == K_CONTENT_OTHER:

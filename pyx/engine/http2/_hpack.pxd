@@ -11,11 +11,18 @@ cdef struct Lazy:
     Py_ssize_t npos, vpos  # a literal's name and value strings: offsets in the block
 
 
+cdef struct Entry:
+    # one slot of the dynamic table
+    PyObject* field  # the (name, value) tuple (a reference)
+    PyObject* name  # its name and value (borrowed from it)
+    PyObject* value
+    Py_ssize_t size  # RFC 7541 4.1
+    unsigned char kind  # what scan_unary reads of it
+
+
 @cython.final
 cdef class _Ring:
-    cdef list slots
-    cdef Py_ssize_t* sizes
-    cdef unsigned char* kinds
+    cdef Entry* entries
     cdef Py_ssize_t cap, tail, count
     cdef public Py_ssize_t size, limit
 
@@ -40,6 +47,7 @@ cdef class HpackDecoder:
     cdef object path, client_id  # what the last scan read (see scan_unary)
 
     cdef tuple _field(self, Py_ssize_t index, Py_ssize_t pos)
+    cdef bytes _name(self, Py_ssize_t index, Py_ssize_t pos)
     cdef int _evict_to(self, Py_ssize_t size) except -1
     cdef int _add(self, tuple entry) except -1
     cdef int _decode(self, const unsigned char* p, Py_ssize_t end, list out, Py_ssize_t max_metadata) except -1

@@ -100,6 +100,7 @@ COMPILED_MODULES = {
     "_frames": ("engine.http2._frames", "engine.http2._frames_py"),
     "_core": ("engine.http2._core", "engine.http2._core_py"),  # the native gRPC transport's connection core
     "_protocol": ("engine.broker._protocol", "engine.broker.server"),  # twin: server.PyConnection
+    "_grpc_repeat": ("engine.broker._grpc_repeat", "engine.broker.grpc_repeat"),  # a repeated 5.x Heartbeat
 }
 _native_modules: dict | None = None
 

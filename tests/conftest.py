@@ -17,7 +17,8 @@ VECTORS = SHARED / "vectors"
 HOT_PATHS = {"frame": ("engine.codec._frame", "engine.codec._frame_py"), "heartbeat": ("engine.codec._heartbeat", "engine.codec._heartbeat_py"),
              "expiry": ("engine.registry._expiry", "engine.registry._expiry_py"), "digest": ("engine.registry._digest", "engine.registry._digest_py"),
              "hpack": ("engine.http2._hpack", "engine.http2._hpack_py"),
-             "h2core": ("engine.http2._core", "engine.http2._core_py")}
+             "h2core": ("engine.http2._core", "engine.http2._core_py"),
+             "grpc_repeat": ("engine.broker._grpc_repeat", "engine.broker.grpc_repeat")}
 
 
 def load_vectors():

@@ -75,7 +75,7 @@ def test_native_modules_report_what_each_user_loads():
     got = _modules_probe()
     assert got["modules"] == {m: True for m in ("_frame", "_heartbeat", "_expiry", "_digest", "_channel_table",
                                                 "_intern", "_rules", "_segment", "_brokerlog", "_pcap", "_hpack",
-                                                "_frames", "_core", "_protocol")}
+                                                "_frames", "_core", "_protocol", "_grpc_repeat")}
     assert got["connection"] == "NativeConnection"
     assert got["native"] is True
     assert got["registry"] == {"expiry": "native", "digest": "native", "channel_table": "native", "intern": "native",

@@ -48,6 +48,17 @@ from engine.codec.errors import RemotingError, echo
 from engine.logutil import RateLimitedLog
 from engine.broker.shares import share_key
 
+NATIVE_REPEAT = False
+if not os.environ.get("ENGINE_NO_EXTENSIONS"):
+    try:
+        from engine.broker._grpc_repeat import HeartbeatRepeat
+
+        NATIVE_REPEAT = True
+    except ImportError:  # not built: the twin
+        pass
+if not NATIVE_REPEAT:
+    from engine.broker.grpc_repeat import HeartbeatRepeat
+
 log = logging.getLogger("engine.grpc")
 
 #: The PyPI package whose generated modules this endpoint uses (the ``grpc`` extra pins it).
@@ -321,6 +332,8 @@ class GrpcEndpoint:
         self.restored = 0
         #: heartbeats answered on the repeat path (see _Servicer.Heartbeat)
         self.heartbeat_repeats = 0
+        #: a repeated Heartbeat's answer (engine.broker.grpc_repeat; compiled: engine.broker._grpc_repeat)
+        self.heartbeat_repeat = HeartbeatRepeat(self)
         #: QueryRoute / QueryAssignment answers by (method, request bytes): (answer, topic, its config, group (None
         #: for a route), its config, brokerIP1) (see prepared_route); their bytes; hits
         self._answers: dict = {}
@@ -420,7 +433,7 @@ class GrpcEndpoint:
         self.keepalive_time_ms, self.keepalive_timeout_ms = KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
         servicer = _Servicer(self)
         server = H2Server(self, servicer, SERVICE, prepared={
-            "Heartbeat": servicer.heartbeat_repeat,
+            "Heartbeat": self.heartbeat_repeat,
             "QueryRoute": lambda message, client_id, peer: self.prepared_route("QueryRoute", message, client_id),
             "QueryAssignment": lambda message, client_id, peer: self.prepared_route("QueryAssignment", message,
                                                                                     client_id)})
@@ -1312,33 +1325,11 @@ class _Servicer:
 
     async def Heartbeat(self, request: bytes, context):
         """Registered with the serialized request in and the serialized answer out (GrpcEndpoint.start). A
-        session's heartbeat with the very bytes of its previous one, while the registry's fast path armed by that
-        one still holds (no Settings, config or group change since: ClientRegistry.heartbeat_repeat), is answered
-        from there: no metadata dict, no protobuf parse, no HeartbeatData, no answer built (the repeat route of
-        remoting's repeated frames). Anything else, and every call with aclEnable (each call's signature is
-        checked) or the on_request hook, takes the full path."""
-        answer = self._heartbeat_repeat(request, _client_id(context), context.peer())
+        repeated Heartbeat is answered from the registry's repeat path (engine.broker.grpc_repeat; the native
+        transport calls it as the method's ``prepared`` answer, without this coroutine); anything else takes the
+        full path."""
+        answer = self.ep.heartbeat_repeat.answer(request, _client_id(context), context.peer())
         return answer if answer is not None else await self._heartbeat(request, context)
-
-    def heartbeat_repeat(self, request: bytes, client_id: bytes | None, peer: str) -> bytes | None:
-        """The native transport's prepared answer of a Heartbeat (engine.http2.server's ``prepared``; ``client_id``:
-        the call's first x-mq-client-id value): the repeat path's answer; None: the handler runs."""
-        return self._heartbeat_repeat(request, _header_client_id(client_id), peer)
-
-    def _heartbeat_repeat(self, request: bytes, client_id, peer: str) -> bytes | None:
-        ep = self.ep
-        if ep.acl is None and ep.on_request is None:
-            session = ep.sessions.get(client_id)
-            if (session is not None and (repeat := session._hb_repeat) is not None and repeat[0] == request
-                    and ((stream := session.stream) is None or stream.peer == peer)):
-                if ep.broker.registry.heartbeat_repeat(repeat[1]) is not None:
-                    session.last_seen = time.monotonic()
-                    ep.heartbeat_repeats += 1
-                    if ep.broker.recorder is not None:
-                        ep._record(session)
-                    return ep._heartbeat_ok
-                session._hb_repeat = None
-        return None
 
     async def _heartbeat(self, raw: bytes, context):
         ep = self.ep

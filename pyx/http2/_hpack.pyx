@@ -280,10 +280,6 @@ cdef class _Ring:
         self.size += size
         return 0
 
-    cdef void clear(self):
-        while self.count:
-            self.pop_oldest()
-
     cdef list items(self):
         return [self.get(i) for i in range(self.count)]
 

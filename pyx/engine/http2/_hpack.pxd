@@ -30,7 +30,6 @@ cdef class _Ring:
     cdef tuple get(self, Py_ssize_t i)
     cdef tuple pop_oldest(self)
     cdef int push(self, tuple entry, Py_ssize_t size) except -1
-    cdef void clear(self)
     cdef list items(self)
 
 

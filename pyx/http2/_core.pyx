@@ -2,7 +2,9 @@
 """The connection core of the native gRPC transport, compiled: the twin ``engine.http2._core_py`` documents it and is
 the reference (the same state, the same frames written, the same errors). What is compiled here is what every frame
 passes through: the frame loop, the connection and stream windows both ways (flow control), the prepared path of a
-unary call, and the accounting of request bytes; the state is C fields of the connection and of its calls."""
+unary call, and the accounting of request bytes; the state is C fields of the connection and of its calls. One
+thing only the compiled core does: a read of whole frames is read straight from its bytes (``_read_whole``), where
+the twin takes the frame reader's list; the frames are the same, so are their effects."""
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_SIZE
@@ -75,13 +77,8 @@ cdef inline double _monotonic() noexcept:
     return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
-cdef inline long long _increment(const unsigned char* p) noexcept:
-    """The increment of a WINDOW_UPDATE payload of 4 bytes (the reserved bit cleared)."""
-    return (<long long>(p[0] & 0x7F) << 24) | (<long long>p[1] << 16) | (<long long>p[2] << 8) | p[3]
-
-
-cdef inline long long _stream_id(const unsigned char* p) noexcept:
-    """A frame header's stream id (the reserved bit cleared)."""
+cdef inline long long _u31(const unsigned char* p) noexcept:
+    """A 31-bit big-endian field, the reserved bit cleared: a frame header's stream id, a WINDOW_UPDATE increment."""
     return (<long long>(p[0] & 0x7F) << 24) | (<long long>p[1] << 16) | (<long long>p[2] << 8) | p[3]
 
 
@@ -250,7 +247,7 @@ cdef class H2Core:
             length = (<Py_ssize_t>p[pos] << 16) | (<Py_ssize_t>p[pos + 1] << 8) | p[pos + 2]
             ftype = p[pos + 3]
             flags = p[pos + 4]
-            sid = _stream_id(p + pos + 5)
+            sid = _u31(p + pos + 5)
             # a unary call whole in this read: HEADERS (END_HEADERS only), WINDOW_UPDATEs of its stream (grpc C-core
             # sends one), then its DATA (END_STREAM only)
             if (ftype == T_HEADERS and flags & UNARY_HEADERS_MASK == F_END_HEADERS and self.header_block is None
@@ -258,12 +255,12 @@ cdef class H2Core:
                 j = pos + 9 + length
                 k = 0
                 while (j < n and k < UNARY_MAX_UPDATES and p[j + 3] == T_WINDOW_UPDATE
-                       and _stream_id(p + j + 5) == sid):
+                       and _u31(p + j + 5) == sid):
                     dlen = (<Py_ssize_t>p[j] << 16) | (<Py_ssize_t>p[j + 1] << 8) | p[j + 2]
-                    increments[k] = _increment(p + j + 9) if dlen == 4 else -1
+                    increments[k] = _u31(p + j + 9) if dlen == 4 else -1
                     k += 1
                     j += 9 + dlen
-                if (j < n and p[j + 3] == T_DATA and _stream_id(p + j + 5) == sid
+                if (j < n and p[j + 3] == T_DATA and _u31(p + j + 5) == sid
                         and p[j + 4] & UNARY_DATA_MASK == F_END_STREAM):
                     dlen = (<Py_ssize_t>p[j] << 16) | (<Py_ssize_t>p[j + 1] << 8) | p[j + 2]
                     if self._unary(sid, data, p + pos + 9, length, p + j + 9, dlen, increments, k):
@@ -299,7 +296,7 @@ cdef class H2Core:
                 while (j < n and j - i < UNARY_MAX_UPDATES and (<tuple>frames[j])[0] == T_WINDOW_UPDATE
                        and (<tuple>frames[j])[2] == sid):
                     nxt = <tuple>frames[j]
-                    increments[j - i] = (_increment(<const unsigned char*>PyBytes_AS_STRING(<bytes>nxt[3]))
+                    increments[j - i] = (_u31(<const unsigned char*>PyBytes_AS_STRING(<bytes>nxt[3]))
                                          if PyBytes_GET_SIZE(<bytes>nxt[3]) == 4 else -1)
                     j += 1
                 if j < n:
@@ -424,7 +421,7 @@ cdef class H2Core:
     cdef _window_update(self, long long sid, bytes payload):
         if PyBytes_GET_SIZE(payload) != 4:
             raise FrameError(E_FRAME_SIZE, "WINDOW_UPDATE of a length other than 4")
-        self._window_increment(sid, _increment(<const unsigned char*>PyBytes_AS_STRING(payload)))
+        self._window_increment(sid, _u31(<const unsigned char*>PyBytes_AS_STRING(payload)))
 
     cdef _window_increment(self, long long sid, long long increment):
         cdef Call call

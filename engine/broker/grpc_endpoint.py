@@ -58,6 +58,7 @@ if not os.environ.get("ENGINE_NO_EXTENSIONS"):
         pass
 if not NATIVE_REPEAT:
     from engine.broker.grpc_repeat import HeartbeatRepeat
+from engine.broker.grpc_repeat import header_client_id
 
 log = logging.getLogger("engine.grpc")
 
@@ -179,12 +180,6 @@ def _client_id(context) -> str | None:
         if key == "x-mq-client-id":
             return value.strip() if isinstance(value, str) else None
     return None
-
-
-def _header_client_id(value: bytes | None) -> str | None:
-    """_client_id of a native call's first x-mq-client-id header value (bytes, None without one), decoded as
-    invocation_metadata decodes it, stripped."""
-    return None if value is None else value.decode("utf-8", "replace").strip()
 
 
 def ip_of(address: str) -> str:
@@ -1185,7 +1180,7 @@ class GrpcEndpoint:
         checked or seen), a request without a valid client id, one that does not parse, or any answer but OK."""
         if self.acl is not None or self.on_request is not None:
             return None
-        client_id = _header_client_id(client_id)
+        client_id = header_client_id(client_id)
         if not client_id or len(client_id) > MAX_CLIENT_ID:
             return None
         registry = self.broker.registry

@@ -13,6 +13,12 @@ from __future__ import annotations
 import time
 
 
+def header_client_id(value: bytes | None) -> str | None:
+    """The session key (grpc_endpoint's _client_id) of a native call's first x-mq-client-id header value (bytes,
+    None without one): decoded as invocation_metadata decodes it, stripped."""
+    return None if value is None else value.decode("utf-8", "replace").strip()
+
+
 class HeartbeatRepeat:
     """``answer(request, client_id, peer)``: the answer of a repeated Heartbeat (``client_id``: the session's key,
     the call's x-mq-client-id as a str; ``peer``: grpc's ``context.peer()``), else None. Called with the header's
@@ -24,10 +30,7 @@ class HeartbeatRepeat:
         self.ep = endpoint
 
     def __call__(self, request: bytes, client_id: bytes | None, peer: str) -> bytes | None:
-        if client_id is None:
-            return None
-        # decoded as invocation_metadata decodes a header, stripped as _client_id strips it
-        return self.answer(request, client_id.decode("utf-8", "replace").strip(), peer)
+        return self.answer(request, header_client_id(client_id), peer)
 
     def answer(self, request: bytes, client_id: str | None, peer: str) -> bytes | None:
         ep = self.ep

@@ -24,7 +24,7 @@ cdef class HeartbeatRepeat:
     def __call__(self, request, client_id, peer):
         if client_id is None:
             return None
-        return self.answer(request, client_id.decode("utf-8", "replace").strip(), peer)
+        return self.answer(request, client_id.decode("utf-8", "replace").strip(), peer)  # header_client_id
 
     cpdef answer(self, request, client_id, peer):
         cdef object ep = self.ep

@@ -77,6 +77,11 @@ cdef inline double _monotonic() noexcept:
     return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
+cdef inline Py_ssize_t _u24(const unsigned char* p) noexcept:
+    """A frame header's length (24 bits, big-endian)."""
+    return (<Py_ssize_t>p[0] << 16) | (<Py_ssize_t>p[1] << 8) | p[2]
+
+
 cdef inline long long _u31(const unsigned char* p) noexcept:
     """A 31-bit big-endian field, the reserved bit cleared: a frame header's stream id, a WINDOW_UPDATE increment."""
     return (<long long>(p[0] & 0x7F) << 24) | (<long long>p[1] << 16) | (<long long>p[2] << 8) | p[3]
@@ -236,7 +241,7 @@ cdef class H2Core:
         cdef long long sid
         cdef long long increments[4]
         while n - pos >= 9:
-            length = (<Py_ssize_t>p[pos] << 16) | (<Py_ssize_t>p[pos + 1] << 8) | p[pos + 2]
+            length = _u24(p + pos)
             if length > self.max_frame:
                 return False  # the reader's error
             pos += 9 + length
@@ -244,7 +249,7 @@ cdef class H2Core:
             return False
         pos = 0
         while pos < n:
-            length = (<Py_ssize_t>p[pos] << 16) | (<Py_ssize_t>p[pos + 1] << 8) | p[pos + 2]
+            length = _u24(p + pos)
             ftype = p[pos + 3]
             flags = p[pos + 4]
             sid = _u31(p + pos + 5)
@@ -256,13 +261,13 @@ cdef class H2Core:
                 k = 0
                 while (j < n and k < UNARY_MAX_UPDATES and p[j + 3] == T_WINDOW_UPDATE
                        and _u31(p + j + 5) == sid):
-                    dlen = (<Py_ssize_t>p[j] << 16) | (<Py_ssize_t>p[j + 1] << 8) | p[j + 2]
+                    dlen = _u24(p + j)
                     increments[k] = _u31(p + j + 9) if dlen == 4 else -1
                     k += 1
                     j += 9 + dlen
                 if (j < n and p[j + 3] == T_DATA and _u31(p + j + 5) == sid
                         and p[j + 4] & UNARY_DATA_MASK == F_END_STREAM):
-                    dlen = (<Py_ssize_t>p[j] << 16) | (<Py_ssize_t>p[j + 1] << 8) | p[j + 2]
+                    dlen = _u24(p + j)
                     if self._unary(sid, data, p + pos + 9, length, p + j + 9, dlen, increments, k):
                         pos = j + 9 + dlen
                         if self.closed:

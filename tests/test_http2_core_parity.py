@@ -395,6 +395,15 @@ def _edge_scenarios():
         "a preface cut, then wrong": ([P.PREFACE[:16], b"\r\nSX\r\n\r\n"], P.PROTOCOL_ERROR),
         "a frame past SETTINGS_MAX_FRAME_SIZE": ([go + b"\x00\x40\x01\x00\x00\x00\x00\x00\x01" + b"x" * 100],
                                                  P.FRAME_SIZE_ERROR),
+        # the compiled core keeps a read's partial frame itself (the twin's frame reader keeps it there)
+        "a call a byte at a time": ([bytes((b,)) for b in go + call(HpackEncoder(), 1, b"U") + P.frame(
+            P.DATA, P.FLAG_END_STREAM, 1, _message(b"slow"))], b"handled:slow"),
+        "a frame past SETTINGS_MAX_FRAME_SIZE, its header cut": (
+            [go + P.ping(b"before..") + b"\x00\x40", b"\x01\x00\x00\x00\x00\x00\x01" + b"x" * 100],
+            P.FRAME_SIZE_ERROR),
+        "a frame's end with the next frames whole": ([go + call(HpackEncoder(), 1, b"U")[:7], call(
+            HpackEncoder(), 1, b"U")[7:] + P.frame(P.DATA, P.FLAG_END_STREAM, 1, _message(b"tail")) + P.ping(
+            b"after...")], P.ping(b"after...", ack=True)),
     }
 
 

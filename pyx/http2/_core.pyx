@@ -3,15 +3,15 @@
 the reference (the same state, the same frames written, the same errors). What is compiled here is what every frame
 passes through: the frame loop, the connection and stream windows both ways (flow control), the prepared path of a
 unary call, and the accounting of request bytes; the state is C fields of the connection and of its calls. One
-thing only the compiled core does: a read of whole frames is read straight from its bytes (``_read_whole``), where
-the twin takes the frame reader's list; the frames are the same, so are their effects."""
+thing only the compiled core does: it reads a read's frames straight from its bytes and keeps a partial frame
+itself (``_read``), where the twin takes the frame reader's list; the frames are the same, so are their effects."""
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.list cimport PyList_GET_SIZE
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 
 from engine.http2 import _core_py as _py
 from engine.http2 import _frames_py as _fp
-from engine.http2._frames import FrameReader, frame, ping, settings, unary_answer, window_update
+from engine.http2._frames import frame, ping, settings, unary_answer, window_update
 from engine.http2._frames import data_message as _data_message, parse_settings as _fp_parse_settings
 from engine.http2.frames import apply_initial_window as _apply_initial_window
 from engine.http2._frames_py import FrameError
@@ -128,7 +128,7 @@ cdef class Call:
 cdef class H2Core:
     """An HTTP/2 connection's state and its frames in (see the twin)."""
 
-    cdef public object server, loop, transport, peer, preface, reader, header_block, ping_sent, keepalive
+    cdef public object server, loop, transport, peer, preface, header_block, ping_sent, keepalive
     cdef public HpackDecoder decoder
     cdef public dict streams, blocked
     cdef public list _out, _later
@@ -138,8 +138,8 @@ cdef class H2Core:
     cdef public double settings_sent_at, stall_since, resets_since, control_since, last_recv
     cdef public long long max_streams, max_message, max_metadata, hard_metadata, max_held, max_pending
     cdef public long long max_resets, max_control, max_continuations, max_write_buffer
-    cdef long long max_frame  # ours (the frame reader's): a longer frame is a FRAME_SIZE_ERROR
-    cdef bint partial  # the frame reader keeps the start of a frame: the next read goes through it
+    cdef long long max_frame  # ours: a longer frame is a FRAME_SIZE_ERROR
+    cdef bytearray rest  # the start of a frame a read ended in (at most one frame's worth), or None
 
     def __init__(self, server):
         self.server = server
@@ -147,9 +147,8 @@ cdef class H2Core:
         self.transport = None
         self.peer = ""
         self.preface = b""
-        self.reader = FrameReader(_fp.DEFAULT_MAX_FRAME_SIZE)
         self.max_frame = _fp.DEFAULT_MAX_FRAME_SIZE
-        self.partial = False
+        self.rest = None
         self.decoder = HpackDecoder(4096, server.hard_metadata)
         self.streams = {}
         self.last_sid = 0
@@ -195,6 +194,8 @@ cdef class H2Core:
     # ------------------------------------------------------------------------------------------------ reading
     def data_received(self, data):
         cdef list out, later
+        cdef bytearray rest
+        cdef Py_ssize_t length
         if self.closed:
             return
         self.last_recv = _monotonic()
@@ -209,17 +210,26 @@ cdef class H2Core:
                 return self.goaway(E_PROTOCOL, b"bad connection preface")
             self.preface = None
             data = buf[24:]
-        if type(data) is not bytes:
+        rest = self.rest
+        if rest is not None:
+            # the start of a frame is kept: it grows in place until the frame is whole (a frame sent a byte at a time
+            # costs linear work), then the read is its bytes with what came after it
+            rest += data
+            if len(rest) < 9:
+                return
+            length = _u24(<const unsigned char*>PyByteArray_AS_STRING(rest))
+            if length <= self.max_frame and len(rest) < 9 + length:
+                return
+            self.rest = None
+            data = bytes(rest)
+        elif type(data) is not bytes:
             data = bytes(data)
         later = self._later
         self._later = None  # written before this read: they go first
         out = later if later else []
         self._out = out
         try:
-            if self.partial or not self._read_whole(<bytes>data):
-                frames = self.reader.feed(data)
-                self.partial = self.reader.buffered != 0
-                self._read_frames(frames)
+            self._read(<bytes>data)
         except FrameError as e:
             self.goaway(e.code, str(e).encode()[:200])
         except HpackError as e:
@@ -231,24 +241,27 @@ cdef class H2Core:
         if not self.closed and self.transport.get_write_buffer_size() > self.max_write_buffer:
             self.abort()  # a peer that does not read what it asks for (pings, settings answers)
 
-    cdef bint _read_whole(self, bytes data) except -1:
-        """A read of whole frames, none past our frame size, with nothing kept from the last read (the usual read):
-        its frames straight from its bytes, as the frame reader's list would give them. False (nothing done):
-        otherwise. (Only when the reader keeps no part of a frame: ``partial``.)"""
+    cdef _read(self, bytes data):
+        """A read's frames straight from its bytes (which start at a frame), as the twin's frame reader gives them:
+        a frame longer than ours is its error before any frame of the read is taken; a partial frame at the end is
+        kept (``rest``) for the next read."""
         cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
-        cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0, length, j, dlen
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(data), pos = 0, end, length, j, dlen
         cdef int ftype, flags, k
         cdef long long sid
         cdef long long increments[4]
         while n - pos >= 9:
             length = _u24(p + pos)
             if length > self.max_frame:
-                return False  # the reader's error
+                raise FrameError(E_FRAME_SIZE, f"frame of {length} bytes past SETTINGS_MAX_FRAME_SIZE {self.max_frame}")
+            if pos + 9 + length > n:
+                break
             pos += 9 + length
-        if pos != n:
-            return False
+        end = pos
+        if end < n:
+            self.rest = PyByteArray_FromStringAndSize(<const char*>p + end, n - end)
         pos = 0
-        while pos < n:
+        while pos < end:
             length = _u24(p + pos)
             ftype = p[pos + 3]
             flags = p[pos + 4]
@@ -259,66 +272,24 @@ cdef class H2Core:
                     and self.got_settings):
                 j = pos + 9 + length
                 k = 0
-                while (j < n and k < UNARY_MAX_UPDATES and p[j + 3] == T_WINDOW_UPDATE
+                while (j < end and k < UNARY_MAX_UPDATES and p[j + 3] == T_WINDOW_UPDATE
                        and _u31(p + j + 5) == sid):
                     dlen = _u24(p + j)
                     increments[k] = _u31(p + j + 9) if dlen == 4 else -1
                     k += 1
                     j += 9 + dlen
-                if (j < n and p[j + 3] == T_DATA and _u31(p + j + 5) == sid
+                if (j < end and p[j + 3] == T_DATA and _u31(p + j + 5) == sid
                         and p[j + 4] & UNARY_DATA_MASK == F_END_STREAM):
                     dlen = _u24(p + j)
                     if self._unary(sid, data, p + pos + 9, length, p + j + 9, dlen, increments, k):
                         pos = j + 9 + dlen
                         if self.closed:
-                            return True
+                            return
                         continue
             self._frame(ftype, flags, sid, PyBytes_FromStringAndSize(<const char*>p + pos + 9, length))
             if self.closed:
-                return True
-            pos += 9 + length
-        return True
-
-    cdef _read_frames(self, list frames):
-        """The frame reader's frames of a read."""
-        cdef tuple fr, nxt
-        cdef Py_ssize_t i, j, n
-        cdef int ftype, flags, nflags
-        cdef long long sid
-        cdef long long increments[4]
-        cdef bytes block, body
-        i, n = 0, PyList_GET_SIZE(frames)
-        while i < n:
-            fr = <tuple>frames[i]
-            ftype = fr[0]
-            flags = fr[1]
-            sid = fr[2]
-            i += 1
-            # a unary call whole in this read (see _read_whole)
-            if (ftype == T_HEADERS and i < n and flags & UNARY_HEADERS_MASK == F_END_HEADERS
-                    and self.header_block is None and self.got_settings):
-                j = i
-                while (j < n and j - i < UNARY_MAX_UPDATES and (<tuple>frames[j])[0] == T_WINDOW_UPDATE
-                       and (<tuple>frames[j])[2] == sid):
-                    nxt = <tuple>frames[j]
-                    increments[j - i] = (_u31(<const unsigned char*>PyBytes_AS_STRING(<bytes>nxt[3]))
-                                         if PyBytes_GET_SIZE(<bytes>nxt[3]) == 4 else -1)
-                    j += 1
-                if j < n:
-                    nxt = <tuple>frames[j]
-                    nflags = nxt[1]
-                    if nxt[0] == T_DATA and nxt[2] == sid and nflags & UNARY_DATA_MASK == F_END_STREAM:
-                        block, body = <bytes>fr[3], <bytes>nxt[3]
-                        if self._unary(sid, block, <const unsigned char*>PyBytes_AS_STRING(block),
-                                       PyBytes_GET_SIZE(block), <const unsigned char*>PyBytes_AS_STRING(body),
-                                       PyBytes_GET_SIZE(body), increments, j - i):
-                            i = j + 1
-                            if self.closed:
-                                return
-                            continue
-            self._frame(ftype, flags, sid, <bytes>fr[3])
-            if self.closed:
                 return
+            pos += 9 + length
 
     # ------------------------------------------------------------------------------------------------ writing
     cdef inline _emit(self, data):

@@ -3,14 +3,7 @@
 ``engine.broker.grpc_repeat`` documents it and is the reference (the same checks in the same order, the same
 effects, the same answers). The native gRPC transport calls it for every repeated Heartbeat: compiled, no Python
 frame runs for one."""
-from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
-
-
-cdef inline double _monotonic() noexcept:
-    """time.monotonic(): CLOCK_MONOTONIC in seconds."""
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return ts.tv_sec + ts.tv_nsec * 1e-9
+from engine._clock cimport monotonic as _monotonic
 
 
 cdef class HeartbeatRepeat:

@@ -5,7 +5,7 @@ passes through: the frame loop, the connection and stream windows both ways (flo
 unary call, and the accounting of request bytes; the state is C fields of the connection and of its calls. One
 thing only the compiled core does: it reads a read's frames straight from its bytes and keeps a partial frame
 itself (``_read``), where the twin takes the frame reader's list; the frames are the same, so are their effects."""
-from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from engine._clock cimport monotonic as _monotonic
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 
@@ -68,13 +68,6 @@ assert (E_PROTOCOL, E_FLOW_CONTROL, E_STREAM_CLOSED, E_FRAME_SIZE, E_COMPRESSION
 
 cdef int UNARY_HEADERS_MASK = F_END_HEADERS | F_END_STREAM | F_PADDED | F_PRIORITY
 cdef int UNARY_DATA_MASK = F_END_STREAM | F_PADDED
-
-
-cdef inline double _monotonic() noexcept:
-    """time.monotonic(): CLOCK_MONOTONIC in seconds."""
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return ts.tv_sec + ts.tv_nsec * 1e-9
 
 
 cdef inline Py_ssize_t _u24(const unsigned char* p) noexcept:

@@ -72,6 +72,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
+from engine import compiled_module
 from engine.bindings.gzinput import BoundedGzip
 from engine.codec.errors import RemotingError
 from engine.recording.scan_py import (CLIENT_INNER_PRODUCER, FINDING_KEYS, IDLE_CLOSE_MIN_MS, ScanParams, _inconsistent,
@@ -104,7 +105,7 @@ BROKER_KINDS = ("broker_start", "broker_boot", "broker_stop")
 def parser(native: Optional[bool] = None):
     """The line parser in use: the compiled one unless ENGINE_NO_EXTENSIONS is set or it is not built."""
     if native is None:
-        native = _parse_native is not None and not os.environ.get("ENGINE_NO_EXTENSIONS")
+        native = compiled_module("_brokerlog") is not None
     return _parse_native if native else twin.parse_lines
 
 
@@ -224,7 +225,7 @@ def _open(path: str):
 
 def _line_ends(native: Optional[bool] = None):
     if native is None:
-        native = _parse_native is not None and not os.environ.get("ENGINE_NO_EXTENSIONS")
+        native = compiled_module("_brokerlog") is not None
     if native:
         from engine.recording._brokerlog import line_ends
 

@@ -37,6 +37,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from engine import compiled_module
 from engine.bindings.gzinput import BoundedGzip
 from engine.recording import _pcap_py as twin
 from engine.recording._pcap_py import STAT_NAMES, CaptureError, conn_hash
@@ -75,7 +76,7 @@ EVENT_FIELDS = ("ms", "conn_id", "kind", "addr", "by", "client_id", "producer_gr
 def decoder_class(native: Optional[bool] = None):
     """The compiled decoder unless ENGINE_NO_EXTENSIONS is set or it is not built (native=False: the twin)."""
     if native is None:
-        native = _NativeDecoder is not None and not os.environ.get("ENGINE_NO_EXTENSIONS")
+        native = compiled_module("_pcap") is not None
     if native and _NativeDecoder is None:
         raise ImportError("engine.recording._pcap is not built")
     return _NativeDecoder if native else twin.CaptureDecoder

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Iterator, List, Optional, Tuple
 import numpy as np
 import pyarrow as pa
 
+from engine import compiled_module
 from engine.codec.enums import ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel
 from engine.recording.recorder import CLIPPED_MAGIC, SegmentError, iter_blocks, parse_clipped
 from engine.recording.scan_py import ScanParams
@@ -202,18 +202,9 @@ class BodyDeduperPy:
         return out
 
 
-def _deduper_class():
-    if os.environ.get("ENGINE_NO_EXTENSIONS"):
-        return BodyDeduperPy
-    try:
-        from engine.recording._segment import BodyDeduper as native
-    except ImportError:
-        return BodyDeduperPy
-    return native
-
-
-#: The compiled deduper when built (and not disabled by ENGINE_NO_EXTENSIONS=1), else the twin.
-BodyDeduper = _deduper_class()
+#: The compiled deduper when in use (engine.compiled_module), else the twin.
+_segment = compiled_module("_segment")
+BodyDeduper = _segment.BodyDeduper if _segment is not None else BodyDeduperPy
 
 
 def read_split_ids(split: Split, on_corrupt: str = "skip", deduper=None):
@@ -727,18 +718,9 @@ def member_runs_py(recv, conn, ids, body_client, entry_offsets, entry_member, en
     return runs, (n_bad, int(recv.min()) if n else None, int(recv.max()) if n else None)
 
 
-def _native_scan():
-    if os.environ.get("ENGINE_NO_EXTENSIONS") or sys.byteorder != "little":
-        return BlockScannerPy, member_runs_py
-    try:
-        from engine.recording._segment import BlockScanner as scanner, member_runs as runs
-    except ImportError:
-        return BlockScannerPy, member_runs_py
-    return scanner, runs
-
-
-#: The compiled scanner and run builder when built (and not disabled), else the twins.
-BlockScanner, member_runs = _native_scan()
+#: The compiled scanner and run builder when in use (engine.compiled_module), else the twins.
+BlockScanner, member_runs = ((_segment.BlockScanner, _segment.member_runs) if _segment is not None
+                             else (BlockScannerPy, member_runs_py))
 
 
 #: Bytes of distinct heartbeat bodies a scan task holds at once. A record is at most the recorder's 4 MiB, but a

@@ -43,22 +43,16 @@ import types
 from collections import Counter
 from urllib.parse import unquote
 
+from engine import compiled_or_twin
 from engine.codec.enums import BROKER_VERSION, ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel, ResponseCode
 from engine.codec.errors import RemotingError, echo
 from engine.logutil import RateLimitedLog
 from engine.broker.shares import share_key
-
-NATIVE_REPEAT = False
-if not os.environ.get("ENGINE_NO_EXTENSIONS"):
-    try:
-        from engine.broker._grpc_repeat import HeartbeatRepeat
-
-        NATIVE_REPEAT = True
-    except ImportError:  # not built: the twin
-        pass
-if not NATIVE_REPEAT:
-    from engine.broker.grpc_repeat import HeartbeatRepeat
 from engine.broker.grpc_repeat import header_client_id
+
+_repeat, NATIVE_REPEAT = compiled_or_twin("_grpc_repeat")
+HeartbeatRepeat = _repeat.HeartbeatRepeat
+del _repeat
 
 log = logging.getLogger("engine.grpc")
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import os
 import time
 
 try:
@@ -35,7 +34,7 @@ except ImportError:  # not POSIX
     resource = None
 from collections import Counter, deque
 
-from engine import FrameDecoder, FrameError, RemotingCommand
+from engine import FrameDecoder, FrameError, RemotingCommand, compiled_module
 from engine.codec.enums import FLAG_ONEWAY, FLAG_RESPONSE, RequestCode, ResponseCode
 from engine.codec.errors import RemotingError, clip
 from engine.logutil import RateLimitedLog
@@ -324,14 +323,8 @@ class PyConnection(ConnectionMethods):
         self._soon: list | None = None  # frames from send_soon, written once this loop iteration's reads are done
 
 
-if not os.environ.get("ENGINE_NO_EXTENSIONS"):
-    try:
-        from engine.broker._protocol import ProtocolCore
-    except ImportError:  # not built: the twin serves
-        ProtocolCore = None
-else:
-    ProtocolCore = None
-
+_protocol = compiled_module("_protocol")
+ProtocolCore = _protocol.ProtocolCore if _protocol is not None else None  # None: the twin serves
 if ProtocolCore is not None:
     class NativeConnection(ProtocolCore, ConnectionMethods):
         """A client connection whose state and ``data_received`` are native (engine.broker._protocol); the rest is

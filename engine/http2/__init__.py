@@ -6,19 +6,12 @@ twin. Both raise the same ``HpackError`` class (defined in the twin). The frame 
 the frame reader, gRPC's message reader, the serializers, the request-header readers) chooses the same way between
 ``engine.http2._frames`` (pyx/http2/_frames.pyx) and ``engine.http2._frames_py``.
 """
-import os as _os
-
+from engine import compiled_or_twin
 from engine.http2._hpack_py import HpackError
 
-NATIVE_HPACK = False
-if not _os.environ.get("ENGINE_NO_EXTENSIONS"):
-    try:
-        from engine.http2._hpack import HpackDecoder, HpackEncoder
-
-        NATIVE_HPACK = True
-    except ImportError:  # not built: the twin below
-        pass
-if not NATIVE_HPACK:
-    from engine.http2._hpack_py import HpackDecoder, HpackEncoder
+# not named _hpack: that is the compiled submodule's attribute on this package
+_impl, NATIVE_HPACK = compiled_or_twin("_hpack")
+HpackDecoder, HpackEncoder = _impl.HpackDecoder, _impl.HpackEncoder
+del _impl
 
 __all__ = ["HpackDecoder", "HpackEncoder", "HpackError", "NATIVE_HPACK"]

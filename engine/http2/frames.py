@@ -13,8 +13,7 @@ twin. ``NATIVE_FRAMES`` says which one this process uses.
 """
 from __future__ import annotations
 
-import os as _os
-
+from engine import compiled_or_twin
 from engine.http2._frames_py import (  # noqa: F401  (re-exported: the frame layer's public names)
     CANCEL, COMPRESSION_ERROR, CONNECT_ERROR, CONTINUATION, DATA, DEFAULT_MAX_FRAME_SIZE, DEFAULT_WINDOW,
     ENHANCE_YOUR_CALM, FLAG_ACK, FLAG_END_HEADERS, FLAG_END_STREAM, FLAG_PADDED, FLAG_PRIORITY, FLOW_CONTROL_ERROR,
@@ -25,22 +24,13 @@ from engine.http2._frames_py import (  # noqa: F401  (re-exported: the frame lay
     SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE, SETTINGS_TIMEOUT, STREAM_CLOSED, TIMEOUT_UNITS,
     WINDOW_UPDATE, FrameError)
 
-NATIVE_FRAMES = False
-if not _os.environ.get("ENGINE_NO_EXTENSIONS"):
-    try:
-        from engine.http2._frames import (FrameReader, MessageReader, data_message, frame, goaway,
-                                          invocation_metadata, parse_settings, parse_timeout, ping,
-                                          rst_stream, scan_request_headers, settings, u32, unary_answer,
-                                          window_update)
-
-        NATIVE_FRAMES = True
-    except ImportError:  # not built: the twin below
-        pass
-if not NATIVE_FRAMES:
-    from engine.http2._frames_py import (FrameReader, MessageReader, data_message, frame, goaway,  # noqa: F401
-                                         invocation_metadata, parse_settings, parse_timeout, ping,
-                                         rst_stream, scan_request_headers, settings, u32, unary_answer,
-                                         window_update)
+_frames, NATIVE_FRAMES = compiled_or_twin("_frames")
+(FrameReader, MessageReader, data_message, frame, goaway, invocation_metadata, parse_settings, parse_timeout, ping,
+ rst_stream, scan_request_headers, settings, u32, unary_answer, window_update) = (
+    _frames.FrameReader, _frames.MessageReader, _frames.data_message, _frames.frame, _frames.goaway,
+    _frames.invocation_metadata, _frames.parse_settings, _frames.parse_timeout, _frames.ping, _frames.rst_stream,
+    _frames.scan_request_headers, _frames.settings, _frames.u32, _frames.unary_answer, _frames.window_update)
+del _frames
 
 
 def apply_initial_window(streams, old: int, value: int) -> int:

@@ -23,26 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import types
 
+from engine import compiled_or_twin
 from engine.http2 import frames as F
 from engine.http2.frames import FrameError
 # the connection core: compiled (pyx/http2/_core.pyx) when built, else its twin; ENGINE_NO_EXTENSIONS=1 forces the twin
 from engine.http2._core_py import (CONNECTION_WINDOW, CONTROL_WINDOW_S, OK_TRAILERS, RESET_WINDOW_S,  # noqa: F401
                                    RESPONSE_HEADERS, STREAM_WINDOW)
 
-NATIVE_CORE = False
-if not os.environ.get("ENGINE_NO_EXTENSIONS"):
-    try:
-        from engine.http2._core import H2Core
-
-        NATIVE_CORE = True
-    except ImportError:  # not built: the twin
-        pass
-if not NATIVE_CORE:
-    from engine.http2._core_py import H2Core
+_core, NATIVE_CORE = compiled_or_twin("_core")
+H2Core = _core.H2Core
+del _core
 
 log = logging.getLogger("engine.grpc")
 

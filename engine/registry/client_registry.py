@@ -74,10 +74,10 @@ Not thread-safe: one event loop owns a registry.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 
+from engine import compiled_module, compiled_or_twin
 from engine.codec.enums import ConsumeType, LanguageCode, ResponseCode
 from engine.registry import clientlog as jl
 from engine.registry.store import FLAG_UNIT_SUB, PERM_READ, PERM_WRITE, Store, SubscriptionGroupConfig, TopicConfig
@@ -113,50 +113,26 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------------------------
 # Native hot paths or their twins, chosen as engine/__init__.py does (ENGINE_NO_EXTENSIONS=1 forces the twins).
 
-IMPLEMENTATION = {"expiry": "twin", "digest": "twin", "channel_table": "twin", "intern": "twin", "rules": "twin"}
-_heartbeat_digest = _monotonic_ms = _ChannelTable = _pack_ipv4 = StringPool = _HeartbeatRules = None
-if not os.environ.get("ENGINE_NO_EXTENSIONS"):
-    try:
-        from engine.registry._expiry import monotonic_ms as _monotonic_ms
+IMPLEMENTATION = {}  # per hot path: "native" or "twin"
 
-        IMPLEMENTATION["expiry"] = "native"
-    except ImportError:
-        pass
-    try:
-        from engine.registry._channel_table import ChannelTable as _ChannelTable
-        from engine.registry._channel_table import pack_ipv4 as _pack_ipv4
 
-        IMPLEMENTATION["channel_table"] = "native"
-    except ImportError:
-        pass
-    try:
-        from engine.registry._digest import heartbeat_digest as _heartbeat_digest
+def _load(name: str):
+    """The compiled module ``_<name>`` or its twin (engine.compiled_or_twin), noted in IMPLEMENTATION."""
+    module, native = compiled_or_twin("_" + name)
+    IMPLEMENTATION[name] = "native" if native else "twin"
+    return module
 
-        IMPLEMENTATION["digest"] = "native"
-    except ImportError:
-        pass
-    try:
-        from engine.registry._intern import StringPool
 
-        IMPLEMENTATION["intern"] = "native"
-    except ImportError:
-        pass
-    try:
-        # the native rule path; its twin is this module's (ClientRegistry._heartbeat and the managers' register)
-        from engine.registry._rules import HeartbeatRules as _HeartbeatRules
-
-        IMPLEMENTATION["rules"] = "native"
-    except ImportError:
-        pass
-if _monotonic_ms is None:
-    from engine.registry._expiry_py import monotonic_ms as _monotonic_ms
-if _heartbeat_digest is None:
-    from engine.registry._digest_py import heartbeat_digest as _heartbeat_digest
-if _ChannelTable is None:
-    from engine.registry._channel_table_py import ChannelTable as _ChannelTable
-    from engine.registry._channel_table_py import pack_ipv4 as _pack_ipv4
-if StringPool is None:
-    from engine.registry._intern_py import StringPool
+_monotonic_ms = _load("expiry").monotonic_ms
+_heartbeat_digest = _load("digest").heartbeat_digest
+_table = _load("channel_table")
+_ChannelTable, _pack_ipv4 = _table.ChannelTable, _table.pack_ipv4
+StringPool = _load("intern").StringPool
+# the native rule path; its twin is this module's (ClientRegistry._heartbeat and the managers' register)
+_rules = compiled_module("_rules")
+_HeartbeatRules = _rules.HeartbeatRules if _rules is not None else None
+IMPLEMENTATION["rules"] = "native" if _rules is not None else "twin"
+del _table, _rules
 from engine.registry._channel_table_py import MAX_MEMBERSHIPS, ChannelTableError  # noqa: E402 (both tables')
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_grpc.py [--sessions 1000,10000] [--duration 10] [--pin 0:1] [--inflight 256]
         [--rounds 1] [--protocols grpc,remoting] [--grpc-transport native|grpcio] [--sessions-per-connection 128]
-        [--rate 0] [--procs 1] [--core-frames] [--heartbeats-only] [--out results.json]
+        [--rate 0] [--procs 1] [--core-frames] [--heartbeats-only] [--loop-probe] [--out results.json]
 
 Per session count N: one broker (`rmqhb serve` with grpcServerPort, its own process and session; with --pin
 BROKER:LOAD it runs on CPU BROKER, pinned with taskset before it starts, and every load process on CPU LOAD), then,
@@ -132,7 +132,7 @@ def run_grpc(port: int, pid: int, n: int, duration: float, inflight: int, per_co
            "registered_s": r["registered_s"], "seconds": r["seconds"], "answered": r["answered"],
            "errors": r["errors"] + (n - r["sessions"]), "heartbeats_per_s": r["heartbeats_per_s"],
            "broker_cpu_s": r.get("server_cpu_s"), "load_cpu_s": r.get("loadgen_cpu_s"),
-           **{k: r[k] for k in ("p50_ms", "p99_ms", "max_ms") if k in r}}
+           **{k: r[k] for k in ("p50_ms", "p99_ms", "max_ms", "loadgen_gc_max_ms", "tick_late_max_ms", "window_monotonic_s") if k in r}}
     if r["errors_by_status"]:
         res["errors_by_status"] = r["errors_by_status"]
     if before and peak.peak and r["sessions"]:
@@ -145,6 +145,38 @@ def run_grpc(port: int, pid: int, n: int, duration: float, inflight: int, per_co
     return res
 
 
+class LoopProbe:
+    """bench/loop_probe.py against the broker's gRPC port while the block runs (on the CPUs of this process: the
+    load's, with --pin); ``into(res, window)`` adds its round trips in ``window`` (the loadgen's
+    window_monotonic_s): the broker loop's own latency, apart from the load generator's."""
+
+    def __init__(self, port: int | None):
+        self.port, self.proc, self.samples = port, None, []
+
+    def __enter__(self):
+        if self.port is not None:
+            self.proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "loop_probe.py"), str(self.port)],
+                                         stdout=subprocess.PIPE, text=True)
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.terminate()
+            out, _ = self.proc.communicate(timeout=30)
+            self.samples = json.loads(out.strip().splitlines()[-1])["samples"] if out.strip() else []
+
+    def into(self, res: dict, window) -> None:
+        if self.proc is None:
+            return
+        rtts = sorted(rtt for t, rtt in self.samples if window and window[0] <= t <= window[1])
+        if not rtts:
+            res["loop_probe"] = "no samples in the window"
+            return
+        at = lambda q: round(1000 * rtts[min(len(rtts) - 1, int(q * len(rtts)))], 3)  # noqa: E731
+        res.update(loop_pings=len(rtts), loop_p50_ms=at(0.5), loop_p99_ms=at(0.99),
+                   loop_max_ms=round(1000 * rtts[-1], 3))
+
+
 def run_remoting(port: int, pid: int, n: int, duration: float, rate: float = 0.0) -> dict:
     r = loadgen.run("steady", "127.0.0.1", port, n, 1, duration, rate, GROUPS, 0.5, 1, server_pid=pid)
     res = {"protocol": "remoting", "connections": r["connections"],
@@ -152,7 +184,7 @@ def run_remoting(port: int, pid: int, n: int, duration: float, rate: float = 0.0
            "registered_s": r["registered_s"], "seconds": r["seconds"], "answered": r["answered"],
            "errors": r["errors"] + r["opaque_mismatch"], "heartbeats_per_s": r["heartbeats_per_s"],
            "broker_cpu_s": r.get("server_cpu_s"), "load_cpu_s": r.get("loadgen_cpu_s"),
-           **{k: r[k] for k in ("p50_ms", "p99_ms", "max_ms") if k in r}}
+           **{k: r[k] for k in ("p50_ms", "p99_ms", "max_ms", "loadgen_gc_max_ms", "tick_late_max_ms", "window_monotonic_s") if k in r}}
     _per_hb(res, "broker_cpu_s")
     return res
 
@@ -212,6 +244,9 @@ def main(argv=None) -> int:
                         "call, a flow-control PING after each read that ended calls)")
     p.add_argument("--sessions-per-connection", type=int, default=SESSIONS_PER_CONNECTION,
                    help="gRPC sessions sharing one HTTP/2 connection (default 128)")
+    p.add_argument("--loop-probe", action="store_true",
+                   help="beside each load, PINGs on one idle HTTP/2 connection every 10 ms (bench/loop_probe.py): the "
+                        "broker loop's own latency in the window (loop_p50_ms / loop_p99_ms / loop_max_ms)")
     a = p.parse_args(argv)
     pin = a.pin.split(":") if a.pin else None
     results = []
@@ -249,13 +284,19 @@ def main(argv=None) -> int:
                     runs = []
                     if "grpc" in protocols:
                         idle_fds = _open_fds(proc.pid)
-                        runs.append(_machine(lambda: run_grpc(grpc_port, proc.pid, n, a.duration, a.inflight,
-                                                              a.sessions_per_connection, a.rate, a.procs,
-                                                              a.core_frames, a.heartbeats_only)))
+                        with LoopProbe(grpc_port if a.loop_probe else None) as probe:
+                            res = _machine(lambda: run_grpc(grpc_port, proc.pid, n, a.duration, a.inflight,
+                                                            a.sessions_per_connection, a.rate, a.procs,
+                                                            a.core_frames, a.heartbeats_only))
+                        probe.into(res, res.get("window_monotonic_s"))
+                        runs.append(res)
                         _wait_sessions_gone(grpc_port, main_port)
                         _wait_fds(proc.pid, idle_fds + 50)
                     if "remoting" in protocols:
-                        runs.append(_machine(lambda: run_remoting(main_port, proc.pid, n, a.duration, a.rate)))
+                        with LoopProbe(grpc_port if a.loop_probe else None) as probe:  # one loop serves both ports
+                            res = _machine(lambda: run_remoting(main_port, proc.pid, n, a.duration, a.rate))
+                        probe.into(res, res.get("window_monotonic_s"))
+                        runs.append(res)
                     for res in runs:
                         res.update(round=r + 1, pin=a.pin)
                         results.append(res)
@@ -265,13 +306,14 @@ def main(argv=None) -> int:
                 proc.terminate()
                 proc.wait(30)
     print(f"\n| protocol | sessions / connections | in flight | heartbeats/s | broker CPU per heartbeat | "
-          f"broker's share of its core | machine busy | p50 / p99 ms | broker RSS per session |\n"
-          f"|---|---|---|---|---|---|---|---|---|")
+          f"broker's share of its core | machine busy | p50 / p99 ms | broker loop p99 ms (probe) | "
+          f"broker RSS per session |\n"
+          f"|---|---|---|---|---|---|---|---|---|---|")
     for res in results:
         print(f"| {res['protocol']} | {res.get('sessions') or res.get('connections')} | {res['inflight']} | "
               f"{res['heartbeats_per_s']:,} | {res.get('broker_us_per_hb')} us | {res.get('broker_cpu_pct')}% | "
               f"{res.get('machine_busy_pct')}% | {res.get('p50_ms')} / {res.get('p99_ms')} | "
-              f"{res.get('rss_per_session_bytes', '-')} |")
+              f"{res.get('loop_p99_ms', '-')} | {res.get('rss_per_session_bytes', '-')} |")
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
     return 0 if all(r["errors"] == 0 for r in results) else 1

@@ -487,6 +487,7 @@ class Window:
     def __init__(self, stats: dict, server_pid: int | None):
         self.stats, self.server_pid = stats, server_pid
         self.t0 = time.perf_counter()
+        self.mono0 = time.monotonic()  # the machine's clock: another process's samples are placed in the window
         self.s0 = dict(stats)
         self.cpu0 = time.process_time()
         self.srv0 = proc_cpu_split_s(server_pid) if server_pid else None
@@ -494,7 +495,8 @@ class Window:
         self.m0 = machine_cpu_s()
 
     def close(self) -> dict:
-        out = {"seconds": time.perf_counter() - self.t0, "loadgen_cpu_s": time.process_time() - self.cpu0}
+        out = {"seconds": time.perf_counter() - self.t0, "loadgen_cpu_s": time.process_time() - self.cpu0,
+               "window_monotonic_s": [self.mono0, time.monotonic()]}
         for k, v in self.stats.items():
             out[k] = v - self.s0.get(k, 0)
         if self.srv0 is not None:
@@ -874,6 +876,10 @@ def merge_measures(merged: dict, results: list, lat: list, ticks: dict, scenario
         merged["loadgen_gc_passes"] = [sum(r["loadgen_gc_passes"][g] for r in results) for g in range(3)]
         merged["loadgen_gc_max_ms"] = round(1000 * max(r["loadgen_gc_max_s"] for r in results), 3)
     merged.update(window_cpu(results))
+    # where the window was on the machine's monotonic clock: where every worker measured at once
+    windows = [r.pop("window_monotonic_s") for r in results if "window_monotonic_s" in r]
+    if windows:
+        merged["window_monotonic_s"] = [round(max(w[0] for w in windows), 6), round(min(w[1] for w in windows), 6)]
     merged["target"] = target
 
 

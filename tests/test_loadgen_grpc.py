@@ -679,10 +679,11 @@ def test_a_budget_of_the_broker_is_counted_by_status(tmp_path):
 
 
 def test_bench_grpc_runs_on_the_load_generator(tmp_path):
-    """A small bench run (~15 s): both rows, no error, the broker's CPU per heartbeat of each."""
+    """A small bench run (~15 s): both rows, no error, the broker's CPU per heartbeat of each, and the loop probe's
+    PINGs within each row's window."""
     out = tmp_path / "bench.json"
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_grpc.py"), "--sessions", "40", "--duration", "1",
-                        "--inflight", "16", "--grpc-transport", "native", "--out", str(out)],
+                        "--inflight", "16", "--grpc-transport", "native", "--loop-probe", "--out", str(out)],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads(out.read_text())
@@ -692,6 +693,10 @@ def test_bench_grpc_runs_on_the_load_generator(tmp_path):
     assert remoting["connections"] == 40 and remoting["errors"] == 0
     assert grpc_row["broker_us_per_hb"] > 0 and remoting["broker_us_per_hb"] > 0
     assert "| grpc | 40 | 16 |" in p.stdout and "| remoting | 40 | 40 |" in p.stdout
+    for row in rows:  # ~100 PINGs a second, only those sent within the row's window
+        start, end = row["window_monotonic_s"]
+        assert 0.9 <= end - start and 20 <= row["loop_pings"] <= 100 * (end - start) + 1
+        assert 0 < row["loop_p50_ms"] <= row["loop_p99_ms"] <= row["loop_max_ms"]
 
 
 class ContinuationFlood(StrictServer):

@@ -208,13 +208,12 @@ cdef class H2Core:
             # the start of a frame is kept: it grows in place until the frame is whole (a frame sent a byte at a time
             # costs linear work), then the read is its bytes with what came after it
             rest += data
-            if len(rest) < 9:
-                return
-            length = _u24(<const unsigned char*>PyByteArray_AS_STRING(rest))
-            if length <= self.max_frame and len(rest) < 9 + length:
-                return
-            self.rest = None
-            data = bytes(rest)
+            data = None
+            if len(rest) >= 9:
+                length = _u24(<const unsigned char*>PyByteArray_AS_STRING(rest))
+                if length > self.max_frame or len(rest) >= 9 + length:
+                    self.rest = None
+                    data = bytes(rest)
         elif type(data) is not bytes:
             data = bytes(data)
         later = self._later
@@ -222,7 +221,8 @@ cdef class H2Core:
         out = later if later else []
         self._out = out
         try:
-            self._read(<bytes>data)
+            if data is not None:  # (None: no frame is whole yet)
+                self._read(<bytes>data)
         except FrameError as e:
             self.goaway(e.code, str(e).encode()[:200])
         except HpackError as e:

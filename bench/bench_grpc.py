@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/bench_grpc.py [--sessions 1000,10000] [--duration 10] [--pin 0:1] [--inflight 256]
         [--rounds 1] [--protocols grpc,remoting] [--grpc-transport native|grpcio] [--sessions-per-connection 128]
-        [--rate 0] [--procs 1] [--core-frames] [--heartbeats-only] [--loop-probe] [--out results.json]
+        [--rate 0] [--procs 1] [--core-frames] [--heartbeats-only] [--loop-probe] [--broker-tree DIR]
+        [--out results.json]
 
 Per session count N: one broker (`rmqhb serve` with grpcServerPort, its own process and session; with --pin
 BROKER:LOAD it runs on CPU BROKER, pinned with taskset before it starts, and every load process on CPU LOAD), then,
@@ -244,11 +245,16 @@ def main(argv=None) -> int:
                         "call, a flow-control PING after each read that ended calls)")
     p.add_argument("--sessions-per-connection", type=int, default=SESSIONS_PER_CONNECTION,
                    help="gRPC sessions sharing one HTTP/2 connection (default 128)")
+    p.add_argument("--broker-tree", type=Path, default=ROOT,
+                   help="run the broker from this tree (another revision, built in place: an A/B of the broker under "
+                        "the same load generator); default: this one")
     p.add_argument("--loop-probe", action="store_true",
                    help="beside each load, PINGs on one idle HTTP/2 connection every 10 ms (bench/loop_probe.py): the "
                         "broker loop's own latency in the window (loop_p50_ms / loop_p99_ms / loop_max_ms)")
     a = p.parse_args(argv)
     pin = a.pin.split(":") if a.pin else None
+    if not (a.broker_tree / "engine" / "__init__.py").is_file():
+        p.error(f"--broker-tree {a.broker_tree}: no engine package there")
     results = []
     for n in (int(x) for x in a.sessions.split(",")):
         with tempfile.TemporaryDirectory() as store:
@@ -267,7 +273,8 @@ def main(argv=None) -> int:
                                      # to half of them)
                                      "--grpcMaxConnections", str(max(1000, -(-n // a.sessions_per_connection) + 100)),
                                      "--log-level", "WARNING"],
-                                    cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                                    cwd=str(a.broker_tree), env=dict(os.environ, PYTHONPATH=str(a.broker_tree)),
+                                    stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL, text=True, start_new_session=True)
             mine = os.sched_getaffinity(0)
             try:
@@ -299,6 +306,8 @@ def main(argv=None) -> int:
                         runs.append(res)
                     for res in runs:
                         res.update(round=r + 1, pin=a.pin)
+                        if a.broker_tree != ROOT:
+                            res["broker_tree"] = str(a.broker_tree)
                         results.append(res)
                         print(json.dumps(res), flush=True)
             finally:

@@ -54,6 +54,11 @@ GROUPS = 100
 SESSIONS_PER_CONNECTION = 128
 
 
+#: what a row takes from the load generator's result as it is: latency, the load generator's own pauses, and where
+#: its window was (for the loop probe's PINGs)
+LOADGEN_KEYS = ("p50_ms", "p99_ms", "max_ms", "loadgen_gc_max_ms", "tick_late_max_ms", "window_monotonic_s")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -133,7 +138,7 @@ def run_grpc(port: int, pid: int, n: int, duration: float, inflight: int, per_co
            "registered_s": r["registered_s"], "seconds": r["seconds"], "answered": r["answered"],
            "errors": r["errors"] + (n - r["sessions"]), "heartbeats_per_s": r["heartbeats_per_s"],
            "broker_cpu_s": r.get("server_cpu_s"), "load_cpu_s": r.get("loadgen_cpu_s"),
-           **{k: r[k] for k in ("p50_ms", "p99_ms", "max_ms", "loadgen_gc_max_ms", "tick_late_max_ms", "window_monotonic_s") if k in r}}
+           **{k: r[k] for k in LOADGEN_KEYS if k in r}}
     if r["errors_by_status"]:
         res["errors_by_status"] = r["errors_by_status"]
     if before and peak.peak and r["sessions"]:
@@ -185,7 +190,7 @@ def run_remoting(port: int, pid: int, n: int, duration: float, rate: float = 0.0
            "registered_s": r["registered_s"], "seconds": r["seconds"], "answered": r["answered"],
            "errors": r["errors"] + r["opaque_mismatch"], "heartbeats_per_s": r["heartbeats_per_s"],
            "broker_cpu_s": r.get("server_cpu_s"), "load_cpu_s": r.get("loadgen_cpu_s"),
-           **{k: r[k] for k in ("p50_ms", "p99_ms", "max_ms", "loadgen_gc_max_ms", "tick_late_max_ms", "window_monotonic_s") if k in r}}
+           **{k: r[k] for k in LOADGEN_KEYS if k in r}}
     _per_hb(res, "broker_cpu_s")
     return res
 

@@ -1131,8 +1131,8 @@ async def steady(a: dict, barrier=None, slot=None) -> dict:
     live = [s for s in sessions if s.registered]
     await L._together(barrier)  # every process registered: the windows overlap and see no registration traffic
     gc.freeze()  # the fleet lives until the end: the collector's passes skip it
-    # a full pass paused this loop 5-23 ms (a heap of the calls in flight and their answers' buffers), every ~4 s
-    # by the default rule (one per 10 middle passes); one per 100, as the broker does, leaves it out of a window
+    # a full pass paused this loop 5-23 ms, every ~4 s by the default rule (one per 10 middle passes, at 10,000
+    # calls/s); one per 100, as the broker does, leaves it out of a window
     gc.set_threshold(700, 10, 100)
     rate = a["rate"]
     closed_loop = rate <= 0

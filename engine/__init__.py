@@ -1,11 +1,10 @@
 """RocketMQ broker client management: frame codec, heartbeat decoding, client registry, server.
 
-Every hot path has a Cython module (``engine.codec._frame``, ``engine.codec._heartbeat``, ``engine.registry._expiry``,
-``engine.registry._digest``, ``engine.registry._channel_table``, ``engine.registry._intern``, ``engine.registry._rules``, ``engine.recording._segment``, ``engine.recording._brokerlog``, ``engine.recording._pcap``, ``engine.http2._hpack``, the connection protocol
-``engine.broker._protocol``, built from ``pyx/``) and a pure-Python twin with the same inputs, outputs and errors. The compiled modules are used when they are built;
-``ENGINE_NO_EXTENSIONS=1`` forces the twins. Every user of a module chooses with ``compiled_module`` /
-``compiled_or_twin`` (keyed by ``COMPILED_MODULES``); ``engine.native_modules()`` says, per module, which one is in use;
-``engine.NATIVE`` is true only when every compiled module is.
+Every hot path has a Cython module, built from ``pyx/`` (each one in ``COMPILED_MODULES``, beside where its twin
+lives), and a pure-Python twin with the same inputs, outputs and errors. The compiled modules are used when they are
+built; ``ENGINE_NO_EXTENSIONS=1`` forces the twins. Every user of a module chooses with ``compiled_module`` /
+``compiled_or_twin``; ``engine.native_modules()`` says, per module, which one is in use; ``engine.NATIVE`` is true
+only when every compiled module is.
 """
 import importlib as _importlib
 import os as _os

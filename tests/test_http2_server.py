@@ -473,6 +473,30 @@ def test_the_frame_reader_gives_the_same_frames_however_the_bytes_are_split():
     assert e.value.code == F.FRAME_SIZE_ERROR
 
 
+def test_a_streams_queued_messages_are_read_in_order_however_many_queue_up():
+    """A stream's inbox is a list while it holds a few messages (a held Telemetry stream's usual state) and a deque
+    once more queue up: the messages come out in order across the change, each consumed."""
+    import asyncio
+    import types
+
+    consumed = []
+    conn = types.SimpleNamespace(consumed=lambda call, n: consumed.append(n), server=None)
+    method = types.SimpleNamespace(request_type=types.SimpleNamespace(FromString=bytes.decode))
+    call = types.SimpleNamespace(inbox=[], conn=conn, method=method, remote_closed=False, closed=False)
+    sent = [str(i).encode() * (i % 3 + 1) for i in range(40)]
+
+    async def read(n):
+        return [await H._Context(call).read() for _ in range(n)]
+
+    call.inbox.extend(sent[:3])
+    got = asyncio.run(read(2))
+    assert type(call.inbox) is list
+    call.inbox.extend(sent[3:])  # 38 waiting: the next read takes them as a deque
+    got += asyncio.run(read(38))
+    assert type(call.inbox) is not list and not call.inbox
+    assert got == [m.decode() for m in sent] and consumed == [len(m) for m in sent]
+
+
 def test_a_large_message_over_many_frames_a_byte_apart(nbroker):
     """A 1 MiB request in 1,000-byte DATA frames, sent in 997-byte writes (frames cut anywhere): answered whole."""
     b = nbroker()

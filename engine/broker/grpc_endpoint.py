@@ -628,9 +628,9 @@ class GrpcEndpoint:
         stream, session.stream = session.stream, None
         if stream is not None:
             if end_stream:
-                stream.done.set()  # its Telemetry handler ends the stream
+                stream.end()  # its Telemetry handler ends the stream
             elif self._loop is not None:  # the client closes it; if it does not, it ends as a stream without Settings
-                stream.linger = self._loop.call_later(self.settings_timeout_ms / 1000.0, stream.done.set)
+                stream.linger = self._loop.call_later(self.settings_timeout_ms / 1000.0, stream.end)
         # clients decide how often a session closes: the client-management log's budget, texts escaped
         self.broker.registry.client_log.log(log, level, "grpc_session_removed", "gRPC client %s (%s) removed: %s",
                                             session.client_id, session.remote_addr, reason)
@@ -685,7 +685,7 @@ class GrpcEndpoint:
         grpcSessionTakeoverSilenceMs (a live client heartbeats every 10 s: this one's connection died without a
         close), any connection of the client may take the session on."""
         stream = session.stream
-        if stream is None or stream.done.is_set():
+        if stream is None or stream.ended:
             return
         now = time.monotonic()
         if stream.peer == context.peer():
@@ -698,7 +698,7 @@ class GrpcEndpoint:
                                   echo(session.client_id), echo(session.remote_addr),
                                   echo(peer_address(context.peer())))
             session.stream = None  # the silent stream's handler ends it, and leaves the session to the new owner
-            stream.done.set()
+            stream.end()
             return
         self._refuse("foreign_client_id", "gRPC client id %s of %s presented by another connection (%s): refused",
                      echo(session.client_id), echo(session.remote_addr), echo(peer_address(context.peer())))
@@ -1259,19 +1259,47 @@ def _unsupported(name: str, response_type: str):
 
 
 class _Stream:
-    """One Telemetry stream of a session; ``done`` set: its handler ends it (replaced, terminated, expired).
-    ``peer``: its connection (grpc's ``context.peer()``, one per HTTP/2 connection), the session's owner;
+    """One Telemetry stream of a session; ``ended`` (:meth:`end`): its handler ends it (replaced, terminated,
+    expired). ``peer``: its connection (grpc's ``context.peer()``, one per HTTP/2 connection), the session's owner;
     ``last_active``: time.monotonic() of the last command or call of the session from that connection;
-    ``linger``: the timer ending it after its session was terminated (the client's to close it first)."""
+    ``linger``: the timer ending it after its session was terminated (the client's to close it first).
 
-    __slots__ = ("context", "done", "peer", "last_active", "linger")
+    A held session's handler spends its life waiting (:meth:`arm`) for its next command, its end or its expiry
+    check: one future and one timer, where an asyncio.Event and asyncio.wait would hold a second task, the
+    event's waiter deque, a set and callbacks (~2.9 KB a session)."""
+
+    __slots__ = ("context", "ended", "wake", "peer", "last_active", "linger")
 
     def __init__(self, context):
         self.context = context
-        self.done = asyncio.Event()
+        self.ended = False
+        self.wake = None  # the handler's wait, while it waits
         self.peer = context.peer()
         self.last_active = time.monotonic()
         self.linger = None
+
+    def end(self, _=None) -> None:
+        """Its handler ends the stream."""
+        self.ended = True
+        self._wake()
+
+    def _wake(self, _=None) -> None:
+        wake = self.wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    def arm(self, reader: asyncio.Future, timeout: float):
+        """``(wake, timer)``: ``wake`` is done once ``reader`` is, the stream ends or ``timeout`` s pass; the
+        handler awaits it, then calls :meth:`disarm`."""
+        loop = reader.get_loop()
+        wake = self.wake = loop.create_future()
+        reader.add_done_callback(self._wake)
+        return wake, loop.call_later(timeout, self._wake)
+
+    def disarm(self, reader: asyncio.Future, timer) -> None:
+        timer.cancel()
+        reader.remove_done_callback(self._wake)
+        self.wake = None
 
 
 class _Servicer:
@@ -1455,6 +1483,29 @@ class _Servicer:
             ep.trace("Telemetry", command, context)
             await context.write(ep.p.s.TelemetryCommand(status=ep._status(error.code, error.message)))
 
+    async def _fail(self, context, e: _BadRequest, prefix: str = ""):
+        """A bad Telemetry command ends the stream with its status."""
+        ep, p = self.ep, self.ep.p
+        ep.bad_requests += 1
+        code = (p.grpc.StatusCode.RESOURCE_EXHAUSTED if e.code == p.d.Code.TOO_MANY_REQUESTS
+                else p.grpc.StatusCode.PERMISSION_DENIED if e.code == p.d.Code.FORBIDDEN
+                else p.grpc.StatusCode.INVALID_ARGUMENT)
+        await context.abort(code, prefix + e.message)
+
+    def _attach(self, stream: _Stream, context, new):
+        """``new``, the session of a Telemetry stream's client id, is the stream's now."""
+        if new.stream is not None and new.stream is not stream:
+            new.stream.end()  # a newer stream of the same client (same connection) replaces the older one
+        if stream.linger is not None:  # Settings again after a termination: a session again
+            stream.linger.cancel()
+            stream.linger = None
+        peer = context.peer()
+        remote_addr = peer_address(peer)
+        if peer != new.peer or remote_addr != new.remote_addr:  # taken on by another connection: it is there
+            self.ep.move_session(new, remote_addr, peer)
+        new.stream = stream
+        return new
+
     async def Telemetry(self, request_iterator, context):
         """ClientActivity.telemetry: each Settings command registers the client and is answered with the merged
         Settings; a bad one ends the stream with INVALID_ARGUMENT; the stream's end removes the session.
@@ -1468,28 +1519,8 @@ class _Servicer:
         session = None
         stream = _Stream(context)
         opened = time.monotonic()
-        reader = done_wait = None
-
-        async def fail(e: _BadRequest, prefix: str = ""):
-            ep.bad_requests += 1
-            code = (p.grpc.StatusCode.RESOURCE_EXHAUSTED if e.code == p.d.Code.TOO_MANY_REQUESTS
-                    else p.grpc.StatusCode.PERMISSION_DENIED if e.code == p.d.Code.FORBIDDEN
-                    else p.grpc.StatusCode.INVALID_ARGUMENT)
-            await context.abort(code, prefix + e.message)
-
-        def attach(new):
-            if new.stream is not None and new.stream is not stream:
-                new.stream.done.set()  # a newer stream of the same client (same connection) replaces the older one
-            if stream.linger is not None:  # Settings again after a termination: a session again
-                stream.linger.cancel()
-                stream.linger = None
-            peer = context.peer()
-            remote_addr = peer_address(peer)
-            if peer != new.peer or remote_addr != new.remote_addr:  # taken on by another connection: it is there
-                ep.move_session(new, remote_addr, peer)
-            new.stream = stream
-            return new
-
+        reader = None
+        # (no closures here: a held session keeps this frame for its life)
         try:
             try:
                 ep.authorize("Telemetry", None, context, authenticate_only=True)
@@ -1500,14 +1531,12 @@ class _Servicer:
             try:
                 session = ep._session(context, create=False)
                 if session is not None:
-                    attach(session)
+                    self._attach(stream, context, session)
             except _BadRequest as e:
-                await fail(e)
+                await self._fail(context, e)
             while True:
                 if reader is None:
                     reader = asyncio.ensure_future(context.read())
-                if done_wait is None:
-                    done_wait = asyncio.ensure_future(stream.done.wait())
                 now = time.monotonic()
                 if session is None:
                     left = opened + ep.settings_timeout_ms / 1000.0 - now
@@ -1527,8 +1556,13 @@ class _Servicer:
                                    echo(session.client_id), echo(session.remote_addr))
                         ep.close_session(session, "no Settings or Heartbeat within channelExpiredTimeout")
                         break
-                await asyncio.wait((reader, done_wait), timeout=left, return_when=asyncio.FIRST_COMPLETED)
-                if done_wait.done():
+                if not reader.done() and not stream.ended:
+                    wake, timer = stream.arm(reader, left)
+                    try:
+                        await wake
+                    finally:
+                        stream.disarm(reader, timer)
+                if stream.ended:
                     break  # replaced, terminated or expired: end the stream
                 if not reader.done():
                     continue  # the timeout: checked above
@@ -1549,10 +1583,10 @@ class _Servicer:
                 try:
                     if session is None or session.closing:
                         # its first Settings (or Settings again after a termination): now it is a session
-                        session = attach(ep._session(context, create=True))
+                        session = self._attach(stream, context, ep._session(context, create=True))
                     status = ep._update_settings(session, command.settings)
                 except _BadRequest as e:
-                    await fail(e, "process client telemetryCommand failed. ")
+                    await self._fail(context, e, "process client telemetryCommand failed. ")
                 answer = p.s.TelemetryCommand(status=status or ep._status(p.d.Code.OK),
                                               settings=ep.merged_settings(session))
                 await context.write(answer)
@@ -1564,9 +1598,8 @@ class _Servicer:
             ep.internal_error("Telemetry")
             await context.abort(p.grpc.StatusCode.INTERNAL, "internal error")
         finally:
-            for task in (reader, done_wait):
-                if task is not None and not task.done():
-                    task.cancel()
+            if reader is not None and not reader.done():
+                reader.cancel()
             if stream.linger is not None:
                 stream.linger.cancel()
             if session is not None and session.stream is stream and not session.closing:

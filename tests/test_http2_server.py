@@ -482,10 +482,11 @@ def test_a_streams_queued_messages_are_read_in_order_however_many_queue_up():
     consumed = []
     conn = types.SimpleNamespace(consumed=lambda call, n: consumed.append(n), server=None)
     method = types.SimpleNamespace(request_type=types.SimpleNamespace(FromString=bytes.decode))
-    call = types.SimpleNamespace(inbox=[], conn=conn, method=method, remote_closed=False, closed=False)
+    call = types.SimpleNamespace(inbox=[], conn=conn, method=method, remote_closed=False, closed=False, waiter=None)
     sent = [str(i).encode() * (i % 3 + 1) for i in range(40)]
 
     async def read(n):
+        conn.loop = asyncio.get_running_loop()
         return [await H._Context(call).read() for _ in range(n)]
 
     call.inbox.extend(sent[:3])
@@ -495,6 +496,52 @@ def test_a_streams_queued_messages_are_read_in_order_however_many_queue_up():
     got += asyncio.run(read(38))
     assert type(call.inbox) is not list and not call.inbox
     assert got == [m.decode() for m in sent] and consumed == [len(m) for m in sent]
+
+
+def test_a_pending_read_is_the_next_message_the_streams_end_or_its_parse_error():
+    """``read()`` is a future the core's wake-up (``set_result(None)``) resolves: with the message that arrived, the
+    server's eof once the stream ended, or the abort error of a message that does not parse; a wake-up with
+    neither leaves it waiting."""
+    import asyncio
+    import types
+
+    class Abort(Exception):
+        pass
+
+    def parse(data):
+        if data == b"bad":
+            raise ValueError(data)
+        return data.decode()
+
+    eof = object()
+    conn = types.SimpleNamespace(consumed=lambda call, n: None, server=types.SimpleNamespace(eof=eof,
+                                                                                             abort_error=Abort))
+    call = types.SimpleNamespace(inbox=[], conn=conn, remote_closed=False, closed=False, waiter=None, status=None,
+                                 method=types.SimpleNamespace(request_type=types.SimpleNamespace(FromString=parse)))
+
+    async def go():
+        conn.loop = asyncio.get_running_loop()
+        ctx = H._Context(call)
+        r = ctx.read()
+        assert not r.done() and call.waiter is r
+        r.set_result(None)  # nothing arrived
+        assert not r.done() and call.waiter is r
+        call.inbox.append(b"one")
+        r.set_result(None)
+        assert await r == "one" and call.waiter is None
+        r = ctx.read()
+        call.inbox.append(b"bad")
+        r.set_result(None)
+        with pytest.raises(Abort):
+            await r
+        assert call.status == (H._INTERNAL, "Failed to parse request")
+        r = ctx.read()
+        call.remote_closed = True
+        r.set_result(None)
+        assert await r is eof and call.waiter is None
+        assert await ctx.read() is eof  # and every read after it
+
+    asyncio.run(go())
 
 
 def test_a_large_message_over_many_frames_a_byte_apart(nbroker):

@@ -385,7 +385,7 @@ def test_a_restored_grpc_session_line_is_escaped_and_budgeted(gbroker, captured)
     budget = gbroker.registry.client_log
     until = int(time.time() * 1000) + 60_000
     cid = EVIL.strip()
-    ep.dormant[cid] = (producer_settings("TopicR"), None, "5.0.7", until)
+    ep.dormant[cid] = (producer_settings("TopicR").SerializeToString(), None, "5.0.7", until)
     session = gbroker.call(ep._restore, FakeContext(cid, "ipv4:127.0.0.1:5000"))
     assert session is not None and ep.restored == 1
     restored = [line for line in h.lines if "restored from its Settings" in line]

@@ -1,5 +1,6 @@
 """What a held 5.x session costs the broker on the native transport: its Telemetry stream waits with no task
-besides its handler's (the pending read is a future), and its Python heap stays within a stated bound (BENCHMARKS, "What a held 5.x
+besides its handler's (the pending read is a future), it keeps no decoded protobuf message, and its Python heap
+stays within a stated bound (BENCHMARKS, "What a held 5.x
 session costs"). 100,000 sessions is grpcMaxSessions' default: every KB here is ~100 MB there."""
 import asyncio
 import gc
@@ -13,6 +14,7 @@ from conftest import require_module
 require_module("grpc")
 require_module("rocketmq.grpc_protocol")
 
+from google.protobuf.message import Message  # noqa: E402
 from test_loadgen_grpc import ROOT, start_broker  # noqa: E402
 
 SESSIONS = 800
@@ -20,6 +22,14 @@ PER_CONNECTION = 8
 #: measured 7.0 KB a session at 2,000 sessions (13.4 KB before the Telemetry wait, its read, the stream's inbox and
 #: its metadata were made lean); the rest of the margin is this smaller run's fixed costs over fewer sessions
 HEAP_PER_SESSION = 8_500
+
+
+def held_messages(session) -> list:
+    """The protobuf messages a held session keeps: in its slots, and in its Telemetry handler's frame."""
+    frame = session.stream.context.call.task.get_coro().cr_frame.f_locals["coro"].cr_frame  # the handler, in _rest
+    kept = [(name, getattr(session, name, None)) for name in type(session).__slots__ if name != "__weakref__"]
+    kept += list(frame.f_locals.items())
+    return [name for name, value in kept if isinstance(value, Message)]
 
 
 def test_a_held_session_costs_its_handlers_task_and_a_bounded_heap(tmp_path):
@@ -44,12 +54,16 @@ def test_a_held_session_costs_its_handlers_task_and_a_bounded_heap(tmp_path):
         time.sleep(1.0)  # the last Settings answered
         gc.collect()
         heap, held_tasks = tracemalloc.get_traced_memory()[0] - heap0, b.call(tasks) - tasks0
+        decoded = b.call(lambda: [held_messages(x) for x in ep.sessions.values()])
     finally:
         tracemalloc.stop()
         if load is not None:
             load.kill()
             load.wait()
         b.stop()
+    # protobuf messages live outside the Python heap (upb arenas, ~1.2 KB each): a held session keeps none, in
+    # its handler's frame (the last command, its answer) or in itself (its Settings are kept encoded)
+    assert decoded == [[]] * SESSIONS, decoded[:3]
     # the handler's task; none for its pending read, none for an asyncio.Event's wait
     assert held_tasks <= SESSIONS + 8, held_tasks
     assert heap / SESSIONS <= HEAP_PER_SESSION, f"{heap / SESSIONS:.0f} B a held session"

@@ -184,13 +184,21 @@ class LoopProbe:
 
 
 def run_remoting(port: int, pid: int, n: int, duration: float, rate: float = 0.0) -> dict:
-    r = loadgen.run("steady", "127.0.0.1", port, n, 1, duration, rate, GROUPS, 0.5, 1, server_pid=pid)
+    before = rss_bytes(pid)
+    with PeakRss(pid) as peak:
+        r = loadgen.run("steady", "127.0.0.1", port, n, 1, duration, rate, GROUPS, 0.5, 1, server_pid=pid)
     res = {"protocol": "remoting", "connections": r["connections"],
            "inflight": f"open loop {rate:g}/s" if rate else r["connections"],
            "registered_s": r["registered_s"], "seconds": r["seconds"], "answered": r["answered"],
            "errors": r["errors"] + r["opaque_mismatch"], "heartbeats_per_s": r["heartbeats_per_s"],
            "broker_cpu_s": r.get("server_cpu_s"), "load_cpu_s": r.get("loadgen_cpu_s"),
            **{k: r[k] for k in LOADGEN_KEYS if k in r}}
+    if before and peak.peak and r["connections"]:
+        # the same figure per client (a connection), when this run is the broker's first (--protocols remoting):
+        # after a gRPC run the broker holds on to the heap the sessions freed
+        res["broker_rss_before_mb"] = round(before / 2**20, 1)
+        res["broker_rss_peak_mb"] = round(peak.peak / 2**20, 1)
+        res["rss_per_session_bytes"] = round((peak.peak - before) / r["connections"])
     _per_hb(res, "broker_cpu_s")
     return res
 
@@ -321,7 +329,7 @@ def main(argv=None) -> int:
                 proc.wait(30)
     print(f"\n| protocol | sessions / connections | in flight | heartbeats/s | broker CPU per heartbeat | "
           f"broker's share of its core | machine busy | p50 / p99 ms | broker loop p99 ms (probe) | "
-          f"broker RSS per session |\n"
+          f"broker RSS per session (remoting: per client) |\n"
           f"|---|---|---|---|---|---|---|---|---|---|")
     for res in results:
         print(f"| {res['protocol']} | {res.get('sessions') or res.get('connections')} | {res['inflight']} | "

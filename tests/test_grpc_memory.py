@@ -19,9 +19,9 @@ from test_loadgen_grpc import ROOT, start_broker  # noqa: E402
 
 SESSIONS = 800
 PER_CONNECTION = 8
-#: measured 7.0 KB a session at 2,000 sessions (13.4 KB before the Telemetry wait, its read, the stream's inbox and
-#: its metadata were made lean); the rest of the margin is this smaller run's fixed costs over fewer sessions
-HEAP_PER_SESSION = 8_500
+#: measured 6.1-6.3 KB a session (13.1-13.4 KB before the Telemetry wait, its read, its timer, the stream's inbox and
+#: its metadata were made lean)
+HEAP_PER_SESSION = 7_500
 
 
 def held_messages(session) -> list:

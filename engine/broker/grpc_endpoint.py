@@ -44,6 +44,7 @@ from collections import Counter
 from urllib.parse import unquote
 
 from engine import compiled_or_twin
+from engine.alarms import Alarms
 from engine.codec.enums import BROKER_VERSION, ConsumeFromWhere, ConsumeType, LanguageCode, MessageModel, ResponseCode
 from engine.codec.errors import RemotingError, echo
 from engine.logutil import RateLimitedLog
@@ -314,6 +315,7 @@ class GrpcEndpoint:
         self.bound_port = 0
         self._server = None
         self._loop = None
+        self.alarms = None
         self._stopping: asyncio.Event | None = None
         #: requests answered with a non-OK status because they were bad, and handler failures (logged)
         self.bad_requests = 0
@@ -345,6 +347,8 @@ class GrpcEndpoint:
         """Bind and serve; returns the bound port."""
         p = self.p
         self._loop = asyncio.get_running_loop()
+        #: the Telemetry handlers' waits (engine.alarms)
+        self.alarms = Alarms(self._loop, lambda: self.internal_error("Telemetry alarm"))
         self._stopping = asyncio.Event()
         from engine.broker.metrics import channelz_connections, channelz_server_ids
         from engine.broker.server import listener_budget
@@ -1275,15 +1279,17 @@ class _Stream:
     ``linger``: the timer ending it after its session was terminated (the client's to close it first).
 
     A held session's handler spends its life waiting (:meth:`arm`) for its next command, its end or its expiry
-    check: one future and one timer, where an asyncio.Event and asyncio.wait would hold a second task, the
-    event's waiter deque, a set and callbacks (~2.9 KB a session)."""
+    check: one future and an entry in the endpoint's alarms (engine.alarms), where an asyncio.Event and
+    asyncio.wait would hold a second task, the event's waiter deque, a set, callbacks and a timer (~3.5 KB a
+    session)."""
 
-    __slots__ = ("context", "ended", "wake", "peer", "last_active", "linger")
+    __slots__ = ("context", "ended", "wake", "tick", "peer", "last_active", "linger")
 
     def __init__(self, context):
         self.context = context
         self.ended = False
         self.wake = None  # the handler's wait, while it waits
+        self.tick = None  # the wait's alarm
         self.peer = context.peer()
         self.last_active = time.monotonic()
         self.linger = None
@@ -1298,18 +1304,20 @@ class _Stream:
         if wake is not None and not wake.done():
             wake.set_result(None)
 
-    def arm(self, reader: asyncio.Future, timeout: float):
-        """``(wake, timer)``: ``wake`` is done once ``reader`` is, the stream ends or ``timeout`` s pass; the
-        handler awaits it, then calls :meth:`disarm`."""
-        loop = reader.get_loop()
-        wake = self.wake = loop.create_future()
-        reader.add_done_callback(self._wake)
-        return wake, loop.call_later(timeout, self._wake)
+    alarm = _wake  # engine.alarms
 
-    def disarm(self, reader: asyncio.Future, timer) -> None:
-        timer.cancel()
+    def arm(self, reader: asyncio.Future, timeout: float, alarms):
+        """A future done once ``reader`` is, the stream ends or ``timeout`` s pass (``alarms``: the endpoint's);
+        the handler awaits it, then calls :meth:`disarm`."""
+        wake = self.wake = reader.get_loop().create_future()
+        reader.add_done_callback(self._wake)
+        self.tick = alarms.set(self, timeout)
+        return wake
+
+    def disarm(self, reader: asyncio.Future, alarms) -> None:
+        alarms.cancel(self, self.tick)
         reader.remove_done_callback(self._wake)
-        self.wake = None
+        self.wake = self.tick = None
 
 
 class _Servicer:
@@ -1570,11 +1578,11 @@ class _Servicer:
                 # protobuf arenas, ~1.2 KB each)
                 command = answer = status = None
                 if not reader.done() and not stream.ended:
-                    wake, timer = stream.arm(reader, left)
+                    wake = stream.arm(reader, left, ep.alarms)
                     try:
                         await wake
                     finally:
-                        stream.disarm(reader, timer)
+                        stream.disarm(reader, ep.alarms)
                 if stream.ended:
                     break  # replaced, terminated or expired: end the stream
                 if not reader.done():

@@ -28,6 +28,7 @@ import types
 from collections import deque
 
 from engine import compiled_or_twin
+from engine.alarms import Alarms
 from engine.http2 import frames as F
 from engine.http2.frames import FrameError
 # the connection core: compiled (pyx/http2/_core.pyx) when built, else its twin; ENGINE_NO_EXTENSIONS=1 forces the twin
@@ -184,6 +185,7 @@ class H2Server:
         self.refused = 0  # connections closed at accept (past max_connections)
         self.goaways: dict = {}  # code -> GOAWAY frames sent for protocol errors and floods
         self._server = None
+        self.alarms = None  # the connections' keepalives (engine.alarms), from start()
         self.stopping = False
         self._settings = F.settings((
             (F.SETTINGS_MAX_CONCURRENT_STREAMS, self.max_streams),
@@ -194,6 +196,7 @@ class H2Server:
 
     async def start(self, host: str, port: int, ssl=None) -> int:
         loop = asyncio.get_running_loop()
+        self.alarms = Alarms(loop, lambda: self.ep.internal_error("native gRPC keepalive"))
         kw = {} if ssl is None else {"ssl_handshake_timeout": TLS_HANDSHAKE_TIMEOUT_S}
         self._server = await loop.create_server(lambda: H2Connection(self), host or None, port, ssl=ssl,
                                                 reuse_address=True, backlog=1024, **kw)
@@ -342,13 +345,14 @@ class H2Connection(H2Core, asyncio.Protocol):
         now = time.monotonic()
         self.last_recv = self.settings_sent_at = now
         transport.write(server._settings)
-        self.keepalive = self.loop.call_later(server.keepalive_s, self._keepalive)
+        self.keepalive = server.alarms.set(self, server.keepalive_s)
 
     def connection_lost(self, exc):
         self.closed = True
         self.server.connections.discard(self)
         if self.keepalive is not None:
-            self.keepalive.cancel()
+            self.server.alarms.cancel(self, self.keepalive)
+            self.keepalive = None
         for call in list(self.streams.values()):
             self._drop(call)
 
@@ -360,8 +364,9 @@ class H2Connection(H2Core, asyncio.Protocol):
         """An answer waits for a window (the core's send_message): the keepalive looks at the stall within
         FLOW_STALL_MS."""
         if self.keepalive is not None:
-            self.keepalive.cancel()
-            self.keepalive = self.loop.call_later(FLOW_STALL_MS / 1000.0 + 0.01, self._keepalive)
+            alarms = self.server.alarms
+            alarms.cancel(self, self.keepalive)
+            self.keepalive = alarms.set(self, FLOW_STALL_MS / 1000.0 + 0.01)
 
     def _close(self) -> None:
         """The connection ends: what is written goes first, then the transport closes."""
@@ -603,6 +608,9 @@ class H2Connection(H2Core, asyncio.Protocol):
             self._close()
 
     # ---------------------------------------------------------------- keepalive
+    def alarm(self):  # engine.alarms: ``keepalive`` is the tick it is set for
+        self._keepalive()
+
     def _keepalive(self):
         """KEEPALIVE_TIME_MS without a frame from the client: a PING; no ACK within KEEPALIVE_TIMEOUT_MS: closed.
         Also: SETTINGS never acknowledged, answers stalled on a window past FLOW_STALL_MS."""
@@ -628,4 +636,4 @@ class H2Connection(H2Core, asyncio.Protocol):
             delay = self.last_recv + server.keepalive_s - now
         if self.blocked:
             delay = min(delay, FLOW_STALL_MS / 1000.0)
-        self.keepalive = self.loop.call_later(max(0.05, delay), self._keepalive)
+        self.keepalive = self.server.alarms.set(self, max(0.05, delay))

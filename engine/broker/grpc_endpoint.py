@@ -83,8 +83,8 @@ SESSIONS_FILE = "grpcSessions.json"
 #: leaves out those that do not fit; a start restores the entries that fit and ignores the rest
 MAX_SESSIONS_FILE_BYTES = 64 * 1024 * 1024
 #: what one session's Settings are counted to cost (grpcMaxSettingsBytesTotal / grpcMaxSettingsBytesPerIp), bytes:
-#: calibrated with tracemalloc (tests/test_grpc_guard.py) on what a registered session keeps: the protobuf
-#: Settings (twice its encoded size: the message and the recorder's body of it), per subscription its
+#: calibrated with tracemalloc (tests/test_grpc_guard.py) on what a registered session keeps: its Settings
+#: (twice their encoded size: kept encoded, and the recorder's body of them), per subscription its
 #: SubscriptionData, per tag its string, Java hash and set entries, and the session itself
 SESSION_COST = 4096
 SUBSCRIPTION_COST = 512

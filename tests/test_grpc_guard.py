@@ -145,6 +145,22 @@ def test_the_settings_budget_counts_what_a_session_keeps(gbroker, stub):
     assert ep.settings_cost == 0 and not ep._ip_cost and not ep._ip_groups and not ep._ip_sessions
 
 
+def test_the_default_settings_budget_holds_grpc_max_sessions_sessions_of_the_sdks(gbroker):
+    """A fleet meets grpcMaxSessions before the Settings budget: the default grpcMaxSettingsBytesTotal holds that
+    many sessions with an SDK's usual Settings (the load generator's: a producer of one topic, a push consumer of
+    one subscription, the SDKs' access point and user agent). At 256 MiB it held ~54,000."""
+    from engine import loadgen_grpc
+    from engine.broker.config import BrokerConfig
+
+    cfg = BrokerConfig()
+    ep = gbroker.grpc
+    sessions = loadgen_grpc.make_sessions(200, 0, "budget", 100, 7, 0.5, "TopicLoad", "broker-host.example", 8081,
+                                          False)
+    costs = [ep.settings_cost_of(s.TelemetryCommand.FromString(x.settings[5:]).settings) for x in sessions]
+    assert {x.consumer for x in sessions} == {True, False}
+    assert max(costs) * cfg.grpc_max_sessions <= cfg.grpc_max_settings_bytes_total, max(costs)
+
+
 def test_settings_past_the_bytes_budget_end_the_stream_and_a_closed_session_frees_its_share(gbroker, stub):
     ep = gbroker.grpc
     one = ep.settings_cost_of(settings_with_tags("GroupB0", 16, 50, "A"))

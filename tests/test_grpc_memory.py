@@ -1,7 +1,7 @@
 """What a held 5.x session costs the broker on the native transport: its Telemetry stream waits with no task
 besides its handler's (the pending read is a future), it keeps no decoded protobuf message, and its Python heap
-stays within a stated bound (BENCHMARKS, "What a held 5.x
-session costs"). 100,000 sessions is grpcMaxSessions' default: every KB here is ~100 MB there."""
+stays within a stated bound (BENCHMARKS, "What a held 5.x session costs"). 100,000 sessions is grpcMaxSessions'
+default: every KB here is ~100 MB there."""
 import asyncio
 import gc
 import subprocess

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import require_native
+from engine.alarms import Alarms
 from engine.http2 import HpackEncoder
 from engine.http2 import _core_py
 from engine.http2 import _frames_py as P
@@ -241,6 +242,7 @@ def _encode(ops):
 
 
 async def _drive(cls, server, reads):
+    server.alarms = Alarms(asyncio.get_running_loop(), lambda: server.ep.internal_error("alarm"))  # as start() does
     sink = _Sink()
     conn = cls(server)
     conn.connection_made(sink)

@@ -171,20 +171,29 @@ def _run(b, coro):
 @pytest.mark.parametrize("per_read", [1, 3, 32])
 def test_transport_repeated_heartbeat(benchmark, broker, monkeypatch, impl, per_read):
     """``per_read`` repeated Heartbeats of one session per read, answered from the repeat path; figure per read.
-    The twin row runs server.py over the twins (frame layer and HPACK) instead of the native modules."""
+    The twin row runs server.py over the twins (connection core, frame layer and HPACK) instead of the native
+    modules."""
     from engine.http2 import frames, server
     from rocketmq.grpc_protocol import definition_pb2 as d
 
     mod(impl)
     if impl == "twin":
+        from engine.http2 import _core_py
+
         twin = types.SimpleNamespace(**{k: getattr(frames, k) for k in dir(frames) if not k.startswith("__")})
         for k in dir(_frames_py):
             if not k.startswith("_"):
                 setattr(twin, k, getattr(_frames_py, k))
-        monkeypatch.setattr(server, "F", twin)
-        monkeypatch.setattr(server, "HpackDecoder", _hpack_py.HpackDecoder)
-    elif _hpack is not None:
-        monkeypatch.setattr(server, "HpackDecoder", _hpack.HpackDecoder)
+        for module in (server, _core_py):
+            monkeypatch.setattr(module, "F", twin)
+        monkeypatch.setattr(_core_py, "HpackDecoder", _hpack_py.HpackDecoder)
+        # H2Connection's own methods over the twin core (the connection core decodes the header blocks)
+        own = {k: v for k, v in vars(server.H2Connection).items() if k not in ("__dict__", "__weakref__")}
+        connection = type("H2ConnectionTwin", (_core_py.H2Core, asyncio.Protocol), own)
+    elif not server.NATIVE_CORE:
+        pytest.skip("engine.http2._core is not built")
+    else:
+        connection = server.H2Connection
     ep = broker.grpc
     client_id = f"bench@h2frames-{impl}-{per_read}@0@x"  # its own session: the first call arms its repeat path
     hpack = (_hpack or _hpack_py).HpackEncoder()
@@ -209,7 +218,7 @@ def test_transport_repeated_heartbeat(benchmark, broker, monkeypatch, impl, per_
 
     async def setup():
         ep._update_settings(ep._session(Ctx(), create=True), request)
-        conn = server.H2Connection(ep._server)
+        conn = connection(ep._server)
         conn.connection_made(_Transport())
         conn.data_received(_frames_py.PREFACE + _frames_py.settings() + _frames_py.settings(ack=True))
         state["conn"], state["sid"] = conn, 1

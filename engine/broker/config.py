@@ -268,8 +268,8 @@ class BrokerConfig:
     grpc_max_groups_per_ip: int = 4096
     #: engine: what the Settings of all gRPC sessions are counted to cost in memory, bytes (the decoded
     #: subscriptions and tags, not the wire size); Settings that would pass it are refused RESOURCE_EXHAUSTED.
-    #: Room for grpcMaxSessions sessions counted ~6.7 KB each: an SDK's usual Settings are counted 4.8-5.2 KB
-    #: (at 256 MiB a default broker refused them past ~54,000 sessions, below its grpcMaxSessions)
+    #: The default has room for grpcMaxSessions sessions counted ~6.7 KB each (an SDK's usual Settings are
+    #: counted 4.8-5.2 KB)
     grpc_max_settings_bytes_total: int = 640 * 1024 * 1024
     #: engine: the same for the sessions of one IP address (its share of grpcMaxSettingsBytesTotal)
     grpc_max_settings_bytes_per_ip: int = 64 * 1024 * 1024

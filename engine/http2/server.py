@@ -246,14 +246,12 @@ class _Read(asyncio.Future):
     def set_result(self, _):
         call = self.call
         inbox = call.inbox
-        if not inbox:
-            if not (call.remote_closed or call.closed):
-                return
-            if call.waiter is self:
-                call.waiter = None
-            return super().set_result(call.conn.server.eof)
+        if not inbox and not (call.remote_closed or call.closed):
+            return
         if call.waiter is self:
             call.waiter = None
+        if not inbox:
+            return super().set_result(call.conn.server.eof)
         if type(inbox) is list and len(inbox) > 8:  # messages queue up: a deque from here on (a list while they do
             inbox = call.inbox = deque(inbox)  # not: an empty deque is ~0.7 KB a held stream, an empty list 56 B)
         data = inbox.pop(0) if type(inbox) is list else inbox.popleft()

@@ -329,10 +329,6 @@ class GrpcEndpoint:
         #: restart, restored by their client's next Heartbeat (see :meth:`_restore`)
         self.dormant: dict = {}
         self.restored = 0
-        #: heartbeats answered on the repeat path (see _Servicer.Heartbeat)
-        self.heartbeat_repeats = 0
-        #: a repeated Heartbeat's answer (engine.broker.grpc_repeat; compiled: engine.broker._grpc_repeat)
-        self.heartbeat_repeat = HeartbeatRepeat(self)
         #: QueryRoute / QueryAssignment answers by (method, request bytes): (answer, topic, its config, group (None
         #: for a route), its config, brokerIP1) (see prepared_route); their bytes; hits
         self._answers: dict = {}
@@ -341,6 +337,14 @@ class GrpcEndpoint:
         self.p = load_protocol()
         #: the serialized answer of a heartbeat that registered (the Heartbeat handler answers with bytes)
         self._heartbeat_ok = self.p.s.HeartbeatResponse(status=self._status(self.p.d.Code.OK)).SerializeToString()
+        #: a repeated Heartbeat's answer (engine.broker.grpc_repeat; compiled: engine.broker._grpc_repeat): made
+        #: last, it holds the sessions dict, the ACL validator and the answer above
+        self.heartbeat_repeat = HeartbeatRepeat(self)
+
+    @property
+    def heartbeat_repeats(self) -> int:
+        """Heartbeats answered on the repeat path (see _Servicer.Heartbeat)."""
+        return self.heartbeat_repeat.hits
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> int:

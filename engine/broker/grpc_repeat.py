@@ -22,21 +22,30 @@ def header_client_id(value: bytes | None) -> str | None:
 class HeartbeatRepeat:
     """``answer(request, client_id, peer)``: the answer of a repeated Heartbeat (``client_id``: the session's key,
     the call's x-mq-client-id as a str; ``peer``: grpc's ``context.peer()``), else None. Called with the header's
-    bytes (``repeat(request, client_id_bytes, peer)``), it is the native transport's ``prepared`` answer."""
+    bytes (``repeat(request, client_id_bytes, peer)``), it is the native transport's ``prepared`` answer.
 
-    __slots__ = ("ep",)
+    It holds what the endpoint never replaces (its sessions dict, broker, registry, ACL validator and prepared
+    answer), read once when the endpoint makes it; ``hits`` counts the repeats answered (the endpoint's
+    ``heartbeat_repeats``)."""
+
+    __slots__ = ("ep", "sessions", "broker", "registry", "acl", "ok", "hits")
 
     def __init__(self, endpoint):
         self.ep = endpoint
+        self.sessions = endpoint.sessions
+        self.broker = endpoint.broker
+        self.registry = endpoint.broker.registry
+        self.acl = endpoint.acl
+        self.ok = endpoint._heartbeat_ok
+        self.hits = 0
 
     def __call__(self, request: bytes, client_id: bytes | None, peer: str) -> bytes | None:
-        return self.answer(request, header_client_id(client_id), peer)
+        return None if client_id is None else self.answer(request, header_client_id(client_id), peer)
 
     def answer(self, request: bytes, client_id: str | None, peer: str) -> bytes | None:
-        ep = self.ep
-        if ep.acl is not None or ep.on_request is not None:
+        if self.acl is not None or self.ep.on_request is not None:
             return None
-        session = ep.sessions.get(client_id)
+        session = self.sessions.get(client_id)
         if session is None:
             return None
         repeat = session._hb_repeat
@@ -45,12 +54,11 @@ class HeartbeatRepeat:
         stream = session.stream
         if stream is not None and stream.peer != peer:
             return None
-        broker = ep.broker
-        if broker.registry.heartbeat_repeat(repeat[1]) is None:
+        if self.registry.heartbeat_repeat(repeat[1]) is None:
             session._hb_repeat = None  # the registry's fast path no longer holds: the next one takes the handler
             return None
         session.last_seen = time.monotonic()
-        ep.heartbeat_repeats += 1
-        if broker.recorder is not None:
-            ep._record(session)
-        return ep._heartbeat_ok
+        self.hits += 1
+        if self.broker.recorder is not None:
+            self.ep._record(session)
+        return self.ok

@@ -630,3 +630,40 @@ def test_frames_written_outside_a_read_go_out_once_in_order(nbroker):
     assert t.closed and b"".join(t.out) == F.window_update(1, 10) + F.goaway(0, F.NO_ERROR)
     time.sleep(0.1)
     assert b"".join(t.out) == F.window_update(1, 10) + F.goaway(0, F.NO_ERROR)  # written once
+
+
+@pytest.mark.parametrize("transport", ["native", "grpcio"])
+def test_a_streams_packed_commands_are_handled_one_loop_step_each(tmp_path, transport):
+    """A client packing hundreds of Telemetry commands into one write (within its stream's window) may not hold the
+    broker's loop while they are handled: the handler yields once per command. (c3471cd handled a read's whole
+    backlog in one step: 49,600 Settings in 1 MiB held the loop ~1 s.) Counted, not timed: a callback that
+    reschedules itself with call_soon counts the loop's steps, and each command handled notes the count."""
+    from collections import Counter
+
+    from test_grpc_endpoint import producer_settings
+
+    b = Broker(make_config(tmp_path, grpc_server_port=free_port(), grpc_transport=transport)).start()
+    try:
+        steps, seen, running = [0], [], [True]
+
+        def step():
+            steps[0] += 1
+            if running[0]:
+                b.loop.call_soon(step)
+        b.grpc.on_request = lambda method, metadata, request: seen.append(steps[0]) if method == "Telemetry" else None
+        c = Raw(b.ports["grpc"], settings=((F.SETTINGS_INITIAL_WINDOW_SIZE, (1 << 31) - 1),))
+        c.send(F.settings(ack=True), F.window_update(0, (1 << 31) - 1 - 65535), c.headers(1, "Telemetry"))
+        body = c.message(s.TelemetryCommand(settings=producer_settings("T")).SerializeToString())
+        per_frame = 16000 // len(body)
+        frames = [F.frame(F.DATA, 0, 1, body * per_frame) for _ in range(60000 // (len(body) * per_frame))]
+        n = per_frame * len(frames)
+        b.loop.call_soon_threadsafe(step)
+        c.send(*frames)
+        deadline = time.monotonic() + 20
+        while len(seen) < n and time.monotonic() < deadline:
+            c.read(0.2)
+        running[0] = False
+        assert len(seen) == n > 300
+        assert max(Counter(seen).values()) <= 2, Counter(seen).most_common(3)
+    finally:
+        b.stop()

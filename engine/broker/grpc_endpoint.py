@@ -1581,7 +1581,11 @@ class _Servicer:
                 # a held session's handler waits here for its life: it keeps no decoded command or answer (their
                 # protobuf arenas, ~1.2 KB each)
                 command = answer = status = None
-                if not reader.done() and not stream.ended:
+                if reader.done():
+                    # a command already queued: still one loop step each (a client's write packed with thousands
+                    # of them must not hold the loop while they are handled)
+                    await asyncio.sleep(0)
+                elif not stream.ended:
                     wake = stream.arm(reader, left, ep.alarms)
                     try:
                         await wake

@@ -14,15 +14,17 @@ class Alarms:
     for; one whose ``alarm()`` raises is reported to ``on_error`` (called while the exception is handled) and the
     others of its tick are still called."""
 
-    __slots__ = ("loop", "due", "on_error")
+    __slots__ = ("loop", "due", "on_error", "firing")
 
     def __init__(self, loop, on_error):
         self.loop = loop
         self.due: dict[int, dict] = {}  # tick -> {owner: None}, in the order they were set
         self.on_error = on_error
+        self.firing = 0  # the tick whose owners are being called (0: none)
 
     def set(self, owner, delay: float) -> int:
-        tick = math.ceil((self.loop.time() + max(0.0, delay)) / TICK_S)
+        # an owner set while a tick fires goes to a later tick: an owner that sets itself again is not called twice
+        tick = max(math.ceil((self.loop.time() + max(0.0, delay)) / TICK_S), self.firing + 1)
         owners = self.due.get(tick)
         if owners is None:
             owners = self.due[tick] = {}
@@ -36,8 +38,21 @@ class Alarms:
             owners.pop(owner, None)
 
     def _fire(self, tick: int) -> None:
-        for owner in self.due.pop(tick, ()):
-            try:
-                owner.alarm()
-            except Exception:  # noqa: BLE001 - one owner's failure must not leave the others of its tick unwoken
-                self.on_error()
+        owners = self.due.get(tick)
+        if owners is None:
+            return
+        # the tick stays in ``due`` while its owners are called: one that an owner called before it cancels is not
+        # called
+        self.firing = tick
+        try:
+            for owner in list(owners):
+                if owner not in owners:
+                    continue
+                del owners[owner]
+                try:
+                    owner.alarm()
+                except Exception:  # noqa: BLE001 - one owner's failure must not leave the others of its tick unwoken
+                    self.on_error()
+        finally:
+            self.firing = 0
+            del self.due[tick]

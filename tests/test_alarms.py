@@ -59,3 +59,49 @@ def test_a_failing_owner_is_reported_and_the_others_of_its_tick_are_still_called
         assert [str(e) for e in errors] == ["an owner's bug"]
 
     asyncio.run(go())
+
+
+class Canceller(Owner):
+    """Cancels another owner of its own tick when it is called."""
+
+    def __init__(self, calls, alarms):
+        super().__init__(calls)
+        self.alarms, self.victim = alarms, None
+
+    def alarm(self):
+        super().alarm()
+        if self.victim is not None:
+            self.alarms.cancel(*self.victim)
+
+
+def test_an_owner_cancelled_by_another_of_its_tick_is_not_called():
+    async def go():
+        calls = []
+        alarms = Alarms(asyncio.get_running_loop(), lambda: None)
+        a, b = Canceller(calls, alarms), Owner(calls)
+        tick = alarms.set(a, 0.0)
+        assert alarms.set(b, 0.0) == tick
+        a.victim = (b, tick)
+        await asyncio.sleep(3 * TICK_S)
+        assert [o for o, _ in calls] == [a] and not alarms.due
+
+    asyncio.run(go())
+
+
+def test_an_owner_that_sets_itself_again_while_its_tick_fires_is_called_on_a_later_tick():
+    class Again(Owner):
+        def alarm(self):
+            super().alarm()
+            if len(self.calls) < 3:
+                alarms.set(self, 0.0)
+
+    async def go():
+        nonlocal alarms
+        calls = []
+        alarms = Alarms(asyncio.get_running_loop(), lambda: None)
+        alarms.set(Again(calls), 0.0)
+        await asyncio.sleep(6 * TICK_S)
+        assert len(calls) == 3 and calls[0][1] < calls[1][1] < calls[2][1] and not alarms.due
+
+    alarms = None
+    asyncio.run(go())

@@ -1,7 +1,10 @@
 """Shared fixtures: the real-client vectors, and both implementations (native and twin) of every hot path."""
 import importlib
 import json
+import itertools
 import os
+import random
+import socket
 import types
 from pathlib import Path
 
@@ -24,6 +27,41 @@ HOT_PATHS = {"frame": ("engine.codec._frame", "engine.codec._frame_py"), "heartb
 def load_vectors():
     """Every captured frame: list of (client, index entry, raw frame bytes)."""
     return _load_vectors(VECTORS)
+
+
+def _port_counter():
+    """Ports below the kernel's ephemeral range (ip_local_port_range), from a random start: a connection's local
+    port is never taken from there, so a port found free stays free until the broker binds it (a port the kernel
+    picked for a bind to 0 could be given to a test client's connection meanwhile: EADDRINUSE, a flaky start)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    low = max(low, 12000)
+    start = random.randrange(10000, low)
+    return itertools.chain(range(start, low), itertools.cycle(range(10000, low)))
+
+
+_PORTS = _port_counter()
+
+
+def free_ports(n: int) -> list:
+    """``n`` distinct ports free on 127.0.0.1 now, none handed out before in this run (until the range wraps)."""
+    out = []
+    for port in _PORTS:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        out.append(port)
+        if len(out) == n:
+            return out
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 for a broker to bind (see free_ports)."""
+    return free_ports(1)[0]
 
 
 def native_available() -> bool:

@@ -3,14 +3,13 @@ the Telemetry settings exchange, heartbeats, termination, expiry, a mixed 4.x/5.
 import json
 import logging
 import queue
-import socket
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import require_module
+from conftest import free_port, require_module
 from engine.broker.admin import AdminClient, AdminError
 from engine.broker.controller import Broker
 from engine.broker.config import BrokerConfig, ConfigError
@@ -27,11 +26,6 @@ from test_server import Client, hb_body, make_config  # noqa: E402
 
 Code = d.Code
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(fn, timeout=20.0):

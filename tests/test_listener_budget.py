@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from conftest import require_module
+from conftest import free_ports, require_module
 from engine.broker.config import BrokerConfig
 from engine.broker.metrics import METRICS_MAX_CONNECTIONS, Metrics, render
 from engine.broker.server import FD_RESERVE, REFUSED_HELD, install_accept_error_handler, listener_budget
@@ -31,18 +31,6 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[1])))
 from engine.broker.controller import serve_main
 sys.exit(serve_main(sys.argv[2:]))
 """
-
-
-def free_ports(n: int) -> list:
-    """``n`` distinct free ports (held together while chosen: two separate picks may return the same port)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def scrape(port: int) -> str:

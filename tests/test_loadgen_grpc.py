@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_module
+from conftest import free_port, require_module
 
 require_module("grpc")
 require_module("rocketmq.grpc_protocol")
@@ -32,11 +32,6 @@ from test_server import make_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_broker(tmp_path, transport, **kw):

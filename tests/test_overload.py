@@ -9,7 +9,6 @@
 * brokerFastFailureEnable=false turns the wait limit off (everything is answered, late).
 """
 import re
-import socket
 import threading
 import time
 import urllib.request
@@ -20,19 +19,12 @@ import engine
 from engine.broker.config import BrokerConfig, ConfigError
 from engine.codec.enums import RequestCode, ResponseCode
 from engine.broker.server import OVERLOAD_REMARK
+from conftest import free_port
 from test_server import Client, broker_factory, consumer_ids  # noqa: F401  (fixture)
 
 TIMEOUT_RE = re.compile(r"\[TIMEOUT_CLEAN_QUEUE\]broker busy, start flow control for a while, "
                         r"period in queue: (\d+)ms, size of queue: (\d+)$")
 SLOW_CODE = 9001  # a test processor on the admin executor that costs 4 ms of loop time per request
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def install_slow_processor(b, cost_s=0.004):

@@ -11,7 +11,6 @@ validator's reprs, or in the errors a malformed ACL file produces.
 """
 import json
 import logging
-import socket
 import urllib.request
 
 import pytest
@@ -20,6 +19,7 @@ import engine
 from engine.broker.acl import AclError, AclValidator, parse_acl_yaml, sign, sign_request
 from engine.broker.admin import AdminClient
 from engine.codec.enums import RequestCode, ResponseCode
+from conftest import free_port
 from test_server import Client, broker_factory, consumer_ids, hb_body, wait_until  # noqa: F401  (fixture)
 
 USER_AK, USER_SK = "rocketmq2", "u5er-S3CRET-key-7f3a"
@@ -40,14 +40,6 @@ accounts:
     secretKey: "{ADMIN_SK}"
     admin: true
 """
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ reached skips; under ``CI=true`` / ``ENGINE_REQUIRE_PEERS=1`` any install failur
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import types
@@ -19,7 +18,7 @@ import pytest
 
 import test_interop as ti
 from test_interop import cpp_dir, drivers  # noqa: F401  (fixtures)
-from conftest import require_module
+from conftest import free_port, require_module
 from engine.broker.admin import AdminClient, AdminError
 from engine.broker.controller import Broker
 from engine.broker.config import BrokerConfig
@@ -72,11 +71,6 @@ def v5_python():
     assert _installed_v5_version() == V5_VERSION
     return _v5_python()
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 #: the topics the clients of these tests use (of both the Python and the Node files): a 5.x client's route query for

@@ -9,6 +9,10 @@ sockets, one call per read fed to ``H2Connection.data_received`` on the broker's
 with thousands, each read finds its connection's state cold. Every answer after a connection's first is a repeat
 (Heartbeat) or a kept answer (QueryRoute / QueryAssignment); the run checks that they were. Run it in a checkout
 of an older commit (with its extensions built) for a before figure.
+
+With Heartbeat, the same run then times the remoting port's repeat route the same way on the same broker: N
+remoting connections (the broker's own connection class, as `rmqhb serve`), one repeated heartbeat each per pass,
+and prints the ratio.
 """
 from __future__ import annotations
 
@@ -111,6 +115,38 @@ def main(argv=None) -> int:
         out["prepared"] = ep.heartbeat_repeats + getattr(ep, "answer_cache_hits", 0) - before
         for conn in conns:
             conn.connection_lost(None)
+        if a.method == "Heartbeat":
+            out["remoting_us"] = remoting(n, passes)
+
+    def remoting(n, passes):
+        """The remoting repeat route timed as above: each connection's one heartbeat, the same bytes every pass."""
+        from bench_protocol import _Transport as RemotingTransport
+        from engine import loadgen
+
+        srv = b.server
+        srv.repeats, srv.max_connections = True, srv.max_connections + n  # as `rmqhb serve` without ACL, recorder
+        fleet = loadgen.make_fleet(n, 0, 100, 0.0)  # producers, as the 5.x sessions above
+        frames = [loadgen.FrameTemplate(c.heartbeat_variants(loadgen.OPAQUE_BASE)[0], c.sub_version) for c in fleet]
+        conns = []
+        for k in range(n):
+            conn = srv.new_connection("main")
+            conn.connection_made(RemotingTransport(k))
+            conns.append(conn)
+        reads = [[f.build(r) for r in range(3)] for f in frames]  # opaques differ; the repeat route skips them
+        for r in range(2):  # registration, then the arming
+            for k in range(n):
+                conns[k].data_received(reads[k][r])
+        before = b.metrics.heartbeats
+        t0 = time.thread_time()
+        for _ in range(passes):
+            for k in range(n):
+                conns[k].data_received(reads[k][2])
+        us = (time.thread_time() - t0) / (n * passes) * 1e6
+        assert b.metrics.heartbeats - before == n * passes and b.metrics.heartbeat_errors == 0
+        assert all(c.repeat is not None for c in conns), "every remoting connection armed"
+        for conn in conns:
+            conn.connection_lost(None)
+        return us
 
     try:
         asyncio.run_coroutine_threadsafe(run(), b.loop).result()
@@ -119,6 +155,9 @@ def main(argv=None) -> int:
         store.cleanup()
     print(f"{a.method}, {n} connection(s), {n * passes} calls: {out['us']:.2f} us per call "
           f"({out['prepared']} answered as repeats or kept answers)")
+    if "remoting_us" in out:
+        print(f"remoting heartbeat, {n} connection(s), {n * passes} calls: {out['remoting_us']:.2f} us per call "
+              f"(repeat route); 5.x / remoting: {out['us'] / out['remoting_us']:.2f}x")
     return 0
 
 

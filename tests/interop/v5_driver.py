@@ -5,7 +5,8 @@ not the 4.x C++ client's ``rocketmq`` the other interop tests use) and HOME poin
 logs under $HOME/logs/rocketmq_python). argv[1]: JSON {endpoint, producerTopics?, pushConsumers?: [{group, topic,
 expr}], simpleConsumers?: [{group, topic, expr} or {group, subscriptions: {topic: expr}}], receive?: bool,
 accessKey?, secretKey? (the credentials the clients sign their calls with: the 5.x ACL scheme), heartbeatSeconds?
-(the period of the clients' Heartbeat: 10 s in the client, shorter for a test that watches several)}. stdout:
+(the period of the clients' Heartbeat: 10 s in the client, shorter for a test that watches several), tls? (the
+clients' tls_enable: TLS with grpc's default roots, GRPC_DEFAULT_SSL_ROOTS_FILE_PATH)}. stdout:
 "READY <clientId> ..." once every client has started (one id per client, in the order producer, push consumers,
 simple consumers), "RECEIVED <n>" per simple consumer with ``receive`` (one receive call), then "CLOSED" after
 "close" on stdin.
@@ -38,24 +39,28 @@ def main() -> int:
         def consume(self, message):
             return ConsumeResult.SUCCESS
 
+    tls = bool(spec.get("tls"))
+
     def config():
         return ClientConfiguration(spec["endpoint"], Credentials(spec.get("accessKey", ""), spec.get("secretKey", "")))
 
     clients = []
     try:
         if spec.get("producerTopics"):
-            producer = Producer(config(), tuple(spec["producerTopics"]))
+            producer = Producer(config(), tuple(spec["producerTopics"]), tls_enable=tls)
             producer.startup()
             clients.append(producer)
         for c in spec.get("pushConsumers") or []:
-            consumer = PushConsumer(config(), c["group"], Listener(), {c["topic"]: FilterExpression(c.get("expr") or "*")})
+            consumer = PushConsumer(config(), c["group"], Listener(), {c["topic"]: FilterExpression(c.get("expr") or "*")},
+                                    tls_enable=tls)
             consumer.startup()
             clients.append(consumer)
         simple = []
         for c in spec.get("simpleConsumers") or []:
             subs = c.get("subscriptions") or {c["topic"]: c.get("expr")}
             consumer = SimpleConsumer(config(), c["group"],
-                                      {t: FilterExpression(e or "*") for t, e in subs.items()}, await_duration=5)
+                                      {t: FilterExpression(e or "*") for t, e in subs.items()}, await_duration=5,
+                                      tls_enable=tls)
             consumer.startup()
             clients.append(consumer)
             simple.append(consumer)

@@ -4,7 +4,8 @@
 // argv[2]: JSON {endpoint, producerTopics?, pushConsumers?: [{group, topic, expr}],
 //   simpleConsumers?: [{group, topic, expr} or {group, subscriptions: {topic: expr}}], receive?: bool, accessKey?,
 //   secretKey?, heartbeatIntervalMs? (the period of the clients' Heartbeat: 10 s in the client, shorter for a test
-//   that watches several)}
+//   that watches several), tls? (the clients' sslEnabled: TLS with grpc-js's default roots,
+//   GRPC_DEFAULT_SSL_ROOTS_FILE_PATH)}
 // env: V5_NODE_DIR (the folder whose node_modules holds the client), HOME (the clients log to
 //   $HOME/logs/rocketmq/rocketmq_client_nodejs.log, the client's default file, through one logger of the driver's: the
 //   client's default egg-logger closes its file at the first client's shutdown, and the others' last lines then fail).
@@ -36,7 +37,7 @@ for (const level of [ 'debug', 'info', 'warn', 'error' ]) {
 }
 
 function options(extra) {
-  const o = Object.assign({ endpoints: spec.endpoint, namespace: '', logger }, extra);
+  const o = Object.assign({ endpoints: spec.endpoint, namespace: '', logger, sslEnabled: spec.tls === true }, extra);
   if (spec.accessKey) {
     o.sessionCredentials = { accessKey: spec.accessKey, accessSecret: spec.secretKey || '' };
   }

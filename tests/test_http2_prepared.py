@@ -484,3 +484,54 @@ def test_a_route_past_the_message_budget_is_an_error_not_built(b, counted, monke
     put_topic(b, "PreparedHuge", 20)  # within it: answered
     got = c.call(c.headers(path=SERVICE + b"QueryRoute"), msg(route_request("PreparedHuge")))
     assert len(answer_of(got, "QueryRouteResponse").message_queues) == 20
+
+
+class Unread(Sink):
+    """A peer that never reads: everything written stays in the transport's buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes, self.aborted = [], False
+
+    def write(self, data):
+        self.sizes.append(len(data))
+
+    def get_write_buffer_size(self):
+        return sum(self.sizes)
+
+    def abort(self):
+        self.aborted = True
+
+
+@pytest.mark.parametrize("path", ["prepared", "general"])
+def test_one_read_never_writes_far_past_the_write_buffer_budget(b, path, monkeypatch):
+    """A client that opens its windows wide, never reads, and sends one read of hundreds of QueryRoute calls for a
+    wide topic (~150x the read's size in answers): the answers go to the socket in batches of at most
+    maxWriteBufferBytes (and one answer), and the connection is closed within the read once the peer holds more
+    than the budget. (Found in review: the budget was looked at after the read only, and one 256 KiB read wrote
+    40 MB at once against its 8 MiB.)"""
+    if path == "general":
+        for m in b.grpc._server.methods.values():
+            monkeypatch.setattr(m, "prepared", None)
+    put_topic(b, "WideT", 256)
+    c = Client(b, f"wide@{path}")
+    budget = 64 << 10
+    body = message(route_request("WideT"))
+    frames = [F.settings(((F.SETTINGS_INITIAL_WINDOW_SIZE, 0x7FFFFFFF), (F.SETTINGS_MAX_FRAME_SIZE, (1 << 24) - 1))),
+              F.window_update(0, 0x7FFFFFFF - 65535)]
+    for k in range(300):
+        frames.append(F.frame(F.HEADERS, F.FLAG_END_HEADERS, 1 + 2 * k, c.headers(path=SERVICE + b"QueryRoute")))
+        frames.append(F.frame(F.DATA, F.FLAG_END_STREAM, 1 + 2 * k, body))
+    sink = Unread()
+
+    async def go():
+        c.conn.transport, c.conn.max_write_buffer = sink, budget
+        c.conn.data_received(b"".join(frames))
+        await asyncio.sleep(0.05)  # the general path's handlers
+    c.run(go())
+    answer = b.call(lambda: len(b.grpc.query_route(s.QueryRouteRequest.FromString(route_request("WideT")))
+                                .SerializeToString()))
+    assert 300 * answer > 20 * budget  # what the read asked for
+    assert c.conn.closed and sink.aborted
+    assert sink.sizes and max(sink.sizes) <= budget + answer + 1024, (max(sink.sizes), budget, answer)
+    assert sum(sink.sizes) <= 2 * budget + answer + 1024

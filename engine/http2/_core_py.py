@@ -92,7 +92,7 @@ class H2Core:
                  "resets", "resets_since", "control", "control_since", "last_recv", "ping_sent", "fed", "keepalive",
                  "going_away", "closed", "_out", "_later", "max_streams", "max_message", "max_metadata",
                  "hard_metadata", "max_held", "max_pending", "max_resets", "max_control", "max_continuations",
-                 "max_write_buffer")
+                 "max_write_buffer", "room")
 
     def __init__(self, server):
         """``server``: the H2Server; its ``limits()`` are the budgets as they are when the connection is made."""
@@ -167,6 +167,8 @@ class H2Core:
             data = buf[24:]
         later, self._later = self._later, None  # written before this read: they go first
         self._out = out = later or []
+        # the write buffer's budget, counted as the read's answers are made (see write)
+        self.room = self.max_write_buffer - self.transport.get_write_buffer_size() - sum(map(len, out))
         try:
             frames = self.reader.feed(data)
             i, n = 0, len(frames)
@@ -212,7 +214,23 @@ class H2Core:
             self._later.append(data)
         else:
             self._later = [data]
+            self.room = self.max_write_buffer - self.transport.get_write_buffer_size()
             self.loop.call_soon(self._write_later)
+        # the write buffer's budget, counted as answers are made (a read's, or a loop pass's of handlers): past it,
+        # what is batched goes to the socket now, and what the socket does not take is checked against the budget
+        # as after a read (one read of thousands of small calls with large answers never builds a write many times
+        # the budget)
+        self.room -= len(data)
+        if self.room < 0:
+            self._spill()
+
+    def _spill(self) -> None:
+        batch = self._out if self._out is not None else self._later
+        self.transport.write(b"".join(batch))
+        del batch[:]  # (the read's or the loop pass's write finds nothing left)
+        self.room = self.max_write_buffer - self.transport.get_write_buffer_size()
+        if self.room < 0:
+            self.abort()  # answers the peer does not read, past maxWriteBufferBytes
 
     def _write_later(self) -> None:
         later, self._later = self._later, None

@@ -132,6 +132,7 @@ cdef class H2Core:
     cdef public long long max_streams, max_message, max_metadata, hard_metadata, max_held, max_pending
     cdef public long long max_resets, max_control, max_continuations, max_write_buffer
     cdef long long max_frame  # ours: a longer frame is a FRAME_SIZE_ERROR
+    cdef Py_ssize_t room  # what a read's answers may still add to the write buffer (maxWriteBufferBytes)
     cdef bytearray rest  # the start of a frame a read ended in (at most one frame's worth), or None
 
     def __init__(self, server):
@@ -220,6 +221,10 @@ cdef class H2Core:
         self._later = None  # written before this read: they go first
         out = later if later else []
         self._out = out
+        # the write buffer's budget, counted as the read's answers are made (see _emit)
+        self.room = self.max_write_buffer - self.transport.get_write_buffer_size()
+        for chunk in out:
+            self.room -= len(chunk)
         try:
             if data is not None:  # (None: no frame is whole yet)
                 self._read(<bytes>data)
@@ -294,10 +299,26 @@ cdef class H2Core:
             self._later.append(data)
         else:
             self._later = [data]
+            self.room = self.max_write_buffer - self.transport.get_write_buffer_size()
             self.loop.call_soon(self._write_later)
+        # the write buffer's budget, counted as answers are made (a read's, or a loop pass's of handlers): past it,
+        # what is batched goes to the socket now, and what the socket does not take is checked against the budget
+        # as after a read (one read of thousands of small calls with large answers never builds a write many times
+        # the budget)
+        self.room -= len(data)
+        if self.room < 0:
+            self._spill()
 
     def write(self, data):
         self._emit(data)
+
+    cdef _spill(self):
+        batch = self._out if self._out is not None else self._later
+        self.transport.write(b"".join(batch))
+        del batch[:]  # (the read's or the loop pass's write finds nothing left)
+        self.room = self.max_write_buffer - self.transport.get_write_buffer_size()
+        if self.room < 0:
+            self.abort()  # answers the peer does not read, past maxWriteBufferBytes
 
     def _write_later(self):
         later = self._later

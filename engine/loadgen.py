@@ -1011,6 +1011,12 @@ def check_output(path: str) -> str | None:
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
+        # a new file: its directory must be there (and writable) now, not found missing after the whole run
+        parent = os.path.dirname(path) or "."
+        if not os.path.isdir(parent):
+            return f"cannot write {path}: no such directory {parent}"
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return f"cannot write {path}: the directory {parent} is not writable"
         return None
     except OSError as e:
         return f"cannot write {path}: {e.strerror}"

@@ -261,3 +261,23 @@ def test_rmqhb_loadgen_refuses_an_output_link_before_the_run(tmp_path, option):
     assert proc.stderr.splitlines() == [f"rmqhb loadgen: {link} is a symbolic link; give the file itself (an output "
                                         "file is never written through a link)"]
     assert target.read_text() == "keep"
+
+
+@pytest.mark.parametrize("protocol", ["remoting", "grpc"])
+@pytest.mark.parametrize("option", ["--out", "--plot"])
+def test_rmqhb_loadgen_refuses_an_output_in_a_missing_directory_before_the_run(tmp_path, option, protocol):
+    """--out / --plot in a directory that does not exist: one line, exit status 2, before any connection (the
+    broker address here has nothing listening: a check after the run, or after the probe, would exit 1)."""
+    import subprocess
+
+    path = tmp_path / "nodir" / "res.json"
+    proc = subprocess.run([sys.executable, "-m", "engine", "loadgen", "steady", "--protocol", protocol, "--broker",
+                           "127.0.0.1:1", option, str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines() == [f"rmqhb loadgen: cannot write {path}: no such directory {path.parent}"]
+    assert not path.parent.exists()
+    # a file where the directory should be
+    (tmp_path / "file").write_text("x")
+    assert loadgen.check_output(str(tmp_path / "file" / "res.json")).startswith(f"cannot write {tmp_path}/file/")
+    assert loadgen.check_output(str(tmp_path / "res.json")) is None
+    assert loadgen.check_output("res.json") is None or not os.access(".", os.W_OK)

@@ -1162,8 +1162,12 @@ def plot_svg(res: dict, width: int = 900, height: int = 520) -> str:
             out.append(f'<text x="{left + 10 + 90 * i}" y="{y0 + 14}" font-size="11" fill="{color}">{key}</text>')
         return out
 
-    title = (f"rmqhb loadgen {res.get('scenario')} against {res.get('target')}: "
-             f"{res.get('sessions') or res.get('connections') or res.get('clients')} clients")
+    # the clients: a gRPC steady result's sessions, a storm's clients, a remoting steady result's connections (one
+    # per client); a gRPC result's connections carry several sessions each, so they are given apart
+    clients = next((res[k] for k in ("sessions", "clients", "connections") if k in res), "?")
+    title = f"rmqhb loadgen {res.get('scenario')} against {res.get('target')}: {clients} clients"
+    if res.get("protocol") == "grpc" and "connections" in res:
+        title += f" on {res['connections']} connections"
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>',
              f'<text x="{left}" y="22" font-size="14">{escape(title)}</text>']

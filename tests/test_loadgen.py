@@ -281,3 +281,19 @@ def test_rmqhb_loadgen_refuses_an_output_in_a_missing_directory_before_the_run(t
     assert loadgen.check_output(str(tmp_path / "file" / "res.json")).startswith(f"cannot write {tmp_path}/file/")
     assert loadgen.check_output(str(tmp_path / "res.json")) is None
     assert loadgen.check_output("res.json") is None or not os.access(".", os.W_OK)
+
+
+@pytest.mark.parametrize("res, title", [
+    ({"scenario": "storm", "protocol": "grpc", "clients": 300, "connections": 38},
+     "rmqhb loadgen storm against h:1: 300 clients on 38 connections"),
+    ({"scenario": "steady", "protocol": "grpc", "sessions": 24, "connections": 3},
+     "rmqhb loadgen steady against h:1: 24 clients on 3 connections"),
+    ({"scenario": "steady", "connections": 40}, "rmqhb loadgen steady against h:1: 40 clients"),
+    ({"scenario": "storm", "clients": 60}, "rmqhb loadgen storm against h:1: 60 clients"),
+    ({"scenario": "storm", "protocol": "grpc", "clients": 0, "connections": 0},
+     "rmqhb loadgen storm against h:1: 0 clients on 0 connections")])
+def test_plot_title_counts_the_clients_of_each_protocols_result(res, title):
+    """The SVG's title gives the clients (a gRPC result's sessions or clients, not its connections, which carry
+    several sessions each)."""
+    svg = loadgen.plot_svg({**res, "target": "h:1", "timeline": []})
+    assert f'font-size="14">{title}</text>' in svg

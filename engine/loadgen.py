@@ -829,6 +829,40 @@ class Interrupted(Exception):
     """Ctrl-C during a run: ``args[0]`` is the partial result (the counters of the progress line so far)."""
 
 
+class _ReportSigint:
+    """Ctrl-C once the workers have returned (the merge, which sorts every latency of the run, then the printing
+    and the output files): the first one is noted, not raised, so the result of the finished measurement is still
+    printed and written, and the exit status is 130; a second one stops at once with the counters so far
+    (``partial``), as a Ctrl-C during the run does."""
+
+    def __init__(self):
+        self.partial = None  # set when armed: the counters when the workers returned
+        self.interrupted = False
+        self.previous = None
+
+    def arm(self, partial: dict) -> None:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers belong to the main thread; elsewhere Ctrl-C is not ours to defer
+        self.partial = partial
+        self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.interrupted:
+            raise KeyboardInterrupt
+        self.interrupted = True
+
+    def disarm(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+
+
+#: the report in progress (run_and_print), which run_workers arms when the measurement is over
+_report: _ReportSigint | None = None
+
+
 def probe(host: str, port: int, timeout: float = 5.0) -> str | None:
     """Why no connection can be made to the broker (one line), or None: checked before the workers start, so a
     wrong address fails at once instead of sending nothing for the whole duration."""
@@ -940,6 +974,9 @@ def run_workers(worker, args: list, fields: tuple, line, partial: dict, timeout:
             continue
         if "worker_error" in results[-1]:
             raise RuntimeError(f"a loadgen worker failed: {results[-1]['worker_error']}")
+    if _report is not None:  # the measurement is over: a Ctrl-C from here on is the report's (run_and_print)
+        _report.arm({**partial, "interrupted": True, "seconds": round(time.monotonic() - started, 3),
+                     **dict(zip(fields, sums()))})
     for p in ps:
         p.join(10)
     return results
@@ -1069,18 +1106,41 @@ def write_outputs(a, text: str, res: dict) -> int:
 
 
 def run_and_print(a, run_fn) -> tuple:
-    """Both load generators' run: its JSON result on stdout, then --out and --plot; (exit status, result). Ctrl-C:
-    the counters so far on stdout as a result would be, then one line (130, None)."""
+    """Both load generators' run: its JSON result on stdout, then --out and --plot; (exit status, result). Ctrl-C
+    during the run: the counters so far on stdout as a result would be, then one line (130, None). Ctrl-C after the
+    run (merging, printing, writing): the result is finished, printed and written all the same, then one line
+    (130, result); a second Ctrl-C there: the counters, unless the result was being printed already (130, None)."""
+    global _report
+    report = _report = _ReportSigint()
+    printed = False
     try:
-        res = run_fn()
-    except Interrupted as e:
-        print(json.dumps(e.args[0]))
-        print(f"rmqhb loadgen: interrupted after {e.args[0]['seconds']:.1f} s (partial result above)",
-              file=sys.stderr)
+        try:
+            res = run_fn()
+        except Interrupted as e:
+            print(json.dumps(e.args[0]))
+            print(f"rmqhb loadgen: interrupted after {e.args[0]['seconds']:.1f} s (partial result above)",
+                  file=sys.stderr)
+            return 130, None
+        text = json.dumps(res)
+        printed = True
+        print(text)
+        status = write_outputs(a, text, res)
+    except KeyboardInterrupt:
+        if report.partial is None:
+            raise  # before the workers returned: not ours (rmqhb's one line, 130)
+        if not printed:
+            print(json.dumps(report.partial))
+        what = "the result above may be cut short" if printed else "partial result above: the counters only"
+        print(f"rmqhb loadgen: interrupted twice after the run ({what})", file=sys.stderr)
         return 130, None
-    text = json.dumps(res)
-    print(text)
-    return write_outputs(a, text, res), res
+    finally:
+        report.disarm()
+        _report = None
+    if report.interrupted:
+        print(f"rmqhb loadgen: interrupted after the run ({res.get('seconds', 0):.1f} s measured): the result above "
+              "is complete", file=sys.stderr)
+        return 130, res
+    return status, res
 
 
 def main(argv=None) -> int:

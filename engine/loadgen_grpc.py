@@ -1164,6 +1164,7 @@ async def steady(a: dict, barrier=None, slot=None) -> dict:
     start = wake = clock()
     next_date = start + 1.0
     win = synced = None
+    ended = False
     window_start = float("inf")
     hb_sent = i = 0
     answered0 = stats["answered"]
@@ -1175,8 +1176,12 @@ async def steady(a: dict, barrier=None, slot=None) -> dict:
         if now >= next_date:
             runner.update_date()
             next_date += 1.0
-            if all(c.transport.is_closing() for c in conns):  # the endpoint ended every connection: done
-                break
+            if not ended and all(c.transport.is_closing() for c in conns):
+                ended = True  # the endpoint ended every connection (or none was made): done, once the window
+                # barrier is passed (the other processes wait there for every one)
+        if ended and win is None and synced is None:
+            synced = asyncio.get_running_loop().run_in_executor(None, barrier.wait, 900) \
+                if barrier is not None else True
         if win is None:
             if synced is None and elapsed >= warm and (closed_loop or elapsed >= L.WARMUP_LIMIT_S
                                                        or hb_sent - (stats["answered"] - answered0) <= rate * 0.02):
@@ -1190,9 +1195,9 @@ async def steady(a: dict, barrier=None, slot=None) -> dict:
                 progress.open_window()
                 gc_watch = L.GcWatch()
                 window_start = warm = elapsed
-        if elapsed >= window_start + a["duration"]:
+        if elapsed >= window_start + a["duration"] or ended and win is not None:
             break
-        if not closed_loop and live:
+        if not closed_loop and live and not ended:
             due = int(elapsed * rate) - hb_sent
             if due > 0:
                 n_live = len(live)
@@ -1202,7 +1207,7 @@ async def steady(a: dict, barrier=None, slot=None) -> dict:
                     if i == n_live:
                         i = 0
                 hb_sent += due
-        for k, (kind, pool, per_s) in enumerate(periodic):
+        for k, (kind, pool, per_s) in enumerate(periodic if not ended else ()):
             due = int(elapsed * per_s) - p_sent[k]
             if due > 0:
                 for _ in range(due):
@@ -1315,6 +1320,8 @@ def run(scenario: str, host: str, port: int, sessions: int, procs: int = 1, dura
     """Run a scenario over ``procs`` processes and merge their results (engine.loadgen.run's keys where they
     apply; see the module's doc)."""
     token = f"{int(time.time() * 1000) % 36 ** 6:x}{os.getpid() % 4096:x}"  # client ids unique to this run
+    # every process carries at least one connection (a process with none would have nothing to measure)
+    procs = max(1, min(procs, -(-sessions // per_connection)))
     per = [sessions // procs + (1 if i < sessions % procs else 0) for i in range(procs)]
     args, off = [], 0
     for i, n in enumerate(per):

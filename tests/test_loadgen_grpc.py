@@ -889,3 +889,89 @@ def test_the_probe_names_an_endpoint_that_never_answers(monkeypatch):
         assert time.monotonic() - t0 < 5
     finally:
         srv.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# review 20c: processes, registration, bounded counters and buffers
+
+
+def test_more_processes_than_connections_end_with_the_run(tmp_path):
+    """--procs 2 with one connection: the processes are no more than the connections (a process without any
+    connection never took part in the window's barrier: the run waited 900 s for it)."""
+    b = start_broker(tmp_path, "native")
+    try:
+        t0 = time.monotonic()
+        p = loadgen("steady", "--protocol", "grpc", "--broker", f"127.0.0.1:{b.ports['grpc']}", "--clients", "1",
+                    "--procs", "2", "--duration", "1", "--quiet", timeout=60)
+        assert p.returncode == 0 and time.monotonic() - t0 < 40, p.stderr
+        res = json.loads(p.stdout)
+        assert res["procs"] == 1 and res["sessions"] == 1 and res["answered"] > 0
+    finally:
+        b.stop()
+
+
+class _SettingsThenClose(asyncio.Protocol):
+    """An HTTP/2 server that sends its SETTINGS, then closes the connection as soon as the client writes."""
+
+    def connection_made(self, transport):
+        self.t = transport
+        transport.write(F.settings(()))
+
+    def data_received(self, data):
+        self.t.close()
+
+
+def _steady_args(port, n, offset, **kw):
+    a = dict(scenario="steady", host="127.0.0.1", port=port, n=n, offset=offset, duration=1.0, rate=0.0,
+             per_connection=8, depth=1, inflight=0, groups=7, topics=7, topic_prefix="TopicLoad",
+             consumer_share=0.5, pending=64, assignment_interval=5.0, route_interval=30.0, vary=False, tls=False,
+             server_pid=None, warmup=0.5, token="t20c", credentials=None, index=0, core_frames=False)
+    a.update(kw)
+    return a
+
+
+def test_a_process_that_lost_every_connection_still_passes_the_barriers(tmp_path):
+    """Two processes (threads here, one barrier): one's endpoint ends its only connection, the other measures;
+    the first still waits at each barrier with the other, and both end."""
+    import threading
+
+    b = start_broker(tmp_path, "native")
+    barrier = threading.Barrier(2)
+    results, errors = [None, None], []
+
+    def serve_closing(ready, port_box):
+        async def main():
+            server = await asyncio.get_running_loop().create_server(_SettingsThenClose, "127.0.0.1", 0)
+            port_box.append(server.sockets[0].getsockname()[1])
+            ready.set()
+            await asyncio.sleep(60)
+        try:
+            asyncio.run(main())
+        except Exception:
+            pass
+
+    ready, port_box = threading.Event(), []
+    threading.Thread(target=serve_closing, args=(ready, port_box), daemon=True).start()
+    ready.wait(10)
+
+    def worker(k, a):
+        try:
+            results[k] = asyncio.run(LG.steady(a, barrier))
+        except BaseException as e:  # noqa: BLE001 (the test reports it)
+            errors.append(repr(e))
+
+    # warm-up 1.5 s: the first process sees its connections gone (checked each second) before the window opens
+    threads = [threading.Thread(target=worker, args=(0, _steady_args(port_box[0], 2, 0, warmup=1.5)), daemon=True),
+               threading.Thread(target=worker, args=(1, _steady_args(b.ports["grpc"], 2, 2, index=1, warmup=1.5)),
+                                daemon=True)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(40)
+        stuck = [t.is_alive() for t in threads]
+        barrier.abort()  # frees a process left waiting (the code before: the measuring one, for 900 s)
+        assert not any(stuck) and not errors, (stuck, errors)
+        assert results[0]["sessions"] == 0 and results[1]["sessions"] == 2 and results[1]["answered"] > 0
+    finally:
+        b.stop()

@@ -94,6 +94,11 @@ ASSIGNMENT_INTERVAL_S = 5.0
 ROUTE_INTERVAL_S = 30.0
 #: how long a connection may take to show it speaks HTTP/2 (the server's SETTINGS), s
 HANDSHAKE_TIMEOUT_S = 10.0
+#: registration waits for Settings answers while some come: once none has come for this long (or after
+#: REGISTER_LIMIT_S in all), the sessions still unanswered are counted as errors ("Settings not answered") and
+#: the run goes on without them, s
+REGISTER_STALL_S = 10.0
+REGISTER_LIMIT_S = 120.0
 
 #: (x-mq-language, Settings user_agent language, SDK version) of the simulated fleet, in proportion
 SDKS = (("JAVA", "JAVA", "5.0.7"), ("JAVA", "JAVA", "5.0.7"), ("JAVA", "JAVA", "5.0.5"), ("GOLANG", "GOLANG", "5.1.0"),
@@ -753,6 +758,7 @@ class Runner:
         self.turn = 0
         self.dirty: list[GrpcConn] = []  # connections with frames to write
         self.unsettled = 0  # sessions started whose Settings are neither answered nor refused
+        self.unanswered = 0  # sessions whose Settings registration gave up on (REGISTER_STALL_S)
         self.hb_outstanding = 0
         self.terminations_outstanding = 0
         self.conns: list[GrpcConn] = []
@@ -948,7 +954,7 @@ class Runner:
         code = cmd.status.code if cmd.HasField("status") else self.code_ok
         if code != self.code_ok:
             self._error(TELEMETRY, "code " + _code_name(self.d, code))
-        elif not session.registered and not session.terminated:
+        elif not session.settled and not session.terminated:  # (a late answer, counted unanswered, is not)
             session.registered = True
             self.stats["sessions"] += 1
             self.stats["settings_ok"] += 1
@@ -1068,15 +1074,26 @@ async def connect_all(runner: Runner, sessions: list, per_connection: int, concu
     return [c for c in conns if c is not None]
 
 
-async def register_all(runner: Runner, sessions: list, pending: int, timeout: float = 120.0) -> float:
+async def register_all(runner: Runner, sessions: list, pending: int) -> float:
     """Every connected session starts (QueryRoute, Telemetry + Settings), at most ``pending`` waiting for their
-    Settings answer at a time; returns the seconds until all were answered or refused."""
-    t0 = time.perf_counter()
+    Settings answer at a time; returns the seconds until all were answered or refused, or until none was for
+    REGISTER_STALL_S (REGISTER_LIMIT_S at most): those left are counted as errors."""
+    t0 = last = time.perf_counter()
+    settled = runner.stats["settings_ok"] + runner.stats["errors"]
+
+    def stalled() -> bool:
+        nonlocal last, settled
+        now = time.perf_counter()
+        progress = runner.stats["settings_ok"] + runner.stats["errors"]
+        if progress != settled:
+            settled, last = progress, now
+        return now - last >= REGISTER_STALL_S or now - t0 >= REGISTER_LIMIT_S
+
     started = 0
     for s in sessions:
         if s.conn is None:
             continue
-        while runner.unsettled >= pending and time.perf_counter() - t0 < timeout:
+        while runner.unsettled >= pending and not stalled():
             runner.flush()
             await asyncio.sleep(0.001)
         runner.register(s, time.perf_counter())
@@ -1085,8 +1102,15 @@ async def register_all(runner: Runner, sessions: list, pending: int, timeout: fl
             runner.flush()
             await asyncio.sleep(0)
     runner.flush()
-    while runner.unsettled > 0 and time.perf_counter() - t0 < timeout:
+    while runner.unsettled > 0 and not stalled():
         await asyncio.sleep(0.005)
+    runner.unanswered = 0
+    for s in sessions:
+        if s.started and not s.settled:
+            s.settled = True
+            runner.unsettled -= 1
+            runner.unanswered += 1
+            runner._error(TELEMETRY, "Settings not answered")
     for c in runner.conns:
         c.sessions = []
     for s in sessions:  # the closed loop heartbeats a connection's registered sessions in turn
@@ -1272,7 +1296,7 @@ async def storm(a: dict, barrier=None, slot=None) -> dict:
     res["timeline_marks"] = progress.close() + [(round(time.perf_counter() - progress.window_t0, 3),
                                                  len(runner.reg_lat))]
     await L._together(barrier)  # no process leaves before all are registered
-    unanswered = runner.unsettled
+    unanswered = runner.unanswered
     await _close_all(runner, sessions)
     res.update(clients=len(sessions), connections=len(conns), registered=runner.stats["settings_ok"],
                unanswered=unanswered, connect_failed=runner.stats["connect_failed"],
@@ -1404,7 +1428,7 @@ class _ProbeRunner(Runner):
 
 
 async def _probe(host: str, port: int, tls: bool, topic_prefix: str, topics: int, timeout: float,
-                 credentials) -> str | None:
+                 credentials, limits: dict) -> str | None:
     from engine.logutil import escape_text
 
     runner = _ProbeRunner(host, port, client_tls() if tls else None, "probe", credentials)
@@ -1414,6 +1438,7 @@ async def _probe(host: str, port: int, tls: bool, topic_prefix: str, topics: int
         return f"cannot connect to {where}"
     if isinstance(c, ConnectError):
         return f"{where} {c}"
+    limits["max_streams"] = c.max_streams  # its SETTINGS_MAX_CONCURRENT_STREAMS (ours, 100, if it said none)
     # one producer per topic of the fleet: its route, as every SDK asks at start
     sessions = make_sessions(topics, 0, "probe", topics, topics, 0.0, topic_prefix, host, port, False)
     for s in sessions:
@@ -1454,14 +1479,15 @@ async def _probe(host: str, port: int, tls: bool, topic_prefix: str, topics: int
 
 
 def probe(host: str, port: int, tls: bool, topic_prefix: str, topics: int, timeout: float = 10.0,
-          credentials: tuple | None = None) -> str | None:
+          credentials: tuple | None = None, limits: dict | None = None) -> str | None:
     """Why the run cannot go (one line), or None: checked before the workers start, so a wrong address, a port
     that is no gRPC port or topics the endpoint does not route fail at once instead of counting errors for the
     whole duration."""
     unreachable = L.probe(host, port)
     if unreachable:
         return unreachable
-    return asyncio.run(_probe(host, port, tls, topic_prefix, topics, timeout, credentials))
+    return asyncio.run(_probe(host, port, tls, topic_prefix, topics, timeout, credentials,
+                              {} if limits is None else limits))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1532,14 +1558,24 @@ def main(argv=None) -> int:
     credentials = (a.access_key, secret) if a.access_key else None
     if L.check_outputs(a):
         return 2
+    limits = {}
     try:
         load_protocol()
-        why = probe(host, int(port), a.tls, a.topic_prefix, min(a.topics, a.groups), credentials=credentials)
+        why = probe(host, int(port), a.tls, a.topic_prefix, min(a.topics, a.groups), credentials=credentials,
+                    limits=limits)
     except LoadgenError as e:
         why = str(e)
     if why:
         print(f"rmqhb loadgen: {why}", file=sys.stderr)
         return 1
+    streams = limits.get("max_streams")
+    if streams is not None and a.sessions_per_connection + 1 > streams:
+        # each session's Telemetry stream holds a stream for good: with no stream left, every unary call (its
+        # Heartbeats) would wait for one until its deadline
+        print(f"rmqhb loadgen: --sessions-per-connection {a.sessions_per_connection}: {host}:{port} allows "
+              f"{streams} concurrent streams per connection and each session holds one (its Telemetry stream), "
+              f"leaving none for the unary calls: at most {max(streams - 1, 0)}", file=sys.stderr)
+        return 2
     status, res = L.run_and_print(a, lambda: run(
         a.scenario, host, int(port), a.clients, a.procs, a.duration, a.rate, a.sessions_per_connection, a.depth,
         a.inflight, a.groups, a.topics, a.topic_prefix, a.consumer_share, a.pending, a.assignment_interval,
@@ -1555,6 +1591,13 @@ def main(argv=None) -> int:
         first = next((k for k in errors if k.startswith("connection:")), next(iter(errors), "no connection"))
         print(f"rmqhb loadgen: {host}:{port} ended {ended:,} of {res['connections']:,} connections during the run "
               f"({first}; the result above has what was answered)", file=sys.stderr)
+        return 1
+    registered = res["sessions"] if a.scenario == "steady" else res["registered"]
+    if not registered:
+        errors = res["errors_by_status"]
+        first = next(iter(errors), "no error counted")
+        print(f"rmqhb loadgen: no session registered at {host}:{port} ({first}; the result above has the "
+              f"counts)", file=sys.stderr)
         return 1
     return 0
 

@@ -975,3 +975,119 @@ def test_a_process_that_lost_every_connection_still_passes_the_barriers(tmp_path
         assert results[0]["sessions"] == 0 and results[1]["sessions"] == 2 and results[1]["answered"] > 0
     finally:
         b.stop()
+
+
+class Endpoint(asyncio.Protocol):
+    """A 5.x endpoint in a few lines: QueryRoute, Settings and every unary call answered OK, except on connections
+    after the first ``tame`` ones (the load generator's pre-run check), where Heartbeat (or Settings) is answered
+    per ``mode``."""
+
+    mode, tame, max_streams, conns = "ok", 1, 1000, 0
+
+    def connection_made(self, t):
+        type(self).conns += 1
+        self.hostile = type(self).conns > self.tame
+        self.t, self.buf, self.preface = t, b"", False
+        self.reader = F.FrameReader(1 << 20)
+        self.dec, self.enc = HpackDecoder(65536, 1 << 20), HpackEncoder()
+        self.paths, self.fired = {}, False
+        t.write(F.settings(((F.SETTINGS_MAX_CONCURRENT_STREAMS, self.max_streams),
+                            (F.SETTINGS_INITIAL_WINDOW_SIZE, 1 << 30))) + F.window_update(0, 1 << 30))
+
+    def answer(self, sid, body, status=0):
+        out = F.frame(F.HEADERS, F.FLAG_END_HEADERS, sid,
+                      self.enc.encode([(b":status", b"200"), (b"content-type", b"application/grpc")]))
+        if body is not None:
+            out += F.frame(F.DATA, 0, sid, body)
+        self.t.write(out + F.frame(F.HEADERS, F.FLAG_END_HEADERS | F.FLAG_END_STREAM, sid,
+                                   self.enc.encode([(b"grpc-status", str(status).encode())])))
+
+    def data_received(self, data):
+        if not self.preface:
+            self.buf += data
+            if len(self.buf) < 24:
+                return
+            data, self.preface = self.buf[24:], True
+        for ftype, flags, sid, payload in self.reader.feed(data):
+            if ftype == F.SETTINGS and not flags & F.FLAG_ACK:
+                self.t.write(F.settings(ack=True))
+            elif ftype == F.HEADERS:
+                self.paths[sid] = dict(self.dec.decode(payload))[b":path"].decode().rsplit("/", 1)[1]
+            elif ftype == F.DATA and payload:
+                self.on_call(sid, self.paths.get(sid))
+            if self.t.is_closing():
+                return
+
+    def on_call(self, sid, path):
+        d, s = LG.load_protocol()
+        msg = lambda m: LG.grpc_message(m.SerializeToString())  # noqa: E731
+        if path == "Telemetry":
+            if self.hostile and self.mode == "nosettingsanswer":
+                return
+            c = s.TelemetryCommand(status=d.Status(code=d.Code.OK))
+            c.settings.request_timeout.seconds = 3
+            self.t.write(F.frame(F.HEADERS, F.FLAG_END_HEADERS, sid, self.enc.encode(
+                [(b":status", b"200"), (b"content-type", b"application/grpc")])) + F.frame(F.DATA, 0, sid, msg(c)))
+        elif path != "Heartbeat" or not self.hostile or self.mode in ("ok", "nosettingsanswer"):
+            cls = {"Heartbeat": s.HeartbeatResponse, "QueryAssignment": s.QueryAssignmentResponse,
+                   "QueryRoute": s.QueryRouteResponse,
+                   "NotifyClientTermination": s.NotifyClientTerminationResponse}[path]
+            self.answer(sid, msg(cls(status=d.Status(code=d.Code.OK))))
+        else:
+            self.hostile_heartbeat(sid)
+
+    def hostile_heartbeat(self, sid):
+        raise NotImplementedError(self.mode)
+
+
+def _serve(cls, **attrs):
+    """``cls`` (an Endpoint) with ``attrs`` served on a thread of its own: its port."""
+    import threading
+
+    srv = type("Served", (cls,), dict(attrs, conns=0))
+    ready, box = threading.Event(), []
+
+    def run():
+        async def main():
+            server = await asyncio.get_running_loop().create_server(srv, "127.0.0.1", 0)
+            box.append(server.sockets[0].getsockname()[1])
+            ready.set()
+            await asyncio.sleep(120)
+        asyncio.run(main())
+
+    threading.Thread(target=run, daemon=True).start()
+    assert ready.wait(10)
+    return box[0]
+
+
+def test_settings_never_answered_end_registration_and_fail_the_run(monkeypatch, capsys):
+    """Settings never answered: registration gives up once none came for REGISTER_STALL_S (it waited 120 s), the
+    sessions count as errors, and a run in which no session registered exits 1 with one line (it exited 0)."""
+    monkeypatch.setattr(LG, "REGISTER_STALL_S", 0.5)
+    port = _serve(Endpoint, mode="nosettingsanswer")
+    t0 = time.monotonic()
+    status = LG.main(["steady", "--broker", f"127.0.0.1:{port}", "--clients", "4", "--duration", "1", "--quiet",
+                      "--topics", "1"])
+    out, err = capsys.readouterr()
+    assert status == 1 and time.monotonic() - t0 < 20, err
+    res = json.loads(out)
+    assert res["sessions"] == 0 and res["errors_by_status"]["Telemetry: Settings not answered"] == 4
+    assert err.strip().splitlines()[-1].startswith(f"rmqhb loadgen: no session registered at 127.0.0.1:{port}")
+
+
+def test_sessions_past_the_servers_concurrent_streams_are_refused_up_front(capsys):
+    """Each session's Telemetry stream holds a stream for good: sessions per connection plus one unary call past
+    the server's SETTINGS_MAX_CONCURRENT_STREAMS is refused before the run, one line, exit 2 (every Heartbeat
+    ended DEADLINE_EXCEEDED)."""
+    port = _serve(Endpoint, max_streams=8)
+    status = LG.main(["steady", "--broker", f"127.0.0.1:{port}", "--clients", "8", "--sessions-per-connection",
+                      "8", "--duration", "1", "--quiet", "--topics", "1"])
+    out, err = capsys.readouterr()
+    assert status == 2 and not out
+    [line] = err.strip().splitlines()
+    assert line.startswith("rmqhb loadgen: --sessions-per-connection 8: 127.0.0.1:") and line.endswith("at most 7")
+    status = LG.main(["steady", "--broker", f"127.0.0.1:{port}", "--clients", "8", "--sessions-per-connection",
+                      "7", "--duration", "1", "--quiet", "--topics", "1"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    assert json.loads(out)["sessions"] == 8

@@ -707,7 +707,9 @@ def _no_status(st: Stream) -> bytes:
 
 
 def _name(names: tuple, code: int) -> str:
-    return names[code] if 0 <= code < len(names) else str(code)
+    """A code's name; the codes we do not know are one name, OTHER (a server choosing them cannot grow
+    errors_by_status by one key per code)."""
+    return names[code] if 0 <= code < len(names) else "OTHER"
 
 
 def _debug(data: bytes) -> str:
@@ -999,7 +1001,7 @@ def _code_name(d, code: int) -> str:
     try:
         return d.Code.Name(code)
     except ValueError:
-        return str(code)
+        return "OTHER"  # one key for every code the protocol does not name (see _name)
 
 
 # ---------------------------------------------------------------------------------------------------------------

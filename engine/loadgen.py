@@ -46,6 +46,7 @@ import asyncio
 import gc
 import itertools
 import json
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -223,11 +224,21 @@ class AnswerPattern:
 
 #: longest open-loop warm-up before the window opens whether or not the answers have caught up
 WARMUP_LIMIT_S = 30.0
+#: steady: longest wait after the window for the answers in flight, and again for the UNREGISTER_CLIENT answers
+#: (what is still unanswered then is counted: ``unanswered_after_drain``, ``unregistered_connections``)
+DRAIN_GRACE_S = 30.0
+#: open loop: longest a send tick goes on sending before it lets the loop read answers and check the clock (what
+#: is due past it waits for the next tick: an offered rate beyond what the process can send must not keep one tick
+#: going past the run's end)
+TICK_SEND_BUDGET_S = 0.01
+#: open loop: a connection with this much unsent in its write buffer (the broker not reading) is skipped, its due
+#: heartbeats counted in ``offered_not_sent`` instead of queued in memory without end
+MAX_WRITE_BUFFER = 4 << 20
 
 
 def _new_stats() -> dict:
     return {"answered": 0, "ok": 0, "errors": 0, "opaque_mismatch": 0, "lost": 0, "connect_retries": 0,
-            "connect_failed": 0, "notifies": 0, "sent": 0}
+            "connect_failed": 0, "notifies": 0, "sent": 0, "offered_not_sent": 0}
 
 
 class LoadConn(asyncio.Protocol):
@@ -239,7 +250,7 @@ class LoadConn(asyncio.Protocol):
     """
 
     __slots__ = ("template", "transport", "seq", "acked", "buf", "lat", "pending", "stats", "closed", "ok",
-                 "auto", "on_first_answer", "bye", "answer", "variants", "sub_every")
+                 "auto", "on_first_answer", "bye", "answer", "variants", "sub_every", "paused")
 
     def __init__(self, template: FrameTemplate, stats: dict, lat: list, on_first_answer=None,
                  variants: list | None = None, sub_every: int = 0):
@@ -261,9 +272,18 @@ class LoadConn(asyncio.Protocol):
         self.on_first_answer = on_first_answer
         self.bye = False  # closed by us: not counted as lost
         self.answer: AnswerPattern | None = None  # the shape of this connection's SUCCESS answers, once seen
+        self.paused = False  # more than MAX_WRITE_BUFFER unsent (the transport's flow control)
 
     def connection_made(self, transport):
         self.transport = transport
+        if hasattr(transport, "set_write_buffer_limits"):
+            transport.set_write_buffer_limits(high=MAX_WRITE_BUFFER)
+
+    def pause_writing(self):
+        self.paused = True
+
+    def resume_writing(self):
+        self.paused = False
 
     def send(self, now: float, template: FrameTemplate | None = None, count: int = 1) -> None:
         """Send ``count`` requests in one write (a client pipelining several), each with the next opaque. A
@@ -643,22 +663,32 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
                     gc_watch = GcWatch()
                     window_start = elapsed
                     warm = elapsed
+                    backlog_open = int(elapsed * rate) - sent
             if elapsed >= window_start + duration:
                 break
             bursts = (int(elapsed * rate) - sent) // burst
-            for _ in range(bursts):
-                # stamped at its own write: a tick's later writes are not charged the earlier ones' syscalls
-                conns[i].send(clock(), count=burst)
+            done = 0
+            while done < bursts:
+                c = conns[i]
+                if c.paused:  # the broker is not reading it: not queued without end
+                    stats["offered_not_sent"] += burst
+                else:
+                    # stamped at its own write: a tick's later writes are not charged the earlier ones' syscalls
+                    c.send(clock(), count=burst)
                 i += 1
                 if i == nconn:
                     i = 0
-            if bursts > 0:
-                sent += bursts * burst
+                done += 1
+                if not done & 63 and clock() - now > TICK_SEND_BUDGET_S:
+                    break  # the rest is due at the next tick, after the clock is checked
+            sent += done * burst
             wake = time.perf_counter()
             work.append(wake - now)
             wake += 0.001
             await asyncio.sleep(0.001)
     res = win.close()
+    if not closed_loop:  # and what was due but not yet sent when the window closed (the tick budget's backlog)
+        res["offered_not_sent"] = max(0, res["offered_not_sent"] + int(elapsed * rate) - sent - backlog_open)
     res["timeline_marks"] = list(progress.marks) + [(round(time.perf_counter() - progress.window_t0, 3), len(lat))]
     res.update(gc_watch.close())
     if not closed_loop:
@@ -669,7 +699,7 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
     window_lat = list(lat)
     # drain what is in flight (late answers still count for latency: a slow answer must not vanish)
     t1 = time.perf_counter()
-    while any(c.pending for c in conns) and time.perf_counter() - t1 < 30:
+    while any(c.pending for c in conns) and time.perf_counter() - t1 < DRAIN_GRACE_S:
         await asyncio.sleep(0.01)
     window_lat += lat[len(window_lat):] if not closed_loop else []
     backlog = sum(len(c.pending) for c in conns)
@@ -678,7 +708,7 @@ async def steady(host, port, n, offset, duration, rate, groups, consumer_share, 
         for f in sim.unregister_frames(OPAQUE_BASE):
             c.send(time.perf_counter(), FrameTemplate(f))
     t2 = time.perf_counter()
-    while any(c.pending for c in conns) and time.perf_counter() - t2 < 30:
+    while any(c.pending for c in conns) and time.perf_counter() - t2 < DRAIN_GRACE_S:
         await asyncio.sleep(0.01)
     unregistered = sum(1 for c in conns if not c.pending)
     for c in conns:
@@ -1013,6 +1043,7 @@ def run(scenario: str, host: str, port: int, clients: int, procs: int = 1, durat
         merged.update(connections=total("connections"), depth=depth, registered_s=max(r["registered_s"] for r in results),
                       warmup_s=max(r["warmup_s"] for r in results),
                       offered_rate=rate or "closed-loop", burst=burst if rate else None, sent=total("sent"),
+                      offered_not_sent=total("offered_not_sent") if rate else None,
                       answered=total("answered"),
                       seconds=round(seconds, 3), heartbeats_per_s=round(total("answered") / seconds) if seconds else 0,
                       errors=total("errors"), opaque_mismatch=total("opaque_mismatch"),
@@ -1178,6 +1209,8 @@ def main(argv=None) -> int:
     host, _, port = a.broker.rpartition(":")
     if not host or not port.isdigit() or a.clients < 1 or a.procs < 1 or a.subversion_every < 0:
         p.error("--broker HOST:PORT, --clients >= 1, --procs >= 1, --subversion-every >= 0")
+    if not (math.isfinite(a.duration) and math.isfinite(a.rate)):
+        p.error("--duration and --rate take finite numbers (not inf or nan)")
     if not int(port) < 65536 or not a.duration > 0 or a.rate < 0 or a.groups < 1 or a.depth < 1 or a.burst < 1 \
             or a.pending < 1 or a.max_open < 0 or not 0 <= a.consumer_share <= 1:
         p.error("a port below 65536, --duration > 0, --rate >= 0, --groups, --depth, --burst, --pending >= 1, "

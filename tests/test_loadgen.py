@@ -4,6 +4,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -297,3 +298,91 @@ def test_plot_title_counts_the_clients_of_each_protocols_result(res, title):
     several sessions each)."""
     svg = loadgen.plot_svg({**res, "target": "h:1", "timeline": []})
     assert f'font-size="14">{title}</text>' in svg
+
+
+@pytest.mark.parametrize("option, value", [("--rate", "inf"), ("--rate", "nan"), ("--rate=-inf", None),
+                                           ("--duration", "inf"), ("--duration", "nan")])
+def test_rmqhb_loadgen_refuses_a_rate_or_duration_that_is_not_finite(option, value):
+    """--rate inf would make every tick's backlog endless, --duration inf a run without end: one line, exit 2,
+    before any connection (nothing listens at the address given)."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "engine", "loadgen", "steady", "--broker", "127.0.0.1:1", option]
+                          + ([value] if value else []), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == ("rmqhb loadgen: error: --duration and --rate take finite numbers (not "
+                                            "inf or nan)")
+
+
+def test_an_offered_rate_beyond_the_process_ends_within_its_duration(live_broker, tmp_path):
+    """--rate 1e9 on 2 connections: every 1 ms tick is due a million heartbeats more than it can send. Each tick
+    sends for at most TICK_SEND_BUDGET_S, so the clock is checked and the run ends after its duration (plus the
+    warm-up, the drain); what was offered and not sent is counted, not queued in memory. Before, the first tick's
+    backlog was sent in one go and every later tick's was larger: the run never ended."""
+    import resource
+    import subprocess
+
+    port = live_broker.ports["main"]
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "engine", "loadgen", "steady", "--broker", f"127.0.0.1:{port}",
+                           "--clients", "2", "--groups", "2", "--rate", "1e9", "--duration", "1", "--quiet"],
+                          capture_output=True, text=True, timeout=60)
+    seconds = time.monotonic() - t0
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    res = json.loads(proc.stdout)
+    assert seconds < 30, seconds  # registration, 2 s warm-up, 1 s window, the drain of what was sent
+    assert 0.9 <= res["seconds"] < 1.5
+    assert res["sent"] > 0 and res["answered"] > 0 and res["errors"] == 0
+    assert res["offered_not_sent"] > 0.9 * 1e9 * res["seconds"] - res["sent"]
+    # the memory it took stays small (the write buffers are bounded: MAX_WRITE_BUFFER per connection)
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 1 << 20  # KiB: under 1 GiB
+
+
+def test_an_open_loop_skips_a_connection_the_broker_does_not_read(monkeypatch):
+    """A broker that answers the registration and then stops reading: the open loop's writes pile up in the
+    connections' write buffers; past MAX_WRITE_BUFFER (256 KiB here) a connection is skipped and its due heartbeats
+    counted in offered_not_sent instead of queued in memory without end."""
+    monkeypatch.setattr(loadgen, "MAX_WRITE_BUFFER", 256 << 10)
+    monkeypatch.setattr(loadgen, "WARMUP_LIMIT_S", 0.3)  # the answers never catch up here
+    monkeypatch.setattr(loadgen, "DRAIN_GRACE_S", 0.3)
+    conns, buffered = [], []
+    real_connect_all = loadgen._connect_all
+
+    async def connect_all(*args, **kw):
+        conns.extend(await real_connect_all(*args, **kw))
+        return conns
+
+    monkeypatch.setattr(loadgen, "_connect_all", connect_all)
+
+    class Deaf(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport, self.data = transport, b""
+
+        def data_received(self, data):
+            self.data += data
+            frame = engine.FrameDecoder().feed(self.data)
+            if frame:  # the registration heartbeat: answered, then nothing is read any more
+                self.transport.write(answer(frame[0].opaque - loadgen.OPAQUE_BASE))
+                self.transport.pause_reading()
+
+    async def main():
+        server = await asyncio.get_running_loop().create_server(Deaf, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+
+        async def watch():
+            while True:
+                buffered.extend(c.transport.get_write_buffer_size() for c in conns if not c.transport.is_closing())
+                await asyncio.sleep(0.01)
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        res = await loadgen.steady("127.0.0.1", port, 2, 0, 0.5, 400_000, 1, 0.0, warmup=0.1)
+        watcher.cancel()
+        server.close()
+        return res
+
+    res = asyncio.run(main())
+    frame_size = max(len(c.template.build(0)) for c in conns)
+    assert res["offered_not_sent"] > 0 and res["answered"] == 0
+    # the write that crossed the budget, and the UNREGISTER_CLIENT sent at the end whatever the buffer holds
+    assert buffered and max(buffered) <= (256 << 10) + 2 * frame_size
+    assert res["unanswered_after_drain"] > 0 and res["unregistered_connections"] == 0

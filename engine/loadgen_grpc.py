@@ -727,7 +727,8 @@ def _new_stats() -> dict:
     return {"sessions": 0, "sent": 0, "answered": 0, "ok": 0, "errors": 0, "settings_ok": 0, "routes_sent": 0,
             "routes_ok": 0, "assignments_sent": 0, "assignments_ok": 0, "terminations_sent": 0,
             "terminations_ok": 0, "not_sent": 0, "goaways": 0, "connections_lost": 0, "connect_failed": 0,
-            "connect_retries": 0, "server_commands": 0, "telemetry_sent": 0, "refused_retries": 0}
+            "connect_retries": 0, "server_commands": 0, "telemetry_sent": 0, "refused_retries": 0,
+            "hb_ended_unanswered": 0}
 
 
 class Runner:
@@ -896,10 +897,16 @@ class Runner:
         kind, session, stats = st.kind, st.session, self.stats
         if kind == HEARTBEAT:
             now = time.perf_counter()
-            self.lat.append(now - st.t0)
             self.hb_outstanding -= 1
-            stats["answered"] += 1
             why = self._verdict(kind, status, message, st.messages)
+            # answered: the server's status was read (its trailers, or its answer we cancelled); a call reset, ended
+            # by GOAWAY or the connection's loss, or past its deadline unanswered is an error without a latency, as
+            # the remoting generator counts only the answers it read
+            if st.status is not None or status is not None and st.http_status is not None:
+                self.lat.append(now - st.t0)
+                stats["answered"] += 1
+            else:
+                stats["hb_ended_unanswered"] += 1
             if why is None:
                 stats["ok"] += 1
             else:
@@ -1245,7 +1252,10 @@ async def steady(a: dict, barrier=None, slot=None) -> dict:
         work.append(wake - now)
         wake += tick
         await asyncio.sleep(tick)
-    if win is None:  # ended before the window opened: an empty one
+    if win is None:  # ended before the window opened: an empty one (the warm-up's latencies are not its)
+        lat.clear()
+        late.clear()
+        work.clear()
         win, gc_watch = L.Window(stats, a["server_pid"]), L.GcWatch()
         progress.open_window()
         warm = clock() - start
@@ -1381,6 +1391,7 @@ def run(scenario: str, host: str, port: int, sessions: int, procs: int = 1, dura
                       sent=total("sent"), answered=total("answered"), seconds=round(seconds, 3),
                       heartbeats_per_s=round(total("answered") / seconds) if seconds else 0,
                       errors=total("errors"), unanswered_after_drain=total("unanswered_after_drain"),
+                      ended_unanswered=total("hb_ended_unanswered"),
                       calls_in_window={"Heartbeat": {"sent": total("sent"), "ok": total("ok")},
                                        "QueryAssignment": {"sent": total("assignments_sent"),
                                                            "ok": total("assignments_ok")},

@@ -480,7 +480,9 @@ def _heartbeats(ok, answer=None, calls=10, refuse=(), server_class=None):
             runner.heartbeat(session, time.perf_counter())
         runner.flush()
         deadline = time.monotonic() + 10
-        while runner.stats["answered"] + runner.stats["not_sent"] < calls and time.monotonic() < deadline:
+        stats = runner.stats
+        while stats["answered"] + stats["not_sent"] + stats["hb_ended_unanswered"] < calls \
+                and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
         conn.close()
@@ -589,7 +591,8 @@ def test_mutated_server_bytes_never_escape_the_client():
                 conn.data_received(data[a:b])
             conn.connection_lost(None)
             assert not conn.streams and not conn.waiting
-            assert runner.hb_outstanding == 0 and runner.stats["answered"] + runner.stats["not_sent"] == 6
+            assert runner.hb_outstanding == 0 and (runner.stats["answered"] + runner.stats["not_sent"]
+                                                 + runner.stats["hb_ended_unanswered"]) == 6
             ended += runner.stats["ok"]
         return ended
 
@@ -711,7 +714,7 @@ def test_a_continuation_flood_ends_the_connection():
     read: 32 CONTINUATION frames (some empty) carry an answer's headers."""
     runner, srv = _heartbeats(_ok_answer(), calls=1, server_class=ContinuationFlood)
     assert srv.goaways == [F.ENHANCE_YOUR_CALM]
-    assert runner.stats["answered"] == 1 and runner.stats["ok"] == 0
+    assert runner.stats["answered"] == 0 and runner.stats["hb_ended_unanswered"] == 1  # no status was read
     assert dict(runner.errors_by_status) == {"connection: HTTP/2 protocol error": 1,
                                              "Heartbeat: connection lost": 1}
 
@@ -794,11 +797,11 @@ def test_calls_a_server_never_answers_end_at_their_deadline(monkeypatch):
     t0 = time.monotonic()
     runner, srv = _heartbeats(_ok_answer(), calls=10, server_class=Silent)
     assert time.monotonic() - t0 < 5
-    assert runner.stats["answered"] == 4 and runner.stats["not_sent"] == 6 and runner.hb_outstanding == 0
+    assert runner.stats["hb_ended_unanswered"] == 4 and runner.stats["not_sent"] == 6 and runner.hb_outstanding == 0
+    assert runner.stats["answered"] == 0 and not runner.lat  # unanswered: errors, no latency
     assert dict(runner.errors_by_status) == {"Heartbeat: grpc-status DEADLINE_EXCEEDED": 4,
                                              "Heartbeat: not sent: no stream free": 6}
     assert list(srv.requests) == [1] and srv.resets == [(1, F.CANCEL)]
-    assert all(0.3 <= x < 2 for x in runner.lat)  # each ended at its deadline, counted from when it was made
 
 
 def test_output_links_are_refused(tmp_path, capsys):
@@ -1142,3 +1145,47 @@ def test_codes_the_server_chooses_are_bounded_keys():
     assert dict(runner.errors_by_status) == {"Heartbeat: RST_STREAM INTERNAL_ERROR": 1,
                                              "Heartbeat: RST_STREAM OTHER": 299, "Heartbeat: grpc-status OTHER": 300,
                                              "Heartbeat: code OTHER": 300}
+
+
+class _CloseAtHeartbeat(Endpoint):
+    def hostile_heartbeat(self, sid):
+        self.t.close()
+
+
+def test_a_run_ended_before_its_window_reports_no_warm_up_latency(capsys):
+    """The endpoint closes every connection at its first Heartbeat, before the window opens: the window is empty
+    (no latency, no timeline rate from the warm-up's answers: p99 2 ms and 4e10 answers/s before), and the
+    Heartbeats ended by the loss count as errors, not as answered."""
+    port = _serve(_CloseAtHeartbeat, mode="close")
+    status = LG.main(["steady", "--broker", f"127.0.0.1:{port}", "--clients", "8", "--duration", "1", "--quiet",
+                      "--topics", "1"])
+    out, err = capsys.readouterr()
+    assert status == 1, err
+    res = json.loads(out)
+    assert res["answered"] == 0 and res.get("p99_ms") is None and res.get("ended_unanswered", 0) == 0
+    assert all(row["answered_per_s"] == 0 for row in res["timeline"]), res["timeline"]
+    assert res["errors_by_status"]["Heartbeat: connection lost"] >= 1
+
+
+def test_heartbeats_ended_without_an_answer_are_errors_not_answers():
+    """RST_STREAM, GOAWAY and the connection's loss end calls the server never answered: errors without a latency
+    (they were 'answered', their latencies measured); an answer read is answered."""
+    enc = HpackEncoder()
+    ok = LG.grpc_message(_ok_answer())
+
+    async def main():
+        runner, conn = _conversation(4)
+        conn.data_received(F.frame(F.HEADERS, F.FLAG_END_HEADERS, 1, enc.encode([(b":status", b"200")]))
+                           + F.frame(F.DATA, 0, 1, ok) + F.frame(F.HEADERS, F.FLAG_END_HEADERS | F.FLAG_END_STREAM,
+                                                                 1, enc.encode([(b"grpc-status", b"0")]))
+                           + F.rst_stream(3, F.INTERNAL_ERROR) + F.goaway(5, F.NO_ERROR))
+        conn.connection_lost(None)
+        return runner
+
+    runner = asyncio.run(main())
+    stats = runner.stats
+    assert stats["answered"] == stats["ok"] == 1 and len(runner.lat) == 1
+    assert stats["hb_ended_unanswered"] == 3 and stats["errors"] == 3
+    assert dict(runner.errors_by_status) == {"Heartbeat: RST_STREAM INTERNAL_ERROR": 1,
+                                             "Heartbeat: GOAWAY NO_ERROR": 1, "connection: GOAWAY NO_ERROR": 1,
+                                             "Heartbeat: connection lost": 1}

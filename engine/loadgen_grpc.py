@@ -235,7 +235,7 @@ def make_sessions(n: int, offset: int, token: str, groups: int, topics: int, con
 
 class Stream:
     __slots__ = ("sid", "kind", "session", "t0", "reader", "messages", "status", "message", "send_window", "pending",
-                 "end_pending", "recv_used", "http_status", "local_closed", "body", "end", "attempt")
+                 "end_pending", "recv_used", "recv_window", "http_status", "local_closed", "body", "end", "attempt")
 
     def __init__(self, sid, kind, session, t0, send_window, body, end, attempt):
         self.sid = sid
@@ -251,6 +251,7 @@ class Stream:
         self.pending = b""  # DATA waiting for a window
         self.end_pending = False  # END_STREAM goes with the last of ``pending``
         self.recv_used = 0  # bytes received since our last WINDOW_UPDATE of the stream
+        self.recv_window = STREAM_WINDOW  # what the server may still send on it (our SETTINGS, our updates)
         self.http_status = None
         self.local_closed = False
 
@@ -283,6 +284,7 @@ class GrpcConn(asyncio.Protocol):
         self.peer_max_frame = F.DEFAULT_MAX_FRAME_SIZE
         self.send_window = F.DEFAULT_WINDOW
         self.recv_used = 0
+        self.recv_window = CONNECTION_WINDOW  # what the server may still send on the connection
         self.blocked: dict[int, Stream] = {}  # streams with DATA waiting for a window, in order
         self.waiting = deque()  # calls waiting for a stream: (kind, session, body, end, send time, attempt)
         self.unary = 0  # unary calls in flight (they have deadlines; a Telemetry stream has none)
@@ -370,9 +372,17 @@ class GrpcConn(asyncio.Protocol):
 
     def _data(self, flags, sid, payload):
         n = len(payload)
+        # DATA past the windows we announced is the server's FLOW_CONTROL_ERROR: a server ignoring them would make
+        # us hold without bound what our windows limit (CONNECTION_WINDOW per connection)
+        self.recv_window -= n
+        if self.recv_window < 0:
+            raise FrameError(F.FLOW_CONTROL_ERROR, "DATA past our connection window")
         st = self.streams.get(sid)
         if st is None:
             return self._give_back(n)  # a stream we reset or finished: nothing of it is held
+        st.recv_window -= n
+        if st.recv_window < 0:
+            raise FrameError(F.FLOW_CONTROL_ERROR, "DATA past our stream window")
         consumed = 0
         if flags & F.FLAG_PADDED:
             if not n or payload[0] >= n:
@@ -414,11 +424,13 @@ class GrpcConn(asyncio.Protocol):
         self.recv_used += n
         if self.recv_used >= CONNECTION_WINDOW // 2:
             self.out.append(F.window_update(0, self.recv_used))
+            self.recv_window += self.recv_used
             self.recv_used = 0
         if st is not None:
             st.recv_used += n
             if st.recv_used >= STREAM_WINDOW // 2:
                 self.out.append(F.window_update(st.sid, st.recv_used))
+                st.recv_window += st.recv_used
                 st.recv_used = 0
 
     def _headers(self, ftype, flags, sid, payload):
@@ -586,6 +598,8 @@ class GrpcConn(asyncio.Protocol):
                 out.append(F.frame(F.CONTINUATION, F.FLAG_END_HEADERS if i + limit >= len(block) else 0, sid,
                                    block[i:i + limit]))
         st = Stream(sid, kind, session, now, self.peer_initial_window, body, end, attempt)
+        if end and runner.core_frames and len(block) <= limit:
+            st.recv_window += CORE_STREAM_UPDATE
         self.streams[sid] = st
         if end:
             self.unary += 1

@@ -1189,3 +1189,38 @@ def test_heartbeats_ended_without_an_answer_are_errors_not_answers():
     assert dict(runner.errors_by_status) == {"Heartbeat: RST_STREAM INTERNAL_ERROR": 1,
                                              "Heartbeat: GOAWAY NO_ERROR": 1, "connection: GOAWAY NO_ERROR": 1,
                                              "Heartbeat: connection lost": 1}
+
+
+def test_data_past_our_windows_is_a_flow_control_error(monkeypatch):
+    """A server ignoring the windows we announced (scaled down: 64 KiB streams, 192 KiB connection): DATA past a
+    stream's or the connection's window ends the connection (GOAWAY FLOW_CONTROL_ERROR, counted), partial
+    messages never complete so nothing reopens the windows (mode bloat: 176 MB held before, 550 MB at --depth 4)."""
+    monkeypatch.setattr(LG, "MAX_MESSAGE", 1 << 20)
+    monkeypatch.setattr(LG, "STREAM_WINDOW", (64 << 10) + 5)
+    monkeypatch.setattr(LG, "CONNECTION_WINDOW", 192 << 10)
+    enc = HpackEncoder()
+
+    def partial(sid, size):  # an answer declaring 1 MiB, ``size`` bytes of it sent
+        head = b"\x00" + (1 << 20).to_bytes(4, "big")
+        body = head + b"x" * (size - len(head))
+        return (F.frame(F.HEADERS, F.FLAG_END_HEADERS, sid, enc.encode([(b":status", b"200")]))
+                + b"".join(F.frame(F.DATA, 0, sid, body[i:i + 16384]) for i in range(0, len(body), 16384)))
+
+    async def main(data, calls):
+        runner, conn = _conversation(calls)
+        conn.data_received(data)
+        written = conn.transport.written
+        closing = conn.transport.closing
+        conn.connection_lost(None)
+        return runner, closing, written
+
+    # within the windows: held, the connection lives
+    runner, closing, _ = asyncio.run(main(partial(1, (64 << 10) + 5) + partial(3, 60000), 2))
+    assert not closing and runner.stats["errors"] == 2 and "connection: HTTP/2 protocol error" not in \
+        runner.errors_by_status
+    # one byte past a stream's window
+    runner, closing, _ = asyncio.run(main(partial(1, (64 << 10) + 6), 1))
+    assert closing and runner.errors_by_status["connection: HTTP/2 protocol error"] == 1
+    # each stream within its window, the connection's passed
+    runner, closing, _ = asyncio.run(main(b"".join(partial(sid, 60000) for sid in (1, 3, 5, 7)), 4))
+    assert closing and runner.errors_by_status["connection: HTTP/2 protocol error"] == 1

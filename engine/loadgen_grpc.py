@@ -78,7 +78,8 @@ CORE_STREAM_UPDATE = 5
 #: connection ends (GOAWAY ENHANCE_YOUR_CALM, counted as "connection: HTTP/2 protocol error")
 MAX_HEADER_LIST = 64 << 10
 #: bytes written and not yet taken by the server past which a connection sends no new call (a server that reads
-#: nothing cannot make the load generator's memory grow): the call counts as not sent
+#: nothing cannot make the load generator's memory grow): the call counts as not sent; past twice it (our ACKs to
+#: a server flooding PING or SETTINGS and reading nothing) the connection is closed, counted
 MAX_WRITE_BUFFER = 4 << 20
 #: the SDKs' request timeout, sent as grpc-timeout on unary calls and kept by us as they keep it: a unary call
 #: (waiting for a stream or sent) older than DEADLINE_S ends DEADLINE_EXCEEDED, its stream reset (RST_STREAM
@@ -704,6 +705,11 @@ class GrpcConn(asyncio.Protocol):
             self.out = []
             if not self.transport.is_closing():
                 self.transport.write(data)
+                if self.transport.get_write_buffer_size() > 2 * MAX_WRITE_BUFFER:
+                    # calls stop at MAX_WRITE_BUFFER: only our answers to its frames (PING and SETTINGS ACKs) take
+                    # it past twice that, a server flooding them and reading nothing; dropped, not buffered on
+                    self.runner.errors_by_status["connection: the server does not read (write buffer)"] += 1
+                    self.transport.abort()
 
     def close(self) -> None:
         """The client goes: GOAWAY NO_ERROR (as grpc clients send on channel close), then the connection closes."""

@@ -1224,3 +1224,48 @@ def test_data_past_our_windows_is_a_flow_control_error(monkeypatch):
     # each stream within its window, the connection's passed
     runner, closing, _ = asyncio.run(main(b"".join(partial(sid, 60000) for sid in (1, 3, 5, 7)), 4))
     assert closing and runner.errors_by_status["connection: HTTP/2 protocol error"] == 1
+
+
+def test_a_server_flooding_pings_and_reading_nothing_is_closed(monkeypatch):
+    """A server that stops reading and floods PINGs: our ACKs pile up unread; past twice MAX_WRITE_BUFFER (64 KiB
+    here) the connection is closed, counted (the ACKs grew the write buffer without bound: 594-761 MB)."""
+    monkeypatch.setattr(LG, "MAX_WRITE_BUFFER", 64 << 10)
+    seen = []
+
+    class Flood(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.t = transport
+            transport.write(F.settings(()))
+            transport.pause_reading()
+            asyncio.get_running_loop().create_task(self.flood())
+
+        async def flood(self):
+            burst = F.ping(b"12345678") * 4096
+            for _ in range(50):  # 200,000 PINGs, 3.4 MB of ACKs
+                if self.t.is_closing():
+                    return
+                self.t.write(burst)
+                await asyncio.sleep(0.005)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        listener.bind(("127.0.0.1", 0))
+        server = await loop.create_server(Flood, sock=listener)
+        runner = LG.Runner("127.0.0.1", listener.getsockname()[1], None, "t")
+        conn = await LG.connect(runner)
+        conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10)
+        deadline = time.monotonic() + 10
+        while not conn.lost and time.monotonic() < deadline:
+            seen.append(conn.transport.get_write_buffer_size())
+            await asyncio.sleep(0.005)
+        lost = conn.lost
+        conn.transport.abort()
+        server.close()
+        return runner, lost
+
+    runner, lost = asyncio.run(main())
+    assert lost and runner.errors_by_status["connection: the server does not read (write buffer)"] == 1
+    assert runner.stats["connections_lost"] == 1
+    assert max(seen) <= (128 << 10) + (256 << 10)  # the budget and one read's ACKs

@@ -90,6 +90,12 @@ DEADLINE_SWEEP_S = 0.5
 #: calls waiting for a stream on one connection at most (a server announcing MAX_CONCURRENT_STREAMS 0, or holding
 #: its streams); past it a call is counted not sent ("not sent: no stream free")
 MAX_WAITING = 4096
+#: --rate at most (Heartbeats/s over all processes): far past what one machine sends
+MAX_RATE = 10_000_000
+#: calls of one kind one loop pass sends at most: an offered rate the loop cannot keep up with falls behind
+#: (sent < offered in the result) instead of each pass's backlog growing faster than it is sent, so the run
+#: still ends at its duration
+MAX_TICK_CALLS = 10_000
 #: the SDKs' periods: QueryAssignment of a push consumer, QueryRoute of every client, s
 ASSIGNMENT_INTERVAL_S = 5.0
 ROUTE_INTERVAL_S = 30.0
@@ -1251,7 +1257,7 @@ async def steady(a: dict, barrier=None, slot=None) -> dict:
         if elapsed >= window_start + a["duration"] or ended and win is not None:
             break
         if not closed_loop and live and not ended:
-            due = int(elapsed * rate) - hb_sent
+            due = min(int(elapsed * rate) - hb_sent, MAX_TICK_CALLS)
             if due > 0:
                 n_live = len(live)
                 for _ in range(due):
@@ -1261,7 +1267,7 @@ async def steady(a: dict, barrier=None, slot=None) -> dict:
                         i = 0
                 hb_sent += due
         for k, (kind, pool, per_s) in enumerate(periodic if not ended else ()):
-            due = int(elapsed * per_s) - p_sent[k]
+            due = min(int(elapsed * per_s) - p_sent[k], MAX_TICK_CALLS)
             if due > 0:
                 for _ in range(due):
                     runner.periodic(kind, pool[p_next[k]], now)
@@ -1576,11 +1582,13 @@ def main(argv=None) -> int:
     host, _, port = a.broker.rpartition(":")
     if not host or not port.isdigit() or not int(port) < 65536 or a.clients < 1 or a.procs < 1:
         p.error("--broker HOST:PORT (a port below 65536), --clients >= 1, --procs >= 1")
-    if not a.duration > 0 or a.rate < 0 or a.groups < 1 or a.depth < 1 or a.inflight < 0 or a.pending < 1 \
-            or a.sessions_per_connection < 1 or a.topics < 1 or not 0 <= a.consumer_share <= 1 \
-            or a.assignment_interval < 0 or a.route_interval < 0 or not a.topic_prefix:
-        p.error("--duration > 0, --rate >= 0, --groups, --topics, --depth, --pending, --sessions-per-connection "
-                ">= 1, --inflight >= 0, --consumer-share from 0 to 1, intervals >= 0, a --topic-prefix")
+    interval = lambda x: x == 0 or 0.01 <= x < 1e9  # noqa: E731 (false for nan and inf)
+    if not 0 < a.duration < 1e9 or not 0 <= a.rate <= MAX_RATE or a.groups < 1 or a.depth < 1 or a.inflight < 0 \
+            or a.pending < 1 or a.sessions_per_connection < 1 or a.topics < 1 or not 0 <= a.consumer_share <= 1 \
+            or not interval(a.assignment_interval) or not interval(a.route_interval) or not a.topic_prefix:
+        p.error(f"--duration > 0, --rate from 0 to {MAX_RATE:,}, --groups, --topics, --depth, --pending, "
+                "--sessions-per-connection >= 1, --inflight >= 0, --consumer-share from 0 to 1, intervals 0 or "
+                ">= 0.01 s, a --topic-prefix (finite numbers)")
     host = host.strip("[]")
     from engine.broker.admin import AdminError, _secret_key
 

@@ -1269,3 +1269,33 @@ def test_a_server_flooding_pings_and_reading_nothing_is_closed(monkeypatch):
     assert lost and runner.errors_by_status["connection: the server does not read (write buffer)"] == 1
     assert runner.stats["connections_lost"] == 1
     assert max(seen) <= (128 << 10) + (256 << 10)  # the budget and one read's ACKs
+
+
+@pytest.mark.parametrize("option", [("--rate", "inf"), ("--rate", "nan"), ("--rate", "1e12"),
+                                    ("--assignment-interval", "nan"), ("--route-interval", "inf"),
+                                    ("--duration", "inf"), ("--consumer-share", "nan")])
+def test_numbers_that_are_not_finite_are_refused_up_front(option, capsys):
+    """inf and nan passed the option checks (--rate inf failed after registering with a child's traceback,
+    exit 1; nan a ValueError; --assignment-interval nan turned QueryAssignment off): refused, exit 2."""
+    with pytest.raises(SystemExit) as e:
+        LG.main(["steady", "--broker", "127.0.0.1:1", "--clients", "1", *option])
+    assert e.value.code == 2
+    assert "finite numbers" in capsys.readouterr().err
+
+
+def test_an_offered_rate_past_what_the_loop_sends_still_ends_at_the_duration():
+    """--rate 10,000,000 (the bound) on one process: each pass sends at most MAX_TICK_CALLS of a kind, so the run
+    ends at its duration, behind the offered rate (each pass's backlog grew faster than it was sent: --rate 1e9
+    --duration 1 never ended)."""
+    import threading
+
+    port = _serve(Endpoint, tame=0)
+    box = []
+    args = _steady_args(port, 2, 0, rate=1e7, duration=0.5, warmup=0.2, topics=1)
+    t = threading.Thread(target=lambda: box.append(asyncio.run(LG.steady(args))), daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(40)
+    assert not t.is_alive() and time.monotonic() - t0 < 20
+    [res] = box
+    assert 0 < res["sent"] < 0.5e7 and res["sessions"] == 2

@@ -1050,6 +1050,13 @@ def client_tls():
     return ctx
 
 
+def _why_cut(e: OSError) -> str:
+    """Why a TLS handshake on a connected socket did not finish (asyncio aborts one past its timeout)."""
+    if isinstance(e, ConnectionAbortedError):
+        return f"not answered within {HANDSHAKE_TIMEOUT_S:g} s"
+    return "closed by the server"
+
+
 async def connect(runner: Runner, attempts: int = 20, backoff: float = 0.05) -> GrpcConn | ConnectError | None:
     """One connection whose server showed it speaks HTTP/2 (its SETTINGS); a ConnectError saying why not; None
     when no TCP connection could be made in ``attempts``."""
@@ -1059,10 +1066,18 @@ async def connect(runner: Runner, attempts: int = 20, backoff: float = 0.05) -> 
             _, conn = await loop.create_connection(
                 lambda: GrpcConn(runner, runner.authority, runner.scheme), runner.host, runner.port,
                 ssl=runner.tls, server_hostname=runner.host if runner.tls is not None else None,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if runner.tls is not None else None,
                 local_addr=L._local_addr())
             break
         except _ssl.SSLError as e:
             return ConnectError(f"TLS handshake failed ({e.reason or e}): a plaintext port? (drop --tls)")
+        except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError) as e:
+            # TCP connected (a refused connect is ConnectionRefusedError), then the handshake was cut or timed out
+            if runner.tls is not None and attempt == attempts - 1:
+                return ConnectError(f"TLS handshake failed (the connection was {_why_cut(e)}): a plaintext port? "
+                                    f"(drop --tls)")
+            runner.stats["connect_retries"] += 1
+            await asyncio.sleep(backoff * (attempt + 1))
         except (OSError, RuntimeError):  # uvloop: RuntimeError for a transport the server closed at once
             runner.stats["connect_retries"] += 1
             await asyncio.sleep(backoff * (attempt + 1))

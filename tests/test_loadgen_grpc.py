@@ -1299,3 +1299,41 @@ def test_an_offered_rate_past_what_the_loop_sends_still_ends_at_the_duration():
     assert not t.is_alive() and time.monotonic() - t0 < 20
     [res] = box
     assert 0 < res["sent"] < 0.5e7 and res["sessions"] == 2
+
+
+def test_tls_against_a_port_that_cuts_the_handshake_says_so(monkeypatch):
+    """--tls against a port that takes the TCP connection, then closes it at the ClientHello (or never answers
+    it): the TLS handshake failed, said so (it said "cannot connect" though TCP connected)."""
+    import threading
+
+    monkeypatch.setattr(LG, "HANDSHAKE_TIMEOUT_S", 0.5)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    held, mode = [], ["close"]
+
+    def accept():
+        while True:
+            try:
+                c, _ = listener.accept()
+            except OSError:
+                return
+            if mode == ["close"]:
+                c.recv(100)
+                c.close()
+            held.append(c)
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        why = LG.probe("127.0.0.1", port, True, "TopicLoad", 1)
+        assert why == (f"127.0.0.1:{port} TLS handshake failed (the connection was closed by the server): a "
+                       "plaintext port? (drop --tls)"), why
+        mode[0] = "hold"
+        why = LG.probe("127.0.0.1", port, True, "TopicLoad", 1)
+        assert why.startswith(f"127.0.0.1:{port} TLS handshake failed (the connection was not answered within "
+                              "0.5 s)"), why
+    finally:
+        listener.close()
+        for c in held:
+            c.close()

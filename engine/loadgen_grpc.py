@@ -1130,14 +1130,26 @@ async def register_all(runner: Runner, sessions: list, pending: int) -> float:
     REGISTER_STALL_S (REGISTER_LIMIT_S at most): those left are counted as errors."""
     t0 = last = time.perf_counter()
     settled = runner.stats["settings_ok"] + runner.stats["errors"]
+    runner.unanswered = 0
 
     def stalled() -> bool:
+        """No Settings answered (or refused) for REGISTER_STALL_S, or REGISTER_LIMIT_S passed: the sessions
+        waiting count as unanswered, and those started next get a wait of their own (until the limit)."""
         nonlocal last, settled
         now = time.perf_counter()
         progress = runner.stats["settings_ok"] + runner.stats["errors"]
         if progress != settled:
             settled, last = progress, now
-        return now - last >= REGISTER_STALL_S or now - t0 >= REGISTER_LIMIT_S
+        if now - last < REGISTER_STALL_S and now - t0 < REGISTER_LIMIT_S:
+            return False
+        for s in sessions:
+            if s.started and not s.settled:
+                s.settled = True
+                runner.unsettled -= 1
+                runner.unanswered += 1
+                runner._error(TELEMETRY, "Settings not answered")
+        settled, last = runner.stats["settings_ok"] + runner.stats["errors"], now
+        return True
 
     started = 0
     for s in sessions:
@@ -1154,13 +1166,6 @@ async def register_all(runner: Runner, sessions: list, pending: int) -> float:
     runner.flush()
     while runner.unsettled > 0 and not stalled():
         await asyncio.sleep(0.005)
-    runner.unanswered = 0
-    for s in sessions:
-        if s.started and not s.settled:
-            s.settled = True
-            runner.unsettled -= 1
-            runner.unanswered += 1
-            runner._error(TELEMETRY, "Settings not answered")
     for c in runner.conns:
         c.sessions = []
     for s in sessions:  # the closed loop heartbeats a connection's registered sessions in turn

@@ -1337,3 +1337,25 @@ def test_tls_against_a_port_that_cuts_the_handshake_says_so(monkeypatch):
         listener.close()
         for c in held:
             c.close()
+
+
+def test_registration_gives_each_stalled_batch_its_own_wait(monkeypatch):
+    """--pending 2 against an endpoint answering no Settings: each batch of 2 waits REGISTER_STALL_S, is counted
+    unanswered, and the next batch is sent and waits in turn (not counted at once, unsent-for-long); the whole
+    stays within REGISTER_LIMIT_S."""
+    monkeypatch.setattr(LG, "REGISTER_STALL_S", 0.3)
+    monkeypatch.setattr(LG, "REGISTER_LIMIT_S", 5.0)
+    port = _serve(Endpoint, mode="nosettingsanswer", tame=0)
+
+    async def main():
+        runner = LG.Runner("127.0.0.1", port, None, "t")
+        sessions = LG.make_sessions(6, 0, "t", 1, 1, 0.0, "TopicLoad", "127.0.0.1", port, False)
+        await LG.connect_all(runner, sessions, 8)
+        t0 = time.perf_counter()
+        await LG.register_all(runner, sessions, 2)
+        return runner, time.perf_counter() - t0
+
+    runner, took = asyncio.run(main())
+    assert runner.unanswered == 6 and runner.unsettled == 0
+    assert runner.errors_by_status["Telemetry: Settings not answered"] == 6
+    assert 0.9 <= took < 3  # three batches, 0.3 s each
